@@ -1,0 +1,97 @@
+"""Write a bundle file (format v1) atomically and deterministically.
+
+Same manifest body and member bytes => same file bytes: members are laid out in name
+order, compressed single-threaded at a fixed zstd level with the content size in each
+frame, and the manifest is canonical msgpack. The file is written to a temporary name in
+the target folder and renamed into place only when complete and fsynced, so an
+interrupted make never leaves something that looks like a bundle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+import zstandard
+
+from runtime_py.errors import ManifestError, UsageError
+from runtime_py.format.layout import FORMAT_MAJOR, FORMAT_MINOR, HEADER_SIZE, Header
+from runtime_py.format.manifest import bundle_id_of, encode_manifest, validate_manifest
+
+ZSTD_LEVEL = 3
+_RESERVED = ("format", "members")
+
+
+def compress_member(raw: bytes, level: int = ZSTD_LEVEL) -> bytes:
+    """One zstd frame with the content size recorded (readers check it before inflating)."""
+    cctx = zstandard.ZstdCompressor(level=level, write_content_size=True,
+                                    write_checksum=False, threads=0)
+    return cctx.compress(raw)
+
+
+def build_manifest(manifest_body: dict, members: dict[str, bytes],
+                   level: int = ZSTD_LEVEL) -> tuple[dict, list[bytes]]:
+    """The complete manifest and the stored (compressed) member blobs, in file order."""
+    clash = [k for k in _RESERVED if k in manifest_body]
+    if clash:
+        raise ManifestError(f"manifest body must not set {clash}: the writer fills them")
+    entries, blobs = [], []
+    offset = HEADER_SIZE
+    for name in sorted(members):
+        raw = members[name]
+        stored = compress_member(raw, level)
+        entries.append({
+            "name": name,
+            "offset": offset,
+            "stored_size": len(stored),
+            "raw_size": len(raw),
+            "sha256": hashlib.sha256(raw).hexdigest(),
+            "compression": "zstd",
+        })
+        blobs.append(stored)
+        offset += len(stored)
+    manifest = dict(manifest_body)
+    manifest["format"] = {"major": FORMAT_MAJOR, "minor": FORMAT_MINOR}
+    manifest["members"] = entries
+    return manifest, blobs
+
+
+def write_bundle(out_path: str | os.PathLike, manifest_body: dict, members: dict[str, bytes],
+                 *, level: int = ZSTD_LEVEL) -> tuple[Path, str]:
+    """Write the bundle to `out_path`; return (path, bundle id).
+
+    Refuses (before writing anything) a manifest that fails the schema.
+    """
+    out_path = Path(out_path)
+    if out_path.is_dir():
+        raise UsageError(f"{out_path} is a directory: give a file path for the bundle")
+    if not out_path.parent.is_dir():
+        raise UsageError(f"output folder {out_path.parent} does not exist: create it first")
+    manifest, blobs = build_manifest(manifest_body, members, level)
+    validate_manifest(manifest)
+    manifest_bytes = encode_manifest(manifest)
+    data_end = HEADER_SIZE + sum(len(b) for b in blobs)
+    header = Header(FORMAT_MAJOR, FORMAT_MINOR, data_end, len(manifest_bytes),
+                    hashlib.sha256(manifest_bytes).digest())
+
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{out_path.name}.", suffix=".partial",
+                                    dir=out_path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(header.pack())
+            for blob in blobs:
+                f.write(blob)
+            f.write(manifest_bytes)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp_name, 0o644)
+        os.replace(tmp_name, out_path)
+    except BaseException:
+        try:
+            os.unlink(tmp_name)
+        except FileNotFoundError:
+            pass
+        raise
+    return out_path, bundle_id_of(manifest_bytes)
