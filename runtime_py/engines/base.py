@@ -1,0 +1,69 @@
+"""The runner interface every engine implements (after polygraphy's runners).
+
+A runner is cheap to construct (it records the bundle and options); `activate()` does the
+heavy work (create a session, deserialize a plan, load a package) and imports the engine's
+package, so that importing `runtime_py` never needs onnxruntime, TensorRT or torch.
+"""
+
+from __future__ import annotations
+
+import abc
+
+import numpy as np
+
+from runtime_py.format import Bundle
+from runtime_py.tensors import TensorSpec
+
+
+def manifest_specs(entries: list[dict]) -> list[TensorSpec]:
+    """TensorSpecs from the manifest's `inputs`/`outputs` entries."""
+    return [TensorSpec(e["name"], e["dtype"], tuple(e["shape"])) for e in entries]
+
+
+class Runner(abc.ABC):
+    """One engine session over one bundle."""
+
+    backend: str = ""
+
+    def __init__(self, bundle: Bundle, **options: object) -> None:
+        self.bundle = bundle
+        self.options = options
+        self.is_active = False
+
+    @property
+    def max_batch_size(self) -> int:
+        return int(self.bundle.manifest["batch"]["max"])
+
+    def input_metadata(self) -> list[TensorSpec]:
+        return manifest_specs(self.bundle.manifest["inputs"])
+
+    def output_metadata(self) -> list[TensorSpec]:
+        return manifest_specs(self.bundle.manifest["outputs"])
+
+    def activate(self) -> None:
+        if not self.is_active:
+            self.activate_impl()
+            self.is_active = True
+
+    def deactivate(self) -> None:
+        if self.is_active:
+            self.deactivate_impl()
+            self.is_active = False
+
+    def __enter__(self) -> "Runner":
+        self.activate()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.deactivate()
+
+    @abc.abstractmethod
+    def activate_impl(self) -> None:
+        """Create the engine session; raise EngineUnavailableError/CompatibilityError."""
+
+    def deactivate_impl(self) -> None:
+        """Release the engine session (default: nothing to release)."""
+
+    @abc.abstractmethod
+    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run one batch (1..max_batch_size) of checked inputs; return outputs by name."""
