@@ -1,0 +1,401 @@
+"""The dynamic batcher: many small requests in, few large engine calls out.
+
+An engine's throughput grows with the batch size (one kernel launch sequence amortised
+over many images), while clients of a service send one image at a time. The batcher sits
+between them: one worker thread takes queued requests, concatenates them up to the
+model's max batch, runs one ``model.infer`` and hands each request back its own rows.
+
+Rules it keeps, and why:
+- The delay bound starts when the oldest queued request arrived, so no request waits
+  more than ``max_delay_ms`` for company; a full batch is dispatched at once.
+- Requests are validated in ``submit`` (names, dtypes, fixed dimensions) so a bad request
+  is refused alone, with a clear ``InferenceInputError``, before it can poison a batch.
+- If a merged batch still fails in ``model.infer`` (a data-dependent failure), each of its
+  requests is rerun alone, so only the request that fails gets the exception.
+- A request larger than the max batch is cut into slices that travel in consecutive
+  batches (sharing them with other requests) and is reassembled in order.
+- The queue is bounded in requests: ``submit`` raises ``QueueFullError`` at once rather
+  than letting memory grow without bound (back-pressure the client can act on).
+- Only numpy and the standard library: importable by any service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from concurrent.futures import Future, InvalidStateError
+from typing import Callable, Mapping, NamedTuple, Protocol, Sequence
+
+import numpy as np
+
+from .errors import BatcherClosedError, BatcherError, QueueFullError, UsageError
+from .tensors import TensorSpec, check_feeds
+
+log = logging.getLogger(__name__)
+
+Feeds = dict[str, np.ndarray]
+
+
+class BatchableModel(Protocol):
+    """What the batcher needs of a model (``runtime_py.model.Model`` provides it)."""
+
+    inputs: Sequence[TensorSpec]
+    max_batch_size: int
+
+    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+
+class BatchStats(NamedTuple):
+    """What one engine call did, handed to listeners (e.g. Prometheus metrics).
+
+    ``queue_s`` holds, per request slice in the batch, the time from ``submit`` to
+    dispatch; ``compute_s`` is the ``model.infer`` wall time of the merged call (plus the
+    per-request reruns if it failed); ``failed`` counts requests that got an exception.
+    """
+
+    size: int
+    requests: int
+    queue_s: tuple[float, ...]
+    compute_s: float
+    failed: int
+
+
+class _Request:
+    """One submitted request and the progress of its rows through batches."""
+
+    __slots__ = ("feeds", "rows", "taken", "done", "parts", "future", "t_submit", "signature",
+                 "started")
+
+    def __init__(self, feeds: Feeds, rows: int, signature: tuple) -> None:
+        self.feeds = feeds
+        self.rows = rows
+        self.taken = 0          # rows handed to batches so far
+        self.done = 0           # rows whose outputs came back
+        self.parts: list[dict[str, np.ndarray]] = []   # output slices, in row order
+        self.future: Future = Future()
+        self.t_submit = time.perf_counter()
+        self.signature = signature   # non-batch shapes: requests merge only when equal
+        self.started = False
+
+
+class _Slice(NamedTuple):
+    req: _Request
+    start: int
+    stop: int
+
+
+class Batcher:
+    """Merge concurrent requests into engine batches on one worker thread.
+
+    ``max_batch_size`` defaults to (and may not exceed) ``model.max_batch_size``;
+    ``max_delay_ms`` bounds how long the oldest request waits for others; ``max_queue``
+    bounds the number of queued requests. Use as a context manager or call ``close``.
+    """
+
+    def __init__(
+        self,
+        model: BatchableModel,
+        max_batch_size: int | None = None,
+        max_delay_ms: float = 2.0,
+        max_queue: int = 1024,
+    ) -> None:
+        model_max = int(model.max_batch_size)
+        if max_batch_size is None:
+            max_batch_size = model_max
+        if not 1 <= max_batch_size <= model_max:
+            raise UsageError(
+                f"max batch size {max_batch_size} is outside 1..{model_max} "
+                f"(the model's max batch size)"
+            )
+        if max_delay_ms < 0:
+            raise UsageError(f"max delay must be >= 0 ms, got {max_delay_ms}")
+        if max_queue < 1:
+            raise UsageError(f"max queue must be >= 1 request, got {max_queue}")
+        self.model = model
+        self.max_batch_size = int(max_batch_size)
+        self.max_delay_s = max_delay_ms / 1000.0
+        self.max_queue = int(max_queue)
+        self._specs = list(model.inputs)
+        self._queue: collections.deque[_Request] = collections.deque()
+        self._queued_rows = 0
+        self._cond = threading.Condition(threading.Lock())
+        self._closed = False
+        self._listeners: list[Callable[[BatchStats], None]] = []
+        # Counters readable without a listener (cheap: updated once per batch).
+        self.batches = 0
+        self.rows = 0
+        self.failed_requests = 0
+        self.batch_size_counts: collections.Counter[int] = collections.Counter()
+        self._worker = threading.Thread(target=self._run, name="trt-bundle-batcher", daemon=True)
+        self._worker.start()
+
+    # --- client side ------------------------------------------------------------------
+
+    def submit(self, feeds: Mapping[str, np.ndarray] | np.ndarray) -> Future:
+        """Queue one request (any batch size >= 1); return a future of its outputs.
+
+        ``feeds`` maps input names to arrays; a bare array is accepted for a model with
+        exactly one input.
+
+        Raises at once: ``InferenceInputError`` for arrays that do not fit the model,
+        ``QueueFullError`` when ``max_queue`` requests are waiting, ``BatcherClosedError``
+        after ``close``. The arrays are not copied: do not modify them until the future
+        is done.
+        """
+        if isinstance(feeds, np.ndarray) and len(self._specs) == 1:
+            feeds = {self._specs[0].name: feeds}   # the one input of a single-input model
+        rows = check_feeds(self._specs, feeds)
+        feeds = {s.name: feeds[s.name] for s in self._specs}
+        signature = tuple(a.shape[1:] for a in feeds.values())
+        req = _Request(feeds, rows, signature)
+        with self._cond:
+            if self._closed:
+                raise BatcherClosedError("the batcher is closed; no new requests are accepted")
+            if len(self._queue) >= self.max_queue:
+                raise QueueFullError(
+                    f"the batcher queue is full ({self.max_queue} requests waiting); "
+                    f"retry later or lower the request rate"
+                )
+            was_empty = not self._queue
+            self._queue.append(req)
+            self._queued_rows += rows
+            # Wake the worker only when it has something new to decide: the first
+            # request (it starts the clock) or a batch that just became full.
+            if was_empty or self._queued_rows >= self.max_batch_size:
+                self._cond.notify()
+        return req.future
+
+    async def submit_async(self, feeds: Mapping[str, np.ndarray] | np.ndarray) -> Feeds:
+        """``submit`` for asyncio code: await the outputs without blocking the loop.
+
+        Cancelling the awaiting task cancels the request if it has not started yet.
+        """
+        return await asyncio.wrap_future(self.submit(feeds))
+
+    def infer(self, feeds: Mapping[str, np.ndarray] | np.ndarray, timeout: float | None = None) -> Feeds:
+        """Blocking convenience: ``submit(feeds).result(timeout)``."""
+        return self.submit(feeds).result(timeout)
+
+    def add_listener(self, fn: Callable[[BatchStats], None]) -> None:
+        """Call ``fn(BatchStats)`` on the worker thread after each batch (keep it cheap)."""
+        self._listeners.append(fn)
+
+    def remove_listener(self, fn: Callable[[BatchStats], None]) -> None:
+        """Stop calling ``fn``; no error if it was not registered."""
+        try:
+            self._listeners.remove(fn)
+        except ValueError:
+            pass
+
+    @property
+    def closed(self) -> bool:
+        """True once ``close`` was called (the batcher accepts no new requests)."""
+        return self._closed
+
+    @property
+    def queue_length(self) -> int:
+        """Requests waiting (not yet fully dispatched)."""
+        return len(self._queue)
+
+    def close(self, drain: bool = True, timeout: float | None = None) -> None:
+        """Stop accepting requests and stop the worker.
+
+        ``drain=True`` runs every queued request first (without waiting for the delay);
+        ``drain=False`` fails queued requests with ``BatcherClosedError`` (the batch
+        already running completes). Waits up to ``timeout`` seconds for the worker.
+        Calling it again is harmless.
+        """
+        cancelled: list[_Request] = []
+        with self._cond:
+            self._closed = True
+            if not drain:
+                cancelled = list(self._queue)
+                self._queue.clear()
+                self._queued_rows = 0
+            self._cond.notify_all()
+        for req in cancelled:
+            _fail(req, BatcherClosedError("the batcher was closed before this request ran"))
+        if threading.current_thread() is not self._worker:
+            self._worker.join(timeout)
+
+    def __enter__(self) -> "Batcher":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- worker side ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            batch = self._next_batch()
+            if batch is None:
+                return
+            try:
+                self._execute(batch)
+            except BaseException as e:  # never let the worker die with requests pending
+                log.exception("batcher worker error")
+                for s in batch:
+                    _fail(s.req, e if isinstance(e, Exception) else BatcherError(repr(e)))
+
+    def _next_batch(self) -> list[_Slice] | None:
+        """Wait for work, then take up to a max batch of rows off the queue."""
+        with self._cond:
+            while True:
+                while not self._queue:
+                    if self._closed:
+                        return None
+                    self._cond.wait()
+                deadline = self._queue[0].t_submit + self.max_delay_s
+                while self._queue and self._queued_rows < self.max_batch_size and not self._closed:
+                    remaining = deadline - time.perf_counter()
+                    if remaining <= 0:
+                        break
+                    self._cond.wait(remaining)
+                batch = self._take()
+                if batch:
+                    return batch
+
+    def _take(self) -> list[_Slice]:
+        """Pop rows from the head of the queue (lock held), FIFO, same signature only."""
+        batch: list[_Slice] = []
+        room = self.max_batch_size
+        signature = None
+        while self._queue and room > 0:
+            req = self._queue[0]
+            if not req.started:
+                # A client may have cancelled the future while it waited.
+                if not req.future.set_running_or_notify_cancel():
+                    self._queue.popleft()
+                    self._queued_rows -= req.rows
+                    continue
+                req.started = True
+            if signature is None:
+                signature = req.signature
+            elif req.signature != signature:
+                break   # different non-batch shape: it leads the next batch
+            n = min(room, req.rows - req.taken)
+            batch.append(_Slice(req, req.taken, req.taken + n))
+            req.taken += n
+            room -= n
+            self._queued_rows -= n
+            if req.taken == req.rows:
+                self._queue.popleft()
+        return batch
+
+    def _execute(self, batch: list[_Slice]) -> None:
+        t_dispatch = time.perf_counter()
+        queue_s = tuple(t_dispatch - s.req.t_submit for s in batch)
+        live = [s for s in batch if not s.req.future.done()]   # a slice of a failed request
+        failed = 0
+        t0 = time.perf_counter()
+        if live:
+            try:
+                outputs = self.model.infer(_merge(live))
+                parts = _split(outputs, live)
+            except Exception as e:
+                if len(live) == 1:
+                    _fail(live[0].req, e)
+                    failed = 1
+                else:
+                    # One request may be what makes the batch fail: rerun each alone so
+                    # the others still get their results.
+                    log.debug("merged batch of %d requests failed (%s); rerunning each alone",
+                              len(live), e)
+                    for s in live:
+                        try:
+                            part = _split(self.model.infer(_merge([s])), [s])[0]
+                        except Exception as e1:
+                            _fail(s.req, e1)
+                            failed += 1
+                        else:
+                            _deliver(s, part)
+            else:
+                for s, part in zip(live, parts):
+                    _deliver(s, part)
+        compute_s = time.perf_counter() - t0
+        size = sum(s.stop - s.start for s in live)
+        self.batches += 1
+        self.rows += size
+        self.failed_requests += failed
+        self.batch_size_counts[size] += 1
+        if self._listeners:
+            stats = BatchStats(size, len(live), queue_s, compute_s, failed)
+            for fn in list(self._listeners):
+                try:
+                    fn(stats)
+                except Exception:
+                    log.exception("batcher listener failed")
+
+
+def _merge(slices: list[_Slice]) -> Feeds:
+    """One array per input for the batch: a view when one request fills it, else one copy."""
+    if len(slices) == 1:
+        s = slices[0]
+        if s.start == 0 and s.stop == s.req.rows:
+            return s.req.feeds
+        return {k: v[s.start:s.stop] for k, v in s.req.feeds.items()}
+    names = slices[0].req.feeds.keys()
+    return {
+        k: np.concatenate([s.req.feeds[k][s.start:s.stop] for s in slices], axis=0)
+        for k in names
+    }
+
+
+def _split(outputs: Mapping[str, np.ndarray], slices: list[_Slice]) -> list[dict[str, np.ndarray]]:
+    """Cut each output back into per-slice views (no copies), checking the batch axis."""
+    total = sum(s.stop - s.start for s in slices)
+    for name, arr in outputs.items():
+        if not isinstance(arr, np.ndarray) or arr.ndim == 0 or arr.shape[0] != total:
+            got = getattr(arr, "shape", type(arr).__name__)
+            raise BatcherError(
+                f"the model returned output {name!r} with shape {got} for a batch of {total}"
+            )
+    if len(slices) == 1:
+        return [dict(outputs)]
+    parts = []
+    offset = 0
+    for s in slices:
+        n = s.stop - s.start
+        parts.append({k: v[offset:offset + n] for k, v in outputs.items()})
+        offset += n
+    return parts
+
+
+def _deliver(s: _Slice, part: dict[str, np.ndarray]) -> None:
+    req = s.req
+    if req.future.done():
+        return
+    if s.start == 0 and s.stop == req.rows:
+        _set(req.future, part)
+        return
+    req.parts.append(part)   # slices of one request run in order, on one worker
+    req.done += s.stop - s.start
+    if req.done == req.rows:
+        result = {k: np.concatenate([p[k] for p in req.parts], axis=0) for k in req.parts[0]}
+        req.parts = []
+        _set(req.future, result)
+
+
+def _fail(req: _Request, exc: BaseException) -> None:
+    req.parts = []
+    if req.future.done():
+        return
+    if not req.future.running():
+        # Queued, never started: a cancelled future stays cancelled.
+        if not req.future.set_running_or_notify_cancel():
+            return
+    try:
+        req.future.set_exception(exc)
+    except InvalidStateError:   # close(drain=False) raced the worker: first one wins
+        pass
+
+
+def _set(future: Future, result: Feeds) -> None:
+    try:
+        future.set_result(result)
+    except InvalidStateError:   # already failed by close(drain=False)
+        pass

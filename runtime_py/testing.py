@@ -1,0 +1,114 @@
+"""A small numpy model with the ``Model`` interface, for tests and synthetic benchmarks.
+
+The batcher and the server must be tested and measured without a real bundle (building one
+takes minutes and an engine package). ``ToyModel`` is deterministic, depends on its whole
+input (so a result delivered to the wrong client is caught), can simulate an engine's
+fixed per-batch cost (``time.sleep``, which releases the GIL like a real engine call),
+and has switches to fail chosen requests or to block until released.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+
+import numpy as np
+
+from .errors import PreprocessError
+from .tensors import TensorSpec, check_feeds
+
+FAIL_VALUE = -7777.0
+"""A row whose first input element equals this makes ``ToyModel.infer`` raise."""
+
+
+class ToyModelError(RuntimeError):
+    """What ``ToyModel.infer`` raises for a row marked with ``FAIL_VALUE``."""
+
+
+class ToyModel:
+    """logits = mean of the image over its spatial dims @ a fixed matrix.
+
+    ``cost_ms`` + ``per_row_ms * batch`` is slept in every ``infer`` call; ``gate``, when
+    set to a ``threading.Event``, makes ``infer`` wait for it; ``calls`` records the batch
+    size of every call.
+    """
+
+    platform = "numpy"
+
+    def __init__(
+        self,
+        name: str = "toy",
+        *,
+        num_classes: int = 10,
+        channels: int = 3,
+        size: int = 8,
+        max_batch_size: int = 32,
+        cost_ms: float = 0.0,
+        per_row_ms: float = 0.0,
+        version: str = "1",
+        seed: int = 0,
+    ) -> None:
+        self.name = name
+        self.version = version
+        self.size = size
+        self.max_batch_size = max_batch_size
+        self.inputs = [TensorSpec("input", "float32", ("batch", channels, size, size))]
+        self.outputs = [TensorSpec("logits", "float32", ("batch", num_classes))]
+        self.labels = [f"class_{i}" for i in range(num_classes)]
+        self.weight = np.random.default_rng(seed).standard_normal(
+            (channels, num_classes)).astype(np.float32)
+        self.cost_s = cost_ms / 1000.0
+        self.per_row_s = per_row_ms / 1000.0
+        self.gate: threading.Event | None = None
+        self.calls: list[int] = []
+        self._lock = threading.Lock()
+
+    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run a batch of 1..max_batch_size rows (checked like a real engine would)."""
+        n = check_feeds(self.inputs, feeds)
+        if n > self.max_batch_size:
+            raise ValueError(f"batch {n} exceeds the max batch size {self.max_batch_size}")
+        with self._lock:
+            self.calls.append(n)
+        if self.gate is not None:
+            self.gate.wait()
+        x = feeds["input"]
+        if np.any(x.reshape(n, -1)[:, 0] == FAIL_VALUE):
+            raise ToyModelError("toy model asked to fail on this input")
+        if self.cost_s or self.per_row_s:
+            time.sleep(self.cost_s + self.per_row_s * n)
+        return {"logits": self.reference(x)}
+
+    def reference(self, x: np.ndarray) -> np.ndarray:
+        """The exact computation of ``infer`` (for checking results).
+
+        Row by row without BLAS, so a row's result is bit-identical whatever batch it ran in.
+        """
+        m = x.mean(axis=(2, 3), dtype=np.float32)
+        return (m[:, :, None] * self.weight[None]).sum(axis=1, dtype=np.float32)
+
+    def preprocess(self, images: list[bytes]) -> np.ndarray:
+        """Decode each image, resize to size x size, scale to [0, 1], NCHW float32."""
+        from PIL import Image, UnidentifiedImageError
+
+        out = np.empty((len(images), self.inputs[0].shape[1], self.size, self.size), np.float32)
+        for i, data in enumerate(images):
+            try:
+                with Image.open(io.BytesIO(data)) as im:
+                    im = im.convert("RGB").resize((self.size, self.size), Image.BILINEAR)
+                    arr = np.asarray(im, dtype=np.float32) / 255.0
+            except (UnidentifiedImageError, OSError, ValueError) as e:
+                raise PreprocessError(f"image {i}: cannot decode ({e})") from e
+            out[i] = arr.transpose(2, 0, 1)[: out.shape[1]]
+        return out
+
+    def top_k(self, logits: np.ndarray, k: int) -> list[list[tuple[int, str, float]]]:
+        """Softmax, then the k best (index, label, probability) per row."""
+        z = logits - logits.max(axis=1, keepdims=True)
+        p = np.exp(z)
+        p /= p.sum(axis=1, keepdims=True)
+        k = min(k, p.shape[1])
+        order = np.argsort(-p, axis=1, kind="stable")[:, :k]
+        return [[(int(j), self.labels[j], float(row[j])) for j in idx]
+                for row, idx in zip(p, order)]

@@ -1,0 +1,269 @@
+"""The dynamic batcher under concurrency: results to the right caller, real merging,
+per-request failures, back-pressure, shutdown, and requests larger than a batch."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import CancelledError, ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from runtime_py.batcher import Batcher, BatchStats
+from runtime_py.errors import (
+    BatcherClosedError,
+    BatcherError,
+    InferenceInputError,
+    QueueFullError,
+    UsageError,
+)
+from runtime_py.testing import FAIL_VALUE, ToyModel, ToyModelError
+
+TIMEOUT = 10.0  # generous upper bound for anything that should take milliseconds
+
+
+def image(seed: int, n: int = 1, size: int = 8) -> np.ndarray:
+    return np.random.default_rng(seed).random((n, 3, size, size), dtype=np.float32)
+
+
+def wait_until(cond, timeout: float = TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.001)
+
+
+@pytest.fixture
+def gated():
+    """A model that blocks in ``infer`` until the test opens the gate."""
+    model = ToyModel(max_batch_size=32)
+    model.gate = threading.Event()
+    yield model
+    model.gate.set()
+
+
+def block_worker(batcher: Batcher, model: ToyModel):
+    """Submit one request and wait until the worker is stuck inside ``infer`` with it."""
+    fut = batcher.submit({"input": image(123456)})
+    wait_until(lambda: len(model.calls) == 1)
+    return fut
+
+
+def test_concurrent_clients_each_get_their_own_result():
+    model = ToyModel(max_batch_size=8, cost_ms=0.5)
+    with Batcher(model, max_delay_ms=2.0) as b:
+        def client(cid: int) -> None:
+            for j in range(25):
+                n = 1 + (cid + j) % 3
+                x = image(cid * 1000 + j, n)
+                out = b.submit({"input": x}).result(TIMEOUT)
+                np.testing.assert_array_equal(out["logits"], model.reference(x))
+
+        with ThreadPoolExecutor(16) as pool:
+            for f in [pool.submit(client, c) for c in range(16)]:
+                f.result(TIMEOUT)
+    assert max(model.calls) > 1, "no request was ever merged"
+    assert max(model.calls) <= 8
+    assert sum(model.calls) == sum(1 + (c + j) % 3 for c in range(16) for j in range(25))
+
+
+def test_queued_requests_merge_into_one_batch(gated):
+    with Batcher(gated, max_delay_ms=1.0) as b:
+        first = block_worker(b, gated)
+        xs = [image(i) for i in range(8)]
+        futs = [b.submit({"input": x}) for x in xs]
+        gated.gate.set()
+        for x, f in zip(xs, futs):
+            np.testing.assert_array_equal(f.result(TIMEOUT)["logits"], gated.reference(x))
+        first.result(TIMEOUT)
+    assert gated.calls == [1, 8]
+
+
+def test_full_batch_is_dispatched_without_waiting_for_the_delay():
+    model = ToyModel(max_batch_size=4)
+    with Batcher(model, max_delay_ms=60_000) as b:
+        futs = [b.submit({"input": image(i)}) for i in range(4)]
+        for f in futs:
+            f.result(TIMEOUT)   # would take a minute if the batcher waited for the delay
+    assert model.calls == [4]
+
+
+def test_lone_request_runs_after_the_delay():
+    model = ToyModel()
+    with Batcher(model, max_delay_ms=5) as b:
+        x = image(3)
+        np.testing.assert_array_equal(b.infer({"input": x}, TIMEOUT)["logits"], model.reference(x))
+    assert model.calls == [1]
+
+
+def test_bare_array_accepted_for_single_input_model():
+    model = ToyModel()
+    with Batcher(model) as b:
+        x = image(4, 2)
+        np.testing.assert_array_equal(b.infer(x, TIMEOUT)["logits"], model.reference(x))
+
+
+@pytest.mark.parametrize("feeds, message", [
+    ({"input": image(0).astype(np.float64)}, "dtype float64"),
+    ({"pixels": image(0)}, "missing input"),
+    ({"input": image(0), "extra": image(0)}, "unexpected input"),
+    ({"input": image(0, size=9)}, "does not match"),
+    ({"input": image(0)[0]}, "dimensions"),
+    ({"input": np.zeros((0, 3, 8, 8), np.float32)}, "batch size is 0"),
+    ({"input": [[1.0]]}, "numpy array"),
+])
+def test_bad_request_is_refused_alone(feeds, message):
+    model = ToyModel()
+    with Batcher(model) as b:
+        good = image(1)
+        fut = b.submit({"input": good})
+        with pytest.raises(InferenceInputError, match=message):
+            b.submit(feeds)
+        np.testing.assert_array_equal(fut.result(TIMEOUT)["logits"], model.reference(good))
+        assert b.infer({"input": good}, TIMEOUT)["logits"].shape == (1, 10)
+
+
+def test_request_that_makes_the_model_raise_fails_alone(gated):
+    with Batcher(gated, max_delay_ms=1.0) as b:
+        block_worker(b, gated)
+        xs = [image(i) for i in range(5)]
+        xs[2][0, 0, 0, 0] = FAIL_VALUE
+        futs = [b.submit({"input": x}) for x in xs]
+        gated.gate.set()
+        for i, (x, f) in enumerate(zip(xs, futs)):
+            if i == 2:
+                with pytest.raises(ToyModelError):
+                    f.result(TIMEOUT)
+            else:
+                np.testing.assert_array_equal(f.result(TIMEOUT)["logits"], gated.reference(x))
+        # The merged batch failed, then each request ran alone.
+        assert gated.calls == [1, 5, 1, 1, 1, 1, 1]
+        assert b.failed_requests == 1
+        # and the batcher keeps serving
+        b.infer({"input": image(9)}, TIMEOUT)
+
+
+def test_wrong_output_batch_from_model_is_a_clear_error():
+    class Broken(ToyModel):
+        def infer(self, feeds):
+            return {"logits": np.zeros((1, 10), np.float32)}
+
+    with Batcher(Broken()) as b:
+        with pytest.raises(BatcherError, match="for a batch of 3"):
+            b.infer({"input": image(0, 3)}, TIMEOUT)
+
+
+def test_full_queue_rejects_at_once(gated):
+    with Batcher(gated, max_queue=4, max_delay_ms=1.0) as b:
+        first = block_worker(b, gated)
+        queued = [b.submit({"input": image(i)}) for i in range(4)]
+        t0 = time.perf_counter()
+        with pytest.raises(QueueFullError, match="full"):
+            b.submit({"input": image(99)})
+        assert time.perf_counter() - t0 < 1.0
+        assert b.queue_length == 4
+        gated.gate.set()
+        for f in [first, *queued]:
+            f.result(TIMEOUT)
+        b.infer({"input": image(5)}, TIMEOUT)   # room again once the queue drains
+
+
+def test_close_with_drain_runs_queued_work_without_waiting_for_the_delay():
+    model = ToyModel()
+    b = Batcher(model, max_delay_ms=60_000)
+    xs = [image(i) for i in range(3)]
+    futs = [b.submit({"input": x}) for x in xs]
+    t0 = time.perf_counter()
+    b.close(drain=True, timeout=TIMEOUT)
+    assert time.perf_counter() - t0 < TIMEOUT / 2
+    for x, f in zip(xs, futs):
+        np.testing.assert_array_equal(f.result(0)["logits"], model.reference(x))
+    assert not b._worker.is_alive()
+
+
+def test_close_without_drain_cancels_queued_requests(gated):
+    b = Batcher(gated, max_delay_ms=1.0)
+    first = block_worker(b, gated)
+    queued = [b.submit({"input": image(i)}) for i in range(3)]
+    b.close(drain=False, timeout=0)
+    for f in queued:
+        with pytest.raises(BatcherClosedError):
+            f.result(TIMEOUT)
+    gated.gate.set()
+    first.result(TIMEOUT)          # the batch already running completes
+    b._worker.join(TIMEOUT)
+    assert not b._worker.is_alive()
+    assert gated.calls == [1]
+
+
+def test_submit_after_close_is_refused():
+    model = ToyModel()
+    b = Batcher(model)
+    b.close()
+    b.close()   # idempotent
+    assert b.closed
+    with pytest.raises(BatcherClosedError):
+        b.submit({"input": image(0)})
+
+
+def test_large_request_is_split_and_reassembled_in_order(gated):
+    with Batcher(gated, max_batch_size=4, max_delay_ms=1.0) as b:
+        block_worker(b, gated)
+        big = image(7, 10)
+        small = image(8, 1)
+        f_big = b.submit({"input": big})
+        f_small = b.submit({"input": small})
+        gated.gate.set()
+        np.testing.assert_array_equal(f_big.result(TIMEOUT)["logits"], gated.reference(big))
+        np.testing.assert_array_equal(f_small.result(TIMEOUT)["logits"], gated.reference(small))
+    # 10 rows in slices of 4, 4, then 2 that share a batch with the small request.
+    assert gated.calls == [1, 4, 4, 3]
+
+
+def test_cancelled_request_is_skipped(gated):
+    with Batcher(gated, max_delay_ms=1.0) as b:
+        block_worker(b, gated)
+        dropped = b.submit({"input": image(1)})
+        kept = b.submit({"input": image(2)})
+        assert dropped.cancel()
+        gated.gate.set()
+        kept.result(TIMEOUT)
+        with pytest.raises(CancelledError):
+            dropped.result(0)
+    assert gated.calls == [1, 1]
+
+
+def test_submit_async_from_many_tasks():
+    model = ToyModel(max_batch_size=16)
+
+    async def main(b: Batcher) -> None:
+        xs = [image(i) for i in range(64)]
+        outs = await asyncio.gather(*(b.submit_async({"input": x}) for x in xs))
+        for x, out in zip(xs, outs):
+            np.testing.assert_array_equal(out["logits"], model.reference(x))
+
+    with Batcher(model, max_delay_ms=2.0) as b:
+        asyncio.run(main(b))
+    assert max(model.calls) > 1
+
+
+def test_listener_sees_every_batch():
+    model = ToyModel(max_batch_size=4)
+    seen: list[BatchStats] = []
+    with Batcher(model, max_delay_ms=1.0) as b:
+        b.add_listener(seen.append)
+        b.infer({"input": image(0, 6)}, TIMEOUT)
+    assert [s.size for s in seen] == [4, 2]
+    assert all(s.compute_s >= 0 and len(s.queue_s) == s.requests for s in seen)
+    assert b.batch_size_counts == {4: 1, 2: 1} and b.rows == 6
+
+
+def test_bad_settings_are_refused():
+    model = ToyModel(max_batch_size=8)
+    with pytest.raises(UsageError, match="max batch size 9"):
+        Batcher(model, max_batch_size=9)
+    with pytest.raises(UsageError, match="max queue"):
+        Batcher(model, max_queue=0)
