@@ -1,0 +1,71 @@
+"""What `bundle inspect` and `bundle verify` report, as data (the CLI only prints it).
+
+Lives in the bundler package but imports only the runtime's reader, so both commands
+work with the core install (no torch, no onnx).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from runtime_py.errors import BundleError, VerificationError
+from runtime_py.format import open_bundle
+
+
+def inspect_summary(path: str | os.PathLike) -> dict:
+    """The manifest plus what a reader derives: id, path, file size, ratios.
+
+    This exact shape is also what `cpp_stub`'s `bundle-inspect-cpp --json` prints.
+    """
+    with open_bundle(path) as bundle:
+        summary = dict(bundle.manifest)
+        summary["id"] = bundle.id
+        summary["path"] = str(path)
+        summary["file_size"] = Path(path).stat().st_size
+        summary["random_weights"] = bundle.manifest["source"]["kind"] == "random-weights"
+        summary["members"] = [
+            dict(m, ratio=f"{m['raw_size'] / m['stored_size']:.3f}")
+            for m in bundle.manifest["members"]
+        ]
+        return summary
+
+
+def verify_report(path: str | os.PathLike, numerics: bool = False, backend: str | None = None
+                  ) -> dict:
+    """Every check of a bundle; `{"path", "id", "ok", "problems", "checks", ...}`.
+
+    Structure, header, manifest schema and id are checked on open; then every member's
+    size and sha256; with `numerics`, the reference inputs are run through the engine.
+    """
+    report: dict = {"path": str(path), "id": None, "ok": False, "problems": [], "checks": []}
+    try:
+        bundle = open_bundle(path)
+    except BundleError as exc:
+        report["problems"] = exc.problems
+        return report
+    with bundle:
+        report["id"] = bundle.id
+        report["random_weights"] = bundle.manifest["source"]["kind"] == "random-weights"
+        report["checks"] += ["header", "manifest sha256 = bundle id", "manifest schema",
+                             "member layout"]
+        try:
+            bundle.verify()
+            report["checks"].append(f"{len(bundle.member_names)} member hashes")
+        except VerificationError as exc:
+            report["problems"] += exc.problems
+        if numerics and not report["problems"]:
+            from runtime_py.numerics import check_numerics
+
+            try:
+                numerics_report = check_numerics(bundle, backend=backend)
+            except BundleError as exc:
+                report["problems"].append(f"numerics: {exc}")
+            else:
+                report["numerics"] = numerics_report.as_dict()
+                if numerics_report.passed:
+                    report["checks"].append("numerics vs reference outputs")
+                else:
+                    report["problems"] += [f"numerics: {r}" for r in numerics_report.reasons]
+    report["ok"] = not report["problems"]
+    return report
