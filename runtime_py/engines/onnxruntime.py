@@ -1,0 +1,63 @@
+"""ONNX Runtime runner: the embedded default engine, over the bundle's `model.onnx`.
+
+Runs every bundle (fp32, fp16 and fp8 Q/DQ graphs all run on the CPU provider), since
+`model.onnx` is always present. The CUDA provider is used when onnxruntime-gpu is
+installed and `providers` does not say otherwise.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from runtime_py.engines.base import Runner
+from runtime_py.errors import CompatibilityError, EngineUnavailableError
+
+
+def import_onnxruntime():
+    try:
+        import onnxruntime
+    except ImportError:
+        raise EngineUnavailableError(
+            "the onnxruntime engine needs the onnxruntime package: "
+            "pip install 'trt-bundle[ort]'") from None
+    return onnxruntime
+
+
+def default_providers(ort, device: int = 0) -> list:
+    available = ort.get_available_providers()
+    if "CUDAExecutionProvider" in available:
+        return [("CUDAExecutionProvider", {"device_id": device}), "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
+class OnnxRuntimeRunner(Runner):
+    """Options: providers (list), device (int), intra_op_threads, inter_op_threads (int)."""
+
+    backend = "onnxruntime"
+
+    def activate_impl(self) -> None:
+        ort = import_onnxruntime()
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if self.options.get("intra_op_threads"):
+            opts.intra_op_num_threads = int(self.options["intra_op_threads"])
+        if self.options.get("inter_op_threads"):
+            opts.inter_op_num_threads = int(self.options["inter_op_threads"])
+        providers = self.options.get("providers") or default_providers(
+            ort, int(self.options.get("device") or 0))
+        try:
+            self.session = ort.InferenceSession(self.bundle.read_member("model.onnx"),
+                                                sess_options=opts, providers=providers)
+        except Exception as exc:  # ORT raises its own exception types for bad graphs
+            raise CompatibilityError(
+                f"onnxruntime {ort.__version__} cannot load {self.bundle.path.name}'s "
+                f"model.onnx: {exc}") from None
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self.providers = self.session.get_providers()
+
+    def deactivate_impl(self) -> None:
+        self.session = None
+
+    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        outputs = self.session.run(self.output_names, feeds)
+        return dict(zip(self.output_names, outputs))

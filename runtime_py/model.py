@@ -1,0 +1,149 @@
+"""`load()`: a verified bundle with an engine session, preprocessing and labels.
+
+This is the object services hold. `infer` takes preprocessed batches of any size (larger
+than the engine's max batch is split and the outputs concatenated); `classify` takes
+images and returns top-k labels through the bundle's own preprocessing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from runtime_py.engines import runner_class
+from runtime_py.errors import CompatibilityError, InferenceInputError, UsageError
+from runtime_py.format import Bundle, open_bundle
+from runtime_py.tensors import TensorSpec, check_feeds
+
+log = logging.getLogger(__name__)
+
+PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "tensorrt": "tensorrt_plan",
+             "torch-aoti": "pytorch_aoti"}
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64, copy=False)
+    x = x - x.max(axis=-1, keepdims=True)
+    e = np.exp(x)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+class Model:
+    """A loaded bundle. Thread-safety: `infer` is as thread-safe as the engine session
+    (ONNX Runtime's is); serve concurrent clients through `runtime_py.batcher.Batcher`."""
+
+    def __init__(self, bundle: Bundle, runner, fallback_reason: str | None = None) -> None:
+        self.bundle = bundle
+        self.runner = runner
+        self.fallback_reason = fallback_reason
+        m = bundle.manifest
+        self.id = bundle.id
+        self.name = m["name"].rsplit("-", 1)[0] if m["name"].count("-") else m["name"]
+        self.version = bundle.id[:12]
+        self.backend = runner.backend
+        self.platform = PLATFORMS.get(runner.backend, runner.backend)
+        self.inputs: list[TensorSpec] = runner.input_metadata()
+        self.outputs: list[TensorSpec] = runner.output_metadata()
+        self.max_batch_size = runner.max_batch_size
+        self.labels = bundle.labels
+        self._preprocessor = None
+
+    # -- inference -----------------------------------------------------------------------
+    def _as_feeds(self, inputs) -> dict[str, np.ndarray]:
+        if isinstance(inputs, np.ndarray):
+            if len(self.inputs) != 1:
+                raise InferenceInputError(
+                    f"this model takes {len(self.inputs)} inputs; pass a dict by name")
+            return {self.inputs[0].name: inputs}
+        return inputs
+
+    def infer(self, inputs) -> dict[str, np.ndarray]:
+        """Run a batch (array for single-input models, or dict name -> array)."""
+        feeds = self._as_feeds(inputs)
+        batch = check_feeds(self.inputs, feeds)
+        limit = self.max_batch_size
+        if batch <= limit:
+            return self.runner.infer(feeds)
+        parts = [self.runner.infer({k: v[i:i + limit] for k, v in feeds.items()})
+                 for i in range(0, batch, limit)]
+        return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+
+    # -- images --------------------------------------------------------------------------
+    @property
+    def preprocessor(self):
+        if self._preprocessor is None:
+            from runtime_py.preprocess import Preprocessor
+
+            spec = self.bundle.preprocess
+            if spec is None:
+                raise UsageError(f"bundle {self.bundle.path.name} has no preprocessing spec; "
+                                 "pass preprocessed arrays to infer()")
+            self._preprocessor = Preprocessor(spec)
+        return self._preprocessor
+
+    def preprocess(self, images: Sequence) -> np.ndarray:
+        """Images (paths, bytes or PIL images) -> NCHW float32 batch via the bundle's spec."""
+        return self.preprocessor.batch(list(images))
+
+    def top_k(self, logits: np.ndarray, k: int = 5) -> list[list[dict]]:
+        """Per row: the k most probable classes as {index, label, score} (softmax)."""
+        if k < 1:
+            raise UsageError("top_k must be at least 1")
+        probs = softmax(logits)
+        k = min(k, probs.shape[-1])
+        order = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
+        labels = self.labels or []
+        return [[{"index": int(i), "label": labels[i] if i < len(labels) else str(int(i)),
+                  "score": float(row[i])} for i in idx] for row, idx in zip(probs, order)]
+
+    def classify(self, images: Iterable, top_k: int = 5) -> list[list[dict]]:
+        """Top-k labels and scores for each image, through the bundle's preprocessing."""
+        batch = self.preprocess(list(images))
+        logits = self.infer(batch)[self.outputs[0].name]
+        return self.top_k(logits, top_k)
+
+    def close(self) -> None:
+        self.runner.deactivate()
+        self.bundle.close()
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def load(path: str | os.PathLike, backend: str = "auto", device: int = 0, providers=None,
+         verify: bool = True, **options) -> Model:
+    """Open and verify a bundle, check this host can run it, and start its engine.
+
+    backend: "auto" runs the bundle's own engine target when this host can, else falls
+    back to ONNX Runtime over the portable `model.onnx` (the reason is kept in
+    `Model.fallback_reason` and logged). Naming a backend explicitly never falls back:
+    a host that cannot run it gets a CompatibilityError that says what does not match.
+    """
+    bundle = open_bundle(path)
+    try:
+        if verify:
+            bundle.verify()
+        target = bundle.manifest["engine"]["backend"]
+        chosen = target if backend == "auto" else backend
+        opts = dict(options, device=device, providers=providers)
+        runner = runner_class(chosen)(bundle, **opts)
+        fallback_reason = None
+        try:
+            runner.activate()
+        except CompatibilityError as exc:
+            if backend != "auto" or chosen == "onnxruntime":
+                raise
+            fallback_reason = f"{target} target not runnable here ({exc}); using onnxruntime"
+            log.warning(fallback_reason)
+            runner = runner_class("onnxruntime")(bundle, **opts)
+            runner.activate()
+        return Model(bundle, runner, fallback_reason)
+    except BaseException:
+        bundle.close()
+        raise
