@@ -1,0 +1,408 @@
+"""Families: what to build, found by name in the ``families/`` folder.
+
+A family is data (``families/<name>/family.json``): the checkpoint, the input, the
+preprocessing, the precisions, the build settings and the FP8 recipe with its variants.
+Numbers live in the spec, behaviour in ``bundler``; so adding a family is adding a folder,
+and nothing here changes. Where data cannot say something, a family may add
+``families/<name>/family.py``, imported only when asked for (``Family.extension()``).
+
+The folder ships as package data ``bundler.families``; in a source checkout it is the
+repository's ``families/``. This module imports neither torch nor onnx: ``bundle
+families`` and the runtime-side tools stay light.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import importlib.util
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType, ModuleType
+from typing import Any
+
+from runtime_py.errors import FamilyError
+
+__all__ = [
+    "Family",
+    "Checkpoint",
+    "InputSpec",
+    "BatchRange",
+    "families_root",
+    "list_families",
+    "load_family",
+    "RULE_KEYS",
+    "KNOWN_PRECISIONS",
+]
+
+SPEC_FILE = "family.json"
+EXTENSION_FILE = "family.py"
+MIN_OPSET = 19
+KNOWN_PRECISIONS = ("fp32", "fp16", "fp8")
+#: Keys a layer-selection rule may use (their meaning: ``bundler.graphs.fp8``).
+RULE_KEYS = frozenset({"op_type", "kernel_shape", "group", "depthwise", "module_prefix", "name_regex"})
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+_VERSION_RE = re.compile(r"^\d+\.\d+\.\d+$")
+_REVISION_RE = re.compile(r"^[0-9a-f]{40}$")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Where the pretrained weights come from (pinned: a revision, never a branch)."""
+
+    hf_id: str
+    revision: str
+    timm_model: str
+
+
+@dataclass(frozen=True)
+class BatchRange:
+    """The batch sizes an engine accepts; ``opt`` is what TensorRT tunes for."""
+
+    min: int
+    opt: int
+    max: int
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """The model's one image input, NCHW float32."""
+
+    name: str
+    channels: int
+    height: int
+    width: int
+    batch: BatchRange
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(C, H, W): the shape of one preprocessed image."""
+        return (self.channels, self.height, self.width)
+
+
+@dataclass(frozen=True)
+class Family:
+    """A validated family spec. ``spec`` is the whole JSON (read-only), for fields the
+    typed attributes do not cover."""
+
+    name: str
+    version: str
+    checkpoint: Checkpoint
+    input: InputSpec
+    output_name: str
+    num_classes: int
+    precisions: tuple[str, ...]
+    opset: int
+    preprocessing: Mapping[str, Any]
+    tensorrt: Mapping[str, Any]
+    fp8: Mapping[str, Any] | None
+    variants: Mapping[str, Mapping[str, Any]]
+    path: Path = field(compare=False)
+    spec: Mapping[str, Any] = field(repr=False, compare=False)
+
+    def preprocessing_spec(self) -> dict[str, Any]:
+        """The preprocessing spec as plain data (``schemas/preprocess.schema.json``)."""
+        return _thaw(self.preprocessing)
+
+    def recipe(self, variant: str | None = None) -> dict[str, Any]:
+        """The FP8 recipe as plain data, with ``variant``'s rules merged in.
+
+        A variant adds its ``include``/``exclude`` rules to the base ones and may set
+        ``expected_count``. Raises ``FamilyError`` for an unknown variant or a family
+        without an FP8 recipe.
+        """
+        if self.fp8 is None:
+            raise FamilyError(f"family {self.name!r} has no fp8 recipe; its precisions are {list(self.precisions)}")
+        recipe = _thaw(self.fp8)
+        recipe.setdefault("select", {}).setdefault("exclude", [])
+        recipe["variant"] = variant
+        if variant is None:
+            return recipe
+        if variant not in self.variants:
+            known = ", ".join(sorted(self.variants)) or "none"
+            raise FamilyError(f"family {self.name!r} has no variant {variant!r} (known: {known})")
+        extra = _thaw(self.variants[variant])
+        recipe["select"]["include"] = list(recipe["select"]["include"]) + extra.get("include", [])
+        recipe["select"]["exclude"] = list(recipe["select"]["exclude"]) + extra.get("exclude", [])
+        if "expected_count" in extra:
+            recipe["expected_count"] = extra["expected_count"]
+        else:
+            recipe.pop("expected_count", None)
+        return recipe
+
+    def recipe_digest(self, variant: str | None = None) -> str:
+        """sha256 of the canonical JSON of ``recipe(variant)``: what the manifest records."""
+        canonical = json.dumps(self.recipe(variant), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+    def extension(self) -> ModuleType | None:
+        """The family's optional ``family.py``, imported on first use; ``None`` if absent."""
+        cached = self.__dict__.get("_extension", _UNSET)
+        if cached is not _UNSET:
+            return cached
+        module = _import_extension(self.name, self.path / EXTENSION_FILE)
+        object.__setattr__(self, "_extension", module)
+        return module
+
+
+_UNSET = object()
+
+
+def families_root() -> Path:
+    """The folder holding the family folders.
+
+    Package data ``bundler.families`` when it resolves to a folder; otherwise a
+    ``families`` folder next to this module (the installed wheel's layout, where this
+    module and the data share the dotted name) or at the repository root (a checkout).
+    """
+    candidates: list[Path] = []
+    try:
+        resource = importlib.resources.files("bundler.families")
+        if resource.is_dir():
+            candidates.append(Path(str(resource)))
+    except (TypeError, ModuleNotFoundError, NotADirectoryError):
+        pass  # ``bundler.families`` resolves to this module, not to the data folder
+    here = Path(__file__).resolve()
+    candidates += [here.with_suffix(""), here.parents[1] / "families"]
+    for candidate in candidates:
+        if candidate.is_dir() and any((p / SPEC_FILE).is_file() for p in candidate.iterdir() if p.is_dir()):
+            return candidate
+    raise FamilyError(
+        "no families folder found (looked in: " + ", ".join(str(c) for c in candidates) + "); "
+        "reinstall trt-bundle, or run from a source checkout"
+    )
+
+
+def list_families(root: Path | None = None) -> list[str]:
+    """Names of the families found (folders holding a ``family.json``), sorted."""
+    root = families_root() if root is None else Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and (p / SPEC_FILE).is_file())
+
+
+def load_family(name: str, root: Path | None = None) -> Family:
+    """Read and validate ``families/<name>/family.json``.
+
+    Raises ``FamilyError`` naming the known families for an unknown name, and listing
+    every problem (in ``problems``) for an invalid spec.
+    """
+    root = families_root() if root is None else Path(root)
+    known = list_families(root)
+    if name not in known:
+        raise FamilyError(
+            f"unknown family {name!r}; known families: {', '.join(known) or 'none'} "
+            "(see `bundle families`)"
+        )
+    folder = root / name
+    path = folder / SPEC_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FamilyError(f"family {name!r}: cannot read {path}: {exc}") from exc
+    return parse_family(data, folder=folder, expected_name=name)
+
+
+def parse_family(data: Any, *, folder: Path, expected_name: str | None = None) -> Family:
+    """Validate a decoded spec and build the ``Family``; every problem is reported at once."""
+    problems: list[str] = []
+    if not isinstance(data, dict):
+        raise FamilyError(f"family spec {folder / SPEC_FILE} must be a JSON object")
+    v = _Validator(data, problems)
+    name = v.string("name")
+    if name is not None and not _NAME_RE.match(name):
+        problems.append(f"name: {name!r} must be lowercase letters, digits and '_'")
+    if expected_name is not None and name is not None and name != expected_name:
+        problems.append(f"name: {name!r} differs from its folder name {expected_name!r}")
+    version = v.string("version")
+    if version is not None and not _VERSION_RE.match(version):
+        problems.append(f"version: {version!r} must be MAJOR.MINOR.PATCH")
+    revision = v.string("checkpoint.revision")
+    if revision is not None and not _REVISION_RE.match(revision):
+        problems.append("checkpoint.revision: must be a full 40-hex commit id (pinned, not a branch)")
+    checkpoint = Checkpoint(v.string("checkpoint.hf_id"), revision, v.string("checkpoint.timm_model"))
+    batch = BatchRange(v.pos_int("input.batch.min"), v.pos_int("input.batch.opt"), v.pos_int("input.batch.max"))
+    if None not in (batch.min, batch.opt, batch.max) and not batch.min <= batch.opt <= batch.max:
+        problems.append(f"input.batch: need min <= opt <= max, got {batch.min}, {batch.opt}, {batch.max}")
+    inp = InputSpec(
+        v.string("input.name"), v.pos_int("input.channels"), v.pos_int("input.height"), v.pos_int("input.width"), batch
+    )
+    output_name = v.string("output.name")
+    if output_name is not None and output_name == inp.name:
+        problems.append("output.name: must differ from input.name")
+    num_classes = v.pos_int("num_classes")
+    precisions = v.get("precisions", list)
+    if precisions is not None:
+        bad = [p for p in precisions if p not in KNOWN_PRECISIONS]
+        if bad or not precisions:
+            problems.append(f"precisions: {precisions!r} must be a non-empty subset of {list(KNOWN_PRECISIONS)}")
+    opset = v.get("opset", int)
+    if opset is not None and opset < MIN_OPSET:
+        problems.append(f"opset: {opset} is below {MIN_OPSET} (FP8 Q/DQ needs opset >= {MIN_OPSET})")
+    preprocessing = v.get("preprocessing", dict)
+    if preprocessing is not None and inp.channels is not None:
+        normalize = preprocessing.get("normalize")
+        for key in ("mean", "std"):
+            values = normalize.get(key) if isinstance(normalize, dict) else None
+            if not (isinstance(values, list) and len(values) == inp.channels):
+                problems.append(f"preprocessing.normalize.{key}: must list one number per channel ({inp.channels})")
+        if inp.name is not None and preprocessing.get("input") != inp.name:
+            problems.append(f"preprocessing.input: must name the model input {inp.name!r}")
+    tensorrt = v.get("tensorrt", dict)
+    level = v.get("tensorrt.optimization_level", int) if tensorrt is not None else None
+    if level is not None and not 0 <= level <= 5:
+        problems.append(f"tensorrt.optimization_level: {level} must be 0..5")
+    fp8 = data.get("fp8")
+    if precisions and "fp8" in precisions and fp8 is None:
+        problems.append("fp8: the precisions include fp8, so the spec needs an fp8 recipe")
+    if fp8 is not None:
+        _check_recipe(fp8, "fp8", problems, require_include=True)
+    variants = data.get("variants", {})
+    if not isinstance(variants, dict):
+        problems.append("variants: must be an object (variant name -> rules)")
+        variants = {}
+    for vname, variant in variants.items():
+        where = f"variants.{vname}"
+        if not isinstance(variant, dict):
+            problems.append(f"{where}: must be an object")
+            continue
+        if variant.get("precision") not in (precisions or []):
+            problems.append(f"{where}.precision: must be one of the family's precisions")
+        elif variant.get("precision") == "fp8" and fp8 is None:
+            problems.append(f"{where}: an fp8 variant needs the fp8 recipe")
+        _check_recipe({"select": variant}, where, problems, require_include=False)
+    if problems:
+        label = expected_name or name or str(folder)
+        raise FamilyError(
+            f"family {label!r} has an invalid spec ({folder / SPEC_FILE}): " + "; ".join(problems),
+            problems=problems,
+        )
+    return Family(
+        name=name,
+        version=version,
+        checkpoint=checkpoint,
+        input=inp,
+        output_name=output_name,
+        num_classes=num_classes,
+        precisions=tuple(precisions),
+        opset=opset,
+        preprocessing=_freeze(preprocessing),
+        tensorrt=_freeze(tensorrt),
+        fp8=_freeze(fp8) if fp8 is not None else None,
+        variants=_freeze(variants),
+        path=folder,
+        spec=_freeze(data),
+    )
+
+
+def _check_recipe(recipe: Any, where: str, problems: list[str], *, require_include: bool) -> None:
+    if not isinstance(recipe, dict):
+        problems.append(f"{where}: must be an object")
+        return
+    select = recipe.get("select")
+    if not isinstance(select, dict):
+        problems.append(f"{where}.select: must be an object with 'include' (and 'exclude') rule lists")
+        return
+    for kind in ("include", "exclude"):
+        rules = select.get(kind, [])
+        if not isinstance(rules, list) or (kind == "include" and require_include and not rules):
+            problems.append(f"{where}.select.{kind}: must be a {'non-empty ' if kind == 'include' else ''}list of rules")
+            continue
+        for i, rule in enumerate(rules):
+            problems.extend(f"{where}.{kind}[{i}]: {p}" for p in _rule_problems(rule))
+    count = recipe.get("expected_count", select.get("expected_count") if where != "fp8" else None)
+    if count is not None and not (isinstance(count, int) and count > 0):
+        problems.append(f"{where}.expected_count: must be a positive integer")
+
+
+def _rule_problems(rule: Any) -> Iterable[str]:
+    if not isinstance(rule, dict) or not rule:
+        yield "a rule must be a non-empty object"
+        return
+    unknown = sorted(set(rule) - RULE_KEYS)
+    if unknown:
+        yield f"unknown rule key(s) {unknown}; known: {sorted(RULE_KEYS)}"
+    ks = rule.get("kernel_shape")
+    if ks is not None and not (isinstance(ks, list) and ks and all(isinstance(k, int) and k > 0 for k in ks)):
+        yield "kernel_shape must be a list of positive integers"
+    if "group" in rule and not (isinstance(rule["group"], int) and rule["group"] > 0):
+        yield "group must be a positive integer"
+    if "depthwise" in rule and not isinstance(rule["depthwise"], bool):
+        yield "depthwise must be true or false"
+    for key in ("op_type", "module_prefix", "name_regex"):
+        if key in rule and not isinstance(rule[key], str):
+            yield f"{key} must be a string"
+    if isinstance(rule.get("name_regex"), str):
+        try:
+            re.compile(rule["name_regex"])
+        except re.error as exc:
+            yield f"name_regex is not a valid regular expression: {exc}"
+
+
+class _Validator:
+    """Reads dotted keys from the spec, recording a problem instead of raising."""
+
+    def __init__(self, data: dict[str, Any], problems: list[str]) -> None:
+        self.data = data
+        self.problems = problems
+
+    def get(self, dotted: str, kind: type) -> Any:
+        node: Any = self.data
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                self.problems.append(f"{dotted}: missing")
+                return None
+            node = node[part]
+        if not isinstance(node, kind) or (kind is int and isinstance(node, bool)):
+            self.problems.append(f"{dotted}: must be {_KIND_NAMES.get(kind, kind.__name__)}, got {node!r}")
+            return None
+        return node
+
+    def string(self, dotted: str) -> Any:
+        value = self.get(dotted, str)
+        if value == "":
+            self.problems.append(f"{dotted}: must not be empty")
+        return value
+
+    def pos_int(self, dotted: str) -> Any:
+        value = self.get(dotted, int)
+        if value is not None and value <= 0:
+            self.problems.append(f"{dotted}: must be a positive integer, got {value}")
+            return None
+        return value
+
+
+_KIND_NAMES = {str: "a string", int: "an integer", dict: "an object", list: "a list"}
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, dict):
+        return MappingProxyType({k: _freeze(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def _thaw(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [_thaw(v) for v in value]
+    return value
+
+
+def _import_extension(family_name: str, path: Path) -> ModuleType | None:
+    if not path.is_file():
+        return None
+    spec = importlib.util.spec_from_file_location(f"trt_bundle_family_{family_name}", path)
+    if spec is None or spec.loader is None:
+        raise FamilyError(f"family {family_name!r}: cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise FamilyError(f"family {family_name!r}: {path} failed to import: {exc}") from exc
+    return module
