@@ -1,0 +1,129 @@
+
+
+# --- graphs_ fixtures (bundler.export / bundler.graphs): built once per session ---------
+import pytest as _graphs_pytest
+
+
+@_graphs_pytest.fixture(scope="session")
+def graphs_family():
+    from bundler.families import load_family
+
+    return load_family("timm_xception")
+
+
+@_graphs_pytest.fixture(scope="session")
+def graphs_state_dict(graphs_family):
+    """Seeded random weights (non-trivial BatchNorm statistics), unfolded."""
+    from bundler.torch_model import random_state_dict
+
+    return random_state_dict(graphs_family, seed=0)
+
+
+@_graphs_pytest.fixture(scope="session")
+def graphs_torch_model(graphs_family, graphs_state_dict):
+    from bundler.torch_model import build_torch_model
+
+    return build_torch_model(graphs_family, graphs_state_dict)
+
+
+@_graphs_pytest.fixture(scope="session")
+def graphs_export_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("graphs_export_cache")
+
+
+@_graphs_pytest.fixture(scope="session")
+def graphs_fp32(graphs_torch_model, graphs_family, graphs_export_cache):
+    from bundler.export import export_fp32_onnx
+
+    return export_fp32_onnx(graphs_torch_model, graphs_family, cache_dir=graphs_export_cache)
+
+
+@_graphs_pytest.fixture(scope="session")
+def graphs_fp16(graphs_fp32):
+    from bundler.graphs.fp16 import to_fp16
+
+    return to_fp16(graphs_fp32)
+
+
+@_graphs_pytest.fixture(scope="session")
+def graphs_run():
+    """run(model, x) -> first output, with ONNX Runtime CPU (sessions cached per model)."""
+    import onnxruntime as ort
+
+    sessions = {}
+
+    def run(model, x, outputs=None):
+        key = id(model)
+        if key not in sessions:
+            options = ort.SessionOptions()
+            options.log_severity_level = 3
+            sessions[key] = (model, ort.InferenceSession(
+                model.SerializeToString(), options, providers=["CPUExecutionProvider"]))
+        session = sessions[key][1]
+        result = session.run(outputs, {session.get_inputs()[0].name: x})
+        return result if outputs is not None else result[0]
+
+    return run
+
+
+@_graphs_pytest.fixture(scope="session")
+def graphs_inputs():
+    """Two evaluation images (one uniform noise, one smooth structured pattern) in the
+    preprocessed range [-1, 1], and two different calibration images."""
+    import numpy as np
+
+    rng = np.random.default_rng(1234)
+    yy, xx = np.meshgrid(np.linspace(-1, 1, 299), np.linspace(-1, 1, 299), indexing="ij")
+    structured = np.stack([np.sin(3 * xx), np.cos(5 * yy), xx * yy]).astype(np.float32)
+    evaluation = np.stack([rng.uniform(-1, 1, (3, 299, 299)).astype(np.float32), structured])
+    calibration = np.stack([
+        rng.uniform(-1, 1, (3, 299, 299)).astype(np.float32),
+        np.clip(structured[::-1] + rng.normal(0, 0.2, (3, 299, 299)), -1, 1).astype(np.float32),
+    ])
+    return {"eval": evaluation, "calib": calibration}
+
+
+@_graphs_pytest.fixture(scope="session")
+def graphs_selected(graphs_fp32, graphs_family):
+    from bundler.graphs.fp8 import select_fp8_convs
+
+    return select_fp8_convs(graphs_fp32, graphs_family)
+
+
+@_graphs_pytest.fixture(scope="session")
+def graphs_act_scales(graphs_fp32, graphs_fp16, graphs_selected, graphs_inputs):
+    """Per-tensor max over the calibration images, read from the fp32 graph (the real
+    calibrators live in bundler.calibration; this is the simplest stand-in)."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    from bundler.graphs.fp8 import E4M3_MAX, quantized_activation_tensors
+
+    tensors = quantized_activation_tensors(graphs_fp16, graphs_selected)
+    probe = onnx.ModelProto()
+    probe.CopyFrom(graphs_fp32)
+    for name in tensors:
+        probe.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+    session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    values = session.run(tensors, {"input": graphs_inputs["calib"]})
+    return {name: float(np.abs(v).max()) / E4M3_MAX for name, v in zip(tensors, values)}
+
+
+@_graphs_pytest.fixture(scope="session")
+def graphs_weight_scales(graphs_fp32, graphs_selected):
+    from bundler.graphs.fp8 import compute_weight_scales
+
+    return compute_weight_scales(graphs_fp32, graphs_selected)
+
+
+@_graphs_pytest.fixture(scope="session")
+def graphs_fp8(graphs_fp16, graphs_selected, graphs_act_scales, graphs_weight_scales):
+    from bundler.graphs.fp8 import to_fp8
+
+    return to_fp8(graphs_fp16, graphs_selected, graphs_act_scales, graphs_weight_scales)
+
+
+@_graphs_pytest.fixture(scope="session")
+def graphs_fp32_outputs(graphs_fp32, graphs_inputs, graphs_run):
+    return graphs_run(graphs_fp32, graphs_inputs["eval"])
