@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from pathlib import Path
 
 import click
 
@@ -152,6 +153,107 @@ def verify(path: str, as_json: bool, numerics: bool, backend: str | None) -> Non
         for problem in report["problems"]:
             click.echo(f"{path}: {problem}", err=True)
     sys.exit(0 if report["ok"] else 1)
+
+
+# --- families / make ------------------------------------------------------------------------
+
+@cli.command(context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
+@handle_errors
+def families(as_json: bool) -> None:
+    """List the model families this install can build."""
+    from bundler.families import list_families, load_family
+
+    rows = []
+    for name in list_families():
+        fam = load_family(name)
+        rows.append({"name": fam.name, "version": fam.version, "checkpoint": fam.checkpoint.hf_id,
+                     "precisions": list(fam.precisions), "variants": sorted(fam.variants)})
+    if as_json:
+        echo_json(rows)
+        return
+    for r in rows:
+        variants = f"; variants: {', '.join(r['variants'])}" if r["variants"] else ""
+        click.echo(f"{r['name']} {r['version']}  ({r['checkpoint']})  precisions: "
+                   f"{', '.join(r['precisions'])}{variants}")
+
+
+def print_progress(stage: str, message: str) -> None:
+    click.echo(f"[{stage}] {message}", err=True)
+
+
+@cli.command(context_settings=CONTEXT, epilog=EXIT_CODES_HELP)
+@click.argument("family")
+@click.option("--precision", required=True, metavar="{fp32,fp16,fp8}",
+              help="Precision of the graph (nvfp4 and int8 are refused with the reason).")
+@click.option("--variant", default=None, help="Recipe variant, e.g. fp8-depthwise.")
+@click.option("--backend", default="auto", show_default=True,
+              type=click.Choice(["auto", "onnxruntime", "tensorrt", "torch-aoti"]),
+              help="Engine target. auto: tensorrt where it is importable and a GPU is "
+                   "visible, else onnxruntime.")
+@click.option("--out", "out_dir", default=".", show_default=True,
+              type=click.Path(file_okay=False, path_type=Path), help="Output folder.")
+@click.option("--checkpoint", type=click.Path(path_type=Path), default=None,
+              help="Weights from this .safetensors file (default: the Hugging Face cache at "
+                   "the family's pinned revision; nothing is downloaded).")
+@click.option("--random-weights", is_flag=True,
+              help="Seeded random weights: a structurally identical smoke bundle, marked so.")
+@click.option("--seed", default=0, show_default=True, help="Seed for --random-weights.")
+@click.option("--calib-data", type=click.Path(path_type=Path), default=None,
+              help="fp8 calibration images: a folder, webdataset .tar shards (or a brace "
+                   "pattern), or a .safetensors of preprocessed tensors.")
+@click.option("--calib-count", default=500, show_default=True, help="Images to calibrate on.")
+@click.option("--calib-stride", default=1, show_default=True, help="Take every n-th image.")
+@click.option("--calibrator", "calib_method", default="max", show_default=True,
+              type=click.Choice(["max", "percentile", "entropy", "mse"]),
+              help="How activation amax is chosen from the collected histograms.")
+@click.option("--percentile", default=99.99, show_default=True,
+              help="With --calibrator percentile.")
+@click.option("--reference-data", type=click.Path(path_type=Path), default=None,
+              help="Images for the reference member and the quality summary (default: a "
+                   "seeded synthetic set, recorded as such).")
+@click.option("--reference-count", default=8, show_default=True)
+@click.option("--timing-cache", type=click.Path(path_type=Path), default=None,
+              help="tensorrt: persistent timing cache file (read and updated).")
+@click.option("--hardware-compat", type=click.Choice(["none", "ampere+"]), default=None,
+              help="tensorrt: build a plan that runs on any Ampere or newer GPU.")
+@click.option("--version-compatible", is_flag=True, default=None,
+              help="tensorrt: build a version-compatible plan.")
+@click.option("--workspace-mib", type=int, default=None, help="tensorrt: workspace limit.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@handle_errors
+def make(family: str, precision: str, variant, backend, out_dir, checkpoint, random_weights,
+         seed, calib_data, calib_count, calib_stride, calib_method, percentile, reference_data,
+         reference_count, timing_cache, hardware_compat, version_compatible, workspace_mib,
+         as_json) -> None:
+    """Build one bundle of FAMILY at one precision, e.g.:
+
+    \b
+      bundle make timm_xception --precision fp8 --calib-data imagenet-val/ --out bundles/
+      bundle make timm_xception --precision fp16 --random-weights
+
+    Progress goes to stderr; the bundle id is printed last on stdout.
+    """
+    from bundler.make import MakeRequest, make_bundle
+
+    target_options = {k: v for k, v in {
+        "timing_cache": timing_cache, "hardware_compat": hardware_compat,
+        "version_compatible": version_compatible,
+        "workspace_bytes": workspace_mib * (1 << 20) if workspace_mib else None}.items()
+        if v is not None}
+    req = MakeRequest(family=family, precision=precision.lower(), variant=variant,
+                      backend=backend, out_dir=out_dir, checkpoint=checkpoint,
+                      random_weights=random_weights, seed=seed, calib_data=calib_data,
+                      calib_count=calib_count, calib_stride=calib_stride,
+                      calib_method=calib_method, percentile=percentile,
+                      reference_data=reference_data, reference_count=reference_count,
+                      target_options=target_options)
+    result = make_bundle(req, progress=None if as_json else print_progress)
+    if as_json:
+        echo_json({"path": str(result.path), "id": result.bundle_id, "name": result.manifest["name"],
+                   "quality": result.manifest["quality"]})
+    else:
+        click.echo(result.bundle_id)
 
 
 def main() -> None:

@@ -1,0 +1,336 @@
+"""`bundle make`: family -> weights -> fp32 ONNX -> precision graph -> engine -> bundle.
+
+Each stage is a small function over plain values, so that `bundle rebuild`, `bundle study`
+and the tests reuse them; `make_bundle` only strings them together and reports progress
+through a callback (the CLI prints it; library callers may pass nothing).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from bundler import __version__
+from bundler.families import Family, load_family
+from bundler.quality import compare_logits, decimal, manifest_quality
+from bundler.weights import Weights, resolve_weights
+from runtime_py.errors import CalibrationError, UsageError
+
+Progress = Callable[[str, str], None]
+
+#: Precisions users ask for that no family builds, with the reason they are refused.
+REFUSED_PRECISIONS = {
+    "nvfp4": "NVFP4 is refused: TensorRT has no NVFP4 convolution kernels, and this family's "
+             "compute is convolutions",
+    "int8": "int8 is not among this family's precisions (its quantized path is FP8)",
+    "bf16": "bf16 is not among this family's precisions (fp16 covers the same engines)",
+}
+PACKAGES = ("numpy", "onnx", "onnxruntime", "onnx-graphsurgeon", "torch", "timm", "safetensors",
+            "msgpack", "zstandard", "ml_dtypes")
+REFERENCE_SEED = 1_000_003
+SYNTHETIC_CALIBRATION_SEED = 0
+ENGINE_PACKAGES = {"tensorrt": ("tensorrt",), "torch-aoti": ("torch",)}
+
+
+@dataclass
+class MakeRequest:
+    """Everything `bundle make` is asked; defaults are the CLI's defaults."""
+
+    family: str
+    precision: str
+    variant: str | None = None
+    backend: str = "auto"
+    out_dir: Path = Path(".")
+    checkpoint: Path | None = None
+    random_weights: bool = False
+    seed: int = 0
+    calib_data: Path | None = None
+    calib_count: int = 500
+    calib_stride: int = 1
+    calib_method: str = "max"
+    percentile: float = 99.99
+    calib_batch: int = 16
+    reference_data: Path | None = None
+    reference_count: int = 8
+    cache_dir: Path | None = None
+    target_options: dict = field(default_factory=dict)
+
+
+@dataclass
+class MakeResult:
+    path: Path
+    bundle_id: str
+    manifest: dict
+
+
+def _noop(stage: str, message: str) -> None:
+    pass
+
+
+# --- checks before any heavy work ----------------------------------------------------------
+
+def check_request(family: Family, req: MakeRequest) -> None:
+    """Refuse what cannot be built, before exporting anything."""
+    if req.precision in REFUSED_PRECISIONS:
+        raise UsageError(REFUSED_PRECISIONS[req.precision])
+    if req.precision not in family.precisions:
+        raise UsageError(f"precision {req.precision!r} is not built for family {family.name}; "
+                         f"its precisions are {', '.join(family.precisions)}")
+    if req.variant is not None:
+        family.recipe(req.variant)  # raises FamilyError for an unknown variant
+        wanted = family.variants[req.variant].get("precision", "fp8")
+        if wanted != req.precision:
+            raise UsageError(f"variant {req.variant!r} is a {wanted} variant; "
+                             f"use --precision {wanted}")
+    if req.precision == "fp8" and req.calib_data is None and not req.random_weights:
+        raise CalibrationError(
+            "fp8 needs calibration images: pass --calib-data PATH (a folder of images, "
+            "webdataset .tar shards or a .safetensors of preprocessed tensors); only "
+            "--random-weights smoke builds calibrate on a synthetic set")
+    if req.calib_count < 1 or req.calib_stride < 1 or req.reference_count < 1:
+        raise UsageError("--calib-count, --calib-stride and --reference-count must be >= 1")
+
+
+def bundle_name(family: Family, precision: str, variant: str | None, target: str) -> str:
+    """`<family>-<precision>[-<variant>]-<family version>-<target>` (variant without a
+    repeated precision prefix: fp8 + fp8-depthwise -> fp8-depthwise)."""
+    parts = [family.name, precision]
+    if variant:
+        parts.append(variant[len(precision) + 1:] if variant.startswith(precision + "-")
+                     else variant)
+    parts += [family.version, target]
+    return "-".join(parts)
+
+
+def manifest_batch(family: Family) -> dict:
+    b = family.input.batch
+    return {"min": b.min, "opt": b.opt, "max": b.max}
+
+
+def package_versions(extra: tuple[str, ...] = ()) -> dict[str, str]:
+    versions = {}
+    for name in PACKAGES + extra:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+# --- stages ----------------------------------------------------------------------------------
+
+def preprocess_spec(family: Family, torch_model) -> dict:
+    """The runtime's spec, derived from timm's pretrained config of the model."""
+    import timm.data
+
+    from runtime_py.preprocess import spec_from_timm_config
+
+    cfg = timm.data.resolve_data_config({}, model=torch_model)
+    return spec_from_timm_config(cfg, family.input.name)
+
+
+def labels_for(family: Family) -> list[str] | None:
+    if family.num_classes != 1000:
+        return None
+    from timm.data import ImageNetInfo
+
+    return list(ImageNetInfo().label_descriptions())
+
+
+def onnx_outputs(model_bytes: bytes, inputs: np.ndarray, batch: int = 8) -> np.ndarray:
+    """Logits of an ONNX graph on the CPU (ONNX Runtime), in batches."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    session = ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    parts = [session.run(None, {name: inputs[i:i + batch]})[0] for i in range(0, len(inputs), batch)]
+    return np.concatenate(parts).astype(np.float32)
+
+
+def reference_inputs(family: Family, req: MakeRequest, preprocess) -> tuple[np.ndarray, str]:
+    """A few preprocessed inputs, held out from calibration, and where they came from."""
+    from bundler.calibration.data import open_calibration_data, synthetic_calibration_set
+
+    shape = family.input.shape
+    if req.reference_data is not None:
+        data = open_calibration_data(req.reference_data, preprocess, count=req.reference_count)
+    else:
+        data = synthetic_calibration_set(shape, req.reference_count, seed=REFERENCE_SEED,
+                                         preprocess=preprocess)
+    arrays = [batch for batch, _labels, _keys in data.iter_batches(req.reference_count)]
+    return np.concatenate(arrays), data.source
+
+
+def fp8_graph(family: Family, req: MakeRequest, fp32_model, fp16_model, preprocess,
+              progress: Progress) -> tuple[bytes, bytes, dict, dict]:
+    """The fp8 graph, its calibration member, the manifest's recipe and calibration records."""
+    from bundler.calibration.collect import calibrate
+    from bundler.calibration.data import open_calibration_data, synthetic_calibration_set
+    from bundler.calibration.store import calibration_to_safetensors
+    from bundler.export import serialize
+    from bundler.graphs import fp8
+
+    recipe = family.recipe(req.variant)
+    selected = fp8.select_fp8_convs(fp16_model, recipe, req.variant)
+    tensors = fp8.quantized_activation_tensors(fp16_model, selected)
+    weight_scales = fp8.compute_weight_scales(fp32_model, selected)
+    if req.calib_data is not None:
+        data = open_calibration_data(req.calib_data, preprocess, count=req.calib_count,
+                                     stride=req.calib_stride)
+    else:
+        data = synthetic_calibration_set(family.input.shape, min(req.calib_count, 64),
+                                         seed=SYNTHETIC_CALIBRATION_SEED, preprocess=preprocess)
+    total = len(data)
+    progress("calibrate", f"{req.calib_method} calibration of {len(tensors)} tensors on "
+                          f"{total} images from {data.source}")
+    result = calibrate(
+        fp32_model, tensors, data.iter_batches(req.calib_batch), method=req.calib_method,
+        percentile=req.percentile,
+        progress=lambda done: progress("calibrate", f"{done}/{total} images"))
+    digest = "sha256:" + family.recipe_digest(req.variant)
+    calibration = calibration_to_safetensors(result, weight_scales, {
+        "data_digest": data.digest, "data_source": data.source, "recipe_digest": digest})
+    model = fp8.to_fp8(fp16_model, selected, result.scale, weight_scales)
+    recipe_record = {"name": f"{family.name}/fp8" + (f"/{req.variant}" if req.variant else ""),
+                     "digest": digest, "quantized_layers": len(selected),
+                     "quantized_activations": len(tensors)}
+    calib_record = {"method": result.method, "images": result.images,
+                    "data_digest": data.digest, "data_source": data.source,
+                    "member": "calibration.safetensors"}
+    if result.percentile is not None:
+        calib_record["percentile"] = decimal(result.percentile)
+    return serialize(model), calibration, recipe_record, calib_record
+
+
+def choose_target(requested: str) -> str:
+    """`auto`: tensorrt where it is importable and a GPU is visible, else onnxruntime."""
+    if requested != "auto":
+        return requested
+    from runtime_py.compat import choose_backend, probe_host
+
+    return choose_backend("auto", probe_host())
+
+
+# --- the whole job ---------------------------------------------------------------------------
+
+def make_bundle(req: MakeRequest, progress: Progress | None = None) -> MakeResult:
+    """Build one bundle; returns its path, id and manifest. Writes nothing on failure."""
+    from bundler import targets
+    from bundler.writer import write_bundle
+
+    progress = progress or _noop
+    started = time.monotonic()
+    family = load_family(req.family)
+    check_request(family, req)
+    target = choose_target(req.backend)
+    builder = targets.target_builder(target)
+    if hasattr(builder, "check_host"):                # refuse a target this host lacks, early
+        builder.check_host(**req.target_options)
+    out_dir = Path(req.out_dir)
+    if not out_dir.is_dir():
+        raise UsageError(f"output folder {out_dir} does not exist: create it or pass --out")
+
+    weights: Weights = resolve_weights(family, req.checkpoint, req.random_weights, req.seed)
+    progress("weights", "seeded random weights (smoke bundle)" if weights.is_random
+             else f"checkpoint {weights.source['file']} {weights.source['sha256'][:19]}...")
+
+    from bundler.export import export_fp32_onnx, serialize
+    from bundler.graphs.fp16 import to_fp16
+    from bundler.torch_model import build_torch_model
+    from runtime_py.preprocess import Preprocessor
+
+    torch_model = build_torch_model(family, weights.state_dict, weights.seed)
+    progress("export", "exporting the fp32 ONNX graph (cached per weights and versions)")
+    fp32_model = export_fp32_onnx(torch_model, family, req.cache_dir)
+    fp32_bytes = serialize(fp32_model)
+    spec = preprocess_spec(family, torch_model)
+    preprocess = Preprocessor(spec)
+
+    recipe = calibration_record = None
+    members: dict[str, bytes] = {}
+    if req.precision == "fp32":
+        model_bytes = fp32_bytes
+    else:
+        progress("graph", f"typing the graph {req.precision}")
+        fp16_model = to_fp16(fp32_model)
+        if req.precision == "fp16":
+            model_bytes = serialize(fp16_model)
+        else:
+            model_bytes, members["calibration.safetensors"], recipe, calibration_record = \
+                fp8_graph(family, req, fp32_model, fp16_model, preprocess, progress)
+
+    progress("reference", f"reference outputs on {req.reference_count} held-out inputs")
+    inputs, inputs_source = reference_inputs(family, req, preprocess)
+    fp32_out = onnx_outputs(fp32_bytes, inputs)
+    own_out = fp32_out if req.precision == "fp32" else onnx_outputs(model_bytes, inputs)
+    quality = manifest_quality(compare_logits(fp32_out, own_out), "fp32 ONNX graph, ONNX Runtime CPU",
+                               inputs_source)
+    members["reference.safetensors"] = reference_member(family, inputs, fp32_out, own_out)
+
+    progress("engine", f"building the {target} engine")
+    options = dict(req.target_options)
+    if target == "tensorrt":
+        options.setdefault("optimization_level", family.tensorrt.get("optimization_level", 3))
+    if target == "torch-aoti":
+        options.update(torch_model=torch_model, precision=req.precision, family=family,
+                       calibration=members.get("calibration.safetensors"))
+    engine = builder.build_target(model_bytes, batch=manifest_batch(family),
+                                  log=lambda msg: progress("engine", msg), **options)
+    members["model.onnx"] = model_bytes
+    if engine.engine_bytes is not None:
+        members[engine.member] = engine.engine_bytes
+    import msgpack
+
+    members["preprocess.msgpack"] = msgpack.packb(spec, use_bin_type=True)
+    labels = labels_for(family)
+    if labels is not None:
+        members["labels.msgpack"] = msgpack.packb(labels, use_bin_type=True)
+
+    name = bundle_name(family, req.precision, req.variant, target)
+    body = manifest_body(family, req, name, weights, recipe, calibration_record, quality,
+                         target, engine)
+    path, bundle_id = write_bundle(out_dir / f"{name}.bundle", body, members)
+    progress("done", f"wrote {path} in {time.monotonic() - started:.0f} s")
+    return MakeResult(path, bundle_id, body)
+
+
+def reference_member(family: Family, inputs: np.ndarray, fp32_out: np.ndarray,
+                     own_out: np.ndarray) -> bytes:
+    from runtime_py.reference import reference_to_safetensors
+
+    return reference_to_safetensors(family.input.name, family.output_name, inputs,
+                                    fp32_out, own_out)
+
+
+def manifest_body(family: Family, req: MakeRequest, name: str, weights: Weights,
+                  recipe: dict | None, calibration: dict | None, quality: dict, target: str,
+                  engine) -> dict:
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    c, h, w = family.input.shape
+    return {
+        "name": name,
+        "family": {"name": family.name, "version": family.version},
+        "precision": req.precision,
+        "variant": req.variant,
+        "recipe": recipe,
+        "source": weights.source,
+        "inputs": [{"name": family.input.name, "dtype": "float32", "shape": ["batch", c, h, w]}],
+        "outputs": [{"name": family.output_name, "dtype": "float32",
+                     "shape": ["batch", family.num_classes]}],
+        "batch": manifest_batch(family),
+        "engine": {"backend": engine.backend, "member": engine.member, "details": engine.details},
+        "build": {"tool": "trt-bundle", "tool_version": __version__,
+                  "packages": package_versions(ENGINE_PACKAGES.get(target, ())),
+                  "source_date_epoch": int(epoch) if epoch and epoch.isdigit() else None,
+                  "opset": family.opset},
+        "quality": quality,
+        "calibration": calibration,
+        "rebuilt_from": None,
+    }
