@@ -1,3 +1,32 @@
+"""Shared fixtures. Sections are owned by topic (prefix in the fixture name)."""
+
+import os
+
+import pytest
+
+# Tests must never reach a model hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+# --- real bundles of the family, built once per session (slow part of the suite) -------
+@pytest.fixture(scope="session")
+def xception_bundles(tmp_path_factory):
+    """precision -> Path of a random-weights timm_xception bundle (onnxruntime target).
+
+    Built with small calibration and reference sets to keep CI fast; the graphs are the
+    real family graphs (43 FP8 convolutions for fp8).
+    """
+    from bundler.make import MakeRequest, make_bundle
+
+    out = tmp_path_factory.mktemp("xception_bundles")
+    bundles = {}
+    for precision in ("fp32", "fp16", "fp8"):
+        result = make_bundle(MakeRequest(
+            family="timm_xception", precision=precision, backend="onnxruntime",
+            random_weights=True, out_dir=out, calib_count=16, reference_count=4))
+        bundles[precision] = result.path
+    return bundles
+
 
 
 # --- graphs_ fixtures (bundler.export / bundler.graphs): built once per session ---------
