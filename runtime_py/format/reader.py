@@ -57,7 +57,12 @@ class Bundle:
     # -- lifecycle -----------------------------------------------------------------------
     def close(self) -> None:
         if self._map is not None:
-            self._map.close()
+            try:
+                self._map.close()
+            except BufferError:
+                # A member read still holds a view (an unfinished iter_member, or a kept
+                # exception's frames): the map is unmapped when that view goes away.
+                pass
             self._map = None
         if self._fd >= 0:
             os.close(self._fd)
@@ -105,6 +110,12 @@ class Bundle:
         """Decompressed chunks of one member, size-bounded and sha256-checked at the end."""
         entry = self.member_entry(name)
         stored = self._stored(entry)
+        try:
+            yield from self._decompress(name, entry, stored)
+        finally:
+            stored.release()  # so close() can unmap even while an exception is kept
+
+    def _decompress(self, name: str, entry: dict, stored: memoryview) -> Iterator[bytes]:
         raw_size = entry["raw_size"]
         try:
             params = zstandard.get_frame_parameters(stored[:18].tobytes())
@@ -134,6 +145,7 @@ class Bundle:
             raise DecompressionError(f"member {name!r}: corrupt zstd data ({exc})") from None
         finally:
             reader.close()
+            del reader  # drops its buffer on `stored` even if a traceback keeps this frame
         if total != raw_size:
             raise DecompressionError(
                 f"member {name!r} decompresses to {total} bytes, manifest declares {raw_size}")
