@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from runtime_py.errors import EXIT_CODES_HELP, BundleError
+from runtime_py.errors import EXIT_CODES_HELP, BundleError, UsageError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -254,6 +254,63 @@ def make(family: str, precision: str, variant, backend, out_dir, checkpoint, ran
                    "quality": result.manifest["quality"]})
     else:
         click.echo(result.bundle_id)
+
+
+# --- bench ---------------------------------------------------------------------------------
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise click.BadParameter("batch sizes must be positive integers")
+    return values
+
+
+@cli.command(context_settings=CONTEXT, epilog=EXIT_CODES_HELP)
+@click.argument("bundle_path", metavar="BUNDLE", type=click.Path(path_type=str))
+@click.option("--batch-sizes", default="1,8,32", show_default=True, help="Comma-separated.")
+@click.option("--concurrency", type=int, default=None,
+              help="Also measure N concurrent single-image clients through the batcher.")
+@click.option("--backend", default="auto", show_default=True,
+              help="Engine to run (auto: the bundle's own target when this host can).")
+@click.option("--threads", type=int, default=None, help="onnxruntime intra-op threads.")
+@click.option("--min-seconds", default=1.0, show_default=True, help="Per figure.")
+@click.option("--no-end-to-end", is_flag=True, help="Skip the preprocessing figures.")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@handle_errors
+def bench(bundle_path, batch_sizes, concurrency, backend, threads, min_seconds, no_end_to_end,
+          as_json) -> None:
+    """Latency and throughput of a bundle, each figure with its measurement boundary.
+
+    \b
+    engine      the engine call on host arrays
+    copies      engine + host<->device copies (GPU engines; n/a on CPU)
+    end_to_end  JPEG decode + preprocessing + engine
+    served      N concurrent single-image clients through the dynamic batcher
+    """
+    import runtime_py
+    from runtime_py.bench import run_bench
+
+    sizes = _int_list(batch_sizes)
+    with runtime_py.load(bundle_path, backend=backend, intra_op_threads=threads) as model:
+        too_big = [b for b in sizes if b > model.max_batch_size]
+        if too_big:
+            raise UsageError(f"batch sizes {too_big} exceed the bundle's max batch "
+                             f"{model.max_batch_size}")
+        report = run_bench(model, sizes, concurrency, end_to_end=not no_end_to_end,
+                           min_seconds=min_seconds)
+    if as_json:
+        echo_json(report)
+        return
+    click.echo(f"{report['bundle']} ({report['backend']}) {report['id'][:16]}")
+    click.echo(f"{'boundary':<11} {'batch':>5} {'median ms':>10} {'p90 ms':>9} {'items/s':>9}  note")
+    for f in report["figures"]:
+        click.echo(f"{f['boundary']:<11} {f['batch_size']:>5} {f['median_ms']:>10.2f} "
+                   f"{f['p90_ms']:>9.2f} {f['items_per_s']:>9.1f}  {f['note']}")
+    for note in report["notes"]:
+        click.echo(note)
 
 
 def main() -> None:

@@ -22,8 +22,7 @@ def load_schema(name: str) -> dict:
     filename = f"{name}.schema.json"
     try:
         text = resources.files("runtime_py.schema_files").joinpath(filename).read_text("utf-8")
-    except (ModuleNotFoundError, FileNotFoundError, NotADirectoryError, TypeError):
-        # TypeError: "runtime_py.schema_files" resolves to this module, not a data package.
+    except (ModuleNotFoundError, FileNotFoundError, NotADirectoryError):
         text = (_REPO_SCHEMAS / filename).read_text("utf-8")
     return json.loads(text)
 

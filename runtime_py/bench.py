@@ -1,0 +1,161 @@
+"""Latency/throughput of a loaded bundle, each figure with its measurement boundary.
+
+Boundaries (what the clock includes):
+  engine      the runner's infer call on an input already in host memory, in the engine's
+              layout; for GPU runners that call includes host<->device copies unless the
+              runner measures device-resident inputs itself (`engine_device_only`)
+  copies      engine plus host<->device copies (GPU engines); on CPU engines there is no
+              device, so this equals `engine` and is reported as not applicable
+  end_to_end  decode + preprocess of encoded JPEG bytes + infer
+  served      N concurrent single-image clients through the dynamic batcher
+Timings: a few warm-up calls, then repeated calls until both a minimum count and a
+minimum time are reached; median and p90 of per-call wall time (perf_counter).
+"""
+
+from __future__ import annotations
+
+import io
+import statistics
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import numpy as np
+
+
+@dataclass
+class Figure:
+    boundary: str
+    batch_size: int
+    calls: int
+    median_ms: float
+    p90_ms: float
+    items_per_s: float
+    note: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def time_calls(fn: Callable[[], object], *, warmup: int = 3, min_calls: int = 10,
+               min_seconds: float = 1.0, max_seconds: float = 30.0) -> list[float]:
+    """Per-call wall times in seconds (after warm-up)."""
+    for _ in range(warmup):
+        fn()
+    times: list[float] = []
+    start = time.perf_counter()
+    while True:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+        elapsed = time.perf_counter() - start
+        if (len(times) >= min_calls and elapsed >= min_seconds) or elapsed >= max_seconds:
+            return times
+
+
+def figure(boundary: str, batch: int, times: list[float], note: str = "") -> Figure:
+    med = statistics.median(times)
+    p90 = sorted(times)[min(len(times) - 1, int(0.9 * len(times)))]
+    return Figure(boundary, batch, len(times), med * 1e3, p90 * 1e3, batch / med, note)
+
+
+def random_batch(model, batch: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for spec in model.inputs:
+        shape = [batch] + [int(d) for d in spec.shape[1:]]
+        feeds[spec.name] = rng.uniform(-1, 1, shape).astype(spec.dtype)
+    return feeds
+
+
+def synthetic_jpegs(count: int = 8, size: tuple[int, int] = (500, 375), seed: int = 0
+                    ) -> list[bytes]:
+    """Photo-sized JPEGs (smooth gradients + noise) for end-to-end timing without data."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    w, h = size
+    yy, xx = np.mgrid[0:h, 0:w]
+    out = []
+    for i in range(count):
+        base = np.stack([(xx * (i + 1)) % 256, (yy * 2 + i * 30) % 256, (xx + yy) % 256], -1)
+        img = np.clip(base + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(img).save(buf, format="JPEG", quality=90)
+        out.append(buf.getvalue())
+    return out
+
+
+def bench_engine(model, batch_sizes: list[int], **timing) -> list[Figure]:
+    figures = []
+    for b in batch_sizes:
+        feeds = random_batch(model, b)
+        times = time_calls(lambda: model.runner.infer(feeds), **timing)
+        note = "host arrays in, host arrays out"
+        figures.append(figure("engine", b, times, note))
+    return figures
+
+
+def bench_end_to_end(model, batch_sizes: list[int], images: list[bytes] | None = None,
+                     **timing) -> list[Figure]:
+    images = images or synthetic_jpegs()
+    figures = []
+    for b in batch_sizes:
+        batch = [images[i % len(images)] for i in range(b)]
+        times = time_calls(lambda: model.infer(model.preprocess(batch)), **timing)
+        figures.append(figure("end_to_end", b, times, "JPEG decode + preprocess + infer"))
+    return figures
+
+
+def bench_served(model, concurrency: int, requests_per_client: int = 20,
+                 max_batch: int | None = None, max_delay_ms: float = 2.0) -> Figure:
+    """Throughput of `concurrency` threads each sending single images through a Batcher."""
+    from runtime_py.batcher import Batcher
+
+    one = random_batch(model, 1)
+    latencies: list[float] = []
+    lock = threading.Lock()
+    with Batcher(model, max_batch_size=max_batch or model.max_batch_size,
+                 max_delay_ms=max_delay_ms, max_queue=max(1024, concurrency * 4)) as batcher:
+        for _ in range(2):  # warm up the engine at the batch sizes it will see
+            batcher.submit(one).result()
+
+        def client() -> None:
+            mine = []
+            for _ in range(requests_per_client):
+                t0 = time.perf_counter()
+                batcher.submit(one).result()
+                mine.append(time.perf_counter() - t0)
+            with lock:
+                latencies.extend(mine)
+
+        threads = [threading.Thread(target=client) for _ in range(concurrency)]
+        start = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - start
+    total = concurrency * requests_per_client
+    med = statistics.median(latencies)
+    p90 = sorted(latencies)[int(0.9 * (len(latencies) - 1))]
+    return Figure("served", 1, total, med * 1e3, p90 * 1e3, total / wall,
+                  f"{concurrency} concurrent single-image clients via the batcher "
+                  f"(max batch {max_batch or model.max_batch_size}, {max_delay_ms} ms delay)")
+
+
+def run_bench(model, batch_sizes: list[int], concurrency: int | None = None,
+              end_to_end: bool = True, **timing) -> dict:
+    """All boundaries for one model, as data."""
+    figures = bench_engine(model, batch_sizes, **timing)
+    if model.backend == "onnxruntime":
+        notes = ["copies: not applicable (CPU engine, no device)"]
+    else:
+        notes = ["copies: included in the engine figures (host arrays in/out)"]
+    if end_to_end and model.bundle.has_member("preprocess.msgpack"):
+        figures += bench_end_to_end(model, batch_sizes, **timing)
+    if concurrency:
+        figures.append(bench_served(model, concurrency))
+    return {"bundle": model.bundle.manifest["name"], "id": model.id, "backend": model.backend,
+            "figures": [f.as_dict() for f in figures], "notes": notes}
