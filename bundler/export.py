@@ -74,10 +74,12 @@ def weights_digest(state_dict: Mapping[str, Any]) -> str:
 
 def _tensor_bytes(value: Any, np: Any) -> tuple[str, tuple[int, ...], bytes]:
     if hasattr(value, "detach"):  # a torch tensor: view as bytes so any dtype (bf16) works
+        import torch
+
         t = value.detach().cpu().contiguous()
-        raw = t.reshape(-1).view(__import__("torch").uint8).numpy().tobytes()
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes()
         return str(t.dtype).removeprefix("torch."), tuple(t.shape), raw
-    arr = np.ascontiguousarray(value)
+    arr = np.asarray(value, order="C")  # (ascontiguousarray would make 0-d arrays 1-d)
     return arr.dtype.name, arr.shape, arr.tobytes()
 
 

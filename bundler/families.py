@@ -313,7 +313,7 @@ def _check_recipe(recipe: Any, where: str, problems: list[str], *, require_inclu
             continue
         for i, rule in enumerate(rules):
             problems.extend(f"{where}.{kind}[{i}]: {p}" for p in _rule_problems(rule))
-    count = recipe.get("expected_count", select.get("expected_count") if where != "fp8" else None)
+    count = recipe.get("expected_count") if where == "fp8" else select.get("expected_count")
     if count is not None and not (isinstance(count, int) and count > 0):
         problems.append(f"{where}.expected_count: must be a positive integer")
 

@@ -1,0 +1,145 @@
+"""Family discovery and validation (bundler.families): light, no torch needed except where said."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bundler.families import families_root, list_families, load_family
+from runtime_py.errors import FamilyError, UsageError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def families_copy(tmp_path: Path) -> Path:
+    """A families folder holding a copy of timm_xception, to break at will."""
+    shutil.copytree(families_root() / "timm_xception", tmp_path / "timm_xception")
+    return tmp_path
+
+
+def _edit(root: Path, name: str, change) -> None:  # type: ignore[no-untyped-def]
+    path = root / name / "family.json"
+    spec = json.loads(path.read_text())
+    change(spec)
+    path.write_text(json.dumps(spec))
+
+
+def test_timm_xception_is_found_and_loads():
+    assert "timm_xception" in list_families()
+    f = load_family("timm_xception")
+    assert f.name == "timm_xception" and f.version == "1.0.0"
+    assert f.checkpoint.hf_id == "timm/xception41.tf_in1k"
+    assert f.checkpoint.revision == "8a17189361e63c972815ef62f2a30dd5b9f393b1"
+    assert f.checkpoint.timm_model == "xception41.tf_in1k"
+    assert f.input.name == "input" and f.input.shape == (3, 299, 299)
+    assert (f.input.batch.min, f.input.batch.opt, f.input.batch.max) == (1, 8, 32)
+    assert f.output_name == "logits" and f.num_classes == 1000
+    assert f.precisions == ("fp32", "fp16", "fp8") and f.opset >= 19
+    assert f.tensorrt["optimization_level"] == 3
+    assert f.recipe()["expected_count"] == 43
+    assert f.recipe("fp8-depthwise")["expected_count"] == 82
+
+
+def test_preprocessing_matches_timm_pretrained_config():
+    timm = pytest.importorskip("timm")
+    from timm.data import resolve_data_config
+
+    cfg = resolve_data_config({}, model=timm.create_model("xception41.tf_in1k", pretrained=False))
+    spec = load_family("timm_xception").preprocessing_spec()
+    assert spec["resize"]["size"] == int(cfg["input_size"][1] / cfg["crop_pct"]) == 331
+    assert spec["resize"]["interpolation"] == cfg["interpolation"] == "bicubic"
+    assert cfg["crop_mode"] == "center"
+    assert (spec["center_crop"]["height"], spec["center_crop"]["width"]) == cfg["input_size"][1:]
+    assert spec["normalize"]["mean"] == list(cfg["mean"]) and spec["normalize"]["std"] == list(cfg["std"])
+    assert spec["rescale"]["factor"] == 1 / 255
+    assert (spec["layout"], spec["dtype"], spec["input"]) == ("NCHW", "float32", "input")
+    try:
+        from runtime_py.preprocess import spec_from_timm_config
+    except ImportError:
+        return
+    assert spec == spec_from_timm_config(cfg, "input")
+
+
+def test_family_is_frozen():
+    f = load_family("timm_xception")
+    with pytest.raises(AttributeError):
+        f.version = "2.0.0"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        f.tensorrt["optimization_level"] = 5  # type: ignore[index]
+    recipe = f.recipe()
+    recipe["select"]["include"].clear()  # a copy: the family is untouched
+    assert f.recipe()["select"]["include"]
+
+
+def test_recipe_digest_is_stable_and_depends_on_the_variant():
+    f = load_family("timm_xception")
+    assert f.recipe_digest() == load_family("timm_xception").recipe_digest()
+    assert f.recipe_digest() != f.recipe_digest("fp8-depthwise")
+    assert len(f.recipe_digest()) == 64
+
+
+def test_unknown_family_names_the_known_ones():
+    with pytest.raises(FamilyError) as info:
+        load_family("timm_xceptoin")
+    assert "timm_xceptoin" in str(info.value) and "timm_xception" in str(info.value)
+    assert isinstance(info.value, UsageError) and info.value.exit_code == 6
+
+
+def test_unknown_variant():
+    with pytest.raises(FamilyError, match="fp8-depthwise"):
+        load_family("timm_xception").recipe("fp8-everything")
+
+
+def test_bad_spec_lists_every_problem(families_copy: Path):
+    def breaks(spec):  # type: ignore[no-untyped-def]
+        spec["version"] = "one"
+        spec["checkpoint"]["revision"] = "main"
+        spec["input"]["batch"] = {"min": 8, "opt": 4, "max": 32}
+        del spec["output"]
+        spec["precisions"] = ["fp32", "int3"]
+        spec["opset"] = 17
+        spec["fp8"]["select"]["include"] = [{"op_type": "Conv", "kernal_shape": [1, 1]}]
+
+    _edit(families_copy, "timm_xception", breaks)
+    with pytest.raises(FamilyError) as info:
+        load_family("timm_xception", root=families_copy)
+    problems = info.value.problems
+    for needle in ("version", "checkpoint.revision", "input.batch", "output.name", "precisions", "opset", "kernal_shape"):
+        assert any(needle in p for p in problems), (needle, problems)
+    assert "family.json" in str(info.value)
+
+
+def test_spec_that_is_not_json(families_copy: Path):
+    (families_copy / "timm_xception" / "family.json").write_text("{ not json")
+    with pytest.raises(FamilyError, match="cannot read"):
+        load_family("timm_xception", root=families_copy)
+
+
+def test_name_must_match_folder(families_copy: Path):
+    shutil.move(families_copy / "timm_xception", families_copy / "other")
+    with pytest.raises(FamilyError, match="folder name"):
+        load_family("other", root=families_copy)
+
+
+def test_new_family_is_a_folder_and_extension_is_optional(families_copy: Path):
+    shutil.copytree(families_copy / "timm_xception", families_copy / "tiny")
+    _edit(families_copy, "tiny", lambda s: s.update(name="tiny"))
+    (families_copy / "tiny" / "family.py").write_text("ANSWER = 42\n")
+    assert list_families(families_copy) == ["timm_xception", "tiny"]
+    assert load_family("tiny", root=families_copy).extension().ANSWER == 42
+    assert load_family("timm_xception", root=families_copy).extension() is None
+
+
+def test_families_module_stays_light():
+    code = (
+        "import sys, bundler.families as f; f.load_family('timm_xception'); "
+        "heavy = [m for m in ('torch', 'onnx', 'timm', 'onnxruntime') if m in sys.modules]; "
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": ""})
