@@ -24,8 +24,15 @@ def test_registry_knows_onnxruntime_and_tensorrt_and_refuses_others():
         target_builder("tvm")
 
 
-def test_importing_the_tensorrt_target_does_not_import_tensorrt():
-    assert "tensorrt" not in sys.modules or sys.modules["tensorrt"] is not None
+def test_importing_tensorrt_modules_imports_neither_tensorrt_nor_cuda():
+    import subprocess
+
+    code = ("import sys, bundler.targets.tensorrt, runtime_py.engines.tensorrt, "
+            "runtime_py.numerics, bundler.rebuild; "
+            "print([m for m in ('tensorrt', 'cuda', 'torch') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=str(Path(__file__).parents[1]))
+    assert out.stdout.strip() == "[]"
 
 
 def test_onnxruntime_target_is_the_onnx_itself():

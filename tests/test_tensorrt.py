@@ -1,0 +1,188 @@
+"""TensorRT: plans built from tiny typed ONNX graphs, run and compared with ONNX Runtime.
+
+Needs TensorRT (10.x or 11.x), cuda-python and an NVIDIA GPU: `pip install -e '.[dev,trt]'`
+then `pytest -m tensorrt`. Skipped elsewhere, with the reason.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.tensorrt
+
+trt = pytest.importorskip(
+    "tensorrt", reason="TensorRT is not installed here: on a GPU host run "
+                       "`pip install -e '.[dev,trt]'` then `pytest -m tensorrt`")
+pytest.importorskip("cuda.bindings", reason="cuda-python is not installed (pip install cuda-python)")
+pytest.importorskip("onnxruntime", reason="the comparisons need onnxruntime")
+
+from runtime_py.compat import probe_host  # noqa: E402
+
+HOST = probe_host(import_tensorrt=True)
+if not HOST.gpus:
+    pytest.skip("no NVIDIA GPU visible: " + "; ".join(HOST.notes), allow_module_level=True)
+
+sys.path.insert(0, str(Path(__file__).parent))
+from synthetic_bundles import (  # noqa: E402
+    manifest_body,
+    ort_outputs,
+    reference_member,
+    tiny_onnx,
+)
+
+from bundler.rebuild import rebuild_bundle  # noqa: E402
+from bundler.targets.tensorrt import (  # noqa: E402
+    OnnxParseError,
+    build_tensorrt_plan,
+    target_tag,
+)
+from bundler.writer import write_bundle  # noqa: E402
+from runtime_py.engines.tensorrt import TensorRTRunner  # noqa: E402
+from runtime_py.errors import CompatibilityError  # noqa: E402
+from runtime_py.format import open_bundle  # noqa: E402
+from runtime_py.numerics import check_numerics  # noqa: E402
+
+GPU = HOST.gpus[0]
+BATCH = {"min": 1, "opt": 2, "max": 4}
+
+
+def needs_fp8():
+    if GPU.compute_capability < (8, 9):
+        pytest.skip(f"FP8 needs compute capability 8.9 or later; GPU 0 is {GPU.sm}")
+
+
+def build(precision="fp32", **kw):
+    return build_tensorrt_plan(tiny_onnx(precision), min_batch=1, opt_batch=2, max_batch=4, **kw)
+
+
+def plan_bundle(folder: Path, precision="fp32", details_override=None, **kw) -> Path:
+    onnx_bytes = tiny_onnx(precision)
+    result = build_tensorrt_plan(onnx_bytes, min_batch=1, opt_batch=2, max_batch=4, **kw)
+    details = dict(result.details, **(details_override or {}))
+    body = manifest_body(precision=precision, name=f"tiny-{precision}-1-{target_tag(details)}",
+                         engine={"backend": "tensorrt", "member": "engine.plan",
+                                 "details": details})
+    members = {"model.onnx": onnx_bytes, "engine.plan": result.plan,
+               "reference.safetensors": reference_member(onnx_bytes, n=6)}
+    path, _ = write_bundle(folder / f"{body['name']}.bundle", body, members)
+    return path
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "fp8"])
+def test_build_records_the_manifest_details(precision):
+    if precision == "fp8":
+        needs_fp8()
+    result = build(precision)
+    d = result.details
+    assert d["tensorrt_version"] == trt.__version__
+    assert d["compute_capability"] == f"{GPU.compute_capability[0]}.{GPU.compute_capability[1]}"
+    assert d["device_name"] == GPU.name and d["strongly_typed"] is True
+    assert d["profile"] == BATCH and d["optimization_level"] == 3
+    assert d["layer_count"] >= 1
+    assert len(result.plan) > 1000 and result.timing_cache_bytes is None
+
+
+def test_timing_cache_is_written_back_and_recorded(tmp_path):
+    cache = tmp_path / "timing.cache"
+    first = build(timing_cache=cache)
+    assert cache.is_file() and first.details["timing_cache_sha256"] is None
+    second = build(timing_cache=cache)
+    assert second.details["timing_cache_sha256"].startswith("sha256:")
+
+
+def test_parser_error_names_the_node():
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("NoSuchOp", ["input"], ["logits"], name="bad_node", domain="x.y")
+    graph = helper.make_graph(
+        [node], "bad",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3, 8, 8])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19),
+                                                    helper.make_opsetid("x.y", 1)])
+    with pytest.raises(OnnxParseError) as e:
+        build_tensorrt_plan(model.SerializeToString(), min_batch=1, opt_batch=2, max_batch=4)
+    assert any("bad_node" in p and "NoSuchOp" in p for p in e.value.problems)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "fp8"])
+def test_runner_matches_onnxruntime_within_tolerance(tmp_path, precision):
+    if precision == "fp8":
+        needs_fp8()
+    path = plan_bundle(tmp_path, precision)
+    with open_bundle(path) as b:
+        report = check_numerics(b)
+    assert report.backend == "tensorrt" and report.ran
+    assert report.passed, report.reasons
+
+
+@pytest.mark.parametrize("batch", [1, 3, 4])
+def test_cuda_graphs_on_and_off_give_equal_outputs(tmp_path, batch):
+    path = plan_bundle(tmp_path)
+    x = np.random.default_rng(batch).standard_normal((batch, 3, 8, 8)).astype(np.float32)
+    with open_bundle(path) as b:
+        with TensorRTRunner(b, cuda_graphs=False) as plain:
+            want = plain.infer({"input": x})["logits"]
+        with TensorRTRunner(b, cuda_graphs=True) as graphed:
+            first = graphed.infer({"input": x})["logits"]      # captures
+            again = graphed.infer({"input": x})["logits"]      # replays
+            other = graphed.infer({"input": x[:1]})["logits"]  # another batch size
+            assert graphed.graph_failures == {}
+    np.testing.assert_array_equal(first, want)
+    np.testing.assert_array_equal(again, want)
+    np.testing.assert_allclose(other, want[:1], atol=1e-3)
+    np.testing.assert_allclose(want, ort_outputs(tiny_onnx(), x), atol=1e-3)
+
+
+def test_runner_refuses_a_batch_over_the_plan_max(tmp_path):
+    from runtime_py.errors import InferenceInputError
+
+    path = plan_bundle(tmp_path)
+    with open_bundle(path) as b, TensorRTRunner(b) as r:
+        with pytest.raises(InferenceInputError, match="outside this plan's range 1..4"):
+            r.infer({"input": np.zeros((5, 3, 8, 8), np.float32)})
+
+
+def test_hand_edited_manifest_mismatch_is_refused_before_deserializing(tmp_path):
+    path = plan_bundle(tmp_path, details_override={"compute_capability": "5.0"})
+    with open_bundle(path) as b:
+        runner = TensorRTRunner(b)
+        with pytest.raises(CompatibilityError, match=r"plan built for sm_50 .* this host has "
+                                                     + GPU.sm):
+            runner.activate()
+        assert not runner.is_active
+
+
+def test_other_tensorrt_version_is_refused(tmp_path):
+    major = int(trt.__version__.split(".")[0])
+    path = plan_bundle(tmp_path, details_override={"tensorrt_version": f"{major}.999.0"})
+    with open_bundle(path) as b, pytest.raises(CompatibilityError, match=r"TensorRT \d+\.999"):
+        TensorRTRunner(b).activate()
+
+
+def test_rebuild_an_onnxruntime_bundle_for_this_gpu(tmp_path):
+    from synthetic_bundles import write_source_bundle
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "out").mkdir()
+    src = write_source_bundle(tmp_path / "src")
+    path, new_id = rebuild_bundle(src, "tensorrt", tmp_path / "out", optimization_level=2)
+    with open_bundle(path) as new, open_bundle(src) as old:
+        new.verify()
+        assert new.manifest["engine"]["backend"] == "tensorrt"
+        assert new.manifest["rebuilt_from"] == old.id and new.id == new_id
+        assert "engine.plan" in new.member_names
+        assert check_numerics(new).passed
+
+
+def test_hardware_compatible_plan_runs(tmp_path):
+    if GPU.compute_capability < (8, 0):
+        pytest.skip("ampere+ plans need an Ampere or newer GPU to build")
+    path = plan_bundle(tmp_path, hardware_compat="ampere+")
+    with open_bundle(path) as b:
+        assert b.manifest["engine"]["details"]["hardware_compatibility"] == "ampere+"
+        assert check_numerics(b).passed
