@@ -6,7 +6,7 @@ Numbers live in the spec, behaviour in ``bundler``; so adding a family is adding
 and nothing here changes. Where data cannot say something, a family may add
 ``families/<name>/family.py``, imported only when asked for (``Family.extension()``).
 
-The folder ships as package data ``bundler.families``; in a source checkout it is the
+The folder ships as package data ``bundler.family_data``; in a source checkout it is the
 repository's ``families/``. This module imports neither torch nor onnx: ``bundle
 families`` and the runtime-side tools stay light.
 """
@@ -39,6 +39,8 @@ __all__ = [
 ]
 
 SPEC_FILE = "family.json"
+#: The package the ``families/`` folder ships as (see pyproject.toml).
+DATA_PACKAGE = "bundler.family_data"
 EXTENSION_FILE = "family.py"
 MIN_OPSET = 19
 KNOWN_PRECISIONS = ("fp32", "fp16", "fp8")
@@ -154,19 +156,18 @@ _UNSET = object()
 def families_root() -> Path:
     """The folder holding the family folders.
 
-    Package data ``bundler.families`` when it resolves to a folder; otherwise a
-    ``families`` folder next to this module (the installed wheel's layout, where this
-    module and the data share the dotted name) or at the repository root (a checkout).
+    The package data ``bundler.family_data`` (the repository's ``families/``, mapped by
+    ``pyproject.toml``; in an editable install or a wheel) when it resolves, else the
+    repository's ``families/`` next to this package (a plain source checkout).
     """
     candidates: list[Path] = []
     try:
-        resource = importlib.resources.files("bundler.families")
+        resource = importlib.resources.files(DATA_PACKAGE)
         if resource.is_dir():
             candidates.append(Path(str(resource)))
     except (TypeError, ModuleNotFoundError, NotADirectoryError):
-        pass  # ``bundler.families`` resolves to this module, not to the data folder
-    here = Path(__file__).resolve()
-    candidates += [here.with_suffix(""), here.parents[1] / "families"]
+        pass  # not installed: fall back to the checkout's folder
+    candidates.append(Path(__file__).resolve().parents[1] / "families")
     for candidate in candidates:
         if candidate.is_dir() and any((p / SPEC_FILE).is_file() for p in candidate.iterdir() if p.is_dir()):
             return candidate
