@@ -256,6 +256,49 @@ def make(family: str, precision: str, variant, backend, out_dir, checkpoint, ran
         click.echo(result.bundle_id)
 
 
+# --- rebuild -------------------------------------------------------------------------------
+
+@cli.command(context_settings=CONTEXT, epilog=EXIT_CODES_HELP)
+@click.argument("bundle_path", metavar="BUNDLE", type=click.Path(path_type=str))
+@click.option("--backend", required=True, type=click.Choice(["onnxruntime", "tensorrt", "torch-aoti"]),
+              help="The new engine target, built on this host.")
+@click.option("--out", "out_dir", default=".", show_default=True,
+              type=click.Path(file_okay=False, path_type=Path), help="Output folder.")
+@click.option("--timing-cache", type=click.Path(path_type=Path), default=None,
+              help="tensorrt: persistent timing cache file (read and updated).")
+@click.option("--hardware-compat", type=click.Choice(["none", "ampere+"]), default=None,
+              help="tensorrt: build a plan that runs on any Ampere or newer GPU.")
+@click.option("--version-compatible", is_flag=True, default=None,
+              help="tensorrt: build a version-compatible plan.")
+@click.option("--workspace-mib", type=int, default=None, help="tensorrt: workspace limit.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@handle_errors
+def rebuild(bundle_path, backend, out_dir, timing_cache, hardware_compat, version_compatible,
+            workspace_mib, as_json) -> None:
+    """A new bundle for this host from the portable ONNX of an existing one.
+
+    Same family, precision, recipe, calibration and references; new engine target and id;
+    the source bundle's id is recorded as `rebuilt_from`.
+    """
+    from bundler.rebuild import rebuild_bundle
+
+    options = {k: v for k, v in {
+        "timing_cache": timing_cache, "hardware_compat": hardware_compat,
+        "version_compatible": version_compatible,
+        "workspace_bytes": workspace_mib * (1 << 20) if workspace_mib else None}.items()
+        if v is not None}
+    if not Path(out_dir).is_dir():
+        raise UsageError(f"output folder {out_dir} does not exist: create it first")
+    path, bundle_id = rebuild_bundle(bundle_path, backend, out_dir,
+                                     log=None if as_json else (lambda m: print_progress("rebuild", m)),
+                                     **options)
+    if as_json:
+        echo_json({"path": str(path), "id": bundle_id})
+    else:
+        click.echo(f"wrote {path}", err=True)
+        click.echo(bundle_id)
+
+
 # --- bench ---------------------------------------------------------------------------------
 
 def _int_list(text: str) -> list[int]:

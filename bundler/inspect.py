@@ -62,7 +62,7 @@ def verify_report(path: str | os.PathLike, numerics: bool = False, backend: str 
             except BundleError as exc:
                 report["problems"].append(f"numerics: {exc}")
             else:
-                report["numerics"] = numerics_report.as_dict()
+                report["numerics"] = numerics_report.to_dict()
                 if numerics_report.passed:
                     report["checks"].append("numerics vs reference outputs")
                 else:

@@ -8,7 +8,6 @@ through a callback (the CLI prints it; library callers may pass nothing).
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from bundler import __version__
 from bundler.families import Family, load_family
 from bundler.quality import compare_logits, decimal, manifest_quality
 from bundler.weights import Weights, resolve_weights
+from bundler.writer import source_date_epoch
 from runtime_py.errors import CalibrationError, UsageError
 
 Progress = Callable[[str, str], None]
@@ -95,17 +95,6 @@ def check_request(family: Family, req: MakeRequest) -> None:
             "--random-weights smoke builds calibrate on a synthetic set")
     if req.calib_count < 1 or req.calib_stride < 1 or req.reference_count < 1:
         raise UsageError("--calib-count, --calib-stride and --reference-count must be >= 1")
-
-
-def bundle_name(family: Family, precision: str, variant: str | None, target: str) -> str:
-    """`<family>-<precision>[-<variant>]-<family version>-<target>` (variant without a
-    repeated precision prefix: fp8 + fp8-depthwise -> fp8-depthwise)."""
-    parts = [family.name, precision]
-    if variant:
-        parts.append(variant[len(precision) + 1:] if variant.startswith(precision + "-")
-                     else variant)
-    parts += [family.version, target]
-    return "-".join(parts)
 
 
 def manifest_batch(family: Family) -> dict:
@@ -293,7 +282,7 @@ def make_bundle(req: MakeRequest, progress: Progress | None = None) -> MakeResul
     if labels is not None:
         members["labels.msgpack"] = msgpack.packb(labels, use_bin_type=True)
 
-    name = bundle_name(family, req.precision, req.variant, target)
+    name = targets.bundle_name(family.name, family.version, req.precision, req.variant, engine.tag)
     body = manifest_body(family, req, name, weights, recipe, calibration_record, quality,
                          target, engine)
     path, bundle_id = write_bundle(out_dir / f"{name}.bundle", body, members)
@@ -312,7 +301,6 @@ def reference_member(family: Family, inputs: np.ndarray, fp32_out: np.ndarray,
 def manifest_body(family: Family, req: MakeRequest, name: str, weights: Weights,
                   recipe: dict | None, calibration: dict | None, quality: dict, target: str,
                   engine) -> dict:
-    epoch = os.environ.get("SOURCE_DATE_EPOCH")
     c, h, w = family.input.shape
     return {
         "name": name,
@@ -328,7 +316,7 @@ def manifest_body(family: Family, req: MakeRequest, name: str, weights: Weights,
         "engine": {"backend": engine.backend, "member": engine.member, "details": engine.details},
         "build": {"tool": "trt-bundle", "tool_version": __version__,
                   "packages": package_versions(ENGINE_PACKAGES.get(target, ())),
-                  "source_date_epoch": int(epoch) if epoch and epoch.isdigit() else None,
+                  "source_date_epoch": source_date_epoch(),
                   "opset": family.opset},
         "quality": quality,
         "calibration": calibration,

@@ -17,21 +17,11 @@ from pathlib import Path
 from typing import Callable
 
 from bundler.targets import bundle_name, target_builder
-from bundler.writer import write_bundle
+from bundler.writer import source_date_epoch, write_bundle
 from runtime_py.errors import UsageError
 from runtime_py.format import open_bundle
 
 ENGINE_MEMBERS = ("engine.plan", "engine.pt2")
-
-
-def _source_date_epoch() -> int | None:
-    value = os.environ.get("SOURCE_DATE_EPOCH")
-    if value is None:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise UsageError(f"SOURCE_DATE_EPOCH must be an integer, got {value!r}") from None
 
 
 def _engine_package_versions(backend: str, details: dict) -> dict[str, str]:
@@ -65,7 +55,7 @@ def rebuilt_manifest_body(source_manifest: dict, source_id: str, build) -> dict:
     packages = dict(old.get("packages") or {})
     packages.update(_engine_package_versions(build.backend, build.details))
     new_build = {"tool": "trt-bundle", "tool_version": __version__, "packages": packages,
-                 "source_date_epoch": _source_date_epoch()}
+                 "source_date_epoch": source_date_epoch()}
     if "opset" in old:
         new_build["opset"] = old["opset"]
     body["build"] = new_build

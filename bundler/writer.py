@@ -24,6 +24,17 @@ ZSTD_LEVEL = 3
 _RESERVED = ("format", "members")
 
 
+def source_date_epoch() -> int | None:
+    """SOURCE_DATE_EPOCH as the manifest records it (None: no time recorded at all)."""
+    value = os.environ.get("SOURCE_DATE_EPOCH")
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise UsageError(f"SOURCE_DATE_EPOCH must be an integer, got {value!r}") from None
+
+
 def compress_member(raw: bytes, level: int = ZSTD_LEVEL) -> bytes:
     """One zstd frame with the content size recorded (readers check it before inflating)."""
     cctx = zstandard.ZstdCompressor(level=level, write_content_size=True,

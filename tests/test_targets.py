@@ -135,4 +135,4 @@ def test_bundle_name():
     assert bundle_name("timm_xception", "1.0", "fp16", None, "tensorrt-sm90-trt11.4") == \
         "timm_xception-fp16-1.0-tensorrt-sm90-trt11.4"
     assert bundle_name("timm_xception", "1.0", "fp8", "fp8-depthwise", "onnxruntime") == \
-        "timm_xception-fp8-fp8-depthwise-1.0-onnxruntime"
+        "timm_xception-fp8-depthwise-1.0-onnxruntime"

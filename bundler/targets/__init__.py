@@ -25,6 +25,7 @@ from runtime_py.errors import UsageError
 _TARGETS = {
     "onnxruntime": "bundler.targets.onnxruntime",
     "tensorrt": "bundler.targets.tensorrt",
+    "torch-aoti": "bundler.targets.torch_aoti",
 }
 
 TARGETS = tuple(_TARGETS)
@@ -57,6 +58,12 @@ def target_builder(backend: str) -> ModuleType:
 
 def bundle_name(family: str, family_version: str, precision: str, variant: str | None,
                 tag: str) -> str:
-    """`<family>-<precision>[-<variant>]-<family version>-<target tag>` (docs/format.md)."""
+    """`<family>-<precision>[-<variant>]-<family version>-<target tag>` (docs/format.md).
+
+    A variant named after its precision is not repeated: fp8 + fp8-depthwise gives
+    `...-fp8-depthwise-...`.
+    """
+    if variant and variant.startswith(precision + "-"):
+        variant = variant[len(precision) + 1:]
     parts = [family, precision] + ([variant] if variant else []) + [family_version, tag]
     return "-".join(parts)
