@@ -1,6 +1,7 @@
 // The TensorRT compatibility rules, kept free of TensorRT so that they build and test anywhere.
-#include <cerrno>
-#include <cstdlib>
+#include <algorithm>
+#include <string>
+#include <vector>
 
 #include "bundle/reader.h"
 #include "checks.h"
@@ -8,27 +9,26 @@
 namespace bundle {
 namespace {
 
-struct Ver { long major = -1, minor = -1, patch = 0; };
-
-// "10.7.0", "10.7", "10.7.0.23" -> {10, 7, 0}; {-1,-1} when not parseable.
-Ver parse_version(const std::string& s) {
-    Ver v;
-    const char* p = s.c_str();
-    char* end = nullptr;
-    long parts[3] = {-1, -1, 0};
-    for (int i = 0; i < 3; ++i) {
-        if (*p < '0' || *p > '9') break;
-        errno = 0;
-        parts[i] = std::strtol(p, &end, 10);
-        if (errno || parts[i] > 100000) return Ver{};
-        p = end;
-        if (*p != '.') break;
-        ++p;
+// Leading numeric components, like runtime_py.compat.parse_version: "11.4.0.106" -> {11, 4, 0, 106}.
+std::vector<long> parse_version(const std::string& s) {
+    std::vector<long> parts;
+    std::size_t i = 0;
+    while (i < s.size() && parts.size() < 8) {
+        std::size_t j = i;
+        long v = 0;
+        while (j < s.size() && s[j] >= '0' && s[j] <= '9' && j - i < 9) v = v * 10 + (s[j++] - '0');
+        if (j == i) break;
+        parts.push_back(v);
+        if (j == s.size() || s[j] != '.') break;
+        i = j + 1;
     }
-    v.major = parts[0];
-    v.minor = parts[1];
-    v.patch = parts[2];
-    return v;
+    return parts;
+}
+
+std::string join(const std::vector<long>& v, std::size_t n) {
+    std::string s;
+    for (std::size_t i = 0; i < n && i < v.size(); ++i) s += (i ? "." : "") + std::to_string(v[i]);
+    return s;
 }
 
 }  // namespace
@@ -47,28 +47,33 @@ void check_tensorrt_compatibility(const EngineTarget& engine, const std::string&
                                  "hardware_compatibility / version_compatible");
     std::vector<std::string> problems;
 
-    Ver b = parse_version(built->as_str()), r = parse_version(runtime_trt_version);
-    if (b.minor < 0) problems.push_back("cannot parse the plan's TensorRT version \"" + built->as_str() + "\"");
-    else if (r.minor < 0) problems.push_back("cannot parse the runtime TensorRT version \"" + runtime_trt_version + "\"");
+    // TensorRT: same major.minor; version-compatible plans: same major and not older, or the
+    // documented 10 -> 11 case (runtime_py.compat.tensorrt_version_ok).
+    const std::vector<long> b = parse_version(built->as_str()), r = parse_version(runtime_trt_version);
+    if (b.empty()) problems.push_back("cannot parse the plan's TensorRT version \"" + built->as_str() + "\"");
+    else if (r.empty()) problems.push_back("cannot parse the runtime TensorRT version \"" + runtime_trt_version + "\"");
     else if (vc->as_bool()) {
-        // version-compatible plans run on the same major, at the build's version or later
-        if (r.major != b.major || r.minor < b.minor || (r.minor == b.minor && r.patch < b.patch))
-            problems.push_back("plan built with TensorRT " + built->as_str() + " (version-compatible) needs TensorRT " +
-                               std::to_string(b.major) + ".x >= " + built->as_str() + ", this is " + runtime_trt_version);
-    } else if (r.major != b.major || r.minor != b.minor) {
-        problems.push_back("plan built with TensorRT " + built->as_str() + " needs TensorRT " +
-                           std::to_string(b.major) + "." + std::to_string(b.minor) + ", this is " +
-                           runtime_trt_version + " (not version-compatible)");
+        bool ok = b[0] == r[0] ? !(r < b) : (b[0] == 10 && r[0] == 11);
+        if (!ok)
+            problems.push_back("plan built with TensorRT " + built->as_str() + " (version-compatible) runs on TensorRT " +
+                               std::to_string(b[0]) + ".x from " + built->as_str() + " on; this is " + runtime_trt_version);
+    } else {
+        std::vector<long> b2(b.begin(), b.begin() + std::min<std::size_t>(2, b.size()));
+        std::vector<long> r2(r.begin(), r.begin() + std::min<std::size_t>(2, r.size()));
+        if (b2 != r2)
+            problems.push_back("plan built with TensorRT " + built->as_str() + " needs TensorRT " + join(b, 2) +
+                               ", this is " + runtime_trt_version + " (not version-compatible)");
     }
 
-    Ver pc = parse_version(cc->as_str()), dc = parse_version(device_cc);
-    if (pc.minor < 0 || dc.minor < 0)
+    // Compute capability: the same one, unless "ampere+" (>= 8.0).
+    const std::vector<long> pc = parse_version(cc->as_str()), dc = parse_version(device_cc);
+    if (pc.size() < 2 || dc.size() < 2)
         problems.push_back("cannot parse compute capability (plan \"" + cc->as_str() + "\", device \"" + device_cc + "\")");
     else if (hw->as_str() == "ampere+") {
-        if (dc.major < 8)
+        if (dc[0] < 8)
             problems.push_back("plan is hardware-compatible for Ampere and later (compute capability >= 8.0); "
                                "this GPU is " + device_cc);
-    } else if (pc.major != dc.major || pc.minor != dc.minor) {
+    } else if (pc[0] != dc[0] || pc[1] != dc[1]) {
         problems.push_back("plan built for compute capability " + cc->as_str() + " (hardware_compatibility " +
                            hw->as_str() + "); this GPU is " + device_cc);
     }

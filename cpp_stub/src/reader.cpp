@@ -277,23 +277,23 @@ Bundle Bundle::open(const std::string& path, const OpenOptions& options) {
     struct stat st{};
     if (::stat(path.c_str(), &st) != 0) {
         int e = errno;
-        throw NotFoundError(path + ": " + (e == ENOENT ? "no such file" : std::strerror(e)));
+        throw NotFoundError(e == ENOENT ? "no such file" : std::string("cannot stat: ") + std::strerror(e));
     }
-    if (S_ISDIR(st.st_mode)) throw NotFoundError(path + ": is a directory, not a bundle file");
-    if (!S_ISREG(st.st_mode)) throw NotFoundError(path + ": not a regular file");
+    if (S_ISDIR(st.st_mode)) throw NotFoundError("is a directory, not a bundle file");
+    if (!S_ISREG(st.st_mode)) throw NotFoundError("not a regular file");
     im->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (im->fd < 0) throw NotFoundError(path + ": cannot open: " + std::strerror(errno));
+    if (im->fd < 0) throw NotFoundError(std::string("cannot open: ") + std::strerror(errno));
     if (::fstat(im->fd, &st) != 0 || !S_ISREG(st.st_mode))
-        throw NotFoundError(path + ": not a regular file");
-    if (st.st_size < 0) throw FormatError(path + ": negative file size");
+        throw NotFoundError("not a regular file");
+    if (st.st_size < 0) throw FormatError("negative file size");
     im->size = static_cast<std::uint64_t>(st.st_size);
     if (im->size < kHeaderSize) {   // no mapping needed to reject it; mmap of 0 bytes fails anyway
         std::uint8_t head[kHeaderSize] = {};
         parse_header(head, static_cast<std::size_t>(im->size));   // throws Truncated
     }
-    if (im->size > SIZE_MAX) throw FormatError(path + ": file too large to map");
+    if (im->size > SIZE_MAX) throw FormatError("file too large to map");
     void* m = mmap(nullptr, static_cast<std::size_t>(im->size), PROT_READ, MAP_PRIVATE, im->fd, 0);
-    if (m == MAP_FAILED) throw BundleError(path + ": mmap failed: " + std::strerror(errno));
+    if (m == MAP_FAILED) throw BundleError(std::string("mmap failed: ") + std::strerror(errno));
     im->data = static_cast<const std::uint8_t*>(m);
 
     im->header = parse_header(im->data, static_cast<std::size_t>(im->size));

@@ -134,9 +134,9 @@ std::string sha256_hex(const std::uint8_t* data, std::size_t size);
 Header parse_header(const std::uint8_t* data, std::size_t file_size);   // the header checks only
 PreprocessSpec parse_preprocess(const Value& v);                         // throws PreprocessError
 
-// The same checks as the Python runtime before deserializing a TensorRT plan:
+// The same checks as the Python runtime (runtime_py.compat) before deserializing a TensorRT plan:
 // TensorRT major.minor must equal details.tensorrt_version unless details.version_compatible
-// (then the same major, and not older than the build); the GPU compute capability must equal
+// (then the same major and not older, or 10 -> 11); the GPU compute capability must equal
 // details.compute_capability unless hardware_compatibility is "ampere+" (then >= 8.0).
 // Throws CompatibilityError naming each mismatch.
 void check_tensorrt_compatibility(const EngineTarget& engine, const std::string& runtime_trt_version,
