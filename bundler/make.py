@@ -184,8 +184,10 @@ def fp8_graph(family: Family, req: MakeRequest, fp32_model, fp16_model, preproce
         percentile=req.percentile,
         progress=lambda done: progress("calibrate", f"{done}/{total} images"))
     digest = "sha256:" + family.recipe_digest(req.variant)
-    calibration = calibration_to_safetensors(result, weight_scales, {
-        "data_digest": data.digest, "data_source": data.source, "recipe_digest": digest})
+    metadata = {"data_digest": data.digest, "data_source": data.source, "recipe_digest": digest}
+    if data.item_digests:  # per-image identity, so that `bundle eval` can refuse these images
+        metadata["item_digests"] = ",".join(sorted(data.item_digests))
+    calibration = calibration_to_safetensors(result, weight_scales, metadata)
     model = fp8.to_fp8(fp16_model, selected, result.scale, weight_scales)
     recipe_record = {"name": f"{family.name}/fp8" + (f"/{req.variant}" if req.variant else ""),
                      "digest": digest, "quantized_layers": len(selected),

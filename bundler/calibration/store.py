@@ -10,7 +10,9 @@ Tensors (all float32, little-endian):
 Metadata (strings only), validated against ``schemas/calibration.schema.json`` on write
 and on read: ``format`` (``trt-bundle-calibration/1``), ``method``, ``images``,
 ``histogram_bins``, ``percentile`` (only for the percentile method), ``data_digest``,
-``data_source``, ``recipe_digest``.
+``data_source``, ``recipe_digest``, and ``item_digests`` (optional: the sorted,
+comma-separated sha256 of each calibration item, so that evaluation can refuse images
+used for calibration).
 
 Why the bytes are written here and not by ``safetensors.numpy.save``: that writer emits
 the metadata map in a per-process random order, so the same scales would give different
@@ -35,7 +37,7 @@ from runtime_py.schemas import schema_problems
 from .collect import CalibrationResult
 
 FORMAT = "trt-bundle-calibration/1"
-CALLER_KEYS = ("data_digest", "data_source", "recipe_digest")
+CALLER_KEYS = ("data_digest", "data_source", "recipe_digest", "item_digests")
 
 
 @dataclass(frozen=True)
