@@ -159,3 +159,47 @@ def run_bench(model, batch_sizes: list[int], concurrency: int | None = None,
         figures.append(bench_served(model, concurrency))
     return {"bundle": model.bundle.manifest["name"], "id": model.id, "backend": model.backend,
             "figures": [f.as_dict() for f in figures], "notes": notes}
+
+
+# --- device-side timings of GPU runners (optional runner protocol) -------------------------
+
+#: What each key of `device_timings` measures; a runner returns per-iteration seconds.
+DEVICE_TIMING_BOUNDARIES = {
+    "graph_replay": "CUDA graph replay (or enqueue where no graph), inputs already on the "
+                    "device, synchronize per iteration: host<->device copies excluded",
+    "with_copies": "H2D copy of the batch + run + D2H copy of the outputs, synchronize per "
+                   "iteration (pinned host buffers)",
+}
+
+
+def device_timings(runner, batch_size: int, iterations: int = 200, warmup: int = 20
+                   ) -> dict[str, list[float]] | None:
+    """Per-iteration device timings from a GPU runner, or None when it does not offer them.
+
+    Why a runner method: only the runner owns its device buffers, stream and CUDA graphs,
+    so only it can time the engine without the host copies (and then with them). A runner
+    that supports it defines
+
+        runner.device_timings(batch_size, iterations, warmup) -> dict[str, list[float]]
+
+    returning per-iteration wall seconds (after `warmup` untimed iterations) under the
+    keys of `DEVICE_TIMING_BOUNDARIES` ("graph_replay", "with_copies"); either key may be
+    left out when the runner cannot measure it. CPU runners do not define it: callers then
+    time `runner.infer` on host arrays (boundary "engine").
+    """
+    method = getattr(runner, "device_timings", None)
+    if method is None:
+        return None
+    raw = method(int(batch_size), int(iterations), int(warmup))
+    unknown = sorted(set(raw) - set(DEVICE_TIMING_BOUNDARIES))
+    if unknown:
+        raise ValueError(f"{type(runner).__name__}.device_timings returned unknown boundaries "
+                         f"{unknown}; expected {sorted(DEVICE_TIMING_BOUNDARIES)}")
+    out = {}
+    for key, times in raw.items():
+        values = [float(t) for t in times]
+        if not values or min(values) <= 0:
+            raise ValueError(f"{type(runner).__name__}.device_timings[{key!r}] must be a "
+                             "non-empty list of positive seconds")
+        out[key] = values
+    return out
