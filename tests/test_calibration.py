@@ -313,27 +313,31 @@ def test_collection_reads_only_requested_tensors_and_matches_numpy_max(monkeypat
     import onnxruntime as ort
 
     model, w1, w2 = conv_model()
-    fetched = []
-    real_run = ort.InferenceSession.run
+    sessions = []
+    real_init = ort.InferenceSession.__init__
 
-    def spy(self, output_names, feed, *args, **kwargs):
-        fetched.append(list(output_names))
-        return real_run(self, output_names, feed, *args, **kwargs)
+    def spy(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        sessions.append(self)
 
-    monkeypatch.setattr(ort.InferenceSession, "run", spy)
+    monkeypatch.setattr(ort.InferenceSession, "__init__", spy)
     rng = np.random.default_rng(4)
-    batches = [rng.standard_normal((n, 3, 8, 8)).astype(np.float32) for n in (2, 3, 1)]
+    # Two batches of one shape (the reused-buffer path), then a shorter one.
+    batches = [rng.standard_normal((n, 3, 8, 8)).astype(np.float32) for n in (3, 3, 1)]
     before = model.SerializeToString()
     stats = collect_statistics(model, ["r1", "c2"], iter(batches), histogram_bins=512)
     assert model.SerializeToString() == before  # the caller's model is untouched
-    assert fetched == [["r1", "c2"]] * 3
+    assert [o.name for o in sessions[0].get_outputs()] == ["y", "r1", "c2"]  # c1 not added
+    assert set(stats) == {"r1", "c2"}
     reference = [reference_activations(b, w1, w2) for b in batches]
     for name in ("r1", "c2"):
         values = np.abs(np.concatenate([r[name] for r in reference]))
         assert stats[name].amax == pytest.approx(float(values.max()), rel=1e-5)
         assert stats[name].count == values.size
+        expected, _ = np.histogram(values, bins=512, range=(0.0, stats[name].range))
+        assert np.abs(stats[name].hist - expected).sum() <= 0.001 * values.size  # fp rounding at edges
     result = calibrate(model, ["r1", "c2"], ((b, None, []) for b in batches), method="max")
-    assert result.images == 6 and result.scale["c2"] == np.float32(result.amax["c2"]) / np.float32(448)
+    assert result.images == 7 and result.scale["c2"] == np.float32(result.amax["c2"]) / np.float32(448)
 
 
 def test_collection_refuses_unknown_tensor_and_empty_data():
@@ -595,3 +599,16 @@ def test_unknown_file_kind_and_mixed_folder(tmp_path):
     (tmp_path / "y.png").write_bytes(png_bytes(0))
     with pytest.raises(CalibrationError, match="both images and .tar shards"):
         open_calibration_data(tmp_path, tiny_preprocess)
+
+
+def test_max_method_builds_no_histogram_and_records_none():
+    model, *_ = conv_model()
+    data = synthetic_calibration_set((3, 8, 8), count=4, seed=2)
+    full = collect_statistics(model, ["r1"], data.iter_batches(2))
+    result = calibrate(model, ["r1"], data.iter_batches(2), method="max")
+    assert result.histogram_bins is None and result.amax["r1"] == np.float32(full["r1"].amax)
+    meta = calibration_from_safetensors(calibration_to_safetensors(result, {}, METADATA)).metadata
+    assert "histogram_bins" not in meta and "percentile" not in meta and meta["method"] == "max"
+    stats = collect_statistics(model, ["r1"], data.iter_batches(2), histogram_bins=0)
+    with pytest.raises(ValueError, match="needs a histogram"):
+        cal.compute_amax(stats["r1"], "entropy")

@@ -85,6 +85,8 @@ def check_method(method: str, percentile: float | None = None) -> None:
 def compute_amax(stats: TensorStats, method: str, percentile: float = DEFAULT_PERCENTILE) -> float:
     """Dispatch to one calibrator; returns amax as a float32-representable float."""
     check_method(method, percentile)
+    if method != "max" and stats.bins == 0:
+        raise ValueError(f"method {method!r} needs a histogram; {stats.name!r} was collected without")
     if method == "max":
         amax = amax_max(stats)
     elif method == "percentile":

@@ -9,7 +9,8 @@ Tensors (all float32, little-endian):
 
 Metadata (strings only), validated against ``schemas/calibration.schema.json`` on write
 and on read: ``format`` (``trt-bundle-calibration/1``), ``method``, ``images``,
-``histogram_bins``, ``percentile`` (only for the percentile method), ``data_digest``,
+``histogram_bins`` (not for ``max``, which uses no histogram), ``percentile`` (only for
+the percentile method), ``data_digest``,
 ``data_source``, ``recipe_digest``, and ``item_digests`` (optional: the sorted,
 comma-separated sha256 of each calibration item, so that evaluation can refuse images
 used for calibration).
@@ -58,8 +59,9 @@ def _metadata(result: CalibrationResult, given: Mapping[str, str]) -> dict[str, 
         "format": FORMAT,
         "method": result.method,
         "images": str(result.images),
-        "histogram_bins": str(result.histogram_bins),
     }
+    if result.histogram_bins is not None:
+        derived["histogram_bins"] = str(result.histogram_bins)
     if result.percentile is not None:
         derived["percentile"] = format(result.percentile, "g")
     clash = sorted(k for k in given if k in derived and given[k] != derived[k])
@@ -185,7 +187,7 @@ def calibration_from_safetensors(data: bytes) -> CalibrationFile:
         amax=dict(sorted(amax.items())),
         scale=dict(sorted(scale.items())),
         images=int(metadata["images"]),
-        histogram_bins=int(metadata["histogram_bins"]),
+        histogram_bins=int(metadata["histogram_bins"]) if "histogram_bins" in metadata else None,
         percentile=float(metadata["percentile"]) if "percentile" in metadata else None,
     )
     return CalibrationFile(result, dict(sorted(weights.items())), dict(metadata))
