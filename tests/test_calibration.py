@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import itertools
 import math
 import subprocess
 import sys
@@ -17,7 +16,7 @@ import pytest
 from bundler.calibration import calibrators as cal
 from bundler.calibration.collect import calibrate, collect_statistics, result_from_statistics
 from bundler.calibration.data import open_calibration_data, synthetic_calibration_set
-from bundler.calibration.fp8 import E4M3_MAX, fake_quantize, fp8_e4m3_round
+from bundler.calibration.fp8 import fake_quantize, fp8_e4m3_round
 from bundler.calibration.histogram import TensorStats
 from bundler.calibration.store import calibration_from_safetensors, calibration_to_safetensors
 from runtime_py.errors import BundleFormatError, CalibrationError, UsageError
@@ -219,11 +218,17 @@ def test_percentile_with_planted_outlier_ignores_it():
     assert 0.99 <= amax <= 1.0 + s.bin_width
 
 
+def last_min(values: dict[int, float]) -> int:
+    """Smallest value, ties (1e-9 relative) to the largest candidate: the documented rule."""
+    best = min(values.values())
+    return max(i for i, v in values.items() if v <= best + 1e-9 * abs(best) + 1e-300)
+
+
 def brute_force_mse(hist, width, amax, start=128):
     """Literal loops over candidates and bins with the enumerated-grid rounding."""
     hist = list(hist)
     last = max(j for j, h in enumerate(hist) if h) + 1
-    best, best_i = None, None
+    values = {}
     for i in range(min(start, last), last + 1):
         t = i * width
         scale = np.float32(t) / np.float32(448)
@@ -232,17 +237,14 @@ def brute_force_mse(hist, width, amax, start=128):
             c = np.float32((j + 0.5) * width)
             q = np.float32(reference_round(float(np.float32(c / scale)))) * scale
             err += h * float(c - q) ** 2
-        err /= sum(hist)
-        if best is None or err <= best:
-            best, best_i = err, i
-    return min(best_i * width, amax)
+        values[i] = err / sum(hist)
+    return min(last_min(values) * width, amax)
 
 
-def brute_force_kl(hist, width, amax, start=128):
+def brute_force_kl(hist, width, amax, start=128, values=None):
     """TensorRT's classic entropy loop, quantization step by FP8 level, written literally."""
-    grid = e4m3_grid()
     last = max(j for j, h in enumerate(hist) if h) + 1
-    best, best_i = None, None
+    values = {} if values is None else values
     for i in range(min(start, last), last + 1):
         p = [float(h) for h in hist[:i]]
         p[-1] += float(sum(hist[i:]))
@@ -258,9 +260,8 @@ def brute_force_kl(hist, width, amax, start=128):
         for pj, qj in zip(p, q):
             if pj > 0:
                 kl = math.inf if qj == 0 else kl + pj / sp * math.log((pj / sp) / (qj / sq))
-        if best is None or kl <= best + 1e-12:
-            best, best_i = kl, i
-    return min(best_i * width, amax)
+        values[i] = kl
+    return min(last_min(values) * width, amax)
 
 
 def outlier_histogram(bins=256):
@@ -278,7 +279,11 @@ def test_mse_matches_brute_force():
 def test_entropy_matches_brute_force_and_clips_outliers():
     s = outlier_histogram()
     amax = cal.amax_entropy(s)
-    assert amax == pytest.approx(brute_force_kl(s.hist, s.bin_width, s.amax), rel=1e-6)
+    divergences = {}
+    assert amax == pytest.approx(brute_force_kl(s.hist, s.bin_width, s.amax, values=divergences), rel=1e-6)
+    candidates = np.array(sorted(divergences))
+    vectorised = cal.kl_divergences_fp8(s.hist, candidates)
+    assert np.allclose(vectorised, [divergences[i] for i in candidates], rtol=1e-9, atol=1e-12)
     assert amax < s.amax  # entropy gives up the few outliers
 
 

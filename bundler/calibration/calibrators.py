@@ -30,8 +30,8 @@ only wastes FP8 range).
     * ``KL(P || Q) = sum P log(P / Q)`` over bins with ``P > 0``; infinite when some
       ``P > 0`` has ``Q = 0`` (only possible in the clipped last bin).
 
-    The candidate with the smallest divergence wins; ties go to the largest threshold
-    (as pytorch-quantization's ``last_argmin``). amax = ``T_i``. Why this adaptation:
+    The candidate with the smallest divergence wins; ties (within 1e-9 relative) go to
+    the largest threshold (as pytorch-quantization's ``last_argmin``). amax = ``T_i``. Why this adaptation:
     the INT8 algorithm's only INT8-specific part is "which bins become one quantized
     value"; answering that with the FP8 grid keeps its meaning (information lost by the
     mapping to the quantized grid plus clipping). Near zero the FP8 grid is finer than
@@ -41,8 +41,8 @@ only wastes FP8 range).
     For the same candidates, the mean squared error of FP8 fake-quantization with scale
     ``T_i / 448`` (saturating, so clipping is counted) over the whole histogram, each bin
     represented by its centre: ``sum_j hist_j (c_j - fq(c_j))^2 / sum hist``. Smallest
-    error wins, ties to the largest threshold (modelopt's ``_compute_amax_mse`` with the
-    FP8 quantizer in place of INT8).
+    error wins, ties (within 1e-9 relative) to the largest threshold (modelopt's
+    ``_compute_amax_mse`` with the FP8 quantizer in place of INT8).
 
 A tensor that was zero on every image has amax 0; its scale is then 1/448 (any positive
 scale is exact for zeros, and a zero scale would make QuantizeLinear divide by zero).
@@ -54,7 +54,7 @@ import numpy as np
 
 from runtime_py.errors import UsageError
 
-from .fp8 import E4M3_MAX, E4M3_POSITIVE_LEVELS, fake_quantize, fp8_e4m3_codes
+from .fp8 import E4M3_MAX, E4M3_POSITIVE_LEVELS, fp8_e4m3_codes, fp8_e4m3_round
 from .histogram import TensorStats
 
 METHODS = ("max", "percentile", "entropy", "mse")
@@ -127,37 +127,54 @@ def _candidates(stats: TensorStats, start_bin: int) -> np.ndarray:
 
 
 def _pick_last_min(values: np.ndarray, candidates: np.ndarray) -> int:
-    """Candidate with the smallest value; on ties the largest candidate."""
-    best = np.min(values)
-    return int(candidates[np.flatnonzero(values == best)[-1]])
+    """Candidate with the smallest value; ties (within 1e-9 relative) go to the largest.
+
+    The tolerance keeps the choice independent of summation order, so a vectorised and a
+    literal implementation agree.
+    """
+    best = float(np.min(values))
+    tied = values <= best + 1e-9 * abs(best) + 1e-300
+    return int(candidates[np.flatnonzero(tied)[-1]])
 
 
-def kl_divergence_fp8(hist: np.ndarray, i: int) -> float:
-    """KL(P || Q) of candidate ``i`` (threshold at the upper edge of bin ``i-1``).
+def kl_divergences_fp8(hist: np.ndarray, candidates: np.ndarray) -> np.ndarray:
+    """KL(P || Q) for each candidate ``i`` (threshold at the upper edge of bin ``i-1``).
 
-    Exposed for tests and studies; see the module docstring for P and Q.
+    Vectorised over all (candidate, bin) pairs at once; see the module docstring for P and
+    Q. Uses ``KL = (1/Sp) sum_j p_j log(p_j / q_j) + log(Sq / Sp)`` with unnormalised
+    ``p``, ``q``, ``Sp = sum(hist)`` (outliers are folded in, so P keeps all the mass) and
+    ``Sq = sum(hist[:i])`` (the expand step preserves each group's mass).
     """
     hist = np.asarray(hist, dtype=np.float64)
-    p = hist[:i].copy()
-    p[i - 1] += hist[i:].sum()
-    kept = hist[:i]
-    # Bin centres in FP8 units for scale T_i/448: (j + 0.5) * w * 448 / (i * w).
-    centers = (np.arange(i, dtype=np.float64) + 0.5) * (E4M3_MAX / i)
-    codes = fp8_e4m3_codes(centers)
+    candidates = np.asarray(candidates, dtype=np.int64)
+    cumulative = np.cumsum(hist)
+    total = cumulative[-1]
+    lengths = candidates
+    owner = np.repeat(np.arange(len(candidates)), lengths)  # candidate of each pair
+    starts = np.cumsum(lengths) - lengths
+    j = np.arange(owner.size) - np.repeat(starts, lengths)  # bin of each pair
+    i = candidates[owner]
+    # Bin centres in FP8 units for scale T_i / 448: (j + 0.5) * w * 448 / (i * w).
+    codes = fp8_e4m3_codes(((j + 0.5) * (E4M3_MAX / i)).astype(np.float32)).astype(np.int64)
+    group = owner * E4M3_POSITIVE_LEVELS + codes
+    kept = hist[j]
     nonempty = kept > 0
-    group_sum = np.bincount(codes, weights=kept, minlength=E4M3_POSITIVE_LEVELS)
-    group_nonempty = np.bincount(codes, weights=nonempty, minlength=E4M3_POSITIVE_LEVELS)
+    n_groups = len(candidates) * E4M3_POSITIVE_LEVELS
+    group_sum = np.bincount(group, weights=kept, minlength=n_groups)
+    group_nonempty = np.bincount(group, weights=nonempty, minlength=n_groups)
+    p = kept.copy()
+    last = j == i - 1
+    p[last] += total - cumulative[i[last] - 1]  # clipped values land in the last bin
     with np.errstate(divide="ignore", invalid="ignore"):
-        q = np.where(nonempty, group_sum[codes] / group_nonempty[codes], 0.0)
-    p_total, q_total = p.sum(), q.sum()
-    if p_total == 0 or q_total == 0:
-        return float("inf")
-    p /= p_total
-    q /= q_total
-    mask = p > 0
-    if np.any(q[mask] == 0):
-        return float("inf")
-    return float(np.sum(p[mask] * np.log(p[mask] / q[mask])))
+        q = np.where(nonempty, group_sum[group] / group_nonempty[group], 0.0)
+        terms = np.where(p > 0, p * np.log(p / q), 0.0)
+    kl = np.bincount(owner, weights=terms, minlength=len(candidates)) / total
+    sq = cumulative[candidates - 1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        kl = kl + np.log(sq / total)
+    impossible = np.bincount(owner, weights=(p > 0) & (q == 0), minlength=len(candidates)) > 0
+    kl[impossible | (sq == 0)] = np.inf
+    return kl
 
 
 def amax_entropy(stats: TensorStats, start_bin: int = START_BIN) -> float:
@@ -165,20 +182,25 @@ def amax_entropy(stats: TensorStats, start_bin: int = START_BIN) -> float:
     if stats.range is None:
         return 0.0
     candidates = _candidates(stats, start_bin)
-    divergences = np.array([kl_divergence_fp8(stats.hist, int(i)) for i in candidates])
-    best = _pick_last_min(divergences, candidates)
+    best = _pick_last_min(kl_divergences_fp8(stats.hist, candidates), candidates)
     return min(best * stats.bin_width, stats.amax)
 
 
-def mse_fp8(stats: TensorStats, thresholds: np.ndarray) -> np.ndarray:
-    """Mean squared FP8 fake-quantization error of the histogram for each threshold."""
+def mse_fp8(stats: TensorStats, thresholds: np.ndarray, block: int = 256) -> np.ndarray:
+    """Mean squared FP8 fake-quantization error of the histogram for each threshold.
+
+    Vectorised over blocks of ``block`` thresholds x all bins.
+    """
     centers = stats.bin_centers().astype(np.float32)
     weights = stats.hist.astype(np.float64)
     total = weights.sum()
+    thresholds = np.asarray(thresholds, dtype=np.float64)
     errors = np.empty(len(thresholds), dtype=np.float64)
-    for k, t in enumerate(thresholds):
-        diff = (fake_quantize(centers, float(t) / E4M3_MAX) - centers).astype(np.float64)
-        errors[k] = np.dot(weights, diff * diff) / total
+    for start in range(0, len(thresholds), block):
+        scales = (thresholds[start : start + block] / E4M3_MAX).astype(np.float32)[:, None]
+        quantized = fp8_e4m3_round(centers[None, :] / scales) * scales
+        diff = (quantized - centers[None, :]).astype(np.float64)
+        errors[start : start + block] = (diff * diff) @ weights / total
     return errors
 
 

@@ -39,6 +39,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Optional
 
 import numpy as np
 
@@ -51,8 +52,9 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 PIL_FORMATS = ("JPEG", "PNG", "BMP", "WEBP")
 DEFAULT_COUNT = 500
 
-Preprocess = Callable[["object"], np.ndarray]  # PIL.Image.Image (RGB) -> CHW float32
-Batch = tuple[np.ndarray, "np.ndarray | None", list[str]]
+Preprocess = Callable[[Any], np.ndarray]
+"""Takes a PIL RGB image, returns CHW float32 (``runtime_py.preprocess.Preprocessor`` fits)."""
+Batch = tuple[np.ndarray, Optional[np.ndarray], list[str]]
 
 
 @dataclass(frozen=True)
