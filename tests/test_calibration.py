@@ -617,3 +617,13 @@ def test_max_method_builds_no_histogram_and_records_none():
     stats = collect_statistics(model, ["r1"], data.iter_batches(2), histogram_bins=0)
     with pytest.raises(ValueError, match="needs a histogram"):
         cal.compute_amax(stats["r1"], "entropy")
+
+
+def test_item_digests_metadata_round_trip(image_folder):
+    data = open_calibration_data(image_folder, tiny_preprocess, count=2)
+    result = result_from_statistics({"r1": outlier_histogram()}, "max", len(data))
+    joined = ",".join(sorted(data.item_digests))
+    blob = calibration_to_safetensors(result, {}, {**METADATA, "item_digests": joined})
+    assert set(calibration_from_safetensors(blob).metadata["item_digests"].split(",")) == data.item_digests
+    with pytest.raises(CalibrationError, match="item_digests"):
+        calibration_to_safetensors(result, {}, {**METADATA, "item_digests": "not-a-digest"})

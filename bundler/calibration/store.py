@@ -123,8 +123,8 @@ def calibration_to_safetensors(
 ) -> bytes:
     """Serialise scales deterministically (same inputs, same bytes).
 
-    ``metadata`` gives ``data_digest``, ``data_source`` and ``recipe_digest``; method,
-    images, histogram bins and percentile come from ``result``.
+    ``metadata`` gives ``data_digest``, ``data_source``, ``recipe_digest`` and optionally
+    ``item_digests``; method, images, histogram bins and percentile come from ``result``.
     """
     full = _metadata(result, metadata)
     problems = _schema_problems(full)
