@@ -533,3 +533,34 @@ def test_crc_is_zlib_crc32(inspect_cpp, synthetic, tmp_path):
     (tmp_path / "c2.bundle").write_bytes(bytes(data))
     assert_rejected(inspect_cpp, tmp_path / "c2.bundle", "crc bit", "CRC")
     assert hashlib.sha256(corrupt.split(bytes(data))[2]).digest() == corrupt.read_header(bytes(data))["bundle_id"]
+
+
+def test_newer_minor_is_read(inspect_cpp, synthetic, tmp_path):
+    """docs/format.md: a reader of major 1 reads any minor; minors only add optional fields."""
+    def newer(m):
+        m["format"]["minor"] = 3
+        m["added_in_1_3"] = {"anything": [1, "two", None]}
+    out = corrupt.rewrite_manifest(synthetic["onnxruntime"], tmp_path / "n.bundle", newer, minor=3)
+    r = run_cpp(inspect_cpp, out, "--json", "--verify")
+    assert_clean(r, "newer minor")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["added_in_1_3"] == {"anything": [1, "two", None]}
+    # header and manifest must still agree on the version
+    out = corrupt.rewrite_manifest(synthetic["onnxruntime"], tmp_path / "n2.bundle", newer)
+    assert_rejected(inspect_cpp, out, "manifest minor differs from the header's", "differs from the header")
+
+
+def test_preprocess_member_is_validated(inspect_cpp, synthetic, tmp_path):
+    import zstandard
+
+    bad = dict(PREPROCESS, resize={"size": 331, "edge": "longer", "interpolation": "bicubic",
+                                   "antialias": True})
+    for what, raw in [("edge", msgpack.packb(bad)), ("not msgpack", b"\xc1"),
+                      ("spec_version 2", msgpack.packb(dict(PREPROCESS, spec_version=2)))]:
+        stored = zstandard.ZstdCompressor(write_content_size=True).compress(raw)
+        out = corrupt.replace_member(synthetic["onnxruntime"], tmp_path / "p.bundle", "preprocess.msgpack",
+                                     stored, raw_size=len(raw), sha256=hashlib.sha256(raw).hexdigest())
+        assert run_cpp(inspect_cpp, out, "--verify").returncode == 0   # the file itself is sound
+        r = run_cpp(inspect_cpp, out, "--preprocess")
+        assert_clean(r, what)
+        assert r.returncode == 1 and "preprocess" in r.stderr, (what, r.stderr)
