@@ -55,7 +55,7 @@ class MakeRequest:
     calib_stride: int = 1
     calib_method: str = "max"
     percentile: float = 99.99
-    calib_batch: int = 16
+    calib_batch: int = 8
     reference_data: Path | None = None
     reference_count: int = 8
     cache_dir: Path | None = None
