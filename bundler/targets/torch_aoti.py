@@ -1,0 +1,383 @@
+"""The torch-aoti target: the family's torch model compiled by AOTInductor into a package.
+
+Why this target exists: TensorRT cannot be installed on the GPU hosts this project can
+use, PyTorch can; an AOTInductor package (``torch._inductor.aoti_compile_and_package``) is
+a compiled, weights-included engine that loads without Python model code, so fp16 and
+FP8 bundles run and are measured on a real GPU and are checked against the same
+``reference.safetensors`` as every other engine.
+
+What is compiled, per precision (the torch model is ``bundler.torch_model``'s BN-folded fp32
+module; IO stays fp32, like the typed ONNX graphs):
+
+* fp32: the model as it is; fp16: ``.half()`` (Inductor picks channels-last for cuDNN);
+* fp8: ``bundler.torch_nhwc.rewrite_nhwc``: NHWC end to end, exactly the convolutions
+  ``bundler.graphs.fp8.select_fp8_convs`` selects in the bundle's graph as FP8 GEMMs (and,
+  in the fp8-depthwise variant, the depthwise ones quantized-dequantized), with the
+  activation and weight scales of the bundle's ``calibration.safetensors``.
+
+Exported with ``torch.export`` (batch dynamic over the family's range) and compiled with
+the Inductor options in ``DEFAULT_COMPILE_OPTIONS`` (never max-autotune: on xception41 it
+took over 9 minutes for a few percent). The package is a zip of generated C++/Triton code,
+compiled kernels (cubins), the shared library and the weights as raw constant blobs; it is
+loaded with ``torch._inductor.aoti_load_package``, which unpickles nothing.
+
+torch is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import platform
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from bundler.targets import TargetBuild
+from runtime_py.errors import BundleError, EngineUnavailableError, UsageError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import onnx
+    import torch
+
+    from bundler.families import Family
+
+BACKEND = "torch-aoti"
+MEMBER = "engine.pt2"
+#: Inductor options every package is compiled with (recorded in the manifest).
+DEFAULT_COMPILE_OPTIONS: dict[str, Any] = {"max_autotune": False}
+#: Options this target refuses: they cost minutes of compile time for little (module doc).
+REFUSED_COMPILE_OPTIONS = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwise")
+#: Compute capability of the first GPUs with FP8 tensor cores (Ada; Hopper is 9.0).
+FP8_MIN_CC = (8, 9)
+PRECISIONS = {"fp32": "float32", "fp16": "float16", "fp8": "float16"}
+
+
+def import_torch():
+    try:
+        import torch
+    except ImportError:
+        raise EngineUnavailableError(
+            "the torch-aoti target compiles the model with PyTorch, which is not installed: "
+            "pip install 'trt-bundle[export]' on a host with an NVIDIA GPU") from None
+    return torch
+
+
+def check_host(device: str = "cuda", precision: str | None = None, **_options: Any) -> None:
+    """Raise EngineUnavailableError unless this host can compile the package (before any
+    heavy work): torch importable, and for ``device="cuda"`` a visible CUDA GPU (of compute
+    capability >= 8.9 for fp8)."""
+    torch = import_torch()
+    if device not in ("cuda", "cpu"):
+        raise UsageError(f"torch-aoti device must be 'cuda' or 'cpu', not {device!r}")
+    if device == "cpu":
+        if precision not in (None, "fp32"):
+            raise UsageError(f"torch-aoti packages for the CPU are fp32 only (asked: {precision})")
+        return
+    if not torch.cuda.is_available():
+        raise EngineUnavailableError(
+            f"the torch-aoti target compiles for a CUDA GPU, and torch {torch.__version__} "
+            f"(CUDA {torch.version.cuda}) sees none on this host: build on a GPU host, or "
+            "use --backend onnxruntime")
+    cc = torch.cuda.get_device_capability()
+    if precision == "fp8" and cc < FP8_MIN_CC:
+        raise EngineUnavailableError(
+            f"fp8 GEMMs need compute capability >= 8.9; {torch.cuda.get_device_name()} is "
+            f"sm_{cc[0]}{cc[1]}")
+
+
+# --- which layers, which scales ---------------------------------------------------------
+
+def _producers(graph: onnx.GraphProto) -> dict[str, Any]:
+    return {out: n for n in graph.node for out in n.output}
+
+
+def activation_tensor(graph: onnx.GraphProto, node: onnx.NodeProto) -> str:
+    """The calibration name of ``node``'s data input, in the fp32, fp16 or fp8 graph.
+
+    The fp8 graph reads ``<t>_dequantized`` (QuantizeLinear -> DequantizeLinear over
+    ``t``); the fp16 graph reads a graph input through a boundary Cast. Both lead back
+    to the name calibration measured (``bundler.graphs.fp8`` module docstring).
+    """
+    producers = _producers(graph)
+    inputs = {i.name for i in graph.input}
+    name = node.input[0]
+    dq = producers.get(name)
+    if dq is not None and dq.op_type == "DequantizeLinear":
+        q = producers.get(dq.input[0])
+        if q is not None and q.op_type == "QuantizeLinear":
+            name = q.input[0]
+    cast = producers.get(name)
+    if cast is not None and cast.op_type == "Cast" and cast.input[0] in inputs:
+        name = cast.input[0]
+    return name
+
+
+def _weights_as_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` whose Convs read their weight initializers directly.
+
+    In the fp8 graph a selected Conv reads ``DequantizeLinear(<node>.weight_fp8)``, and
+    ``select_fp8_convs`` only considers Convs whose weight is an initializer: rewired this
+    way, the fp8 graph selects what its fp16 graph selected (same shapes, same names).
+    """
+    import onnx
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    inits = {i.name for i in copy.graph.initializer}
+    producers = _producers(copy.graph)
+    for node in copy.graph.node:
+        if node.op_type == "Conv" and len(node.input) > 1 and node.input[1] not in inits:
+            dq = producers.get(node.input[1])
+            if dq is not None and dq.op_type == "DequantizeLinear" and dq.input[0] in inits:
+                node.input[1] = dq.input[0]
+    return copy
+
+
+def fp8_layers(onnx_bytes: bytes, family: Family, calibration, variant: str | None = None,
+               *, variant_given: bool = False) -> tuple[str | None, dict[str, tuple[float, Any]]]:
+    """(variant, {ONNX node: (activation scale, weight scales)}) of the bundle's fp8 graph.
+
+    The nodes are ``select_fp8_convs`` on the bundle's graph with the family's recipe.
+    ``make`` does not pass the variant, so unless ``variant_given`` it is the one (base
+    recipe first) whose selection is exactly the calibration file's weight-scale set; a
+    calibration that matches no recipe of the family is refused.
+    """
+    import onnx
+
+    from bundler.graphs.fp8 import select_fp8_convs
+    from runtime_py.errors import FamilyError
+
+    model = _weights_as_initializers(onnx.load_model_from_string(onnx_bytes))
+    weight_keys = set(calibration.weight_scales)
+    candidates = [variant] if variant_given else [None, *family.variants]
+    tried = []
+    for v in candidates:
+        try:
+            selected = select_fp8_convs(model, family, v)
+        except FamilyError as exc:
+            tried.append(f"{v or 'base recipe'}: {exc}")
+            continue
+        if set(selected) == weight_keys:
+            break
+        tried.append(f"{v or 'base recipe'}: selects {len(selected)}, calibration has "
+                     f"{len(weight_keys)} weight scales")
+    else:
+        raise UsageError("the bundle's calibration matches no fp8 recipe of family "
+                         f"{family.name} in this graph: " + "; ".join(tried), problems=tried)
+    by_name = {n.name: n for n in model.graph.node}
+    layers, missing = {}, []
+    for node in selected:
+        tensor = activation_tensor(model.graph, by_name[node])
+        if tensor not in calibration.result.scale:
+            missing.append(tensor)
+            continue
+        layers[node] = (calibration.result.scale[tensor], calibration.weight_scales[node])
+    if missing:
+        raise UsageError(f"calibration.safetensors has no scale for {len(missing)} activation "
+                         f"tensor(s) (first: {missing[0]!r})", problems=missing)
+    return v, layers
+
+
+# --- the model that is compiled ---------------------------------------------------------
+
+def engine_model(torch_model: torch.nn.Module, precision: str,
+                 fp8: dict[str, tuple[float, Any]] | None = None, *, nhwc: bool | None = None,
+                 fast_accum: bool = False) -> tuple[torch.nn.Module, dict]:
+    """The module to export (fp32 NCHW in, fp32 out) and its fp8 padding record.
+
+    ``fp8``: module path -> (activation scale, weight scales) (paths from
+    ``torch_nhwc.map_nodes_to_modules``); 1x1 ones become FP8 GEMMs, depthwise ones are
+    quantized-dequantized. ``nhwc`` (default: only fp8) selects the NHWC rewrite.
+    """
+    torch = import_torch()
+    from bundler import torch_nhwc
+
+    if precision not in PRECISIONS:
+        raise UsageError(f"torch-aoti builds {', '.join(PRECISIONS)}, not {precision!r}")
+    dtype = getattr(torch, PRECISIONS[precision])
+    nhwc = (precision == "fp8") if nhwc is None else nhwc
+    if precision == "fp8" and not nhwc:
+        raise UsageError("the fp8 torch-aoti model is NHWC by construction")
+    if precision != "fp8" and fp8:
+        raise UsageError(f"fp8 layers given for a {precision} build")
+    padding: dict = {}
+    if not nhwc:
+        import copy
+
+        body = copy.deepcopy(torch_model).to(dtype).eval()
+        return torch_nhwc.EngineModule(body, dtype, False), padding
+    modules = dict(torch_model.named_modules())
+    pointwise, depthwise = {}, {}
+    for path, scales in (fp8 or {}).items():
+        conv = modules[path]
+        if conv.groups > 1:
+            depthwise[path] = scales
+            continue
+        pointwise[path] = scales
+        kpad, npad = torch_nhwc.padded(conv.in_channels), torch_nhwc.padded(conv.out_channels)
+        if (kpad, npad) != (conv.in_channels, conv.out_channels):
+            padding[path] = {"in": [conv.in_channels, kpad], "out": [conv.out_channels, npad]}
+    body = torch_nhwc.rewrite_nhwc(torch_model, dtype, fp8=pointwise, fp8_depthwise=depthwise,
+                                   fast_accum=fast_accum)
+    return torch_nhwc.EngineModule(body, dtype, True), padding
+
+
+def compile_package(module: torch.nn.Module, input_shape: tuple[int, ...], batch: dict,
+                    device: str, compile_options: dict, package_path: Path) -> Path:
+    """torch.export (dynamic batch min..max) + AOTInductor -> the package file."""
+    torch = import_torch()
+    lo, hi = int(batch["min"]), int(batch["max"])
+    example = torch.randn(max(2, lo) if hi >= 2 else 1, *input_shape, device=device)
+    dynamic = ({0: torch.export.Dim("batch", min=lo, max=hi)},) if hi > lo else None
+    module = module.to(device).eval()
+    with torch.no_grad():
+        program = torch.export.export(module, (example,), dynamic_shapes=dynamic)
+        path = torch._inductor.aoti_compile_and_package(
+            program, package_path=str(package_path), inductor_configs=dict(compile_options))
+    return Path(path)
+
+
+def smoke_check(package_path: Path, module: torch.nn.Module, input_shape: tuple[int, ...],
+                batch_sizes: list[int], device: str) -> dict[int, float]:
+    """Run the compiled package at ``batch_sizes`` against the eager module: max |diff|.
+
+    Catches a package that compiles but computes something else (a mis-lowered op) at build
+    time rather than in `bundle verify --numerics`.
+    """
+    torch = import_torch()
+    runner = torch._inductor.aoti_load_package(str(package_path))
+    diffs = {}
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    with torch.no_grad():
+        for n in batch_sizes:
+            x = torch.randn(n, *input_shape, generator=gen).to(device)
+            got = runner(x)
+            got = got[0] if isinstance(got, (list, tuple)) else got
+            ref = module(x)
+            if got.shape != ref.shape or not torch.isfinite(got).all():
+                raise BundleError(f"the compiled package gave {tuple(got.shape)} (finite: "
+                                  f"{bool(torch.isfinite(got).all())}) for batch {n}, expected "
+                                  f"{tuple(ref.shape)}")
+            diffs[n] = float((got - ref).abs().max())
+    return diffs
+
+
+def host_details(device: str) -> dict:
+    """torch/CUDA versions, compute capability and device name of the build host."""
+    torch = import_torch()
+    if device == "cpu":
+        return {"torch_version": str(torch.__version__), "cuda_version": None,
+                "compute_capability": None,
+                "device_name": platform.processor() or platform.machine() or "cpu",
+                "device": "cpu"}
+    cc = torch.cuda.get_device_capability()
+    return {"torch_version": str(torch.__version__), "cuda_version": torch.version.cuda,
+            "compute_capability": f"{cc[0]}.{cc[1]}",
+            "device_name": torch.cuda.get_device_name(), "device": "cuda"}
+
+
+def compile_options_for(compile_options: dict | None) -> dict:
+    options = {**DEFAULT_COMPILE_OPTIONS, **(compile_options or {})}
+    refused = [k for k in REFUSED_COMPILE_OPTIONS if options.get(k)]
+    if refused:
+        raise UsageError(f"torch-aoti refuses {', '.join(refused)}: it took over 9 minutes on "
+                         "xception41 for a few percent (see families/timm_xception/README.md)")
+    return options
+
+
+def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tuple[int, ...],
+                 batch: dict, *, fp8: dict[str, tuple[float, Any]] | None = None,
+                 device: str = "cuda", batch_sizes: list[int] | None = None,
+                 compile_options: dict | None = None, nhwc: bool | None = None,
+                 fast_accum: bool = False, log: Callable[[str], None] | None = None
+                 ) -> tuple[bytes, dict]:
+    """Compile one package from a torch model; returns (package bytes, engine details).
+
+    ``fp8`` maps *module paths* to (activation scale, weight scales); ``build_target``
+    derives it from the bundle. Used directly by ``benchmarks/aoti_bench.py``.
+    """
+    log = log or (lambda _msg: None)
+    check_host(device=device, precision=precision)
+    started = time.monotonic()
+    options = compile_options_for(compile_options)
+    module, padding = engine_model(torch_model, precision, fp8, nhwc=nhwc, fast_accum=fast_accum)
+    module = module.to(device)
+    lo, hi = int(batch["min"]), int(batch["max"])
+    sizes = sorted({int(b) for b in (batch_sizes or [lo, hi])})
+    if any(not lo <= b <= hi for b in sizes):
+        raise UsageError(f"batch sizes {sizes} are outside the family's range {lo}..{hi}")
+    if nhwc or precision == "fp8":
+        from bundler.torch_nhwc import check_rewrite
+
+        err = check_rewrite(torch_model.to(device), _example(input_shape, device))
+        log(f"NHWC rewrite matches the model (relative max difference {err:.2g})")
+    with tempfile.TemporaryDirectory(prefix="trt-bundle-aoti-") as tmp:
+        log(f"exporting and compiling the {precision} package for {device} "
+            f"(batch {lo}..{hi}, {options})")
+        path = compile_package(module, input_shape, batch, device, options, Path(tmp) / MEMBER)
+        diffs = smoke_check(path, module, input_shape, sizes, device)
+        log("compiled package vs eager module, max |diff|: "
+            + ", ".join(f"batch {n}: {d:.3g}" for n, d in diffs.items()))
+        data = path.read_bytes()
+    from bundler.quality import decimal
+
+    details = host_details(device)
+    details["compile_options"] = {
+        "inductor": options, "export": "torch.export, dynamic batch",
+        "layout": "nhwc" if (nhwc or precision == "fp8") else "nchw",
+        "dtype": PRECISIONS[precision],
+        **({"fp8_gemm": "torch._scaled_mm e4m3 x e4m3, tensorwise scales, bf16 out, "
+                        "per-channel scale and bias in the epilogue",
+            "fp8_fast_accum": bool(fast_accum)} if precision == "fp8" else {}),
+    }
+    if precision == "fp8":
+        from bundler.torch_nhwc import FP8_ALIGN
+
+        details["fp8_padding"] = {"align": FP8_ALIGN, "layers": padding}
+    details["batch_sizes"] = sizes
+    details["build_seconds"] = decimal(time.monotonic() - started)
+    log(f"package: {len(data) / 1e6:.1f} MB in {time.monotonic() - started:.0f} s")
+    return data, details
+
+
+def _example(input_shape: tuple[int, ...], device: str):
+    torch = import_torch()
+    return torch.randn(1, *input_shape, generator=torch.Generator().manual_seed(1)).to(device)
+
+
+def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] | None = None,
+                 torch_model: torch.nn.Module | None = None, precision: str | None = None,
+                 family: Family | None = None, calibration: bytes | None = None,
+                 device: str = "cuda", batch_sizes: list[int] | None = None,
+                 compile_options: dict | None = None, variant: str | None = None,
+                 nhwc: bool | None = None, fp8_fast_accum: bool = False) -> TargetBuild:
+    """The bundle's engine: its torch model in its precision, compiled (module docstring).
+
+    ``onnx_bytes`` is the bundle's typed graph: for fp8, the layers are selected on it
+    (``select_fp8_convs``) and their scales read from ``calibration`` (the bundle's
+    ``calibration.safetensors`` bytes). ``variant`` defaults to the recipe the calibration
+    file matches (make does not pass it).
+    """
+    if torch_model is None or precision is None or family is None:
+        raise UsageError("the torch-aoti target needs torch_model, precision and family "
+                         "(bundle make passes them)")
+    fp8 = None
+    if precision == "fp8":
+        if calibration is None:
+            raise UsageError("an fp8 torch-aoti engine needs the bundle's calibration.safetensors")
+        from bundler.calibration.store import calibration_from_safetensors
+        from bundler.torch_nhwc import map_nodes_to_modules
+
+        calib = calibration_from_safetensors(calibration)
+        chosen, layers = fp8_layers(onnx_bytes, family, calib, variant,
+                                    variant_given=variant is not None)
+        paths = map_nodes_to_modules(torch_model, list(layers))
+        fp8 = {paths[node]: scales for node, scales in layers.items()}
+        if log:
+            log(f"fp8 recipe {chosen or 'base'}: {len(fp8)} convolutions from the bundle's graph")
+    data, details = build_engine(torch_model, precision, tuple(family.input.shape), batch,
+                                 fp8=fp8, device=device, batch_sizes=batch_sizes,
+                                 compile_options=compile_options, nhwc=nhwc,
+                                 fast_accum=fp8_fast_accum, log=log)
+    return TargetBuild(backend=BACKEND, member=MEMBER, engine_bytes=data, details=details,
+                       tag=BACKEND)

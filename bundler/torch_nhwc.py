@@ -1,0 +1,414 @@
+"""The family's torch model rewritten for the torch-aoti engine: channels-last, FP8 GEMMs.
+
+Why a rewrite and not ``torch.compile`` of the model as it is: the FP8 recipe quantizes
+1x1 convolutions, and the fast FP8 kernels on Hopper are matrix multiplications
+(``torch._scaled_mm``, cuBLASLt) on row-major ``[pixels, channels]`` operands. A 1x1
+convolution on an NHWC tensor *is* such a product with no data movement, so this module
+keeps every activation NHWC (logically, not as a strided NCHW view) from the stem to the
+head:
+
+* 1x1 convolutions the recipe selects -> ``Fp8Pointwise``: quantize (fp32 division by the
+  calibrated per-tensor scale, saturate to +-448, round to nearest even, as ONNX
+  ``QuantizeLinear`` does), ``_scaled_mm`` against the per-output-channel quantized weight
+  (bf16 out: the unscaled products can exceed fp16's range, bf16's cannot, and its relative
+  precision is what the per-channel scale needs), then scale and bias in the epilogue.
+  Channel counts are padded to multiples of ``FP8_ALIGN`` inside the module (728 -> 736):
+  the pad is fused into the quantize (zeros), the weight's padded rows are zero, and the
+  output's padded columns are dropped by a free slice;
+* depthwise convolutions -> ``DepthwiseNHWC``: the k x k taps written as shifted slices,
+  multiplied and summed. Inductor turns that (with the zero padding, the preceding ReLU
+  and the *following quantize*) into one Triton kernel, which is the point: cuDNN's
+  depthwise kernel is opaque to Inductor, so the quantize after it would be a separate
+  pass over the activations. In the ``fp8-depthwise`` variant its input and weights are
+  quantized-dequantized as the ONNX graph does (there is no FP8 depthwise kernel);
+* other convolutions (the stem) -> ``ConvNHWC`` (cuDNN through a permuted view), other
+  1x1 convolutions -> ``PointwiseNHWC`` (a plain matmul), the global average pool ->
+  ``GlobalAvgPoolNHWC``.
+
+Modules whose ``forward`` only composes children, adds and applies activations are kept
+as they are. A module this rewrite does not know (a norm, a pool, an attention block) is
+refused by name; and ``check_rewrite`` compares the rewritten fp32 model with the original
+on one input, so a container whose ``forward`` is not layout-agnostic is caught too.
+
+Scales: exactly those of the bundle's ``calibration.safetensors``, stored and used as the
+ONNX graph stores them (``bundler.graphs.fp8.to_fp8``: cast to fp16, clamped up to fp16's
+smallest normal), and the weights are quantized with ``bundler.graphs.fp8.quantize_fp8``
+from the fp16 kernels: the FP8 operands are bit-identical to the graph's.
+
+torch is imported inside the functions (and the module classes are created on first use).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from runtime_py.errors import UsageError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+    import torch
+
+__all__ = ["FP8_ALIGN", "FP16_MIN_NORMAL", "padded", "onnx_scale", "map_nodes_to_modules",
+           "rewrite_nhwc", "EngineModule", "check_rewrite", "fake_quant_reference"]
+
+#: FP8 GEMM operands need both dimensions of the weight to be multiples of 16 (cuBLASLt).
+FP8_ALIGN = 16
+#: fp16's smallest normal number: the ONNX graph clamps its fp16 scales up to it.
+FP16_MIN_NORMAL = 2.0**-14
+E4M3_MAX = 448.0
+
+# Leaf modules that are the same computation in any layout.
+_LAYOUT_FREE = ("ReLU", "ReLU6", "SiLU", "GELU", "Sigmoid", "Hardswish", "Identity", "Dropout",
+                "Flatten", "Linear")
+
+
+def padded(n: int, align: int = FP8_ALIGN) -> int:
+    """``n`` rounded up to a multiple of ``align`` (728 -> 736)."""
+    return -(-int(n) // align) * align
+
+
+def onnx_scale(values: Any) -> np.ndarray:
+    """A scale as the fp8 ONNX graph stores it: float32 values of the clamped fp16 cast."""
+    import numpy as np
+
+    s = np.asarray(values, dtype=np.float64)
+    if not np.all(np.isfinite(s)) or np.any(s <= 0):
+        raise UsageError("fp8 scales must be finite and positive; recalibrate")
+    return np.maximum(s, FP16_MIN_NORMAL).astype(np.float16).astype(np.float32)
+
+
+# --- ONNX node -> torch module -----------------------------------------------------------
+
+def map_nodes_to_modules(model: torch.nn.Module, nodes: list[str],
+                         weights: Mapping[str, np.ndarray] | None = None) -> dict[str, str]:
+    """ONNX node name -> torch module path, for the selected convolutions.
+
+    The exporter names a parameter node by its module path (``bundler.export``), so the
+    name is looked up first. Should a node name not be a module path (another exporter),
+    ``weights`` (node -> fp32 kernel from the fp32 graph) is matched against every
+    convolution's kernel. Raises UsageError naming the nodes that match no module.
+    """
+    import numpy as np
+    import torch
+
+    convs = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Conv2d)}
+    found: dict[str, str] = {}
+    missing = []
+    for node in nodes:
+        path = node.removesuffix(".weight")
+        if path in convs:
+            found[node] = path
+            continue
+        if weights is not None and node in weights:
+            w = np.asarray(weights[node], np.float32)
+            hits = [n for n, m in convs.items()
+                    if tuple(m.weight.shape) == w.shape
+                    and np.allclose(m.weight.detach().float().cpu().numpy(), w, rtol=0, atol=1e-6)]
+            if len(hits) == 1:
+                found[node] = hits[0]
+                continue
+        missing.append(node)
+    if missing:
+        raise UsageError(f"{len(missing)} fp8-selected ONNX node(s) match no convolution of the "
+                         f"torch model (first: {missing[0]!r}); the exporter's naming changed",
+                         problems=missing)
+    return found
+
+
+# --- the modules -------------------------------------------------------------------------
+
+def _classes():
+    """The nn.Module classes, created once torch is imported (module docstring)."""
+    global _CLASSES
+    if _CLASSES is not None:
+        return _CLASSES
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    def quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """fp8(x / scale): fp32 division, saturation, round to nearest even (QuantizeLinear)."""
+        return torch.clamp(x.float() / scale, -E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+    def fake_quant(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """Quantize-dequantize, back in x's dtype (QuantizeLinear -> DequantizeLinear)."""
+        return (quantize(x, scale).float() * scale).to(x.dtype)
+
+    class Fp8Pointwise(nn.Module):
+        """1x1 convolution as an FP8 GEMM on NHWC activations (module docstring).
+
+        ``emulate``: compute the product in fp32 from the same FP8 operands (for hosts
+        without FP8 GEMMs, e.g. the CPU tests); the GPU path is ``torch._scaled_mm``.
+        """
+
+        def __init__(self, conv: nn.Conv2d, act_scale: float, weight_scale: Any,
+                     dtype: torch.dtype, emulate: bool = False, fast_accum: bool = False) -> None:
+            super().__init__()
+            import numpy as np
+
+            from bundler.graphs.fp8 import quantize_fp8
+
+            if conv.kernel_size != (1, 1) or conv.groups != 1 or conv.padding not in ((0, 0), "valid"):
+                raise UsageError(f"Fp8Pointwise takes 1x1 dense convolutions without padding, "
+                                 f"got {conv}")
+            cout, cin = conv.out_channels, conv.in_channels
+            self.cin, self.cout = cin, cout
+            self.kpad, self.npad = padded(cin), padded(cout)
+            self.stride = tuple(conv.stride)
+            self.dtype, self.emulate, self.fast_accum = dtype, emulate, fast_accum
+            w16 = conv.weight.detach().to(torch.float16).reshape(cout, cin).cpu().numpy()
+            ws = onnx_scale(weight_scale).reshape(-1)
+            if ws.shape[0] != cout:
+                raise UsageError(f"{ws.shape[0]} weight scales for a convolution of {cout} channels")
+            q = quantize_fp8(w16, ws.reshape(-1, 1))
+            wq = np.zeros((self.npad, self.kpad), np.uint8)
+            wq[:cout, :cin] = q.view(np.uint8)
+            self.register_buffer("weight_fp8", torch.from_numpy(wq).view(torch.float8_e4m3fn))
+            self.register_buffer("weight_scale", torch.from_numpy(ws.copy()))
+            bias = conv.bias.detach().float() if conv.bias is not None else torch.zeros(cout)
+            self.register_buffer("bias", bias.to(torch.float16).float())  # the fp16 graph's bias
+            self.register_buffer("act_scale", torch.tensor(float(onnx_scale(act_scale)),
+                                                           dtype=torch.float32))
+            self.register_buffer("one", torch.tensor(1.0, dtype=torch.float32))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            sh, sw = self.stride
+            if (sh, sw) != (1, 1):
+                x = x[:, ::sh, ::sw, :]
+            n, h, w, _ = x.shape
+            if self.kpad != self.cin:
+                x = F.pad(x, (0, self.kpad - self.cin))     # fused into the quantize below
+            q = quantize(x, self.act_scale).reshape(-1, self.kpad)
+            if self.emulate:
+                y = (q.float() @ self.weight_fp8.float().t()) * self.act_scale
+            else:
+                y = torch._scaled_mm(q, self.weight_fp8.t(), scale_a=self.act_scale,
+                                     scale_b=self.one, out_dtype=torch.bfloat16,
+                                     use_fast_accum=self.fast_accum)
+            y = y[:, :self.cout].float() * self.weight_scale + self.bias
+            return y.to(self.dtype).reshape(n, h, w, self.cout)
+
+    class DepthwiseNHWC(nn.Module):
+        """k x k depthwise convolution on NHWC as a sum of shifted slices (module docstring).
+
+        ``act_scale``/``weight_scale`` (fp8-depthwise): input and kernel are
+        quantized-dequantized with them first, like the graph's Q/DQ pairs.
+        """
+
+        def __init__(self, conv: nn.Conv2d, dtype: torch.dtype, act_scale: float | None = None,
+                     weight_scale: Any = None) -> None:
+            super().__init__()
+            import numpy as np
+
+            c = conv.out_channels
+            if not (conv.groups == conv.in_channels == c):
+                raise UsageError(f"DepthwiseNHWC takes depthwise convolutions, got {conv}")
+            if isinstance(conv.padding, str) or conv.padding_mode != "zeros":
+                raise UsageError(f"DepthwiseNHWC needs explicit zero padding, got {conv}")
+            self.kernel, self.stride = tuple(conv.kernel_size), tuple(conv.stride)
+            self.padding, self.dilation = tuple(conv.padding), tuple(conv.dilation)
+            w = conv.weight.detach().to(torch.float16)            # [C, 1, kh, kw]
+            if weight_scale is not None:
+                from bundler.graphs.fp8 import quantize_fp8
+
+                ws = onnx_scale(weight_scale).reshape(-1, 1, 1, 1)
+                q = quantize_fp8(w.cpu().numpy(), ws).astype(np.float32)
+                w = torch.from_numpy((q * ws).astype(np.float16))
+            self.register_buffer("weight", w.reshape(c, *self.kernel).permute(1, 2, 0)
+                                 .contiguous().to(dtype))          # [kh, kw, C]
+            bias = conv.bias.detach() if conv.bias is not None else torch.zeros(c)
+            self.register_buffer("bias", bias.to(torch.float16).to(dtype))
+            self.register_buffer("act_scale", None if act_scale is None else torch.tensor(
+                float(onnx_scale(act_scale)), dtype=torch.float32))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if self.act_scale is not None:
+                x = fake_quant(x, self.act_scale)
+            _, h, w, _ = x.shape
+            (kh, kw), (sh, sw) = self.kernel, self.stride
+            (ph, pw), (dh, dw) = self.padding, self.dilation
+            ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+            wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+            xp = F.pad(x, (0, 0, pw, pw, ph, ph)) if ph or pw else x
+            acc = None
+            for i in range(kh):
+                for j in range(kw):
+                    tap = xp[:, i * dh: i * dh + sh * (ho - 1) + 1: sh,
+                             j * dw: j * dw + sw * (wo - 1) + 1: sw, :]
+                    term = tap.float() * self.weight[i, j].float()
+                    acc = term if acc is None else acc + term
+            return (acc + self.bias.float()).to(x.dtype)
+
+    class PointwiseNHWC(nn.Module):
+        """A 1x1 convolution the recipe does not quantize: a matmul on NHWC."""
+
+        def __init__(self, conv: nn.Conv2d, dtype: torch.dtype) -> None:
+            super().__init__()
+            self.stride = tuple(conv.stride)
+            w = conv.weight.detach().reshape(conv.out_channels, conv.in_channels)
+            self.register_buffer("weight", w.to(dtype))
+            self.register_buffer("bias", None if conv.bias is None else conv.bias.detach().to(dtype))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            sh, sw = self.stride
+            if (sh, sw) != (1, 1):
+                x = x[:, ::sh, ::sw, :]
+            return F.linear(x, self.weight, self.bias)
+
+    class ConvNHWC(nn.Module):
+        """Any other convolution (the stem): cuDNN on the channels-last view of NHWC data."""
+
+        def __init__(self, conv: nn.Conv2d, dtype: torch.dtype) -> None:
+            super().__init__()
+            self.conv = conv.to(dtype)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.conv(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+
+    class GlobalAvgPoolNHWC(nn.Module):
+        def __init__(self, flatten: bool) -> None:
+            super().__init__()
+            self.flatten = flatten
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = x.float().mean(dim=(1, 2)).to(x.dtype)
+            return y if self.flatten else y[:, :, None, None]
+
+    class EngineModule(nn.Module):
+        """fp32 NCHW in, fp32 out; the body runs in ``dtype`` (NHWC when ``nhwc``)."""
+
+        def __init__(self, body: nn.Module, dtype: torch.dtype, nhwc: bool) -> None:
+            super().__init__()
+            self.body, self.dtype, self.nhwc = body, dtype, nhwc
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = x.to(self.dtype)
+            if self.nhwc:
+                x = x.permute(0, 2, 3, 1)
+            return self.body(x).float()
+
+    _CLASSES = dict(Fp8Pointwise=Fp8Pointwise, DepthwiseNHWC=DepthwiseNHWC,
+                    PointwiseNHWC=PointwiseNHWC, ConvNHWC=ConvNHWC,
+                    GlobalAvgPoolNHWC=GlobalAvgPoolNHWC, EngineModule=EngineModule,
+                    quantize=quantize, fake_quant=fake_quant)
+    return _CLASSES
+
+
+_CLASSES: dict | None = None
+
+
+def EngineModule(body, dtype, nhwc: bool):  # noqa: N802 - a factory named like the class
+    """The engine's top module (see ``_classes``): fp32 IO around a ``dtype`` body."""
+    return _classes()["EngineModule"](body, dtype, nhwc)
+
+
+def _global_pool(module) -> Any:
+    """The NHWC replacement of a global average pool, or None if ``module`` is not one."""
+    from torch import nn
+
+    kind = type(module).__name__
+    if kind == "SelectAdaptivePool2d" and getattr(module, "pool_type", "") == "avg":
+        flatten = not isinstance(getattr(module, "flatten", nn.Identity()), nn.Identity)
+        return _classes()["GlobalAvgPoolNHWC"](flatten)
+    if isinstance(module, nn.AdaptiveAvgPool2d) and module.output_size in (1, (1, 1)):
+        return _classes()["GlobalAvgPoolNHWC"](False)
+    return None
+
+
+def rewrite_nhwc(model: torch.nn.Module, dtype: torch.dtype, *,
+                 fp8: Mapping[str, tuple[float, Any]] | None = None,
+                 fp8_depthwise: Mapping[str, tuple[float, Any]] | None = None,
+                 emulate: bool = False, fast_accum: bool = False) -> torch.nn.Module:
+    """A copy of ``model`` (BN-folded, eval) computing NHWC in ``dtype``.
+
+    ``fp8``: module path -> (activation scale, per-channel weight scales) of the 1x1
+    convolutions to run as FP8 GEMMs; ``fp8_depthwise``: the same for depthwise
+    convolutions to quantize-dequantize (variant fp8-depthwise). Raises UsageError for a
+    module the rewrite does not know, or an fp8 path that is not a convolution it handles.
+    """
+    import copy
+
+    from torch import nn
+
+    cls = _classes()
+    fp8, fp8_depthwise = dict(fp8 or {}), dict(fp8_depthwise or {})
+    body = copy.deepcopy(model).eval()
+    modules = dict(body.named_modules())
+    unknown = sorted(set(fp8) - set(modules)) + sorted(set(fp8_depthwise) - set(modules))
+    if unknown:
+        raise UsageError(f"fp8 modules not in the model: {unknown[:5]}")
+    replaced: dict[str, nn.Module] = {}
+    problems = []
+    for name, m in modules.items():
+        if not name or any(name.startswith(r + ".") for r in replaced):
+            continue
+        new = None
+        if isinstance(m, nn.Conv2d):
+            depthwise = m.groups == m.in_channels == m.out_channels and m.groups > 1
+            if name in fp8:
+                new = cls["Fp8Pointwise"](m, *fp8[name], dtype=dtype, emulate=emulate,
+                                          fast_accum=fast_accum)
+            elif depthwise:
+                a, w = fp8_depthwise.get(name, (None, None))
+                new = cls["DepthwiseNHWC"](m, dtype, a, w)
+            elif name in fp8_depthwise:
+                problems.append(f"{name}: fp8-depthwise selects a convolution that is not depthwise")
+            elif m.kernel_size == (1, 1) and m.groups == 1 and m.padding in ((0, 0), "valid"):
+                new = cls["PointwiseNHWC"](m, dtype)
+            else:
+                new = cls["ConvNHWC"](m, dtype)
+        elif (pool := _global_pool(m)) is not None:
+            new = pool
+        elif not list(m.children()) and type(m).__name__ not in _LAYOUT_FREE:
+            problems.append(f"{name}: {type(m).__name__} has no NHWC form in the torch-aoti rewrite")
+        if new is not None:
+            replaced[name] = new
+    if problems:
+        raise UsageError("cannot build the torch-aoti engine model: " + "; ".join(problems[:5]),
+                         problems=problems)
+    for name, new in replaced.items():
+        parent_name, _, child = name.rpartition(".")
+        parent = body.get_submodule(parent_name) if parent_name else body
+        setattr(parent, child, new)
+    for name, m in body.named_modules():  # the leaves kept as they are (fc): to dtype
+        if (not list(m.children()) and name not in replaced
+                and not any(name.startswith(r + ".") for r in replaced)):
+            m.to(dtype)
+    return body.eval().requires_grad_(False)
+
+
+def check_rewrite(model: torch.nn.Module, x: torch.Tensor, rtol: float = 1e-3) -> float:
+    """Relative max difference between ``model`` and its fp32 NHWC rewrite on ``x``.
+
+    Raises UsageError above ``rtol``: then some container's ``forward`` is not
+    layout-agnostic (it concatenates, reshapes or pools along NCHW's axes).
+    """
+    import torch
+
+    nhwc = EngineModule(rewrite_nhwc(model, torch.float32), torch.float32, True).to(x.device)
+    with torch.no_grad():
+        ref = model(x).float()
+        got = nhwc(x)
+    err = float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-12))
+    if not math.isfinite(err) or err > rtol:
+        raise UsageError(f"the NHWC rewrite of the model differs from it (relative max "
+                         f"difference {err:.3g} > {rtol:g}): a module's forward depends on the "
+                         "NCHW layout; this family cannot use the torch-aoti fp8 engine as is")
+    return err
+
+
+def fake_quant_reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
+                         act_scale: float, weight_scale: Any) -> torch.Tensor:
+    """Reference of ``Fp8Pointwise`` on NHWC ``x`` [N,H,W,Cin] and kernel ``w`` [Cout,Cin]:
+    dequantized FP8 activations times dequantized FP8 weights, in fp32 (for tests)."""
+    import torch
+
+    cls = _classes()
+    a = torch.tensor(float(onnx_scale(act_scale)))
+    ws = torch.from_numpy(onnx_scale(weight_scale)).reshape(-1, 1)
+    xq = cls["quantize"](x.half(), a).float() * a
+    wq = torch.clamp(w.half().float() / ws, -E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float() * ws
+    y = xq @ wq.t()
+    return y if bias is None else y + bias.half().float()

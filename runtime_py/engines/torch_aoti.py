@@ -1,0 +1,223 @@
+"""torch-aoti runner: load the bundle's AOTInductor package and run it on a CUDA stream.
+
+Design:
+
+* ``activate`` imports torch (only here: importing ``runtime_py`` never needs it), checks
+  the manifest's record of the package against this host
+  (``runtime_py.compat.check_torch_aoti_target``: torch major.minor, CUDA major, compute
+  capability) *before* loading, then writes ``engine.pt2`` to a private temporary folder
+  (``aoti_load_package`` takes a path; the package unpickles nothing), loads it and
+  deletes the folder.
+* One non-blocking stream per runner; pinned host staging buffers for the input and
+  output at the max batch, device buffers per batch size: ``infer`` copies in, runs, copies
+  out and synchronizes its stream only.
+* CUDA graphs (``cuda_graphs=True``, default): captured the first time a batch size is
+  seen, after one warm-up run on that size (first runs allocate workspace and load
+  kernels, which must not be captured). The package is loaded with
+  ``run_single_threaded=True``, which AOTInductor provides for graph capture. A batch
+  size whose capture fails runs plainly afterwards, recorded in ``graph_failures``.
+* fp32 packages: TF32 is disabled for cuDNN and matmuls (process-wide torch flags; the
+  fp32 tolerance of ``runtime_py.numerics`` assumes IEEE fp32, as TensorRT plans built
+  without TF32 give).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from runtime_py.compat import GpuInfo, HostInfo, check_torch_aoti_target
+from runtime_py.engines.base import Runner
+from runtime_py.errors import BundleError, EngineUnavailableError, InferenceInputError
+from runtime_py.tensors import check_feeds
+
+MEMBER = "engine.pt2"
+
+
+def import_torch():
+    try:
+        import torch
+    except ImportError:
+        raise EngineUnavailableError(
+            "this bundle's engine is an AOTInductor package, which needs torch: "
+            "pip install torch (the version in the manifest's engine.details), or run the "
+            "bundle's ONNX with `--backend onnxruntime`") from None
+    return torch
+
+
+def torch_host() -> HostInfo:
+    """This host as torch sees it (versions and GPUs), for the compatibility check."""
+    torch = import_torch()
+    gpus: tuple[GpuInfo, ...] = ()
+    notes: list[str] = []
+    try:
+        if torch.cuda.is_available():
+            gpus = tuple(GpuInfo(torch.cuda.get_device_name(i), tuple(torch.cuda.get_device_capability(i)))
+                         for i in range(torch.cuda.device_count()))
+        else:
+            notes.append(f"torch {torch.__version__} sees no CUDA device")
+    except Exception as exc:  # a broken driver reads as "no GPU"
+        notes.append(f"CUDA probe failed: {exc}")
+    return HostInfo(gpus=gpus, torch_version=str(torch.__version__),
+                    torch_cuda_version=torch.version.cuda, notes=tuple(notes))
+
+
+class TorchAotiRunner(Runner):
+    """Options: device (int, default 0), cuda_graphs (bool, default True)."""
+
+    backend = "torch-aoti"
+
+    def __init__(self, bundle, device: int = 0, cuda_graphs: bool = True,
+                 **options: object) -> None:
+        super().__init__(bundle, device=device, cuda_graphs=cuda_graphs, **options)
+        self.device_index = int(device)
+        self.use_cuda_graphs = bool(cuda_graphs)
+        self.graph_failures: dict[int, str] = {}
+        self._lock = threading.Lock()
+        self._reset()
+
+    def _reset(self) -> None:
+        self._torch = None
+        self._model = None
+        self._device = None
+        self._stream = None
+        self._host_in = None
+        self._host_out = None
+        self._static: dict[int, tuple[Any, Any]] = {}   # batch -> (input, output) on device
+        self._graphs: dict[int, Any] = {}
+        self._on_cpu = False
+
+    # -- activation -------------------------------------------------------------------
+    def activate_impl(self) -> None:
+        torch = import_torch()
+        details = self.bundle.manifest["engine"]["details"]
+        check_torch_aoti_target(details, torch_host(), self.device_index)  # before loading
+        self._torch = torch
+        self._on_cpu = details.get("device") == "cpu"
+        try:
+            self._activate(torch)
+        except BaseException:
+            self.deactivate_impl()
+            raise
+
+    def _activate(self, torch) -> None:
+        if self.bundle.manifest["precision"] == "fp32":
+            torch.backends.cudnn.allow_tf32 = False
+            torch.backends.cuda.matmul.allow_tf32 = False
+        if self._on_cpu:
+            self._device = torch.device("cpu")
+            self.use_cuda_graphs = False
+        else:
+            self._device = torch.device("cuda", self.device_index)
+            torch.cuda.set_device(self._device)
+            self._stream = torch.cuda.Stream(self._device)
+        folder = Path(tempfile.mkdtemp(prefix="trt-bundle-pt2-"))
+        try:
+            path = folder / MEMBER
+            path.write_bytes(self.bundle.read_member(MEMBER))
+            kwargs = {} if self._on_cpu else {"device_index": self.device_index,
+                                              "run_single_threaded": self.use_cuda_graphs}
+            try:
+                self._model = torch._inductor.aoti_load_package(str(path), **kwargs)
+            except Exception as exc:
+                raise BundleError(f"torch {torch.__version__} could not load the bundle's "
+                                  f"AOTInductor package: {exc}") from None
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        spec_in, spec_out = self.input_metadata()[0], self.output_metadata()[0]
+        n = self.max_batch_size
+        pin = not self._on_cpu
+        self._host_in = torch.empty((n, *spec_in.shape[1:]), dtype=torch.float32, pin_memory=pin)
+        self._host_out = torch.empty((n, *spec_out.shape[1:]), dtype=torch.float32,
+                                     pin_memory=pin)
+
+    def deactivate_impl(self) -> None:
+        if self._stream is not None:
+            self._stream.synchronize()
+        self._reset()
+
+    # -- inference --------------------------------------------------------------------
+    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if not self.is_active:
+            raise BundleError("the torch-aoti runner is not active: call activate() first")
+        n = check_feeds(self.input_metadata(), feeds)
+        if not 1 <= n <= self.max_batch_size:
+            raise InferenceInputError(
+                f"batch {n} is outside this package's range 1..{self.max_batch_size}; the "
+                "model splits larger batches before they reach the engine")
+        with self._lock:
+            return self._infer(feeds, n)
+
+    def _run_model(self, x):
+        out = self._model(x)
+        return out[0] if isinstance(out, (list, tuple)) else out
+
+    def _infer(self, feeds: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
+        torch = self._torch
+        name_in, name_out = self.input_metadata()[0].name, self.output_metadata()[0].name
+        host_in, host_out = self._host_in[:n], self._host_out[:n]
+        host_in.numpy()[...] = feeds[name_in]
+        if self._on_cpu:
+            with torch.no_grad():
+                return {name_out: self._run_model(host_in).numpy().copy()}
+        with torch.cuda.stream(self._stream), torch.no_grad():
+            x, y = self._static_buffers(n)
+            x.copy_(host_in, non_blocking=True)
+            out = self._run(n, x, y)
+            host_out.copy_(out, non_blocking=True)
+        self._stream.synchronize()
+        return {name_out: host_out.numpy().copy()}
+
+    def run_device(self, n: int):
+        """Run the engine on its own device input buffer of batch ``n`` (for benchmarks:
+        engine time without host copies); returns the device output. Not synchronized."""
+        torch = self._torch
+        with torch.cuda.stream(self._stream), torch.no_grad():
+            x, y = self._static_buffers(n)
+            return self._run(n, x, y)
+
+    @property
+    def stream(self):
+        return self._stream
+
+    def _static_buffers(self, n: int):
+        if n not in self._static:
+            spec_in = self.input_metadata()[0]
+            x = self._torch.zeros((n, *spec_in.shape[1:]), dtype=self._torch.float32,
+                                  device=self._device)
+            self._static[n] = (x, None)
+        return self._static[n]
+
+    def _run(self, n: int, x, y):
+        if not self.use_cuda_graphs or n in self.graph_failures:
+            return self._run_model(x)
+        graph = self._graphs.get(n)
+        if graph is None:
+            graph = self._capture(n, x)
+            if graph is None:
+                return self._run_model(x)
+        graph.replay()
+        return self._static[n][1]
+
+    def _capture(self, n: int, x):
+        """Capture batch size ``n`` on the runner's stream; None (and the reason recorded)
+        when capture fails."""
+        torch = self._torch
+        try:
+            self._run_model(x)                        # warm-up: allocations, kernel loads
+            self._stream.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=self._stream):
+                y = self._run_model(x)
+        except Exception as exc:  # capture is an optimization: fall back, say why
+            self.graph_failures[n] = f"{type(exc).__name__}: {exc}"
+            torch.cuda.synchronize(self._device)
+            return None
+        self._static[n] = (x, y)
+        self._graphs[n] = graph
+        return graph
