@@ -299,6 +299,52 @@ def rebuild(bundle_path, backend, out_dir, timing_cache, hardware_compat, versio
         click.echo(bundle_id)
 
 
+# --- serve ---------------------------------------------------------------------------------
+
+@cli.command(context_settings=CONTEXT, epilog=EXIT_CODES_HELP)
+@click.argument("bundle_paths", metavar="BUNDLE...", nargs=-1, required=True,
+                type=click.Path(path_type=str))
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--max-batch", type=int, default=None,
+              help="Largest merged batch (default: each bundle's max batch).")
+@click.option("--max-delay-ms", default=2.0, show_default=True,
+              help="How long a batch waits for more requests.")
+@click.option("--max-queue", default=1024, show_default=True,
+              help="Queued requests per model before 503 (back-pressure).")
+@click.option("--backend", default="auto", show_default=True,
+              help="Engine for every bundle (auto: its own target when this host can).")
+@click.option("--threads", type=int, default=None, help="onnxruntime intra-op threads.")
+@handle_errors
+def serve(bundle_paths, host, port, max_batch, max_delay_ms, max_queue, backend, threads) -> None:
+    """Serve bundles over HTTP: the KServe v2 inference protocol.
+
+    \b
+    GET  /v2/health/live, /v2/health/ready, /v2, /v2/models/{name}[/ready]
+    POST /v2/models/{name}/infer      JSON tensors or the binary tensor data extension
+    POST /v2/models/{name}/classify   an encoded image as the body -> top-k labels
+    GET  /metrics                     Prometheus metrics
+    Each bundle is verified and loaded first; a model's name is its bundle name without
+    the target part (e.g. timm_xception-fp8-1.0.0).
+    """
+    import runtime_py
+    from runtime_py.server.run import serve as run_server
+
+    models = []
+    try:
+        for path in bundle_paths:
+            model = runtime_py.load(path, backend=backend, intra_op_threads=threads)
+            models.append(model)
+            click.echo(f"loaded {model.name} ({model.backend}, {model.id[:16]}) from {path}",
+                       err=True)
+        click.echo(f"serving on http://{host}:{port} (Ctrl-C stops)", err=True)
+        run_server(models, host=host, port=port, max_batch=max_batch,
+                   max_delay_ms=max_delay_ms, max_queue=max_queue)
+    finally:
+        for model in models:
+            model.close()
+
+
 # --- bench ---------------------------------------------------------------------------------
 
 def _int_list(text: str) -> list[int]:
@@ -354,6 +400,138 @@ def bench(bundle_path, batch_sizes, concurrency, backend, threads, min_seconds, 
                    f"{f['p90_ms']:>9.2f} {f['items_per_s']:>9.1f}  {f['note']}")
     for note in report["notes"]:
         click.echo(note)
+
+
+# --- eval / study ----------------------------------------------------------------------------
+
+def _format_quality(q: dict) -> str:
+    text = (f"top-1 agreement {q['top1_agreement']:.4f}, KL mean {q['kl_mean']:.3g}, "
+            f"max |diff| {q['max_abs_diff']:.3g}, NaN {q['nan_count']}, Inf {q['inf_count']}")
+    if "top1_accuracy" in q:
+        text += (f"; top-1 accuracy {q['top1_accuracy']:.4f} "
+                 f"(fp32 {q['reference_top1_accuracy']:.4f})")
+    return text
+
+
+@cli.command("eval", context_settings=CONTEXT, epilog=EXIT_CODES_HELP)
+@click.argument("bundle_path", metavar="BUNDLE", type=click.Path(path_type=str))
+@click.option("--data", required=True, type=click.Path(path_type=str),
+              help="Images: a folder (a folder per class gives labels), webdataset .tar "
+                   "shards (.cls labels) or a .safetensors of preprocessed tensors.")
+@click.option("--count", type=int, default=None, help="Images to evaluate on [default: 500].")
+@click.option("--stride", default=1, show_default=True, help="Take every n-th image.")
+@click.option("--reference", type=click.Path(path_type=str), default=None,
+              help="fp32 bundle of the same family and weights to compare with (default: "
+                   "rebuild the fp32 graph from the bundle's recorded weights).")
+@click.option("--checkpoint", type=click.Path(path_type=str), default=None,
+              help="Without --reference: the .safetensors checkpoint the bundle was made from "
+                   "(default: the Hugging Face cache).")
+@click.option("--backend", default="auto", show_default=True,
+              help="Engine to run the bundle on (auto: its own target when this host can).")
+@click.option("--allow-calibration-images", is_flag=True,
+              help="Evaluate even on images the bundle was calibrated on (flattering figures).")
+@click.option("--batch-size", default=8, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@handle_errors
+def eval_(bundle_path, data, count, stride, reference, checkpoint, backend,
+          allow_calibration_images, batch_size, as_json) -> None:
+    """Quality of a bundle against the family's fp32 reference, on data and stress inputs.
+
+    Top-1 against labels (when the data has them), top-1 agreement, mean KL, max |logit
+    difference| and NaN/Inf counts. Refuses images used for calibration unless
+    --allow-calibration-images.
+    """
+    from bundler.evaluate import evaluate_bundle
+
+    report = evaluate_bundle(bundle_path, data, reference=reference, count=count, stride=stride,
+                             backend=backend, allow_calibration_overlap=allow_calibration_images,
+                             batch_size=batch_size, checkpoint=checkpoint,
+                             progress=None if as_json else print_progress)
+    if as_json:
+        from bundler.study_report import _jsonable
+
+        echo_json(_jsonable(report))
+        return
+    ref, d = report["reference"], report["data"]
+    click.echo(f"{report['bundle']} ({report['engine']['backend']}) {report['id'][:16]}"
+               + ("  RANDOM WEIGHTS" if report["random_weights"] else ""))
+    click.echo(f"reference  {ref['kind']} {ref.get('name', '')}".rstrip())
+    click.echo(f"data       {d['images']} images from {d['source']}"
+               + (" (labelled)" if d["labelled"] else ""))
+    click.echo(f"calibration overlap: {report['calibration_overlap']['overlap']} "
+               f"({report['calibration_overlap']['checked']})")
+    click.echo(f"quality    {_format_quality(report['quality'])}")
+    totals = report["stress"]["totals"]
+    click.echo(f"stress     {totals['images']} inputs: {_format_quality(totals)}; non-finite on: "
+               f"{', '.join(totals['nonfinite_inputs']) or 'none'}")
+
+
+def _str_list(text: str) -> list[str]:
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
+@cli.command(context_settings=CONTEXT, epilog=EXIT_CODES_HELP)
+@click.argument("family")
+@click.option("--precisions", default="fp16,fp8", show_default=True,
+              help="Comma-separated; fp32 is always built as the reference.")
+@click.option("--variants", default="", help="Comma-separated recipe variants, e.g. fp8-depthwise.")
+@click.option("--batch-sizes", default="1,32", show_default=True, help="Comma-separated.")
+@click.option("--backend", default="onnxruntime", show_default=True,
+              type=click.Choice(["auto", "onnxruntime", "tensorrt", "torch-aoti"]),
+              help="Engine target of the bundles.")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Folder for the bundles, study.json, study.md and study.png.")
+@click.option("--random-weights", is_flag=True, help="Seeded random weights (smoke study).")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--checkpoint", type=click.Path(path_type=Path), default=None)
+@click.option("--calib-data", type=click.Path(path_type=Path), default=None)
+@click.option("--calib-count", type=int, default=None,
+              help="[default: 16 with --random-weights, else 500]")
+@click.option("--eval-data", type=click.Path(path_type=Path), default=None,
+              help="Held-out images to evaluate on (default: the bundles' reference inputs).")
+@click.option("--eval-count", type=int, default=None,
+              help="[default: 32 with --random-weights, else 500]")
+@click.option("--eval-stride", default=1, show_default=True)
+@click.option("--allow-calibration-images", is_flag=True)
+@click.option("--no-reuse", is_flag=True, help="Rebuild bundles even when the same ones exist.")
+@click.option("--json", "as_json", is_flag=True, help="Print study.json to stdout.")
+@handle_errors
+def study(family, precisions, variants, batch_sizes, backend, out_dir, random_weights, seed,
+          checkpoint, calib_data, calib_count, eval_data, eval_count, eval_stride,
+          allow_calibration_images, no_reuse, as_json) -> None:
+    """Build (or reuse) FAMILY's bundles and measure speed, size and quality side by side:
+
+    \b
+      bundle study timm_xception --random-weights --out study-cpu/
+      bundle study timm_xception --backend tensorrt --variants fp8-depthwise \\
+          --calib-data calib/ --eval-data val/ --out study-trt/
+
+    Writes study.json, study.md and study.png (with matplotlib) into --out.
+    """
+    import shlex
+
+    from bundler.study import run_study
+
+    result = run_study(
+        family, precisions=_str_list(precisions), variants=_str_list(variants),
+        batch_sizes=_int_list(batch_sizes), out_dir=out_dir, backend=backend,
+        random_weights=random_weights, seed=seed, checkpoint=checkpoint, calib_data=calib_data,
+        calib_count=calib_count, eval_data=eval_data, eval_count=eval_count,
+        eval_stride=eval_stride, allow_calibration_overlap=allow_calibration_images,
+        reuse=not no_reuse, command=shlex.join(["bundle"] + sys.argv[1:]),
+        progress=print_progress)
+    if as_json:
+        from bundler.study_report import _jsonable
+
+        echo_json(_jsonable(result))
+        return
+    for r in result["ratios"]:
+        click.echo(f"batch {r['batch_size']:>3} {r['boundary']:<12} {r['numerator']}/"
+                   f"{r['denominator']} time ratio {r['ratio']:.3f}x")
+    files = result["files"]
+    if "plot_skipped" in files:
+        click.echo(f"plot skipped: {files['plot_skipped']}")
+    click.echo(f"wrote {', '.join(files[k] for k in ('md', 'json', 'png') if k in files)}")
 
 
 def main() -> None:

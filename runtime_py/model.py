@@ -88,22 +88,23 @@ class Model:
         """Images (paths, bytes or PIL images) -> NCHW float32 batch via the bundle's spec."""
         return self.preprocessor.batch(list(images))
 
-    def top_k(self, logits: np.ndarray, k: int = 5) -> list[list[dict]]:
-        """Per row: the k most probable classes as {index, label, score} (softmax)."""
+    def top_k(self, logits: np.ndarray, k: int = 5) -> list[list[tuple[int, str, float]]]:
+        """Per row: the k most probable classes as (index, label, probability) (softmax)."""
         if k < 1:
             raise UsageError("top_k must be at least 1")
         probs = softmax(logits)
         k = min(k, probs.shape[-1])
         order = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
         labels = self.labels or []
-        return [[{"index": int(i), "label": labels[i] if i < len(labels) else str(int(i)),
-                  "score": float(row[i])} for i in idx] for row, idx in zip(probs, order)]
+        return [[(int(i), labels[i] if i < len(labels) else str(int(i)), float(row[i]))
+                 for i in idx] for row, idx in zip(probs, order)]
 
     def classify(self, images: Iterable, top_k: int = 5) -> list[list[dict]]:
-        """Top-k labels and scores for each image, through the bundle's preprocessing."""
+        """Top-k {index, label, score} for each image, through the bundle's preprocessing."""
         batch = self.preprocess(list(images))
         logits = self.infer(batch)[self.outputs[0].name]
-        return self.top_k(logits, top_k)
+        return [[{"index": i, "label": label, "score": score} for i, label, score in row]
+                for row in self.top_k(logits, top_k)]
 
     def close(self) -> None:
         self.runner.deactivate()
