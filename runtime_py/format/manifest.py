@@ -65,8 +65,32 @@ def decode_manifest(data: bytes) -> dict:
     return manifest
 
 
-def validate_manifest(manifest: dict) -> None:
-    """Raise ManifestError listing every schema violation."""
+def known_fields(manifest: dict) -> dict:
+    """`manifest` without the top-level and member-entry fields this reader's schema does
+    not know: what a reader checks of a manifest written by a newer minor version, which
+    may only add optional fields."""
+    from runtime_py.schemas import load_schema
+
+    schema = load_schema("manifest")
+    top = schema["properties"]
+    member_keys = top["members"]["items"]["properties"]
+    pruned = {k: v for k, v in manifest.items() if k in top}
+    if isinstance(pruned.get("members"), list):
+        pruned["members"] = [{k: v for k, v in m.items() if k in member_keys}
+                             if isinstance(m, dict) else m for m in pruned["members"]]
+    return pruned
+
+
+def validate_manifest(manifest: dict, minor: int | None = None) -> None:
+    """Raise ManifestError listing every schema violation.
+
+    A manifest of a newer minor (`minor` > this reader's) is checked on the fields this
+    reader knows; unknown fields are ignored, as docs/format.md promises.
+    """
+    from runtime_py.format.layout import FORMAT_MINOR
+
+    if minor is not None and minor > FORMAT_MINOR:
+        manifest = known_fields(manifest)
     problems = schema_problems("manifest", manifest)
     if problems:
         raise ManifestError(

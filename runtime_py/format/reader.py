@@ -239,7 +239,7 @@ def open_bundle(path: str | os.PathLike) -> Bundle:
                 "manifest sha256 does not match the bundle id in the header "
                 "(the manifest or the header is corrupt)")
         manifest = decode_manifest(manifest_bytes)
-        validate_manifest(manifest)
+        validate_manifest(manifest, minor=header.minor)
         fmt = manifest["format"]
         if (fmt["major"], fmt["minor"]) != (header.major, header.minor):
             raise ManifestError(
@@ -248,6 +248,9 @@ def open_bundle(path: str | os.PathLike) -> Bundle:
         names = [m["name"] for m in manifest["members"]]
         if len(set(names)) != len(names):
             raise ManifestError("manifest lists a member name twice")
+        if manifest["engine"]["member"] not in names:
+            raise ManifestError(f"engine member {manifest['engine']['member']!r} is not "
+                                "among the bundle's members")
         check_member_layout(manifest["members"], header.manifest_offset)
         return Bundle(path, header, manifest, manifest_bytes, mapped, fd)
     except BaseException:
