@@ -307,9 +307,11 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
     if any(not lo <= b <= hi for b in sizes):
         raise UsageError(f"batch sizes {sizes} are outside the family's range {lo}..{hi}")
     if nhwc or precision == "fp8":
+        import copy
+
         from bundler.torch_nhwc import check_rewrite
 
-        err = check_rewrite(torch_model.to(device), _example(input_shape, device))
+        err = check_rewrite(copy.deepcopy(torch_model).to(device), _example(input_shape, device))
         log(f"NHWC rewrite matches the model (relative max difference {err:.2g})")
     with tempfile.TemporaryDirectory(prefix="trt-bundle-aoti-") as tmp:
         log(f"exporting and compiling the {precision} package for {device} "
