@@ -1,0 +1,215 @@
+"""`bundle eval` and `bundle study` on real (random-weights) timm_xception bundles.
+
+Uses the session fixture `xception_bundles`; one fp8 bundle calibrated on a small image
+folder is made here by make's own fp8 stage (`bundler.make.fp8_graph`) from the fixture's
+fp32/fp16 graphs, so that the calibration-image refusal is tested on what make records.
+"""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from bundler.cli import cli
+from runtime_py.errors import UsageError
+
+
+def _write_images(folder, count, seed):
+    from PIL import Image
+
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:72, 0:96]
+    for i in range(count):
+        base = np.stack([(xx * (i + 2)) % 256, (yy * 3 + 40 * i) % 256, (xx + yy) % 256], -1)
+        img = np.clip(base + rng.normal(0, 20, base.shape), 0, 255).astype(np.uint8)
+        Image.fromarray(img).save(folder / f"img{i:02d}.png")
+
+
+@pytest.fixture(scope="module")
+def image_data(tmp_path_factory):
+    """calib/: 3 flat images; classes/: 2 classes x 2 images (labels 0, 0, 1, 1)."""
+    root = tmp_path_factory.mktemp("eval_images")
+    _write_images(root / "calib", 3, seed=1)
+    _write_images(root / "classes" / "a_first", 2, seed=2)
+    _write_images(root / "classes" / "b_second", 2, seed=3)
+    return root
+
+
+@pytest.fixture(scope="module")
+def calibrated_fp8(xception_bundles, image_data, tmp_path_factory):
+    """An fp8 bundle whose graph and calibration member make's fp8 stage made from calib/."""
+    import onnx
+
+    from bundler.families import load_family
+    from bundler.make import MakeRequest, fp8_graph
+    from bundler.writer import write_bundle
+    from runtime_py.format import open_bundle
+    from runtime_py.preprocess import Preprocessor
+
+    family = load_family("timm_xception")
+    graphs = {}
+    for precision in ("fp32", "fp16"):
+        with open_bundle(xception_bundles[precision]) as b:
+            graphs[precision] = onnx.load_from_string(b.read_member("model.onnx"))
+    with open_bundle(xception_bundles["fp8"]) as b:
+        members = {name: b.read_member(name) for name in b.member_names}
+        body = {k: v for k, v in b.manifest.items() if k not in ("format", "members")}
+        preprocess = Preprocessor(b.preprocess)
+    req = MakeRequest(family="timm_xception", precision="fp8", random_weights=True,
+                      calib_data=image_data / "calib", calib_count=3, calib_batch=3)
+    model, calibration, recipe, record = fp8_graph(family, req, graphs["fp32"], graphs["fp16"],
+                                                   preprocess, lambda stage, msg: None)
+    members.update({"model.onnx": model, "calibration.safetensors": calibration})
+    body.update(recipe=recipe, calibration=record)
+    out = tmp_path_factory.mktemp("calibrated_fp8")
+    path, _ = write_bundle(out / f"{body['name']}.bundle", body, members)
+    return path
+
+
+def _png_digests(folder):
+    import hashlib
+
+    return sorted(hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*.png"))
+
+
+def test_make_records_each_calibration_image(calibrated_fp8, image_data):
+    from bundler.evaluate import calibration_item_digests
+    from runtime_py.format import open_bundle
+
+    with open_bundle(calibrated_fp8) as b:
+        meta, digests = calibration_item_digests(b)
+    assert meta["data_source"] == "folder:calib" and meta["images"] == "3"
+    assert sorted(digests) == _png_digests(image_data / "calib")
+
+
+def test_synthetic_calibration_records_no_items(xception_bundles):
+    from bundler.evaluate import calibration_item_digests
+    from runtime_py.format import open_bundle
+
+    with open_bundle(xception_bundles["fp8"]) as b:
+        meta, digests = calibration_item_digests(b)
+    assert meta["data_source"].startswith("synthetic:") and digests is None
+
+
+def test_eval_refuses_calibration_images(calibrated_fp8, image_data):
+    from bundler.evaluate import evaluate_bundle
+
+    with pytest.raises(UsageError, match=r"3 of the 3 selected .*--allow-calibration-images"):
+        evaluate_bundle(calibrated_fp8, image_data / "calib")
+    # a copy of one calibration image among new ones is caught (identity is the content)
+    mixed = image_data / "mixed"
+    shutil.copytree(image_data / "classes" / "a_first", mixed)
+    shutil.copy(image_data / "calib" / "img01.png", mixed / "zz_copy.png")
+    with pytest.raises(UsageError, match="1 of the 3 selected"):
+        evaluate_bundle(calibrated_fp8, mixed)
+    # stride picks the images to check: every 2nd of calib/ is img00, img02 -> both refused
+    with pytest.raises(UsageError, match="2 of the 2 selected"):
+        evaluate_bundle(calibrated_fp8, image_data / "calib", stride=2)
+
+
+def test_cli_refuses_then_allows_calibration_images(calibrated_fp8, image_data, xception_bundles):
+    runner = CliRunner()
+    refused = runner.invoke(cli, ["eval", str(calibrated_fp8), "--data", str(image_data / "calib")])
+    assert refused.exit_code == 6, refused.output
+    assert "--allow-calibration-images" in refused.output
+
+    from bundler.evaluate import evaluate_bundle
+
+    report = evaluate_bundle(calibrated_fp8, image_data / "calib", count=1, stress=False,
+                             allow_calibration_overlap=True, reference=xception_bundles["fp32"])
+    assert report["calibration_overlap"]["overlap"] == 1
+    assert report["calibration_overlap"]["allowed"] is True
+    assert report["data"]["images"] == 1
+
+
+def test_eval_on_labelled_folder_per_class(xception_bundles, image_data):
+    """CLI --json, fp32 reference rebuilt from the bundle's recorded random-weights seed."""
+    result = CliRunner().invoke(cli, ["eval", str(xception_bundles["fp16"]), "--data",
+                                      str(image_data / "classes"), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["data"] == {**report["data"], "images": 4, "labelled": True,
+                              "source": "folder:classes"}
+    assert report["reference"]["kind"].startswith("fp32 graph rebuilt")
+    assert report["reference"]["check"]["checked"] is True
+    assert report["reference"]["check"]["max_abs_diff"] < 1e-3
+    q = report["quality"]
+    assert q["images"] == 4 and q["nan_count"] == 0 and q["inf_count"] == 0
+    assert 0.0 <= q["top1_accuracy"] <= 1.0 and 0.0 <= q["reference_top1_accuracy"] <= 1.0
+    assert q["top1_agreement"] == 1.0          # fp16 tracks fp32 on these
+    assert 0.0 <= q["kl_mean"] < 1e-3 and q["max_abs_diff"] < 0.1
+    stress = report["stress"]
+    assert stress["totals"]["images"] == 11 and len(stress["inputs"]) == 11
+    assert report["calibration_overlap"]["checked"] == "not calibrated"
+
+
+def test_eval_refuses_a_reference_of_other_weights(xception_bundles, image_data, tmp_path):
+    from bundler.evaluate import evaluate_bundle
+
+    with pytest.raises(UsageError, match="not fp32"):
+        evaluate_bundle(xception_bundles["fp8"], image_data / "classes",
+                        reference=xception_bundles["fp16"])
+
+
+def test_reuse_needs_the_same_inputs(xception_bundles):
+    from bundler.families import load_family
+    from bundler.make import MakeRequest
+    from bundler.study import expected_source, reuse_mismatch
+
+    family = load_family("timm_xception")
+    same = MakeRequest(family=family.name, precision="fp16", random_weights=True,
+                       calib_count=16, reference_count=4)
+    path = xception_bundles["fp16"]
+    assert reuse_mismatch(path, family, same, "onnxruntime", expected_source(family, same),
+                          None) is None
+    other_seed = MakeRequest(family=family.name, precision="fp16", random_weights=True, seed=1,
+                             calib_count=16, reference_count=4)
+    assert "weights differ" in reuse_mismatch(path, family, other_seed, "onnxruntime",
+                                              expected_source(family, other_seed), None)
+    more_refs = MakeRequest(family=family.name, precision="fp16", random_weights=True,
+                            calib_count=16, reference_count=8)
+    assert "reference inputs" in reuse_mismatch(path, family, more_refs, "onnxruntime",
+                                                expected_source(family, more_refs), None)
+
+
+def test_study_on_the_fixture_bundles(xception_bundles, tmp_path):
+    from bundler.study import run_study
+
+    for path in xception_bundles.values():
+        shutil.copy(path, tmp_path / path.name)
+    stages = []
+    study = run_study("timm_xception", precisions=("fp16", "fp8"), batch_sizes=(1,),
+                      out_dir=tmp_path, random_weights=True, calib_count=16, reference_count=4,
+                      timing={"warmup": 0, "min_calls": 1, "min_seconds": 0, "max_seconds": 0},
+                      command="pytest", progress=lambda stage, msg: stages.append(stage))
+    assert "build" not in stages and stages.count("reuse") == 3
+    assert {"reuse", "reference", "time", "eval", "report"} <= set(stages)
+
+    saved = json.loads((tmp_path / "study.json").read_text())
+    for key in ("family", "settings", "environment", "bundles", "ratios", "eval", "reference",
+                "stress_inputs", "files"):
+        assert key in saved
+    assert [b["label"] for b in saved["bundles"]] == ["fp32", "fp16", "fp8"]
+    assert all(b["reused"] for b in saved["bundles"])
+    for b in saved["bundles"]:
+        assert b["timings"][0]["boundary"] == "engine" and b["timings"][0]["batch_size"] == 1
+        assert b["sizes"]["bundle_bytes"] > 0 and b["sizes"]["engine_member"] == "model.onnx"
+        assert b["quality"]["nan_count"] == 0
+    assert saved["bundles"][2]["recipe"]["quantized_layers"] == 43
+    [ratio] = saved["ratios"]
+    assert (ratio["batch_size"], ratio["numerator"], ratio["denominator"]) == (1, "fp16", "fp8")
+    assert ratio["ratio"] == pytest.approx(ratio["fp16_ms"] / ratio["fp8_ms"])
+    env = saved["environment"]
+    assert env["command"] == "pytest" and env["cpu_cores"] >= 1 and env["packages"]["numpy"]
+
+    md = (tmp_path / "study.md").read_text()
+    assert "fp16 time / fp8 time" in md and "RANDOM WEIGHTS" in md and "## Environment" in md
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "matplotlib" in saved["files"]["plot_skipped"]
+    else:
+        assert (tmp_path / "study.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
