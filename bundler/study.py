@@ -299,6 +299,8 @@ def environment(command: str | None) -> dict:
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "cpu": cpu or platform.processor() or "unknown",
         "cpu_cores": os.cpu_count(), "cpu_cores_usable": usable,
+        "load_average": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg")
+        else None,
         "platform": platform.platform(), "python": platform.python_version(),
         "gpus": [f"{g.name} (sm_{g.compute_capability[0]}{g.compute_capability[1]})"
                  for g in host.gpus],
@@ -427,6 +429,7 @@ def run_study(family: str, *, precisions: Sequence[str] = ("fp16", "fp8"),
     ref_logits = logits_over(ref.infer, inputs.batches())
     ref_stress = logits_over(ref.infer, split_batches(inputs.stress, eval_batch))
 
+    env = environment(command)  # before timing: its load average is what timing starts under
     bundles = [measure_bundle(p, inputs, ref_logits, ref_stress, batch_sizes, timing,
                               p is reference, progress) for p in planned]
     for b in bundles:
@@ -444,7 +447,7 @@ def run_study(family: str, *, precisions: Sequence[str] = ("fp16", "fp8"),
         "reference": ref.record,
         "eval": inputs.description,
         "stress_inputs": list(inputs.stress_names),
-        "environment": environment(command),
+        "environment": env,
         "bundles": bundles,
         "ratios": speed_ratios(bundles, batch_sizes),
     }

@@ -136,6 +136,9 @@ def render_markdown(study: dict) -> str:
 
     out += ["## Environment", ""]
     out += [f"- CPU: {env['cpu']} ({env['cpu_cores']} cores, {env['cpu_cores_usable']} usable)",
+            f"- Load average (1, 5, 15 min) when timing started: "
+            f"{', '.join(map(str, env.get('load_average') or [])) or 'unknown'} "
+            "(other processes on the host slow every bundle, not the ratios alone)",
             f"- GPU: {', '.join(env['gpus']) or 'none visible'}",
             f"- Platform: {env['platform']}, Python {env['python']}",
             "- Engines: " + ", ".join(f"{k} {v}" for k, v in sorted(env["engines"].items()) if v),

@@ -213,3 +213,35 @@ def test_study_on_the_fixture_bundles(xception_bundles, tmp_path):
         assert "matplotlib" in saved["files"]["plot_skipped"]
     else:
         assert (tmp_path / "study.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_time_model_uses_device_timings_when_the_runner_offers_them():
+    from bundler.study import CPU_TIMING, GPU_TIMING, speed_ratios, time_model
+    from runtime_py.tensors import TensorSpec
+
+    class GpuRunner:
+        def device_timings(self, batch_size, iterations, warmup):
+            return {"graph_replay": [0.001 * batch_size] * iterations,
+                    "with_copies": [0.002 * batch_size] * iterations}
+
+        def infer(self, feeds):
+            raise AssertionError("a GPU runner with device_timings is not timed through infer")
+
+    class FakeModel:
+        runner = GpuRunner()
+        inputs = [TensorSpec("input", "float32", ("batch", 3, 4, 4))]
+
+    timing = {**CPU_TIMING, **GPU_TIMING, "iterations": 5}
+    figures = time_model(FakeModel(), [1, 4], timing)
+    assert [(f["boundary"], f["batch_size"], f["calls"]) for f in figures] == [
+        ("graph_replay", 1, 5), ("with_copies", 1, 5), ("graph_replay", 4, 5), ("with_copies", 4, 5)]
+    assert figures[2]["median_ms"] == pytest.approx(4.0)
+
+    slower = [dict(f, median_ms=f["median_ms"] * 1.25) for f in figures]
+    bundles = [{"label": "fp16", "precision": "fp16", "variant": None, "timings": slower},
+               {"label": "fp8", "precision": "fp8", "variant": None, "timings": figures},
+               {"label": "fp8-depthwise", "precision": "fp8", "variant": "fp8-depthwise",
+                "timings": figures}]
+    ratios = speed_ratios(bundles, [1, 4])
+    assert len(ratios) == 8  # 2 fp8 bundles x 2 batch sizes x 2 boundaries
+    assert all(r["ratio"] == pytest.approx(1.25) for r in ratios)
