@@ -195,14 +195,21 @@ def run(args) -> int:
         return 2
     log(f"host: {torch.cuda.get_device_name()} cc {torch.cuda.get_device_capability()}, torch "
         f"{torch.__version__}, CUDA {torch.version.cuda}; weights {digest[:12]}")
-    spec = preprocess_spec(family, model)
-    req = MakeRequest(family=FAMILY, precision="fp32", reference_count=args.eval_count)
-    inputs, source = reference_inputs(family, req, Preprocessor(spec))
-    with torch.no_grad():
-        gpu_model = model.cuda().eval()
-        ref = torch.cat([gpu_model(torch.from_numpy(inputs[i:i + 16]).cuda()).float().cpu()
-                         for i in range(0, len(inputs), 16)]).numpy()
-        model = model.cpu()
+    cache = Path(args.ref_cache) if args.ref_cache else None
+    if cache is not None and cache.is_file():
+        with np.load(cache) as z:
+            inputs, ref, source = z["inputs"], z["ref"], str(z["source"])
+    else:
+        spec = preprocess_spec(family, model)
+        req = MakeRequest(family=FAMILY, precision="fp32", reference_count=args.eval_count)
+        inputs, source = reference_inputs(family, req, Preprocessor(spec))
+        with torch.no_grad():
+            gpu_model = model.cuda().eval()
+            ref = torch.cat([gpu_model(torch.from_numpy(inputs[i:i + 16]).cuda()).float().cpu()
+                             for i in range(0, len(inputs), 16)]).numpy()
+            model = model.cpu()
+        if cache is not None:
+            np.savez(cache, inputs=inputs, ref=ref, source=np.array(source))
     log(f"fp32 reference on {len(inputs)} inputs from {source} ({time.monotonic() - t0:.0f} s)")
     name_in = family.input.name
     batch = {"min": family.input.batch.min, "opt": family.input.batch.opt,
@@ -246,6 +253,16 @@ def run(args) -> int:
         runner.deactivate()
         results[variant] = r
         log(f"   ({time.monotonic() - t0:.0f} s elapsed)")
+    if args.json:
+        with open(args.json, "a") as f:
+            for v, r in results.items():
+                f.write(json.dumps({"variant": v, **r}, sort_keys=True) + "\n")
+    print_table(results)
+    log(f"total {time.monotonic() - t0:.0f} s")
+    return 0
+
+
+def print_table(results: dict) -> None:
     base = results.get("fp16")
     log("\n| engine | size MB | b1 engine ms | b32 engine ms | b1 +copies ms | b32 +copies ms "
         "| fp16/x b1 | fp16/x b32 | top-1 vs fp32 | max abs vs fp32 |")
@@ -256,10 +273,6 @@ def run(args) -> int:
         log(f"| {v} | {r['size_mb']:.1f} | {r['engine_ms_b1']:.3f} | {r['engine_ms_b32']:.3f} | "
             f"{r['copies_ms_b1']:.3f} | {r['copies_ms_b32']:.3f} | {s1} | {s32} | "
             f"{r['top1'] * 100:.1f}% | {r['max_abs']:.3g} |")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1, sort_keys=True))
-    log(f"total {time.monotonic() - t0:.0f} s")
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -276,8 +289,15 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--iters", type=int, default=200)
     pr.add_argument("--eval-count", type=int, default=128)
     pr.add_argument("--rows", type=int, default=15)
-    pr.add_argument("--json")
+    pr.add_argument("--json", help="append one JSON line per engine to this file")
+    pr.add_argument("--ref-cache", help="npz of the fp32 reference, shared by runs")
+    pt = sub.add_parser("table", help="the table of the JSON lines that runs appended")
+    pt.add_argument("json")
     args = p.parse_args(argv)
+    if args.cmd == "table":
+        rows = [json.loads(line) for line in Path(args.json).read_text().splitlines() if line]
+        print_table({r.pop("variant"): r for r in rows})
+        return 0
     if args.cmd == "prepare":
         prepare(args.bundle_dir, args.out, args.seed)
         return 0
