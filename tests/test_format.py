@@ -427,11 +427,9 @@ def test_newer_minor_is_read(tmp_path, sound):
             assert b.read_member(name) == raw
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "format.md: minors only add optional manifest fields and a reader of major 1 reads "
-    "any minor; but the schema has additionalProperties: false, so a 1.1 manifest with a "
-    "new optional field is refused by this 1.0 reader. Reported to the lead."))
 def test_newer_minor_with_new_optional_field_is_read(tmp_path, sound):
+    """Minors only add optional fields: a 1.1 manifest with a field this reader does not
+    know opens; the same field in a 1.0 manifest is refused by the schema."""
     def bump(m):
         m["format"]["minor"] = 1
         m["signature"] = "added in 1.1"
@@ -439,6 +437,11 @@ def test_newer_minor_with_new_optional_field_is_read(tmp_path, sound):
     out = corrupt.rewrite_manifest(sound, tmp_path / "minor.bundle", bump, minor=1)
     with open_bundle(out) as b:
         b.verify()
+        assert b.format_version == (1, 1)
+    out = corrupt.rewrite_manifest(sound, tmp_path / "same.bundle",
+                                   lambda m: m.update(signature="not in 1.0"))
+    with pytest.raises(ManifestError, match="signature"):
+        open_bundle(out)
 
 
 def test_header_and_manifest_versions_must_agree(tmp_path, sound):
