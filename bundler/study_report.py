@@ -149,7 +149,7 @@ def render_markdown(study: dict) -> str:
                     "reused" if b["reused"] else f"built ({b['rebuild_reason']})"]
                    for b in bundles])
     plot = study.get("files", {}).get("png")
-    out += ["", f"![latency per batch size](study.png)" if plot else "", ""]
+    out += ["", "![latency per batch size](study.png)" if plot else "", ""]
     return "\n".join(out)
 
 

@@ -189,6 +189,7 @@ def test_study_on_the_fixture_bundles(xception_bundles, tmp_path):
     assert {"reuse", "reference", "time", "eval", "report"} <= set(stages)
 
     saved = json.loads((tmp_path / "study.json").read_text())
+    assert saved["files"] == study["files"] and saved["ratios"] == study["ratios"]
     for key in ("family", "settings", "environment", "bundles", "ratios", "eval", "reference",
                 "stress_inputs", "files"):
         assert key in saved
@@ -208,11 +209,12 @@ def test_study_on_the_fixture_bundles(xception_bundles, tmp_path):
     md = (tmp_path / "study.md").read_text()
     assert "fp16 time / fp8 time" in md and "RANDOM WEIGHTS" in md and "## Environment" in md
     try:
-        import matplotlib  # noqa: F401
+        import matplotlib
     except ImportError:
         assert "matplotlib" in saved["files"]["plot_skipped"]
     else:
         assert (tmp_path / "study.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert matplotlib.__version__ in saved["environment"]["packages"]["matplotlib"]
 
 
 def test_time_model_uses_device_timings_when_the_runner_offers_them():
