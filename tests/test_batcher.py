@@ -267,3 +267,22 @@ def test_bad_settings_are_refused():
         Batcher(model, max_batch_size=9)
     with pytest.raises(UsageError, match="max queue"):
         Batcher(model, max_queue=0)
+
+
+def test_outputs_aliasing_the_reused_batch_buffer_are_detached():
+    class Identity(ToyModel):
+        def infer(self, feeds):
+            super().infer(feeds)
+            return {"logits": feeds["input"][:, 0, 0, :]}   # a view of the batch input
+
+    model = Identity(max_batch_size=8)
+    with Batcher(model, max_delay_ms=60_000) as b:
+        batches = []
+        for k in range(2):      # two merged batches through the same reused buffer
+            xs = [image(10 * k + i) for i in range(8)]
+            futs = [b.submit({"input": x}) for x in xs]
+            batches.append((xs, [f.result(TIMEOUT)["logits"] for f in futs]))
+    assert model.calls == [8, 8]
+    for xs, outs in batches:
+        for x, out in zip(xs, outs):
+            np.testing.assert_array_equal(out, x[:, 0, 0, :])   # batch 1 not overwritten
