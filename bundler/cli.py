@@ -137,7 +137,8 @@ def format_summary(s: dict) -> list[str]:
 def verify(path: str, as_json: bool, numerics: bool, backend: str | None) -> None:
     """Check structure, schema, every member hash and the bundle id.
 
-    Exit 0 when sound; exit 1 with one line per problem otherwise.
+    Exit 0 when sound; exit 1 with one line per problem when the bundle opens but a check
+    fails; exit 3 or 4 when the file is not a readable bundle at all.
     """
     from bundler.inspect import verify_report
 
@@ -151,8 +152,9 @@ def verify(path: str, as_json: bool, numerics: bool, backend: str | None) -> Non
             click.echo(f"  checked: {check}")
     else:
         for problem in report["problems"]:
-            click.echo(f"{path}: {problem}", err=True)
-    sys.exit(0 if report["ok"] else 1)
+            click.echo(problem if problem.startswith(f"{path}: ") else f"{path}: {problem}",
+                       err=True)
+    sys.exit(report["exit_code"])
 
 
 # --- families / make ------------------------------------------------------------------------

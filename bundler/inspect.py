@@ -38,11 +38,16 @@ def verify_report(path: str | os.PathLike, numerics: bool = False, backend: str 
     Structure, header, manifest schema and id are checked on open; then every member's
     size and sha256; with `numerics`, the reference inputs are run through the engine.
     """
-    report: dict = {"path": str(path), "id": None, "ok": False, "problems": [], "checks": []}
+    report: dict = {"path": str(path), "id": None, "ok": False, "problems": [], "checks": [],
+                    "exit_code": 1}
     try:
         bundle = open_bundle(path)
     except BundleError as exc:
+        # Not a bundle at all (missing, a directory, wrong magic...): the error's own exit
+        # code, as for every other command, rather than "verify found problems".
         report["problems"] = exc.problems
+        report["exit_code"] = exc.exit_code
+        report["opened"] = False
         return report
     with bundle:
         report["id"] = bundle.id
@@ -68,4 +73,6 @@ def verify_report(path: str | os.PathLike, numerics: bool = False, backend: str 
                 else:
                     report["problems"] += [f"numerics: {r}" for r in numerics_report.reasons]
     report["ok"] = not report["problems"]
+    if report["ok"]:
+        report["exit_code"] = 0
     return report

@@ -249,12 +249,11 @@ def test_verify_bad_file(bad_files, case):
     assert verify_report(path)["ok"] is False
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "`bundle verify` exits 1 for every failure, also when the file cannot be opened at all; "
-    "its --help says 3 = malformed bundle, 4 = path not found. Fix proposed to the lead "
-    "(verify_report keeps the open error's exit_code, the CLI exits with it)."))
 @pytest.mark.parametrize("case,code", [("missing", 4), ("directory", 4), ("empty", 3),
                                        ("wrong magic", 3)])
 def test_verify_exit_code_of_unopenable_file(bad_files, case, code):
+    """A file that is not a bundle at all gets the error's own code, not 1 (problems)."""
     path, _, _ = bad_files[case]
-    assert run("verify", str(path)).exit_code == code
+    result = run("verify", str(path))
+    assert result.exit_code == code
+    assert result.stderr.count(str(path)) == 1

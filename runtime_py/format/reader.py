@@ -218,14 +218,14 @@ def open_bundle(path: str | os.PathLike) -> Bundle:
     if not path.exists():
         raise BundleNotFoundError(f"{path}: no such file")
     if path.is_dir():
-        raise BundleNotFoundError(f"{path} is a directory, not a bundle file")
+        raise BundleNotFoundError(f"{path}: is a directory, not a bundle file")
     if not path.is_file():
-        raise BundleNotFoundError(f"{path} is not a regular file")
+        raise BundleNotFoundError(f"{path}: not a regular file")
     fd = os.open(path, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
         if size == 0:
-            raise TruncatedBundleError(f"{path} is empty (0 bytes): not a bundle")
+            raise TruncatedBundleError(f"{path}: empty file (0 bytes), not a bundle")
         mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
     except BaseException:
         os.close(fd)
