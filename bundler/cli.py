@@ -157,6 +157,31 @@ def verify(path: str, as_json: bool, numerics: bool, backend: str | None) -> Non
     sys.exit(report["exit_code"])
 
 
+def tensorrt_options(func):
+    """The TensorRT build options shared by `make` and `rebuild`."""
+    for option in reversed([
+        click.option("--timing-cache", type=click.Path(path_type=Path), default=None,
+                     help="tensorrt: persistent timing cache file (read and updated)."),
+        click.option("--hardware-compat", type=click.Choice(["none", "ampere+"]), default=None,
+                     help="tensorrt: build a plan that runs on any Ampere or newer GPU."),
+        click.option("--version-compatible", is_flag=True, default=None,
+                     help="tensorrt: build a version-compatible plan."),
+        click.option("--workspace-mib", type=int, default=None,
+                     help="tensorrt: workspace limit."),
+    ]):
+        func = option(func)
+    return func
+
+
+def target_options(timing_cache, hardware_compat, version_compatible, workspace_mib) -> dict:
+    """Only the options given: the onnxruntime target refuses any build option."""
+    return {k: v for k, v in {
+        "timing_cache": timing_cache, "hardware_compat": hardware_compat,
+        "version_compatible": version_compatible,
+        "workspace_bytes": workspace_mib * (1 << 20) if workspace_mib else None}.items()
+        if v is not None}
+
+
 # --- families / make ------------------------------------------------------------------------
 
 @cli.command(context_settings=CONTEXT)
@@ -215,13 +240,7 @@ def print_progress(stage: str, message: str) -> None:
               help="Images for the reference member and the quality summary (default: a "
                    "seeded synthetic set, recorded as such).")
 @click.option("--reference-count", default=8, show_default=True)
-@click.option("--timing-cache", type=click.Path(path_type=Path), default=None,
-              help="tensorrt: persistent timing cache file (read and updated).")
-@click.option("--hardware-compat", type=click.Choice(["none", "ampere+"]), default=None,
-              help="tensorrt: build a plan that runs on any Ampere or newer GPU.")
-@click.option("--version-compatible", is_flag=True, default=None,
-              help="tensorrt: build a version-compatible plan.")
-@click.option("--workspace-mib", type=int, default=None, help="tensorrt: workspace limit.")
+@tensorrt_options
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @handle_errors
 def make(family: str, precision: str, variant, backend, out_dir, checkpoint, random_weights,
@@ -238,18 +257,14 @@ def make(family: str, precision: str, variant, backend, out_dir, checkpoint, ran
     """
     from bundler.make import MakeRequest, make_bundle
 
-    target_options = {k: v for k, v in {
-        "timing_cache": timing_cache, "hardware_compat": hardware_compat,
-        "version_compatible": version_compatible,
-        "workspace_bytes": workspace_mib * (1 << 20) if workspace_mib else None}.items()
-        if v is not None}
     req = MakeRequest(family=family, precision=precision.lower(), variant=variant,
                       backend=backend, out_dir=out_dir, checkpoint=checkpoint,
                       random_weights=random_weights, seed=seed, calib_data=calib_data,
                       calib_count=calib_count, calib_stride=calib_stride,
                       calib_method=calib_method, percentile=percentile,
                       reference_data=reference_data, reference_count=reference_count,
-                      target_options=target_options)
+                      target_options=target_options(timing_cache, hardware_compat,
+                                                    version_compatible, workspace_mib))
     result = make_bundle(req, progress=None if as_json else print_progress)
     if as_json:
         echo_json({"path": str(result.path), "id": result.bundle_id, "name": result.manifest["name"],
@@ -266,13 +281,7 @@ def make(family: str, precision: str, variant, backend, out_dir, checkpoint, ran
               help="The new engine target, built on this host.")
 @click.option("--out", "out_dir", default=".", show_default=True,
               type=click.Path(file_okay=False, path_type=Path), help="Output folder.")
-@click.option("--timing-cache", type=click.Path(path_type=Path), default=None,
-              help="tensorrt: persistent timing cache file (read and updated).")
-@click.option("--hardware-compat", type=click.Choice(["none", "ampere+"]), default=None,
-              help="tensorrt: build a plan that runs on any Ampere or newer GPU.")
-@click.option("--version-compatible", is_flag=True, default=None,
-              help="tensorrt: build a version-compatible plan.")
-@click.option("--workspace-mib", type=int, default=None, help="tensorrt: workspace limit.")
+@tensorrt_options
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @handle_errors
 def rebuild(bundle_path, backend, out_dir, timing_cache, hardware_compat, version_compatible,
@@ -284,11 +293,7 @@ def rebuild(bundle_path, backend, out_dir, timing_cache, hardware_compat, versio
     """
     from bundler.rebuild import rebuild_bundle
 
-    options = {k: v for k, v in {
-        "timing_cache": timing_cache, "hardware_compat": hardware_compat,
-        "version_compatible": version_compatible,
-        "workspace_bytes": workspace_mib * (1 << 20) if workspace_mib else None}.items()
-        if v is not None}
+    options = target_options(timing_cache, hardware_compat, version_compatible, workspace_mib)
     if not Path(out_dir).is_dir():
         raise UsageError(f"output folder {out_dir} does not exist: create it first")
     path, bundle_id = rebuild_bundle(bundle_path, backend, out_dir,

@@ -13,6 +13,7 @@ import hashlib
 import os
 import tempfile
 from pathlib import Path
+from typing import Iterable
 
 import zstandard
 
@@ -33,6 +34,25 @@ def source_date_epoch() -> int | None:
         return int(value)
     except ValueError:
         raise UsageError(f"SOURCE_DATE_EPOCH must be an integer, got {value!r}") from None
+
+
+def atomic_write(path: Path, chunks: Iterable[bytes], mode: int = 0o644) -> None:
+    """Write `chunks` to a temporary file beside `path`, fsync, rename into place.
+
+    Readers never see a partial file, and an interrupted write leaves nothing behind.
+    """
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp_name, mode)
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
 
 
 def compress_member(raw: bytes, level: int = ZSTD_LEVEL) -> bytes:
@@ -87,22 +107,5 @@ def write_bundle(out_path: str | os.PathLike, manifest_body: dict, members: dict
     header = Header(FORMAT_MAJOR, FORMAT_MINOR, data_end, len(manifest_bytes),
                     hashlib.sha256(manifest_bytes).digest())
 
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{out_path.name}.", suffix=".partial",
-                                    dir=out_path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(header.pack())
-            for blob in blobs:
-                f.write(blob)
-            f.write(manifest_bytes)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp_name, 0o644)
-        os.replace(tmp_name, out_path)
-    except BaseException:
-        try:
-            os.unlink(tmp_name)
-        except FileNotFoundError:
-            pass
-        raise
+    atomic_write(out_path, [header.pack(), *blobs, manifest_bytes])
     return out_path, bundle_id_of(manifest_bytes)
