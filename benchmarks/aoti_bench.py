@@ -7,6 +7,7 @@ the GPU host should not spend its lease on:
     python benchmarks/aoti_bench.py prepare --bundle-dir DIR --out .bench
     # on the GPU host, in one process: build every engine, check, time, profile
     python benchmarks/aoti_bench.py run --data .bench [--variants fp16,fp8,...]
+    # (or per engine: `run --stage build` then `run --stage measure` in a new process)
 
 `prepare` writes, per fp8 variant, the bundle's calibration.safetensors and the selected
 ONNX node -> activation tensor map (from the bundle's own graph), plus the weights digest
@@ -170,6 +171,14 @@ def kernel_table(runner, n: int, label: str, rows: int) -> dict:
     return {"total_ms": total, "groups": groups}
 
 
+def _option(text: str):
+    """An Inductor option's value from the command line: JSON (true, 3, "x") or a string."""
+    try:
+        return json.loads({"True": "true", "False": "false"}.get(text, text))
+    except json.JSONDecodeError:
+        return text
+
+
 def run(args) -> int:
     import torch
 
@@ -221,13 +230,30 @@ def run(args) -> int:
         fp8 = None
         if precision == "fp8":
             fp8 = fp8_modules(model, data, variant.removesuffix("-fastacc"))
-        package, details = build_engine(
-            model, precision, tuple(family.input.shape), batch, fp8=fp8,
-            nhwc=True if variant == "fp16-nhwc" else None,
-            fast_accum=variant.endswith("-fastacc"), log=lambda m: log(f"  [{variant}] {m}"))
+        pkg_dir = Path(args.packages)
+        if args.stage in ("build", "both"):
+            package, details = build_engine(
+                model, precision, tuple(family.input.shape), batch, fp8=fp8,
+                nhwc=True if variant == "fp16-nhwc" else None,
+                fast_accum=variant.endswith("-fastacc"), smoke=args.smoke,
+                compile_options={k: _option(v) for k, v in
+                                 (kv.split("=", 1) for kv in args.inductor)} or None,
+                log=lambda m: log(f"  [{variant}] {m}"))
+            build_s = time.monotonic() - t
+            if args.stage == "build":   # measured by another process (see --stage)
+                pkg_dir.mkdir(parents=True, exist_ok=True)
+                (pkg_dir / f"{variant}.pt2").write_bytes(package)
+                (pkg_dir / f"{variant}.json").write_text(json.dumps(
+                    {"details": details, "build_s": build_s}))
+                log(f"  [{variant}] package written to {pkg_dir}")
+                continue
+        else:
+            package = (pkg_dir / f"{variant}.pt2").read_bytes()
+            saved = json.loads((pkg_dir / f"{variant}.json").read_text())
+            details, build_s = saved["details"], saved["build_s"]
         runner = TorchAotiRunner(MemoryBundle(family, precision, details, package))
         runner.activate()
-        r = {"size_mb": len(package) / 1e6, "build_s": time.monotonic() - t}
+        r = {"size_mb": len(package) / 1e6, "build_s": build_s}
         outs = np.concatenate([runner.infer({name_in: np.ascontiguousarray(inputs[i:i + 32])})[
             family.output_name] for i in range(0, len(inputs), 32)])
         r["top1"] = float(np.mean(outs.argmax(1) == ref.argmax(1)))
@@ -275,6 +301,54 @@ def print_table(results: dict) -> None:
             f"{r['top1'] * 100:.1f}% | {r['max_abs']:.3g} |")
 
 
+PROBE_LOAD = """
+import sys, torch
+m = torch._inductor.aoti_load_package(sys.argv[1])
+x = torch.randn(3, 3, 32, 32, device="cuda")
+y = m(x)
+print("loaded and ran:", tuple((y[0] if isinstance(y, (list, tuple)) else y).shape))
+"""
+
+
+def probe(out: Path) -> int:
+    """Can this host compile and load an AOTInductor package (tiny conv model, with and
+    without the constants inside the .so)? Loads in a fresh process, then in this one."""
+    import subprocess
+
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(16, 16, 1)).cuda().half().eval()
+
+    class Wrap(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = model
+            self.register_buffer("s", torch.tensor(0.5, device="cuda"))
+
+        def forward(self, x):
+            return self.m(x.half()).float() * self.s
+
+    out.mkdir(parents=True, exist_ok=True)
+    x = torch.randn(2, 3, 32, 32, device="cuda")
+    paths = {}
+    for label, opts in (("default", {}),
+                        ("constants-outside-so", {"aot_inductor.package_constants_in_so": False})):
+        t = time.monotonic()
+        ep = torch.export.export(Wrap(), (x,), dynamic_shapes=({0: torch.export.Dim("b", min=1, max=8)},))
+        paths[label] = torch._inductor.aoti_compile_and_package(
+            ep, package_path=str(out / f"probe-{label}.pt2"), inductor_configs=opts)
+        proc = subprocess.run([sys.executable, "-X", "faulthandler", "-c", PROBE_LOAD, paths[label]],
+                              capture_output=True, text=True)
+        log(f"probe {label}: compiled in {time.monotonic() - t:.0f} s; fresh-process load rc "
+            f"{proc.returncode}: {(proc.stdout + proc.stderr).strip()[-400:]}")
+    for label, path in paths.items():
+        log(f"probe {label}: loading in the compiling process ...")
+        m = torch._inductor.aoti_load_package(path)
+        log(f"probe {label}: in-process load ok, output {tuple(m(x)[0].shape)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -289,11 +363,24 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--iters", type=int, default=200)
     pr.add_argument("--eval-count", type=int, default=128)
     pr.add_argument("--rows", type=int, default=15)
+    pr.add_argument("--stage", choices=("both", "build", "measure"), default="both",
+                    help="build: compile and write packages to --packages; measure: load "
+                         "them in a fresh process (on torch 2.11 loading a package in the "
+                         "process that compiled it segfaulted)")
+    pr.add_argument("--packages", default="/tmp/aoti-packages")
+    pr.add_argument("--smoke", action=argparse.BooleanOptionalAction, default=False,
+                    help="compare the package with the eager module right after compiling")
+    pr.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE",
+                    help="an Inductor option for the compile (string values)")
     pr.add_argument("--json", help="append one JSON line per engine to this file")
     pr.add_argument("--ref-cache", help="npz of the fp32 reference, shared by runs")
     pt = sub.add_parser("table", help="the table of the JSON lines that runs appended")
     pt.add_argument("json")
+    pb = sub.add_parser("probe", help="can this host compile and load AOTI packages")
+    pb.add_argument("--out", type=Path, default=Path("/tmp/aoti-probe"))
     args = p.parse_args(argv)
+    if args.cmd == "probe":
+        return probe(args.out)
     if args.cmd == "table":
         rows = [json.loads(line) for line in Path(args.json).read_text().splitlines() if line]
         print_table({r.pop("variant"): r for r in rows})

@@ -209,8 +209,9 @@ def _classes():
                 raise UsageError(f"DepthwiseNHWC needs explicit zero padding, got {conv}")
             self.kernel, self.stride = tuple(conv.kernel_size), tuple(conv.stride)
             self.padding, self.dilation = tuple(conv.padding), tuple(conv.dilation)
-            w = conv.weight.detach().to(torch.float16)            # [C, 1, kh, kw]
-            if weight_scale is not None:
+            w = conv.weight.detach()                               # [C, 1, kh, kw]
+            if weight_scale is not None:  # quantized from the fp16 kernel, as the graph does
+                w = w.to(torch.float16)
                 from bundler.graphs.fp8 import quantize_fp8
 
                 ws = onnx_scale(weight_scale).reshape(-1, 1, 1, 1)
@@ -219,7 +220,7 @@ def _classes():
             self.register_buffer("weight", w.reshape(c, *self.kernel).permute(1, 2, 0)
                                  .contiguous().to(dtype))          # [kh, kw, C]
             bias = conv.bias.detach() if conv.bias is not None else torch.zeros(c)
-            self.register_buffer("bias", bias.to(torch.float16).to(dtype))
+            self.register_buffer("bias", bias.to(dtype))
             self.register_buffer("act_scale", None if act_scale is None else torch.tensor(
                 float(onnx_scale(act_scale)), dtype=torch.float32))
 

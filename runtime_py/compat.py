@@ -461,7 +461,8 @@ def check_torch_aoti_target(details: dict, host: HostInfo, device: int = 0) -> N
     built = "the CPU" if on_cpu else (
         f"{sm_name(parse_compute_capability(details['compute_capability']))} with CUDA "
         f"{details.get('cuda_version')}")
-    here = "" if gpu is None else f"{sm_name(gpu.compute_capability)}, CUDA {host.torch_cuda_version}, "
+    here = "" if gpu is None else (f"{sm_name(gpu.compute_capability)}, CUDA "
+                                   f"{host.torch_cuda_version or 'none (CPU-only torch)'}, ")
     raise CompatibilityError(
         f"AOTInductor package built for {built} with torch {major_minor(built_torch)}; this "
         f"host has {here}torch {major_minor(host.torch_version)}: rebuild it here with "

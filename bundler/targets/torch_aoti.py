@@ -289,12 +289,15 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
                  batch: dict, *, fp8: dict[str, tuple[float, Any]] | None = None,
                  device: str = "cuda", batch_sizes: list[int] | None = None,
                  compile_options: dict | None = None, nhwc: bool | None = None,
-                 fast_accum: bool = False, log: Callable[[str], None] | None = None
-                 ) -> tuple[bytes, dict]:
+                 fast_accum: bool = False, smoke: bool = True,
+                 log: Callable[[str], None] | None = None) -> tuple[bytes, dict]:
     """Compile one package from a torch model; returns (package bytes, engine details).
 
     ``fp8`` maps *module paths* to (activation scale, weight scales); ``build_target``
     derives it from the bundle. Used directly by ``benchmarks/aoti_bench.py``.
+    ``smoke``: load the package in this process and compare it with the eager module at
+    ``batch_sizes`` (on the H200 image, torch 2.11, loading a package in the process that
+    compiled it segfaulted in AOTIModelPackageLoader: ``smoke=False`` skips that).
     """
     log = log or (lambda _msg: None)
     check_host(device=device, precision=precision)
@@ -318,29 +321,42 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
             f"(batch {lo}..{hi}, {options})")
         path = compile_package(module, input_shape, batch, device, options, Path(tmp) / MEMBER)
         log(f"compiled in {time.monotonic() - started:.0f} s; checking it against the eager module")
-        diffs = smoke_check(path, module, input_shape, sizes, device)
-        log("compiled package vs eager module, max |diff|: "
-            + ", ".join(f"batch {n}: {d:.3g}" for n, d in diffs.items()))
+        if smoke:
+            diffs = smoke_check(path, module, input_shape, sizes, device)
+            log("compiled package vs eager module, max |diff|: "
+                + ", ".join(f"batch {n}: {d:.3g}" for n, d in diffs.items()))
         data = path.read_bytes()
-    from bundler.quality import decimal
+    details = engine_details(host_details(device), precision, options,
+                             nhwc=bool(nhwc or precision == "fp8"), fast_accum=fast_accum,
+                             padding=padding, batch_sizes=sizes,
+                             seconds=time.monotonic() - started)
+    log(f"package: {len(data) / 1e6:.1f} MB in {time.monotonic() - started:.0f} s")
+    return data, details
 
-    details = host_details(device)
+
+def engine_details(host: dict, precision: str, options: dict, *, nhwc: bool,
+                   fast_accum: bool, padding: dict, batch_sizes: list[int],
+                   seconds: float | None) -> dict:
+    """The manifest's ``engine.details`` (schema ``$defs/torch_aoti_details``): the build
+    host (``host_details``), what was compiled and how, the fp8 padding per layer, and the
+    batch sizes the package was checked at. No floats (manifest rule)."""
+    from bundler.quality import decimal
+    from bundler.torch_nhwc import FP8_ALIGN
+
+    details = dict(host)
     details["compile_options"] = {
-        "inductor": options, "export": "torch.export, dynamic batch",
-        "layout": "nhwc" if (nhwc or precision == "fp8") else "nchw",
-        "dtype": PRECISIONS[precision],
+        "inductor": dict(options), "export": "torch.export, dynamic batch",
+        "layout": "nhwc" if nhwc else "nchw", "dtype": PRECISIONS[precision],
         **({"fp8_gemm": "torch._scaled_mm e4m3 x e4m3, tensorwise scales, bf16 out, "
                         "per-channel scale and bias in the epilogue",
             "fp8_fast_accum": bool(fast_accum)} if precision == "fp8" else {}),
     }
     if precision == "fp8":
-        from bundler.torch_nhwc import FP8_ALIGN
-
-        details["fp8_padding"] = {"align": FP8_ALIGN, "layers": padding}
-    details["batch_sizes"] = sizes
-    details["build_seconds"] = decimal(time.monotonic() - started)
-    log(f"package: {len(data) / 1e6:.1f} MB in {time.monotonic() - started:.0f} s")
-    return data, details
+        details["fp8_padding"] = {"align": FP8_ALIGN, "layers": dict(padding)}
+    details["batch_sizes"] = [int(b) for b in batch_sizes]
+    if seconds is not None:
+        details["build_seconds"] = decimal(seconds)
+    return details
 
 
 def _example(input_shape: tuple[int, ...], device: str):
@@ -353,7 +369,8 @@ def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] |
                  family: Family | None = None, calibration: bytes | None = None,
                  device: str = "cuda", batch_sizes: list[int] | None = None,
                  compile_options: dict | None = None, variant: str | None = None,
-                 nhwc: bool | None = None, fp8_fast_accum: bool = False) -> TargetBuild:
+                 nhwc: bool | None = None, fp8_fast_accum: bool = False,
+                 smoke_check: bool = True) -> TargetBuild:
     """The bundle's engine: its torch model in its precision, compiled (module docstring).
 
     ``onnx_bytes`` is the bundle's typed graph: for fp8, the layers are selected on it
@@ -381,6 +398,6 @@ def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] |
     data, details = build_engine(torch_model, precision, tuple(family.input.shape), batch,
                                  fp8=fp8, device=device, batch_sizes=batch_sizes,
                                  compile_options=compile_options, nhwc=nhwc,
-                                 fast_accum=fp8_fast_accum, log=log)
+                                 fast_accum=fp8_fast_accum, smoke=smoke_check, log=log)
     return TargetBuild(backend=BACKEND, member=MEMBER, engine_bytes=data, details=details,
                        tag=BACKEND)

@@ -1,0 +1,363 @@
+"""torch-aoti: target naming, compatibility decisions, details, the FP8 rewrite's math.
+
+CPU-only tests check behaviour that does not need a GPU: which host may run a package and
+what it is told otherwise, the manifest details against the schema, that every
+convolution the FP8 recipe selects in the ONNX graph is found in the torch model, that
+the FP8 module computes what dequantized FP8 operands give, and that the whole rewritten
+model agrees with ONNX Runtime on the fp8 graph. GPU tests build real packages; they are
+marked ``gpu`` and skip (with the reason) where torch sees no CUDA device.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from runtime_py.compat import GpuInfo, HostInfo, check_target, check_torch_aoti_target
+from runtime_py.errors import CompatibilityError, EngineUnavailableError, UsageError
+
+torch = pytest.importorskip("torch")
+
+CUDA = torch.cuda.is_available()
+needs_gpu = pytest.mark.skipif(not CUDA, reason="needs torch with a CUDA GPU (none visible)")
+
+H200 = GpuInfo("NVIDIA H200", (9, 0))
+BUILT = {"torch_version": "2.11.0+cu130", "cuda_version": "13.0", "compute_capability": "9.0",
+         "device_name": "NVIDIA H200", "device": "cuda", "compile_options": {}}
+
+
+def host(torch_version="2.11.1", cuda="13.0", gpus=(H200,)) -> HostInfo:
+    return HostInfo(gpus=tuple(gpus), torch_version=torch_version, torch_cuda_version=cuda)
+
+
+# --- naming and registration ------------------------------------------------------------
+
+def test_target_is_registered_and_named():
+    from bundler.families import load_family
+    from bundler.targets import TARGETS, bundle_name, target_builder
+
+    assert "torch-aoti" in TARGETS
+    builder = target_builder("torch-aoti")
+    assert callable(builder.build_target) and callable(builder.check_host)
+    family = load_family("timm_xception")
+    assert bundle_name(family.name, family.version, "fp8", "fp8-depthwise",
+                       builder.TargetBuild("torch-aoti", "engine.pt2", b"", {}, "torch-aoti").tag) == \
+        "timm_xception-fp8-depthwise-1.0.0-torch-aoti"
+
+
+def test_runtime_imports_no_torch():
+    code = ("import sys, runtime_py, runtime_py.engines.torch_aoti, runtime_py.compat; "
+            "sys.exit('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_max_autotune_is_refused():
+    from bundler.targets.torch_aoti import compile_options_for
+
+    assert compile_options_for(None) == {"max_autotune": False}
+    with pytest.raises(UsageError, match="max_autotune"):
+        compile_options_for({"max_autotune": True})
+
+
+# --- compatibility ----------------------------------------------------------------------
+
+def test_same_minor_cuda_major_and_cc_run():
+    check_torch_aoti_target(BUILT, host())
+    check_target({"backend": "torch-aoti", "details": BUILT}, host())
+
+
+def test_missing_torch_or_gpu_is_unavailable():
+    with pytest.raises(EngineUnavailableError, match="torch is not installed"):
+        check_torch_aoti_target(BUILT, host(torch_version=None))
+    with pytest.raises(EngineUnavailableError, match="no GPU"):
+        check_torch_aoti_target(BUILT, host(gpus=()))
+    with pytest.raises(EngineUnavailableError, match="GPU 1 was asked for"):
+        check_torch_aoti_target(BUILT, host(), device=1)
+
+
+def test_every_mismatch_is_named():
+    ada = GpuInfo("NVIDIA L4", (8, 9))
+    with pytest.raises(CompatibilityError) as err:
+        check_torch_aoti_target(BUILT, host(torch_version="2.12.0", cuda="12.8", gpus=(ada,)))
+    problems = err.value.problems
+    assert "torch 2.11 != 2.12" in problems
+    assert any(p.startswith("CUDA 13 != 12") for p in problems)
+    assert any("sm_90 != sm_89" in p and "NVIDIA L4" in p for p in problems)
+    message = str(err.value)
+    assert "built for sm_90 with CUDA 13.0 with torch 2.11" in message
+    assert "bundle rebuild BUNDLE --backend torch-aoti" in message
+
+
+def test_cuda_minor_differences_and_cpu_packages_pass():
+    check_torch_aoti_target(BUILT, host(cuda="13.2"))
+    cpu = {**BUILT, "device": "cpu", "cuda_version": None, "compute_capability": None}
+    check_torch_aoti_target(cpu, host(gpus=(), cuda=None))
+    with pytest.raises(CompatibilityError, match="built for the CPU with torch 2.11") as err:
+        check_torch_aoti_target(cpu, host(torch_version="2.9.0", gpus=()))
+    assert err.value.problems == ["torch 2.11 != 2.9"]
+
+
+def test_cpu_only_torch_cannot_run_a_cuda_package():
+    with pytest.raises(CompatibilityError, match=r"CUDA none \(CPU-only torch\)") as err:
+        check_torch_aoti_target(BUILT, host(cuda=None))
+    assert any("CPU-only build" in p for p in err.value.problems)
+
+
+# --- details ----------------------------------------------------------------------------
+
+def _details_validator():
+    import jsonschema
+
+    from runtime_py.schemas import load_schema
+
+    defs = load_schema("manifest")["$defs"]
+    return jsonschema.Draft202012Validator({"$defs": defs, "$ref": "#/$defs/torch_aoti_details"})
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "fp8"])
+def test_details_follow_the_schema(precision):
+    from bundler.targets.torch_aoti import engine_details, host_details
+
+    padding = {"blocks.3.stack.conv1.conv_pw": {"in": [728, 736], "out": [728, 736]}}
+    for built_on in (host_details("cpu"), {k: BUILT[k] for k in
+                                           ("torch_version", "cuda_version",
+                                            "compute_capability", "device_name", "device")}):
+        details = engine_details(built_on, precision, {"max_autotune": False},
+                                 nhwc=precision == "fp8", fast_accum=False,
+                                 padding=padding if precision == "fp8" else {},
+                                 batch_sizes=[1, 32], seconds=61.4)
+        errors = [e.message for e in _details_validator().iter_errors(details)]
+        assert errors == []
+        assert details["batch_sizes"] == [1, 32] and details["build_seconds"] == "61.4"
+        assert ("fp8_padding" in details) == (precision == "fp8")
+        assert not any(isinstance(v, float) for v in details.values())
+
+
+def test_host_details_without_a_gpu():
+    from bundler.targets.torch_aoti import check_host, host_details
+
+    d = host_details("cpu")
+    assert d["device"] == "cpu" and d["cuda_version"] is None and d["compute_capability"] is None
+    assert d["torch_version"] == torch.__version__
+    check_host(device="cpu", precision="fp32")
+    with pytest.raises(UsageError, match="fp32 only"):
+        check_host(device="cpu", precision="fp16")
+    if not CUDA:
+        with pytest.raises(EngineUnavailableError, match="sees none"):
+            check_host(device="cuda", precision="fp16")
+
+
+# --- which layers ---------------------------------------------------------------------------
+
+def test_every_selected_conv_maps_to_a_module(graphs_fp32, graphs_family, graphs_torch_model):
+    from bundler.graphs.fp8 import select_fp8_convs
+    from bundler.torch_nhwc import map_nodes_to_modules
+
+    modules = dict(graphs_torch_model.named_modules())
+    for variant, count in ((None, 43), ("fp8-depthwise", 82)):
+        selected = select_fp8_convs(graphs_fp32, graphs_family, variant)
+        paths = map_nodes_to_modules(graphs_torch_model, selected)
+        assert len(paths) == len(selected) == count
+        for node, path in paths.items():
+            conv = modules[path]
+            assert isinstance(conv, torch.nn.Conv2d)
+            assert conv.kernel_size == (1, 1) or conv.groups == conv.in_channels > 1
+
+
+def test_nodes_map_by_weights_when_names_differ(graphs_fp32, graphs_selected, graphs_torch_model):
+    from onnx import numpy_helper
+
+    from bundler.torch_nhwc import map_nodes_to_modules
+
+    inits = {i.name: numpy_helper.to_array(i) for i in graphs_fp32.graph.initializer}
+    node = graphs_selected[5]
+    renamed = {f"Conv_{i}": inits[f"{n}.weight"] for i, n in enumerate([node])}
+    assert map_nodes_to_modules(graphs_torch_model, list(renamed), renamed) == {"Conv_0": node}
+    with pytest.raises(UsageError, match="match no convolution"):
+        map_nodes_to_modules(graphs_torch_model, ["nowhere"])
+
+
+def _calibration(act_scales, weight_scales):
+    return SimpleNamespace(result=SimpleNamespace(scale=dict(act_scales)),
+                           weight_scales=dict(weight_scales))
+
+
+def test_fp8_layers_read_the_fp8_graph(graphs_fp8, graphs_family, graphs_act_scales,
+                                       graphs_weight_scales):
+    from bundler.export import serialize
+    from bundler.targets.torch_aoti import fp8_layers
+
+    calib = _calibration(graphs_act_scales, graphs_weight_scales)
+    variant, layers = fp8_layers(serialize(graphs_fp8), graphs_family, calib)
+    assert variant is None and len(layers) == 43
+    assert set(layers) == set(graphs_weight_scales)
+    assert {a for a, _w in layers.values()} <= set(graphs_act_scales.values())
+    fewer = _calibration(graphs_act_scales, dict(list(graphs_weight_scales.items())[:40]))
+    with pytest.raises(UsageError, match="matches no fp8 recipe"):
+        fp8_layers(serialize(graphs_fp8), graphs_family, fewer)
+
+
+# --- the FP8 module's math ------------------------------------------------------------------
+
+@pytest.mark.parametrize("cin,cout,stride", [(728, 728, 1), (256, 728, 2), (64, 128, 1)])
+def test_fp8_pointwise_is_dequantized_fp8_math(cin, cout, stride):
+    from bundler.torch_nhwc import _classes, fake_quant_reference, padded
+
+    gen = torch.Generator().manual_seed(cin + cout)
+    conv = torch.nn.Conv2d(cin, cout, 1, stride=stride, bias=True)
+    with torch.no_grad():
+        conv.weight.copy_(torch.randn(conv.weight.shape, generator=gen) * 0.05)
+        conv.bias.copy_(torch.randn(cout, generator=gen) * 0.1)
+    x = torch.randn(2, 9, 9, cin, generator=gen).relu().half()
+    act_scale = float(x.float().abs().max()) / 448
+    w_scale = conv.weight.detach().reshape(cout, -1).abs().amax(1).numpy() / 448
+    module = _classes()["Fp8Pointwise"](conv, act_scale, w_scale, torch.float16, emulate=True)
+    assert tuple(module.weight_fp8.shape) == (padded(cout), padded(cin))
+    assert module.weight_fp8.view(torch.uint8)[cout:].sum() == 0    # zero padding rows
+    assert module.weight_fp8.view(torch.uint8)[:, cin:].sum() == 0  # and columns
+    got = module(x).float()
+    xs = x[:, ::stride, ::stride, :].float()
+    ref = fake_quant_reference(xs, conv.weight.detach().reshape(cout, cin), conv.bias.detach(),
+                               act_scale, w_scale)
+    assert got.shape == ref.shape
+    # fp16 output rounding only: both sides multiply the same FP8 operands
+    assert float((got - ref).abs().max()) <= 2e-3 * float(ref.abs().max())
+
+
+def test_depthwise_taps_equal_convolution():
+    from bundler.torch_nhwc import _classes
+
+    gen = torch.Generator().manual_seed(3)
+    for stride in (1, 2):
+        conv = torch.nn.Conv2d(16, 16, 3, stride=stride, padding=1, groups=16, bias=True)
+        x = torch.randn(2, 16, 11, 11, generator=gen)
+        module = _classes()["DepthwiseNHWC"](conv, torch.float32)
+        got = module(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        assert torch.allclose(got, conv(x).detach(), atol=1e-5)
+
+
+def test_rewrite_refuses_modules_it_cannot_lay_out():
+    from bundler.torch_nhwc import rewrite_nhwc
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8))
+    with pytest.raises(UsageError, match="BatchNorm2d has no NHWC form"):
+        rewrite_nhwc(model, torch.float16)
+
+
+def test_rewritten_fp8_model_matches_onnxruntime(graphs_fp8, graphs_family, graphs_torch_model,
+                                                 graphs_act_scales, graphs_weight_scales,
+                                                 graphs_inputs, graphs_run):
+    """The whole fp8 engine model (FP8 GEMMs emulated in fp32 on the CPU) against ONNX
+    Runtime on the bundle's fp8 graph: same selection, same scales, same FP8 operands."""
+    from bundler.export import serialize
+    from bundler.targets.torch_aoti import fp8_layers
+    from bundler.torch_nhwc import EngineModule, map_nodes_to_modules, rewrite_nhwc
+
+    calib = _calibration(graphs_act_scales, graphs_weight_scales)
+    _variant, layers = fp8_layers(serialize(graphs_fp8), graphs_family, calib)
+    paths = map_nodes_to_modules(graphs_torch_model, list(layers))
+    body = rewrite_nhwc(graphs_torch_model, torch.float16,
+                        fp8={paths[n]: s for n, s in layers.items()}, emulate=True)
+    model = EngineModule(body, torch.float16, True)
+    x = graphs_inputs["eval"]
+    with torch.no_grad():
+        got = model(torch.from_numpy(x)).numpy()
+    ref = graphs_run(graphs_fp8, x)
+    assert np.abs(got - ref).max() <= 0.02 * np.abs(ref).max()
+    assert (got.argmax(1) == ref.argmax(1)).all()
+
+
+# --- packaging ------------------------------------------------------------------------------
+
+class _MemoryBundle:
+    """The parts of a Bundle a runner reads, for a package built in the test."""
+
+    def __init__(self, precision, details, package, shape, classes, batch_max):
+        self.manifest = {
+            "precision": precision, "batch": {"min": 1, "opt": 1, "max": batch_max},
+            "engine": {"backend": "torch-aoti", "member": "engine.pt2", "details": details},
+            "inputs": [{"name": "input", "dtype": "float32", "shape": ["batch", *shape]}],
+            "outputs": [{"name": "logits", "dtype": "float32", "shape": ["batch", classes]}]}
+        self.package = package
+        self.path = SimpleNamespace(name="memory.bundle")
+
+    def read_member(self, name):
+        assert name == "engine.pt2"
+        return self.package
+
+
+def _tiny_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 16, 3, padding=1, groups=16), torch.nn.Conv2d(16, 32, 1),
+        torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+        torch.nn.Linear(32, 10)).eval().requires_grad_(False)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="AOTInductor on the CPU compiles C++: no C++ compiler on this host")
+def test_fp32_package_on_the_cpu_runs_in_the_runner():
+    """AOTInductor packages fp32 for the CPU (minutes on 2 cores: it compiles C++)."""
+    from bundler.targets.torch_aoti import build_engine
+    from runtime_py.engines.torch_aoti import TorchAotiRunner
+
+    model = _tiny_model()
+    package, details = build_engine(model, "fp32", (3, 16, 16), {"min": 1, "max": 4},
+                                    device="cpu", batch_sizes=[1, 4])
+    assert package[:2] == b"PK"                      # a zip archive: code, .so, no pickle
+    assert details["device"] == "cpu" and details["batch_sizes"] == [1, 4]
+    runner = TorchAotiRunner(_MemoryBundle("fp32", details, package, (3, 16, 16), 10, 4))
+    x = np.random.default_rng(0).normal(size=(3, 3, 16, 16)).astype(np.float32)
+    with runner:
+        got = runner.infer({"input": x})["logits"]
+    ref = model(torch.from_numpy(x)).numpy()
+    assert np.abs(got - ref).max() < 1e-4
+
+
+# --- on a GPU ---------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("precision", ["fp16", "fp8"])
+def test_gpu_bundle_matches_its_onnxruntime_reference(tmp_path, precision):
+    from bundler.make import MakeRequest, make_bundle
+    from runtime_py.format import open_bundle
+    from runtime_py.numerics import check_numerics
+
+    result = make_bundle(MakeRequest(family="timm_xception", precision=precision,
+                                     backend="torch-aoti", random_weights=True, out_dir=tmp_path,
+                                     calib_count=16, reference_count=4))
+    bundle = open_bundle(result.path)
+    assert bundle.manifest["engine"]["backend"] == "torch-aoti"
+    report = check_numerics(bundle)
+    assert report.ran and report.passed, report.reasons
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_cuda_graphs_give_the_same_outputs():
+    from bundler.targets.torch_aoti import build_engine
+    from runtime_py.engines.torch_aoti import TorchAotiRunner
+
+    model = _tiny_model()
+    package, details = build_engine(model, "fp16", (3, 16, 16), {"min": 1, "max": 8},
+                                    smoke=False)
+    x = np.random.default_rng(1).normal(size=(5, 3, 16, 16)).astype(np.float32)
+    outputs = []
+    for graphs in (True, False):
+        runner = TorchAotiRunner(_MemoryBundle("fp16", details, package, (3, 16, 16), 10, 8),
+                                 cuda_graphs=graphs)
+        with runner:
+            first = runner.infer({"input": x})["logits"]
+            again = runner.infer({"input": x})["logits"]   # a replay, when graphs are on
+        assert np.array_equal(first, again)
+        outputs.append(first)
+        assert runner.graph_failures == {}
+    assert np.abs(outputs[0] - outputs[1]).max() < 1e-3
