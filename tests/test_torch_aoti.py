@@ -321,6 +321,27 @@ def test_fp32_package_on_the_cpu_runs_in_the_runner():
     assert np.abs(got - ref).max() < 1e-4
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="AOTInductor on the CPU compiles C++: no C++ compiler on this host")
+def test_make_and_verify_a_cpu_fp32_bundle(tmp_path):
+    """bundle make --backend torch-aoti (device cpu) -> verify -> numerics vs ONNX Runtime."""
+    from bundler.make import MakeRequest, make_bundle
+    from runtime_py.format import open_bundle
+    from runtime_py.numerics import check_numerics
+
+    result = make_bundle(MakeRequest(family="timm_xception", precision="fp32",
+                                     backend="torch-aoti", random_weights=True, out_dir=tmp_path,
+                                     reference_count=2, target_options={"device": "cpu"}))
+    assert result.path.name == "timm_xception-fp32-1.0.0-torch-aoti.bundle"
+    bundle = open_bundle(result.path)
+    bundle.verify()
+    details = bundle.manifest["engine"]["details"]
+    assert details["device"] == "cpu" and details["compile_options"]["layout"] == "nchw"
+    report = check_numerics(bundle)
+    assert report.ran and report.passed, report.reasons
+
+
 # --- on a GPU ---------------------------------------------------------------------------------
 
 @pytest.mark.gpu
