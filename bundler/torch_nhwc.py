@@ -180,7 +180,9 @@ def _classes():
             n, h, w, _ = x.shape
             if self.kpad != self.cin:
                 x = F.pad(x, (0, self.kpad - self.cin))     # fused into the quantize below
-            q = quantize(x, self.act_scale).reshape(-1, self.kpad)
+            # contiguous(): at batch 1 the reshape of an NCHW-backed NHWC view is a
+            # column-major view, which _scaled_mm refuses (seen compiling on an H200).
+            q = quantize(x, self.act_scale).contiguous().reshape(-1, self.kpad)
             if self.emulate:
                 y = (q.float() @ self.weight_fp8.float().t()) * self.act_scale
             else:

@@ -229,6 +229,23 @@ def test_fp8_pointwise_is_dequantized_fp8_math(cin, cout, stride):
     assert float((got - ref).abs().max()) <= 2e-3 * float(ref.abs().max())
 
 
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("stride", [1, 2])
+def test_fp8_pointwise_gives_scaled_mm_row_major_operands(batch, stride):
+    """The real (not emulated) path on meta tensors: torch's shape/layout rules for
+    _scaled_mm run without a GPU. The input is an NHWC view of NCHW memory, as the engine
+    module hands it over; at batch 1 a plain reshape of it is column-major, which
+    _scaled_mm refuses (found compiling on an H200)."""
+    from bundler.torch_nhwc import _classes
+
+    conv = torch.nn.Conv2d(64, 128, 1, stride=stride, bias=True)
+    w_scale = conv.weight.detach().reshape(128, -1).abs().amax(1).numpy() / 448
+    module = _classes()["Fp8Pointwise"](conv, 0.01, w_scale, torch.float16).to("meta")
+    x = torch.empty(batch, 64, 16, 16, device="meta", dtype=torch.float16).permute(0, 2, 3, 1)
+    y = module(x)
+    assert tuple(y.shape) == (batch, 16 // stride, 16 // stride, 128)
+
+
 def test_depthwise_taps_equal_convolution():
     from bundler.torch_nhwc import _classes
 

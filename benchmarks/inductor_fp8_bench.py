@@ -1,0 +1,121 @@
+"""fp16 vs fp8 engine modules of timm_xception compiled by Inductor just in time, on a GPU.
+
+The same modules that the torch-aoti target packages (bundler.targets.torch_aoti.
+engine_model: BN-folded, NHWC, FP8 `_scaled_mm` on the recipe's 43 convolutions with the
+bundle's calibration scales), compiled with `torch.compile` (Inductor, default mode, no
+max-autotune, dynamic batch) instead of AOTInductor. Used when AOTInductor packages cannot
+be loaded on a host (torch 2.11 on the H200 here segfaulted in AOTIModelPackageLoader, even
+for a 3-layer model): the kernels Inductor generates are the same code generator's.
+
+Boundary: CUDA graph replay of the compiled module on a device-resident input, one
+synchronization per replay, copies excluded; median of --iters replays (CUDA events).
+Quality: top-1 agreement and max |logit diff| vs the fp32 eager model (TF32 off) on
+--eval-count seeded synthetic inputs (the bundle's reference-input generator).
+
+    python benchmarks/inductor_fp8_bench.py [--data .bench] [--variants fp16,fp8] [--eager]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+FAMILY = "timm_xception"
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", default=".bench")
+    p.add_argument("--variants", default="fp16,fp8")
+    p.add_argument("--batch-sizes", default="1,32")
+    p.add_argument("--iters", type=int, default=100)
+    p.add_argument("--eval-count", type=int, default=64)
+    p.add_argument("--eager", action="store_true", help="no torch.compile (a dry run)")
+    p.add_argument("--device", default="cuda")
+    args = p.parse_args()
+
+    import torch
+
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from aoti_bench import fp8_modules
+    from bundler.calibration.data import synthetic_calibration_set
+    from bundler.families import load_family
+    from bundler.make import REFERENCE_SEED
+    from bundler.targets.torch_aoti import engine_model
+    from bundler.torch_model import build_torch_model
+
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    dev = torch.device(args.device)
+    data = Path(args.data)
+    meta = json.loads((data / "bench.json").read_text())
+    family = load_family(FAMILY)
+    model = build_torch_model(family, seed=meta["seed"])
+    if dev.type == "cuda":
+        log(f"host: {torch.cuda.get_device_name()} cc {torch.cuda.get_device_capability()}, "
+            f"torch {torch.__version__}, CUDA {torch.version.cuda}")
+    evalset = synthetic_calibration_set(family.input.shape, args.eval_count, seed=REFERENCE_SEED)
+    inputs = np.concatenate([b for b, _l, _k in evalset.iter_batches(args.eval_count)])
+    x_eval = torch.from_numpy(inputs).to(dev)
+    with torch.no_grad():
+        ref = model.to(dev).eval()(x_eval).float()
+    model = model.cpu()
+    sizes = [int(s) for s in args.batch_sizes.split(",")]
+    results = {}
+    for variant in args.variants.split(","):
+        t0 = time.monotonic()
+        precision = "fp8" if variant.startswith("fp8") else "fp16"
+        fp8 = fp8_modules(model, data, variant) if precision == "fp8" else None
+        module, _pad = engine_model(model, precision, fp8, nhwc=True if variant == "fp16-nhwc" else None)
+        module = module.to(dev).eval()
+        run = module if args.eager else torch.compile(module, dynamic=True)
+        with torch.no_grad():
+            out = torch.cat([run(x_eval[i:i + 32]) for i in range(0, len(x_eval), 32)]).float()
+        agree = float((out.argmax(1) == ref.argmax(1)).float().mean())
+        diff = float((out - ref).abs().max())
+        log(f"[{variant}] compiled + eval in {time.monotonic() - t0:.0f} s: top-1 agreement "
+            f"{agree:.4f}, max |diff| {diff:.4g} (|logit| max {float(ref.abs().max()):.3g})")
+        timings = {}
+        for n in sizes:
+            x = torch.randn(n, *family.input.shape, device=dev)
+            with torch.no_grad():
+                for _ in range(3):
+                    run(x)
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        run(x)
+                    start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                    times = []
+                    for i in range(args.iters + 10):
+                        start.record(); graph.replay(); end.record(); end.synchronize()
+                        if i >= 10:
+                            times.append(start.elapsed_time(end))
+                else:
+                    times = []
+                    for _ in range(3):
+                        t = time.perf_counter(); run(x); times.append((time.perf_counter() - t) * 1e3)
+            timings[n] = statistics.median(times)
+            log(f"[{variant}] batch {n}: {timings[n]:.3f} ms per replay")
+        results[variant] = {"agree": agree, "diff": diff, "ms": timings}
+    if "fp16" in results:
+        log("\nvariant        batch   ms       fp16/this   top-1 agree")
+        for v, r in results.items():
+            for n, ms in r["ms"].items():
+                log(f"{v:<14} {n:>5} {ms:8.3f}   {results['fp16']['ms'][n] / ms:8.3f}x   {r['agree']:.4f}")
+
+
+if __name__ == "__main__":
+    main()
