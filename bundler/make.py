@@ -271,7 +271,7 @@ def make_bundle(req: MakeRequest, progress: Progress | None = None) -> MakeResul
         options.setdefault("optimization_level", family.tensorrt.get("optimization_level", 3))
     if target == "torch-aoti":
         options.update(torch_model=torch_model, precision=req.precision, family=family,
-                       calibration=members.get("calibration.safetensors"))
+                       variant=req.variant, calibration=members.get("calibration.safetensors"))
     engine = builder.build_target(model_bytes, batch=manifest_batch(family),
                                   log=lambda msg: progress("engine", msg), **options)
     members["model.onnx"] = model_bytes
