@@ -132,11 +132,15 @@ def labels_for(family: Family) -> list[str] | None:
     return list(ImageNetInfo().label_descriptions())
 
 
-def onnx_outputs(model_bytes: bytes, inputs: np.ndarray, batch: int = 8) -> np.ndarray:
-    """Logits of an ONNX graph on the CPU (ONNX Runtime), in batches."""
+def onnx_outputs(model_bytes: bytes, inputs: np.ndarray, batch: int = 8,
+                 precision: str = "fp32") -> np.ndarray:
+    """Logits of an ONNX graph on the CPU (ONNX Runtime, as the runtime runs it), in batches."""
     import onnxruntime as ort
 
+    from runtime_py.engines.onnxruntime import optimization_level
+
     opts = ort.SessionOptions()
+    opts.graph_optimization_level = optimization_level(ort, precision)
     session = ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
     parts = [session.run(None, {name: inputs[i:i + batch]})[0] for i in range(0, len(inputs), batch)]
@@ -260,7 +264,8 @@ def make_bundle(req: MakeRequest, progress: Progress | None = None) -> MakeResul
     progress("reference", f"reference outputs on {req.reference_count} held-out inputs")
     inputs, inputs_source = reference_inputs(family, req, preprocess)
     fp32_out = onnx_outputs(fp32_bytes, inputs)
-    own_out = fp32_out if req.precision == "fp32" else onnx_outputs(model_bytes, inputs)
+    own_out = (fp32_out if req.precision == "fp32"
+               else onnx_outputs(model_bytes, inputs, precision=req.precision))
     quality = manifest_quality(compare_logits(fp32_out, own_out), "fp32 ONNX graph, ONNX Runtime CPU",
                                inputs_source)
     members["reference.safetensors"] = reference_member(family, inputs, fp32_out, own_out)
