@@ -174,8 +174,11 @@ def test_check_target_dispatches_per_backend():
     with pytest.raises(EngineUnavailableError):
         check_target({"backend": "onnxruntime", "member": "model.onnx",
                       "details": {"opset": 19}}, HostInfo())
-    with pytest.raises(EngineUnavailableError, match="cannot yet"):
-        check_target({"backend": "torch-aoti", "member": "engine.pt2", "details": {}}, HostInfo())
+    aoti = {"torch_version": "2.11.0", "cuda_version": "13.0", "compute_capability": "9.0",
+            "device_name": "NVIDIA H200", "compile_options": {}}
+    with pytest.raises(EngineUnavailableError, match="torch is not installed"):
+        check_target({"backend": "torch-aoti", "member": "engine.pt2", "details": aoti},
+                     HostInfo())
 
 
 def test_parsers():

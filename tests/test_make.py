@@ -138,9 +138,13 @@ def test_bundle_verifies_runs_and_matches_its_reference(xception_bundles, precis
     assert result.exit_code == 0, result.output
     assert "RANDOM WEIGHTS" in result.output
     assert "RANDOM WEIGHTS" in run("inspect", str(xception_bundles[precision])).output
+    from runtime_py.engines.onnxruntime import optimization_level
+
     with open_bundle(xception_bundles[precision]) as b:
         ref = read_reference(b)
-        session = ort.InferenceSession(b.read_member("model.onnx"),
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = optimization_level(ort, precision)
+        session = ort.InferenceSession(b.read_member("model.onnx"), opts,
                                        providers=["CPUExecutionProvider"])
         quality = b.manifest["quality"]
     x = ref.inputs["input"]
