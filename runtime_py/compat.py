@@ -149,6 +149,22 @@ def compute_capability_ok(built: tuple[int, int], host: tuple[int, int],
     raise UsageError(f"unknown hardware_compatibility {hardware_compatibility!r} in the manifest")
 
 
+def require_gpu(host: HostInfo, device: int, engine: str) -> GpuInfo:
+    """GPU `device` of this host, or EngineUnavailableError saying what to do instead."""
+    if not host.gpus:
+        why = f" ({'; '.join(host.notes)})" if host.notes else ""
+        raise EngineUnavailableError(
+            f"this bundle's engine is {engine}, which needs an NVIDIA GPU, but no GPU is "
+            f"visible on this host{why}: run it on a GPU host, or run the bundle's portable "
+            "ONNX with `--backend onnxruntime` (`bundle rebuild BUNDLE --backend onnxruntime` "
+            "makes such a bundle)")
+    if not 0 <= device < len(host.gpus):
+        raise EngineUnavailableError(
+            f"GPU {device} was asked for, but this host has {len(host.gpus)} GPU(s) "
+            f"(0..{len(host.gpus) - 1})")
+    return host.gpus[device]
+
+
 def check_tensorrt_target(details: dict, host: HostInfo, device: int = 0) -> None:
     """Raise unless this host can deserialize and run the plan ``details`` describes.
 
@@ -161,17 +177,7 @@ def check_tensorrt_target(details: dict, host: HostInfo, device: int = 0) -> Non
             "this bundle's engine is a TensorRT plan, but TensorRT is not installed on this "
             f"host: install it with `{TRT_INSTALL_HINT}` (on a host with an NVIDIA GPU), or "
             "make a bundle for ONNX Runtime with `bundle rebuild BUNDLE --backend onnxruntime`")
-    if not host.gpus:
-        why = f" ({'; '.join(host.notes)})" if host.notes else ""
-        raise EngineUnavailableError(
-            "this bundle's engine is a TensorRT plan, which needs an NVIDIA GPU, but no GPU is "
-            f"visible on this host{why}: run it on a GPU host, or make a bundle for ONNX "
-            "Runtime with `bundle rebuild BUNDLE --backend onnxruntime`")
-    if not 0 <= device < len(host.gpus):
-        raise EngineUnavailableError(
-            f"GPU {device} was asked for, but this host has {len(host.gpus)} GPU(s) "
-            f"(0..{len(host.gpus) - 1})")
-    gpu = host.gpus[device]
+    gpu = require_gpu(host, device, "a TensorRT plan")
     built_cc = parse_compute_capability(details["compute_capability"])
     built_trt = details["tensorrt_version"]
     hw = details.get("hardware_compatibility", "none")
@@ -434,17 +440,7 @@ def check_torch_aoti_target(details: dict, host: HostInfo, device: int = 0) -> N
         problems.append(f"torch {major_minor(built_torch)} != {major_minor(host.torch_version)}")
     gpu = None
     if not on_cpu:
-        if not host.gpus:
-            why = f" ({'; '.join(host.notes)})" if host.notes else ""
-            raise EngineUnavailableError(
-                "this bundle's engine is an AOTInductor package for an NVIDIA GPU, but no GPU "
-                f"is visible on this host{why}: run it on a GPU host, or run the bundle's ONNX "
-                "with `--backend onnxruntime`")
-        if not 0 <= device < len(host.gpus):
-            raise EngineUnavailableError(
-                f"GPU {device} was asked for, but this host has {len(host.gpus)} GPU(s) "
-                f"(0..{len(host.gpus) - 1})")
-        gpu = host.gpus[device]
+        gpu = require_gpu(host, device, "an AOTInductor package")
         built_cuda = details.get("cuda_version")
         if host.torch_cuda_version is None:
             problems.append(f"the package needs CUDA {built_cuda} and this host's torch is a "

@@ -120,23 +120,34 @@ def graphs_selected(graphs_fp32, graphs_family):
 
 
 @_graphs_pytest.fixture(scope="session")
-def graphs_act_scales(graphs_fp32, graphs_fp16, graphs_selected, graphs_inputs):
-    """Per-tensor max over the calibration images, read from the fp32 graph (the real
-    calibrators live in bundler.calibration; this is the simplest stand-in)."""
+def graphs_max_scales(graphs_fp32, graphs_fp16, graphs_inputs):
+    """scales(selected) -> per-tensor max/448 over the calibration images, read from the
+    fp32 graph (the real calibrators live in bundler.calibration; this is the simplest
+    stand-in)."""
     import numpy as np
     import onnx
     import onnxruntime as ort
 
     from bundler.graphs.fp8 import E4M3_MAX, quantized_activation_tensors
 
-    tensors = quantized_activation_tensors(graphs_fp16, graphs_selected)
-    probe = onnx.ModelProto()
-    probe.CopyFrom(graphs_fp32)
-    for name in tensors:
-        probe.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
-    session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
-    values = session.run(tensors, {"input": graphs_inputs["calib"]})
-    return {name: float(np.abs(v).max()) / E4M3_MAX for name, v in zip(tensors, values)}
+    def scales(selected):
+        tensors = quantized_activation_tensors(graphs_fp16, selected)
+        probe = onnx.ModelProto()
+        probe.CopyFrom(graphs_fp32)
+        for name in tensors:
+            probe.graph.output.append(
+                onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+        session = ort.InferenceSession(probe.SerializeToString(),
+                                       providers=["CPUExecutionProvider"])
+        values = session.run(tensors, {"input": graphs_inputs["calib"]})
+        return {name: float(np.abs(v).max()) / E4M3_MAX for name, v in zip(tensors, values)}
+
+    return scales
+
+
+@_graphs_pytest.fixture(scope="session")
+def graphs_act_scales(graphs_max_scales, graphs_selected):
+    return graphs_max_scales(graphs_selected)
 
 
 @_graphs_pytest.fixture(scope="session")
