@@ -189,7 +189,7 @@ def build_or_reuse(planned: list[Planned], family, target: str, reuse: bool,
                     digests["fp8"] = expected_calibration_digest(family, p.request)
                 digest = digests["fp8"]
             candidates = sorted(Path(p.request.out_dir).glob(p.prefix + "*.bundle"))
-            reason = "not built yet"
+            reason = "no earlier bundle in the folder"
             for candidate in candidates:
                 reason = reuse_mismatch(candidate, family, p.request, target, source, digest,
                                         host)
