@@ -31,6 +31,14 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
+def served_name(manifest: dict) -> str:
+    """The bundle name without its engine-target part: one name for the same model whichever
+    engine serves it (`timm_xception-fp8-1.0.0-tensorrt-sm90-trt11.4` -> `timm_xception-fp8-1.0.0`)."""
+    name, backend = manifest["name"], manifest["engine"]["backend"]
+    cut = name.rfind("-" + backend)
+    return name[:cut] if cut > 0 else name
+
+
 class Model:
     """A loaded bundle. Thread-safety: `infer` is as thread-safe as the engine session
     (ONNX Runtime's is); serve concurrent clients through `runtime_py.batcher.Batcher`."""
@@ -41,7 +49,7 @@ class Model:
         self.fallback_reason = fallback_reason
         m = bundle.manifest
         self.id = bundle.id
-        self.name = m["name"].rsplit("-", 1)[0] if m["name"].count("-") else m["name"]
+        self.name = served_name(m)
         self.version = bundle.id[:12]
         self.backend = runner.backend
         self.platform = PLATFORMS.get(runner.backend, runner.backend)

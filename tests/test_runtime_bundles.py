@@ -104,3 +104,14 @@ def test_serving_the_fp8_bundle(xception_bundles):
         assert classify.status_code == 200 and len(classify.json()["predictions"]) == 3
         assert bad.status_code == 400 and "error" in bad.json()
         assert ready.status_code == 200
+
+
+@pytest.mark.parametrize("name,backend,served", [
+    ("timm_xception-fp8-1.0.0-onnxruntime", "onnxruntime", "timm_xception-fp8-1.0.0"),
+    ("timm_xception-fp16-1.0.0-tensorrt-sm90-trt11.4", "tensorrt", "timm_xception-fp16-1.0.0"),
+    ("timm_xception-fp8-depthwise-1.0.0-torch-aoti", "torch-aoti",
+     "timm_xception-fp8-depthwise-1.0.0")])
+def test_served_name_drops_the_engine_target(name, backend, served):
+    from runtime_py.model import served_name
+
+    assert served_name({"name": name, "engine": {"backend": backend}}) == served
