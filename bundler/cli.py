@@ -209,7 +209,8 @@ def print_progress(stage: str, message: str) -> None:
     click.echo(f"[{stage}] {message}", err=True)
 
 
-@cli.command(context_settings=CONTEXT, epilog=EXIT_CODES_HELP)
+@cli.command(context_settings=CONTEXT, epilog=EXIT_CODES_HELP,
+             short_help="Build one bundle of FAMILY at one precision.")
 @click.argument("family")
 @click.option("--precision", required=True, metavar="{fp32,fp16,fp8}",
               help="Precision of the graph (nvfp4 and int8 are refused with the reason).")

@@ -166,3 +166,19 @@ def test_same_inputs_give_the_same_bundle_bytes(tmp_path):
     assert paths[0].name == paths[1].name == "timm_xception-fp16-1.0.0-onnxruntime.bundle"
     assert paths[0].read_bytes() == paths[1].read_bytes()
     assert not [p for p in tmp_path.rglob("*.partial")]
+
+
+def test_tensorrt_target_without_tensorrt_is_refused_before_any_work(tmp_path):
+    import importlib.util
+    import time
+
+    from runtime_py.errors import EngineUnavailableError
+
+    if importlib.util.find_spec("tensorrt") is not None:
+        pytest.skip("TensorRT is installed here: the refusal path does not apply")
+    started = time.monotonic()
+    with pytest.raises(EngineUnavailableError, match=r"trt-bundle\[trt\]"):
+        make_bundle(MakeRequest(family="timm_xception", precision="fp16", backend="tensorrt",
+                                random_weights=True, out_dir=tmp_path))
+    assert time.monotonic() - started < 10          # no export, no graph work first
+    assert list(tmp_path.iterdir()) == []

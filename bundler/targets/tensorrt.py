@@ -275,6 +275,17 @@ def _parser_errors(parser) -> list[ParserErrorInfo]:
     return errors
 
 
+def check_host(device: int = 0, **_options: object) -> None:
+    """Refuse early (before `bundle make` exports anything) when this host cannot build
+    plans: TensorRT missing, or no NVIDIA GPU `device`."""
+    import_tensorrt()
+    host = probe_host(import_tensorrt=True)
+    if not 0 <= device < len(host.gpus):
+        raise EngineUnavailableError(
+            f"building a TensorRT plan needs NVIDIA GPU {device}, and this host has "
+            f"{len(host.gpus)} GPU(s)" + (f" ({'; '.join(host.notes)})" if host.notes else ""))
+
+
 def build_tensorrt_plan(onnx_bytes: bytes, *, opt_batch: int, max_batch: int,
                         min_batch: int = 1, optimization_level: int = 3,
                         timing_cache: Path | None = None, hardware_compat: str = "none",
@@ -293,12 +304,8 @@ def build_tensorrt_plan(onnx_bytes: bytes, *, opt_batch: int, max_batch: int,
                         hardware_compat=hardware_compat, workspace_bytes=workspace_bytes)
     shapes = profile_shapes(onnx_inputs(onnx_bytes), min_batch, opt_batch, max_batch)
     trt = import_tensorrt()
-    host = probe_host(import_tensorrt=True)
-    if not 0 <= device < len(host.gpus):
-        raise EngineUnavailableError(
-            f"building a TensorRT plan needs NVIDIA GPU {device}, and this host has "
-            f"{len(host.gpus)} GPU(s)" + (f" ({'; '.join(host.notes)})" if host.notes else ""))
-    gpu = host.gpus[device]
+    check_host(device)
+    gpu = probe_host(import_tensorrt=True).gpus[device]
     if hardware_compat == "ampere+" and gpu.compute_capability < (8, 0):
         raise UsageError(f"--hardware-compat ampere+ needs an Ampere or newer GPU to build "
                          f"on; GPU {device} ({gpu.name}) is {gpu.sm}")
