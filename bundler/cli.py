@@ -220,7 +220,8 @@ def print_progress(stage: str, message: str) -> None:
               help="Engine target. auto: tensorrt where it is importable and a GPU is "
                    "visible, else onnxruntime.")
 @click.option("--out", "out_dir", default=".", show_default=True,
-              type=click.Path(file_okay=False, path_type=Path), help="Output folder.")
+              type=click.Path(path_type=Path),
+              help="Output folder (created when the bundle is written).")
 @click.option("--checkpoint", type=click.Path(path_type=Path), default=None,
               help="Weights from this .safetensors file (default: the Hugging Face cache at "
                    "the family's pinned revision; nothing is downloaded).")
@@ -281,7 +282,8 @@ def make(family: str, precision: str, variant, backend, out_dir, checkpoint, ran
 @click.option("--backend", required=True, type=click.Choice(["onnxruntime", "tensorrt", "torch-aoti"]),
               help="The new engine target, built on this host.")
 @click.option("--out", "out_dir", default=".", show_default=True,
-              type=click.Path(file_okay=False, path_type=Path), help="Output folder.")
+              type=click.Path(path_type=Path),
+              help="Output folder (created when the bundle is written).")
 @tensorrt_options
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @handle_errors
@@ -295,8 +297,6 @@ def rebuild(bundle_path, backend, out_dir, timing_cache, hardware_compat, versio
     from bundler.rebuild import rebuild_bundle
 
     options = target_options(timing_cache, hardware_compat, version_compatible, workspace_mib)
-    if not Path(out_dir).is_dir():
-        raise UsageError(f"output folder {out_dir} does not exist: create it first")
     path, bundle_id = rebuild_bundle(bundle_path, backend, out_dir,
                                      log=None if as_json else (lambda m: print_progress("rebuild", m)),
                                      **options)

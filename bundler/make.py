@@ -19,7 +19,7 @@ from bundler import __version__
 from bundler.families import Family, load_family
 from bundler.quality import compare_logits, decimal, manifest_quality
 from bundler.weights import Weights, resolve_weights
-from bundler.writer import source_date_epoch
+from bundler.writer import prepare_out_dir, source_date_epoch
 from runtime_py.errors import CalibrationError, UsageError
 
 Progress = Callable[[str, str], None]
@@ -228,9 +228,7 @@ def make_bundle(req: MakeRequest, progress: Progress | None = None) -> MakeResul
     builder = targets.target_builder(target)
     if hasattr(builder, "check_host"):                # refuse a target this host lacks, early
         builder.check_host(**req.target_options)
-    out_dir = Path(req.out_dir)
-    if not out_dir.is_dir():
-        raise UsageError(f"output folder {out_dir} does not exist: create it or pass --out")
+    out_dir = prepare_out_dir(req.out_dir)
 
     weights: Weights = resolve_weights(family, req.checkpoint, req.random_weights, req.seed)
     progress("weights", "seeded random weights (smoke bundle)" if weights.is_random

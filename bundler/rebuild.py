@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from bundler.targets import bundle_name, target_builder
-from bundler.writer import source_date_epoch, write_bundle
+from bundler.writer import prepare_out_dir, source_date_epoch, write_bundle
 from runtime_py.errors import UsageError
 from runtime_py.format import open_bundle
 
@@ -72,9 +72,7 @@ def rebuild_bundle(src_path: str | os.PathLike, backend: str, out_dir: str | os.
     EngineUnavailableError when the target's engine package or GPU is missing (nothing
     written), UsageError for a bad request, VerificationError for a corrupt source.
     """
-    out_dir = Path(out_dir)
-    if not out_dir.is_dir():
-        raise UsageError(f"output folder {out_dir} does not exist: create it first")
+    out_dir = prepare_out_dir(out_dir)
     builder = target_builder(backend)
     with open_bundle(src_path) as src:
         src.verify()

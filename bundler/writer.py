@@ -55,6 +55,15 @@ def atomic_write(path: Path, chunks: Iterable[bytes], mode: int = 0o644) -> None
         raise
 
 
+def prepare_out_dir(out_dir: str | os.PathLike) -> Path:
+    """Check an output folder early (a file there is refused); it is created only when a
+    bundle is written into it, so a failed build leaves nothing behind."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"output path {out_dir} is a file, not a folder: pass a folder to --out")
+    return out_dir
+
+
 def compress_member(raw: bytes, level: int = ZSTD_LEVEL) -> bytes:
     """One zstd frame with the content size recorded (readers check it before inflating)."""
     cctx = zstandard.ZstdCompressor(level=level, write_content_size=True,
@@ -98,10 +107,10 @@ def write_bundle(out_path: str | os.PathLike, manifest_body: dict, members: dict
     out_path = Path(out_path)
     if out_path.is_dir():
         raise UsageError(f"{out_path} is a directory: give a file path for the bundle")
-    if not out_path.parent.is_dir():
-        raise UsageError(f"output folder {out_path.parent} does not exist: create it first")
+    prepare_out_dir(out_path.parent)
     manifest, blobs = build_manifest(manifest_body, members, level)
     validate_manifest(manifest)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
     manifest_bytes = encode_manifest(manifest)
     data_end = HEADER_SIZE + sum(len(b) for b in blobs)
     header = Header(FORMAT_MAJOR, FORMAT_MINOR, data_end, len(manifest_bytes),

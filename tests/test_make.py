@@ -95,9 +95,11 @@ def test_cli_refusal_is_one_line_and_exit_6(tmp_path):
                  "--out", str(tmp_path))
     assert result.exit_code == 6
     assert result.stderr.startswith("error: NVFP4") and "Traceback" not in result.output
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
     result = run("make", "timm_xception", "--precision", "fp32", "--random-weights",
-                 "--out", str(tmp_path / "no-such-dir"))
-    assert result.exit_code == 6 and "does not exist" in result.stderr
+                 "--out", str(a_file))
+    assert result.exit_code == 6 and "is a file, not a folder" in result.stderr
 
 
 # --- the bundles ------------------------------------------------------------------------
@@ -158,8 +160,7 @@ def test_bundle_verifies_runs_and_matches_its_reference(xception_bundles, precis
 def test_same_inputs_give_the_same_bundle_bytes(tmp_path):
     paths = []
     for name in ("a", "b"):
-        out = tmp_path / name
-        out.mkdir()
+        out = tmp_path / name / "new"          # created when the bundle is written
         paths.append(make_bundle(MakeRequest(
             family="timm_xception", precision="fp16", backend="onnxruntime",
             random_weights=True, out_dir=out, reference_count=2)).path)

@@ -104,11 +104,15 @@ def test_bad_tensorrt_options_are_refused_before_any_build(ort_source, tmp_path)
     assert list(out.iterdir()) == []
 
 
-def test_unknown_backend_and_missing_folder(ort_source, tmp_path):
+def test_unknown_backend_and_output_folder(ort_source, tmp_path):
     with pytest.raises(UsageError, match="cannot build engines for backend"):
         rebuild_bundle(ort_source, "tvm", _out(tmp_path))
-    with pytest.raises(UsageError, match="does not exist"):
-        rebuild_bundle(ort_source, "onnxruntime", tmp_path / "nope")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    with pytest.raises(UsageError, match="is a file, not a folder"):
+        rebuild_bundle(ort_source, "onnxruntime", a_file)
+    path, _ = rebuild_bundle(ort_source, "onnxruntime", tmp_path / "new" / "folder")
+    assert path.parent == tmp_path / "new" / "folder" and path.is_file()
 
 
 def test_corrupt_source_is_refused(ort_source, tmp_path):
