@@ -76,7 +76,8 @@ def select_fp8_convs(
     """Names of the nodes the recipe quantizes, in graph order.
 
     ``recipe`` is a ``Family`` (then ``variant``'s rules are merged in) or a recipe mapping
-    as returned by ``Family.recipe(variant)``. Works on the fp32, fp16 or fp8 graph.
+    as returned by ``Family.recipe(variant)``. Works on the fp32 or fp16 graph (in the fp8
+    graph the selected kernels are DequantizeLinear outputs and are not matched again).
     Raises ``FamilyError`` when the count differs from the recipe's ``expected_count`` and
     ``UsageError`` when a rule selects a node this pass cannot quantize.
     """
