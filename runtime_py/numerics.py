@@ -21,7 +21,8 @@ from typing import Callable
 
 import numpy as np
 
-from runtime_py.errors import BundleError, CompatibilityError, ManifestError
+from runtime_py.errors import BundleError, BundleFormatError, CompatibilityError, ManifestError
+from runtime_py.reference import read_reference
 
 REFERENCE_MEMBER = "reference.safetensors"
 
@@ -114,17 +115,6 @@ def compare_output(name: str, got: np.ndarray, ref: np.ndarray, tol: Tolerance,
     return OutputComparison(name, max_abs, top1, mismatches, decisive, fp32_abs, fp32_top1)
 
 
-def _load_reference(bundle) -> dict[str, np.ndarray]:
-    from safetensors.numpy import load
-
-    try:
-        return load(bundle.read_member(REFERENCE_MEMBER))
-    except BundleError:
-        raise
-    except Exception as exc:
-        raise ManifestError(f"member {REFERENCE_MEMBER!r} is not readable safetensors: {exc}") from None
-
-
 def _default_factory(backend: str | None):
     from runtime_py.engines import runner_class
 
@@ -154,15 +144,18 @@ def check_numerics(bundle, runner_factory: Callable | None = None, *,
         report.passed = False
         report.reasons.append(f"the bundle has no {REFERENCE_MEMBER}: nothing to compare")
         return report
-    ref = _load_reference(bundle)
+    try:
+        ref = read_reference(bundle)
+    except BundleFormatError as exc:
+        raise ManifestError(str(exc)) from None
     in_specs, out_specs = runner.input_metadata(), runner.output_metadata()
-    missing = [f"input.{s.name}" for s in in_specs if f"input.{s.name}" not in ref]
-    missing += [f"bundle.{s.name}" for s in out_specs if f"bundle.{s.name}" not in ref]
+    missing = [f"input.{s.name}" for s in in_specs if s.name not in ref.inputs]
+    missing += [f"bundle.{s.name}" for s in out_specs if s.name not in ref.bundle]
     if missing:
         report.passed = False
         report.reasons.append(f"{REFERENCE_MEMBER} lacks {', '.join(missing)}")
         return report
-    feeds_all = {s.name: np.ascontiguousarray(ref[f"input.{s.name}"].astype(s.dtype, copy=False))
+    feeds_all = {s.name: np.ascontiguousarray(ref.inputs[s.name].astype(s.dtype, copy=False))
                  for s in in_specs}
     n = next(iter(feeds_all.values())).shape[0]
     try:
@@ -185,7 +178,7 @@ def check_numerics(bundle, runner_factory: Callable | None = None, *,
     report.ran, report.inputs = True, int(n)
     for s in out_specs:
         got = np.concatenate(chunks[s.name], axis=0)
-        cmp = compare_output(s.name, got, ref[f"bundle.{s.name}"], tol, ref.get(f"fp32.{s.name}"))
+        cmp = compare_output(s.name, got, ref.bundle[s.name], tol, ref.fp32.get(s.name))
         report.outputs.append(cmp)
         if not np.all(np.isfinite(got)):
             report.reasons.append(f"{s.name}: the engine produced NaN or Inf")
