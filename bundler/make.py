@@ -147,16 +147,30 @@ def onnx_outputs(model_bytes: bytes, inputs: np.ndarray, batch: int = 8,
     return np.concatenate(parts).astype(np.float32)
 
 
-def reference_inputs(family: Family, req: MakeRequest, preprocess) -> tuple[np.ndarray, str]:
-    """A few preprocessed inputs, held out from calibration, and where they came from."""
+def calibration_set(family: Family, req: MakeRequest, preprocess=None):
+    """The images fp8 calibration uses (selected and digested; decoded only when iterated)."""
     from bundler.calibration.data import open_calibration_data, synthetic_calibration_set
 
-    shape = family.input.shape
+    if req.calib_data is not None:
+        return open_calibration_data(req.calib_data, preprocess, count=req.calib_count,
+                                     stride=req.calib_stride)
+    return synthetic_calibration_set(family.input.shape, min(req.calib_count, 64),
+                                     seed=SYNTHETIC_CALIBRATION_SEED, preprocess=preprocess)
+
+
+def reference_set(family: Family, req: MakeRequest, preprocess=None):
+    """The held-out inputs of the reference member and the quality summary."""
+    from bundler.calibration.data import open_calibration_data, synthetic_calibration_set
+
     if req.reference_data is not None:
-        data = open_calibration_data(req.reference_data, preprocess, count=req.reference_count)
-    else:
-        data = synthetic_calibration_set(shape, req.reference_count, seed=REFERENCE_SEED,
-                                         preprocess=preprocess)
+        return open_calibration_data(req.reference_data, preprocess, count=req.reference_count)
+    return synthetic_calibration_set(family.input.shape, req.reference_count,
+                                     seed=REFERENCE_SEED, preprocess=preprocess)
+
+
+def reference_inputs(family: Family, req: MakeRequest, preprocess) -> tuple[np.ndarray, str]:
+    """A few preprocessed inputs, held out from calibration, and where they came from."""
+    data = reference_set(family, req, preprocess)
     arrays = [batch for batch, _labels, _keys in data.iter_batches(req.reference_count)]
     return np.concatenate(arrays), data.source
 
@@ -165,7 +179,6 @@ def fp8_graph(family: Family, req: MakeRequest, fp32_model, fp16_model, preproce
               progress: Progress) -> tuple[bytes, bytes, dict, dict]:
     """The fp8 graph, its calibration member, the manifest's recipe and calibration records."""
     from bundler.calibration.collect import calibrate
-    from bundler.calibration.data import open_calibration_data, synthetic_calibration_set
     from bundler.calibration.store import calibration_to_safetensors
     from bundler.export import serialize
     from bundler.graphs import fp8
@@ -174,12 +187,7 @@ def fp8_graph(family: Family, req: MakeRequest, fp32_model, fp16_model, preproce
     selected = fp8.select_fp8_convs(fp16_model, recipe, req.variant)
     tensors = fp8.quantized_activation_tensors(fp16_model, selected)
     weight_scales = fp8.compute_weight_scales(fp32_model, selected)
-    if req.calib_data is not None:
-        data = open_calibration_data(req.calib_data, preprocess, count=req.calib_count,
-                                     stride=req.calib_stride)
-    else:
-        data = synthetic_calibration_set(family.input.shape, min(req.calib_count, 64),
-                                         seed=SYNTHETIC_CALIBRATION_SEED, preprocess=preprocess)
+    data = calibration_set(family, req, preprocess)
     total = len(data)
     progress("calibrate", f"{req.calib_method} calibration of {len(tensors)} tensors on "
                           f"{total} images from {data.source}")

@@ -112,24 +112,18 @@ def expected_source(family, req) -> dict:
 
 
 def expected_calibration_digest(family, req) -> str:
-    from bundler.calibration.data import open_calibration_data, synthetic_calibration_set
-    from bundler.make import SYNTHETIC_CALIBRATION_SEED
-    from runtime_py.preprocess import Preprocessor
+    """Digest of the images `bundle make` would calibrate on for `req` (no decoding)."""
+    from bundler.make import calibration_set
 
-    if req.calib_data is None:
-        return synthetic_calibration_set(family.input.shape, min(req.calib_count, 64),
-                                         seed=SYNTHETIC_CALIBRATION_SEED).digest
-    return open_calibration_data(req.calib_data, Preprocessor(family.preprocessing_spec()),
-                                 count=req.calib_count, stride=req.calib_stride).digest
+    return calibration_set(family, req).digest
 
 
 def reuse_mismatch(path: Path, family, req, target: str, source: dict,
                    calibration_digest: str | None, host=None) -> str | None:
     """None when the bundle at `path` was made from the same inputs; else why not."""
     from bundler import __version__
-    from bundler.calibration.data import synthetic_calibration_set
     from bundler.evaluate import same_source
-    from bundler.make import REFERENCE_SEED, package_versions
+    from bundler.make import package_versions, reference_set
     from runtime_py.compat import check_target, probe_host
     from runtime_py.format import open_bundle
 
@@ -155,8 +149,7 @@ def reuse_mismatch(path: Path, family, req, target: str, source: dict,
         cal = m.get("calibration") or {}
         checks["calibration"] = ((cal.get("method"), cal.get("data_digest")),
                                  (req.calib_method, calibration_digest))
-    inputs_source = synthetic_calibration_set(family.input.shape, req.reference_count,
-                                              seed=REFERENCE_SEED).source
+    inputs_source = reference_set(family, req).source
     checks["reference inputs"] = ((m["quality"]["images"], m["quality"]["inputs_source"]),
                                   (req.reference_count, inputs_source))
     installed = package_versions(("tensorrt",))
