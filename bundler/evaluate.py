@@ -31,6 +31,7 @@ import numpy as np
 
 from bundler.quality import compare_logits, top1_accuracy
 from runtime_py.errors import UsageError, WeightsError
+from runtime_py.engines.onnxruntime import cpu_session
 
 Progress = Callable[[str, str], None]
 Infer = Callable[[np.ndarray], np.ndarray]
@@ -53,14 +54,6 @@ class Reference:
     record: dict
     infer: Infer
     close: Callable[[], None] = field(default=lambda: None)
-
-
-def _cpu_session(model_bytes: bytes):
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    return ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
 
 
 def _session_infer(session) -> Infer:
@@ -96,7 +89,7 @@ def reference_from_bundle(manifest: dict, reference: str | os.PathLike) -> Refer
             raise UsageError(f"--reference {Path(reference).name} cannot be this bundle's reference: "
                              + "; ".join(problems) + ". Pass an fp32 bundle made from the same "
                              "family and weights, or leave --reference out to rebuild the fp32 graph")
-        session = _cpu_session(ref.read_member("model.onnx"))
+        session = cpu_session(ref.read_member("model.onnx"))
         record = {"kind": "fp32 bundle", "name": m["name"], "id": ref.id,
                   "engine": "onnxruntime CPUExecutionProvider on its model.onnx"}
     return Reference(record, _session_infer(session))
@@ -137,7 +130,7 @@ def rebuilt_reference(manifest: dict, checkpoint: str | os.PathLike | None = Non
     weights = _rebuilt_weights(family, manifest["source"], checkpoint)
     torch_model = build_torch_model(family, weights.state_dict, weights.seed)
     model_bytes = serialize(export_fp32_onnx(torch_model, family, cache_dir))
-    session = _cpu_session(model_bytes)
+    session = cpu_session(model_bytes)
     record = {"kind": "fp32 graph rebuilt from the bundle's source", "source": manifest["source"],
               "onnx_sha256": "sha256:" + hashlib.sha256(model_bytes).hexdigest(),
               "engine": "onnxruntime CPUExecutionProvider"}

@@ -135,13 +135,9 @@ def labels_for(family: Family) -> list[str] | None:
 def onnx_outputs(model_bytes: bytes, inputs: np.ndarray, batch: int = 8,
                  precision: str = "fp32") -> np.ndarray:
     """Logits of an ONNX graph on the CPU (ONNX Runtime, as the runtime runs it), in batches."""
-    import onnxruntime as ort
+    from runtime_py.engines.onnxruntime import cpu_session
 
-    from runtime_py.engines.onnxruntime import optimization_level
-
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = optimization_level(ort, precision)
-    session = ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
+    session = cpu_session(model_bytes, precision)
     name = session.get_inputs()[0].name
     parts = [session.run(None, {name: inputs[i:i + batch]})[0] for i in range(0, len(inputs), batch)]
     return np.concatenate(parts).astype(np.float32)

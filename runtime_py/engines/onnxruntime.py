@@ -36,6 +36,16 @@ def optimization_level(ort, precision: str):
     return levels.ORT_DISABLE_ALL if precision == "fp8" else levels.ORT_ENABLE_ALL
 
 
+def cpu_session(model_bytes: bytes, precision: str = "fp32"):
+    """A quiet CPU session over a graph, optimized as the runner optimizes it (for the
+    bundler's reference outputs and evaluation, which must match what the runtime gives)."""
+    ort = import_onnxruntime()
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.graph_optimization_level = optimization_level(ort, precision)
+    return ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
+
+
 def default_providers(ort, device: int = 0) -> list:
     available = ort.get_available_providers()
     if "CUDAExecutionProvider" in available:
