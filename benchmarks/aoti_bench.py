@@ -141,20 +141,20 @@ def time_with_copies(runner, x: np.ndarray, name: str, iters: int, warmup: int =
     return statistics.median(times)
 
 
-def kernel_table(runner, n: int, label: str, rows: int) -> dict:
-    """Per-kernel CUDA time of one plain (no graph) run at batch n; prints the top rows."""
+def kernel_table(step, label: str, rows: int, repeats: int = 5) -> dict:
+    """Per-kernel CUDA time of ``step()`` (one plain run, no CUDA graph); prints the top rows."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(3):
-        runner._run_model(runner._static_buffers(n)[0])
+        step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(5):
-            runner._run_model(runner._static_buffers(n)[0])
+        for _ in range(repeats):
+            step()
         torch.cuda.synchronize()
     events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
-    total = sum(e.self_device_time_total for e in events) / 5 / 1e3
+    total = sum(e.self_device_time_total for e in events) / repeats / 1e3
     groups: dict[str, float] = {}
     for e in events:
         k = e.key.lower()
@@ -162,12 +162,12 @@ def kernel_table(runner, n: int, label: str, rows: int) -> dict:
              "gemm" if any(s in k for s in ("gemm", "sm90_xmma", "cutlass", "nvjet")) else
              "conv (cudnn)" if any(s in k for s in ("conv", "dgrad", "implicit", "cudnn")) else
              "triton" if k.startswith("triton") else "other")
-        groups[g] = groups.get(g, 0.0) + e.self_device_time_total / 5 / 1e3
-    log(f"\n-- kernels, {label}, batch {n}: {total:.3f} ms/run of kernel time; by kind: "
+        groups[g] = groups.get(g, 0.0) + e.self_device_time_total / repeats / 1e3
+    log(f"\n-- kernels, {label}: {total:.3f} ms/run of kernel time; by kind: "
         + ", ".join(f"{g} {t:.3f}" for g, t in sorted(groups.items(), key=lambda kv: -kv[1])))
     ranked = sorted(events, key=lambda e: -e.self_device_time_total)[:rows]
     for e in ranked:
-        log(f"  {e.self_device_time_total / 5 / 1e3:8.4f} ms  x{e.count // 5:<4d} {e.key[:110]}")
+        log(f"  {e.self_device_time_total / repeats / 1e3:8.4f} ms  x{e.count // repeats:<4d} {e.key[:110]}")
     return {"total_ms": total, "groups": groups}
 
 
@@ -273,9 +273,11 @@ def run(args) -> int:
         log(f"== {variant}: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                                            for k, v in r.items()))
         if variant in args.profile.split(","):
-            r["kernels_b32"] = kernel_table(runner, 32, variant, args.rows)
+            r["kernels_b32"] = kernel_table(lambda: runner._run_model(runner._static_buffers(32)[0]),
+                                            f"{variant}, batch 32", args.rows)
             if variant.startswith("fp8"):
-                r["kernels_b1"] = kernel_table(runner, 1, variant, args.rows)
+                r["kernels_b1"] = kernel_table(lambda: runner._run_model(runner._static_buffers(1)[0]),
+                                               f"{variant}, batch 1", args.rows)
         runner.deactivate()
         results[variant] = r
         log(f"   ({time.monotonic() - t0:.0f} s elapsed)")

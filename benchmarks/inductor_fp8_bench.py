@@ -13,6 +13,12 @@ Quality: top-1 agreement and max |logit diff| vs the fp32 eager model (TF32 off)
 --eval-count seeded synthetic inputs (the bundle's reference-input generator).
 
     python benchmarks/inductor_fp8_bench.py [--data .bench] [--variants fp16,fp8] [--eager]
+        [--profile fp16,fp8] [--json PATH]
+
+Variants: fp16 (the fp16 target's NCHW module; Inductor picks its layouts), fp16-nhwc (the
+NHWC rewrite in fp16: the fp8 module's structure without FP8), fp8, fp8-depthwise, and
+``-fastacc`` of either fp8 (``use_fast_accum``). ``--profile`` prints a per-kernel table
+(torch.profiler, plain runs, no CUDA graph) at each batch size.
 """
 
 from __future__ import annotations
@@ -41,6 +47,9 @@ def main() -> None:
     p.add_argument("--eval-count", type=int, default=64)
     p.add_argument("--eager", action="store_true", help="no torch.compile (a dry run)")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--profile", default="", help="variants to profile per kernel")
+    p.add_argument("--rows", type=int, default=25)
+    p.add_argument("--json", help="append one JSON line per variant to this file")
     args = p.parse_args()
 
     import torch
@@ -48,7 +57,7 @@ def main() -> None:
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from aoti_bench import fp8_modules
+    from aoti_bench import fp8_modules, kernel_table
     from bundler.calibration.data import synthetic_calibration_set
     from bundler.families import load_family
     from bundler.make import REFERENCE_SEED
@@ -73,15 +82,21 @@ def main() -> None:
     model = model.cpu()
     sizes = [int(s) for s in args.batch_sizes.split(",")]
     results = {}
+    torch._dynamo.config.cache_size_limit = 64
     for variant in args.variants.split(","):
+        torch._dynamo.reset()   # each variant compiles from scratch, none falls back to eager
         t0 = time.monotonic()
         precision = "fp8" if variant.startswith("fp8") else "fp16"
-        fp8 = fp8_modules(model, data, variant) if precision == "fp8" else None
-        module, _pad = engine_model(model, precision, fp8, nhwc=True if variant == "fp16-nhwc" else None)
+        base = variant.removesuffix("-fastacc")
+        fp8 = fp8_modules(model, data, base) if precision == "fp8" else None
+        module, _pad = engine_model(model, precision, fp8, nhwc=True if variant == "fp16-nhwc" else None,
+                                    fast_accum=variant.endswith("-fastacc"))
         module = module.to(dev).eval()
         run = module if args.eager else torch.compile(module, dynamic=True)
         with torch.no_grad():
             out = torch.cat([run(x_eval[i:i + 32]) for i in range(0, len(x_eval), 32)]).float()
+        compile_s = time.monotonic() - t0
+        kernels: dict = {}
         agree = float((out.argmax(1) == ref.argmax(1)).float().mean())
         diff = float((out - ref).abs().max())
         log(f"[{variant}] compiled + eval in {time.monotonic() - t0:.0f} s: top-1 agreement "
@@ -109,7 +124,14 @@ def main() -> None:
                         t = time.perf_counter(); run(x); times.append((time.perf_counter() - t) * 1e3)
             timings[n] = statistics.median(times)
             log(f"[{variant}] batch {n}: {timings[n]:.3f} ms per replay")
-        results[variant] = {"agree": agree, "diff": diff, "ms": timings}
+            if dev.type == "cuda" and variant in args.profile.split(","):
+                with torch.no_grad():
+                    kernels[n] = kernel_table(lambda: run(x), f"{variant}, batch {n}", args.rows)
+        results[variant] = {"agree": agree, "diff": diff, "ms": timings,
+                            "compile_eval_s": compile_s, "kernels": kernels}
+        if args.json:
+            with open(args.json, "a") as f:
+                f.write(json.dumps({"variant": variant, **results[variant]}, sort_keys=True) + "\n")
     if "fp16" in results:
         log("\nvariant        batch   ms       fp16/this   top-1 agree")
         for v, r in results.items():
