@@ -138,6 +138,29 @@ def test_details_follow_the_schema(precision):
         assert not any(isinstance(v, float) for v in details.values())
 
 
+def test_fp8_details_name_the_gemm_mode():
+    from bundler.targets.torch_aoti import engine_details, host_details
+
+    for gemm, words in (("rowwise", "rowwise scales"), ("tensorwise", "tensorwise scales")):
+        details = engine_details(host_details("cpu"), "fp8", {}, nhwc=True, fast_accum=False,
+                                 padding={}, batch_sizes=[1], seconds=None, fp8_gemm=gemm)
+        assert words in details["compile_options"]["fp8_gemm"]
+
+
+def test_fp16_and_fp8_engines_are_nhwc_by_default_fp32_is_not():
+    from bundler.targets.torch_aoti import default_nhwc, engine_model
+
+    assert default_nhwc("fp16") and default_nhwc("fp8") and not default_nhwc("fp32")
+    assert not default_nhwc("fp16", False) and default_nhwc("fp32", True)
+    model = _tiny_model()
+    x = torch.randn(2, 3, 16, 16)
+    for precision, nhwc in (("fp16", True), ("fp32", False)):
+        module, _padding = engine_model(model, precision)
+        assert module.nhwc is nhwc
+        if precision == "fp32":
+            assert torch.allclose(module(x), model(x), atol=1e-6)
+
+
 def test_host_details_without_a_gpu():
     from bundler.targets.torch_aoti import check_host, host_details
 
@@ -229,9 +252,53 @@ def test_fp8_pointwise_is_dequantized_fp8_math(cin, cout, stride):
     assert float((got - ref).abs().max()) <= 2e-3 * float(ref.abs().max())
 
 
+def _cpu_scaled_mm_runs() -> bool:
+    try:
+        a = torch.zeros(16, 16).to(torch.float8_e4m3fn)
+        torch._scaled_mm(a, a.t(), scale_a=torch.ones(16, 1), scale_b=torch.ones(1, 16),
+                         out_dtype=torch.bfloat16)
+        return True
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
+@pytest.mark.skipif(not _cpu_scaled_mm_runs(),
+                    reason="this torch has no CPU torch._scaled_mm with rowwise scales")
+@pytest.mark.parametrize("gemm", ["rowwise", "tensorwise"])
+def test_fp8_pointwise_real_scaled_mm_matches_the_reference(gemm):
+    """Both GEMM modes through torch._scaled_mm itself (the CPU kernel here, cuBLASLt on a
+    GPU): scales and bias in the epilogue or after it give the dequantized FP8 product."""
+    from bundler.torch_nhwc import _classes, fake_quant_reference
+
+    gen = torch.Generator().manual_seed(7)
+    conv = torch.nn.Conv2d(728, 728, 1, bias=True)
+    with torch.no_grad():
+        conv.weight.copy_(torch.randn(conv.weight.shape, generator=gen) * 0.05)
+        conv.bias.copy_(torch.randn(728, generator=gen))
+    x = torch.randn(2, 5, 5, 728, generator=gen).relu().half()
+    act_scale = float(x.float().abs().max()) / 448
+    w_scale = conv.weight.detach().reshape(728, -1).abs().amax(1).numpy() / 448
+    module = _classes()["Fp8Pointwise"](conv, act_scale, w_scale, torch.float16, gemm=gemm)
+    got = module(x).float()
+    ref = fake_quant_reference(x.float(), conv.weight.detach().reshape(728, 728),
+                               conv.bias.detach(), act_scale, w_scale)
+    assert got.shape == ref.shape == (2, 5, 5, 728)
+    # bf16 rounding of the GEMM output (2^-9 relative), then fp16
+    assert float((got - ref).abs().max()) <= 4e-3 * float(ref.abs().max())
+
+
+def test_fp8_pointwise_refuses_an_unknown_gemm_mode():
+    from bundler.torch_nhwc import _classes
+
+    conv = torch.nn.Conv2d(16, 16, 1)
+    with pytest.raises(UsageError, match="fp8 GEMM mode 'blockwise'"):
+        _classes()["Fp8Pointwise"](conv, 0.01, np.full(16, 0.01), torch.float16, gemm="blockwise")
+
+
+@pytest.mark.parametrize("gemm", ["rowwise", "tensorwise"])
 @pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("stride", [1, 2])
-def test_fp8_pointwise_gives_scaled_mm_row_major_operands(batch, stride):
+def test_fp8_pointwise_gives_scaled_mm_row_major_operands(batch, stride, gemm):
     """The real (not emulated) path on meta tensors: torch's shape/layout rules for
     _scaled_mm run without a GPU. The input is an NHWC view of NCHW memory, as the engine
     module hands it over; at batch 1 a plain reshape of it is column-major, which
@@ -240,7 +307,7 @@ def test_fp8_pointwise_gives_scaled_mm_row_major_operands(batch, stride):
 
     conv = torch.nn.Conv2d(64, 128, 1, stride=stride, bias=True)
     w_scale = conv.weight.detach().reshape(128, -1).abs().amax(1).numpy() / 448
-    module = _classes()["Fp8Pointwise"](conv, 0.01, w_scale, torch.float16).to("meta")
+    module = _classes()["Fp8Pointwise"](conv, 0.01, w_scale, torch.float16, gemm=gemm).to("meta")
     x = torch.empty(batch, 64, 16, 16, device="meta", dtype=torch.float16).permute(0, 2, 3, 1)
     y = module(x)
     assert tuple(y.shape) == (batch, 16 // stride, 16 // stride, 128)
