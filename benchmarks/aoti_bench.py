@@ -234,7 +234,7 @@ def run(args) -> int:
         if args.stage in ("build", "both"):
             package, details = build_engine(
                 model, precision, tuple(family.input.shape), batch, fp8=fp8,
-                nhwc=True if variant == "fp16-nhwc" else None,
+                nhwc=False if variant == "fp16-nchw" else None,
                 fast_accum=variant.endswith("-fastacc"), smoke=args.smoke,
                 compile_options={k: _option(v) for k, v in
                                  (kv.split("=", 1) for kv in args.inductor)} or None,
@@ -360,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     pp.add_argument("--seed", type=int, default=0)
     pr = sub.add_parser("run")
     pr.add_argument("--data", default=".bench")
-    pr.add_argument("--variants", default="fp16,fp8,fp8-depthwise,fp16-nhwc")
+    pr.add_argument("--variants", default="fp16,fp8,fp8-depthwise,fp16-nchw")
     pr.add_argument("--profile", default="fp16,fp8")
     pr.add_argument("--iters", type=int, default=200)
     pr.add_argument("--eval-count", type=int, default=128)
