@@ -13,6 +13,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -466,3 +467,56 @@ def test_gpu_cuda_graphs_give_the_same_outputs():
         outputs.append(first)
         assert runner.graph_failures == {}
     assert np.abs(outputs[0] - outputs[1]).max() < 1e-3
+
+
+# --- the child-process load check -------------------------------------------------------------
+
+def test_a_loader_crash_in_the_child_is_a_compatibility_error(tmp_path):
+    from runtime_py.engines.torch_aoti import probe_package_load
+
+    crash = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
+    with pytest.raises(CompatibilityError, match="killed by SIGSEGV") as info:
+        probe_package_load(tmp_path / "engine.pt2", "0", True, code=crash)
+    assert "--backend onnxruntime" in str(info.value)
+    with pytest.raises(CompatibilityError, match="did not finish in 1 s"):
+        probe_package_load(tmp_path / "engine.pt2", "0", True, code="import time; time.sleep(30)",
+                           timeout_s=1)
+
+
+def _aoti_bundle_with(tmp_path, package: bytes):
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bundler.targets.torch_aoti import engine_details, host_details
+    from synthetic_bundles import write_source_bundle
+
+    details = engine_details(host_details("cpu"), "fp32", {"max_autotune": False}, nhwc=False,
+                             fast_accum=False, padding={}, batch_sizes=[1], seconds=None)
+    engine = {"backend": "torch-aoti", "member": "engine.pt2", "details": details}
+    return write_source_bundle(tmp_path, engine=engine, engine_member=package)
+
+
+def test_a_package_this_torch_cannot_load_falls_back_to_onnxruntime(tmp_path):
+    """A real load of a broken package by torch in the child: `auto` falls back to the
+    bundle's ONNX graph with the reason; naming torch-aoti gets the error."""
+    import runtime_py
+    from runtime_py.reference import read_reference
+
+    path = _aoti_bundle_with(tmp_path, b"PK\x03\x04 not really a package")
+    with pytest.raises(CompatibilityError, match="test load in a child process failed"):
+        runtime_py.load(path, backend="torch-aoti")
+    with runtime_py.load(path) as model:
+        assert "test load in a child process failed" in model.fallback_reason
+        assert model.runner.backend == "onnxruntime"
+        ref = read_reference(model.bundle)
+        got = model.infer(ref.inputs)
+        assert set(got) == set(ref.bundle) == {"logits"}
+        np.testing.assert_allclose(got["logits"], ref.bundle["logits"], rtol=1e-5, atol=1e-6)
+
+
+def test_the_load_check_can_be_turned_off_for_hosts_known_to_load(monkeypatch):
+    from runtime_py.engines.torch_aoti import TorchAotiRunner
+
+    bundle = _MemoryBundle("fp32", {}, b"", (3, 16, 16), 10, 4)
+    assert TorchAotiRunner(bundle).load_check
+    monkeypatch.setenv("TRT_BUNDLE_AOTI_LOAD_CHECK", "0")
+    assert not TorchAotiRunner(bundle).load_check
+    assert TorchAotiRunner(bundle, load_check=True).load_check

@@ -8,6 +8,12 @@ Design:
   capability) *before* loading, then writes ``engine.pt2`` to a private temporary folder
   (``aoti_load_package`` takes a path; the package unpickles nothing), loads it and
   deletes the folder.
+* Before loading in this process, the package is loaded once in a child process
+  (``probe_package_load``; ``load_check=False`` or ``TRT_BUNDLE_AOTI_LOAD_CHECK=0`` skips
+  it): torch's native loader can crash the process instead of raising (torch 2.11 on an
+  H200 segfaulted loading any package), and a service, `bundle verify` or `bundle study`
+  should get a CompatibilityError that names it, and `backend="auto"` its fallback to
+  ONNX Runtime, rather than die. It costs one torch import and one load (seconds).
 * One non-blocking stream per runner; pinned host staging buffers for the input and
   output at the max batch, device buffers per batch size: ``infer`` copies in, runs, copies
   out and synchronizes its stream only.
@@ -23,7 +29,11 @@ Design:
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -33,7 +43,8 @@ import numpy as np
 
 from runtime_py.compat import GpuInfo, HostInfo, check_torch_aoti_target
 from runtime_py.engines.base import Runner
-from runtime_py.errors import BundleError, EngineUnavailableError, InferenceInputError
+from runtime_py.errors import (BundleError, CompatibilityError, EngineUnavailableError,
+                               InferenceInputError)
 from runtime_py.tensors import check_feeds
 
 MEMBER = "engine.pt2"
@@ -67,16 +78,69 @@ def torch_host() -> HostInfo:
                     torch_cuda_version=torch.version.cuda, notes=tuple(notes))
 
 
+#: What the child process of ``probe_package_load`` runs: argv = package, device, single-threaded.
+LOAD_CHECK_CODE = """
+import sys, torch
+path, device, single = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+kwargs = {}
+if device != "cpu":
+    torch.cuda.init()
+    kwargs = {"device_index": int(device), "run_single_threaded": single}
+torch._inductor.aoti_load_package(path, **kwargs)
+"""
+LOAD_CHECK_TIMEOUT_S = 300
+
+
+def probe_package_load(path: Path, device: str, run_single_threaded: bool, *,
+                       code: str = LOAD_CHECK_CODE,
+                       timeout_s: float = LOAD_CHECK_TIMEOUT_S) -> None:
+    """Load the package at ``path`` in a child process; CompatibilityError if that fails.
+
+    ``device`` is "cpu" or a CUDA device index. A child killed by a signal (the native
+    loader crashed), one that raised, and one that did not finish in ``timeout_s`` are
+    told apart in the message.
+    """
+    torch = import_torch()
+    what = f"torch {torch.__version__} could not load this bundle's AOTInductor package"
+    remedy = ("run the bundle's ONNX graph (`--backend onnxruntime`, or `auto`, which falls "
+              "back to it), or rebuild the engine on this host (`bundle rebuild`)")
+    try:
+        proc = subprocess.run([sys.executable, "-c", code, str(path), str(device),
+                               "1" if run_single_threaded else "0"],
+                              capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise CompatibilityError(f"{what}: a test load in a child process did not finish in "
+                                 f"{timeout_s:g} s; {remedy}") from None
+    if proc.returncode == 0:
+        return
+    if proc.returncode < 0:
+        try:
+            name = signal.Signals(-proc.returncode).name
+        except ValueError:
+            name = f"signal {-proc.returncode}"
+        raise CompatibilityError(f"{what}: a test load in a child process was killed by {name} "
+                                 f"(torch's native loader crashed; seen with torch 2.11 on an "
+                                 f"H200); {remedy}")
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    raise CompatibilityError(f"{what}: a test load in a child process failed "
+                             f"({lines[-1] if lines else f'exit status {proc.returncode}'}); "
+                             f"{remedy}")
+
+
 class TorchAotiRunner(Runner):
-    """Options: device (int, default 0), cuda_graphs (bool, default True)."""
+    """Options: device (int, default 0), cuda_graphs (bool, default True), load_check
+    (bool, default True unless TRT_BUNDLE_AOTI_LOAD_CHECK=0: ``probe_package_load``)."""
 
     backend = "torch-aoti"
 
     def __init__(self, bundle, device: int = 0, cuda_graphs: bool = True,
-                 **options: object) -> None:
+                 load_check: bool | None = None, **options: object) -> None:
         super().__init__(bundle, device=device, cuda_graphs=cuda_graphs, **options)
         self.device_index = int(device)
         self.use_cuda_graphs = bool(cuda_graphs)
+        if load_check is None:
+            load_check = os.environ.get("TRT_BUNDLE_AOTI_LOAD_CHECK", "1") != "0"
+        self.load_check = bool(load_check)
         self.graph_failures: dict[int, str] = {}
         self._lock = threading.Lock()
         self._reset()
@@ -122,6 +186,9 @@ class TorchAotiRunner(Runner):
             path.write_bytes(self.bundle.read_member(MEMBER))
             kwargs = {} if self._on_cpu else {"device_index": self.device_index,
                                               "run_single_threaded": self.use_cuda_graphs}
+            if self.load_check:
+                probe_package_load(path, "cpu" if self._on_cpu else str(self.device_index),
+                                   self.use_cuda_graphs)
             try:
                 self._model = torch._inductor.aoti_load_package(str(path), **kwargs)
             except Exception as exc:
