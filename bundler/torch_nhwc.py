@@ -152,7 +152,7 @@ def _classes():
 
         def __init__(self, conv: nn.Conv2d, act_scale: float, weight_scale: Any,
                      dtype: torch.dtype, emulate: bool = False, fast_accum: bool = False,
-                     gemm: str = "rowwise") -> None:
+                     gemm: str = "rowwise", padded_io: bool = False) -> None:
             super().__init__()
             import numpy as np
 
@@ -169,6 +169,10 @@ def _classes():
             if gemm not in FP8_GEMMS:
                 raise UsageError(f"fp8 GEMM mode {gemm!r} is not one of {', '.join(FP8_GEMMS)}")
             self.gemm = gemm
+            # padded_io: the input already has kpad channels and the output keeps npad
+            # (zeros in the padding), so no pad before the quantize and no slice after
+            self.padded_io = padded_io
+            self.out = self.npad if padded_io else cout
             w16 = conv.weight.detach().to(torch.float16).reshape(cout, cin).cpu().numpy()
             ws = onnx_scale(weight_scale).reshape(-1)
             if ws.shape[0] != cout:
@@ -189,13 +193,15 @@ def _classes():
             bias_row = torch.zeros(self.npad)
             bias_row[:cout] = self.bias
             self.register_buffer("bias_row", bias_row.to(torch.bfloat16))
+            self.register_buffer("bias_out", bias_row[:self.out].clone())   # fp32, padded
+            self.register_buffer("weight_scale_out", self.weight_scale_row[0, :self.out].clone())
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             sh, sw = self.stride
             if (sh, sw) != (1, 1):
                 x = x[:, ::sh, ::sw, :]
             n, h, w, _ = x.shape
-            if self.kpad != self.cin:
+            if x.shape[-1] != self.kpad:
                 x = F.pad(x, (0, self.kpad - self.cin))     # fused into the quantize below
             # contiguous(): at batch 1 the reshape of an NCHW-backed NHWC view is a
             # column-major view, which _scaled_mm refuses (seen compiling on an H200).
@@ -207,13 +213,13 @@ def _classes():
                 y = torch._scaled_mm(q, self.weight_fp8.t(), scale_a=a,
                                      scale_b=self.weight_scale_row, bias=self.bias_row,
                                      out_dtype=torch.bfloat16, use_fast_accum=self.fast_accum)
-                return y[:, :self.cout].to(self.dtype).reshape(n, h, w, self.cout)
+                return y[:, :self.out].to(self.dtype).reshape(n, h, w, self.out)
             else:
                 y = torch._scaled_mm(q, self.weight_fp8.t(), scale_a=self.act_scale,
                                      scale_b=self.one, out_dtype=torch.bfloat16,
                                      use_fast_accum=self.fast_accum)
-            y = y[:, :self.cout].float() * self.weight_scale + self.bias
-            return y.to(self.dtype).reshape(n, h, w, self.cout)
+            y = y[:, :self.out].float() * self.weight_scale_out + self.bias_out
+            return y.to(self.dtype).reshape(n, h, w, self.out)
 
     class DepthwiseNHWC(nn.Module):
         """k x k depthwise convolution on NHWC as a sum of shifted slices (module docstring).
@@ -223,7 +229,7 @@ def _classes():
         """
 
         def __init__(self, conv: nn.Conv2d, dtype: torch.dtype, act_scale: float | None = None,
-                     weight_scale: Any = None) -> None:
+                     weight_scale: Any = None, channels: int | None = None) -> None:
             super().__init__()
             import numpy as np
 
@@ -242,9 +248,13 @@ def _classes():
                 ws = onnx_scale(weight_scale).reshape(-1, 1, 1, 1)
                 q = quantize_fp8(w.cpu().numpy(), ws).astype(np.float32)
                 w = torch.from_numpy((q * ws).astype(np.float16))
-            self.register_buffer("weight", w.reshape(c, *self.kernel).permute(1, 2, 0)
-                                 .contiguous().to(dtype))          # [kh, kw, C]
-            bias = conv.bias.detach() if conv.bias is not None else torch.zeros(c)
+            cp = channels or c        # > c: padded channels, zero kernel and bias
+            kernel = torch.zeros(cp, *self.kernel, dtype=w.dtype)
+            kernel[:c] = w.reshape(c, *self.kernel)
+            self.register_buffer("weight", kernel.permute(1, 2, 0).contiguous().to(dtype))  # [kh, kw, C]
+            bias = torch.zeros(cp, dtype=w.dtype)
+            if conv.bias is not None:
+                bias[:c] = conv.bias.detach()
             self.register_buffer("bias", bias.to(dtype))
             self.register_buffer("act_scale", None if act_scale is None else torch.tensor(
                 float(onnx_scale(act_scale)), dtype=torch.float32))
@@ -270,12 +280,20 @@ def _classes():
     class PointwiseNHWC(nn.Module):
         """A 1x1 convolution the recipe does not quantize: a matmul on NHWC."""
 
-        def __init__(self, conv: nn.Conv2d, dtype: torch.dtype) -> None:
+        def __init__(self, conv: nn.Conv2d, dtype: torch.dtype, cin: int | None = None,
+                     cout: int | None = None) -> None:
             super().__init__()
             self.stride = tuple(conv.stride)
-            w = conv.weight.detach().reshape(conv.out_channels, conv.in_channels)
+            o, i = conv.out_channels, conv.in_channels
+            w = torch.zeros(cout or o, cin or i)            # padded: zero rows and columns
+            w[:o, :i] = conv.weight.detach().reshape(o, i)
             self.register_buffer("weight", w.to(dtype))
-            self.register_buffer("bias", None if conv.bias is None else conv.bias.detach().to(dtype))
+            bias = None
+            if conv.bias is not None:
+                bias = torch.zeros(cout or o)
+                bias[:o] = conv.bias.detach()
+                bias = bias.to(dtype)
+            self.register_buffer("bias", bias)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             sh, sw = self.stride
@@ -286,8 +304,21 @@ def _classes():
     class ConvNHWC(nn.Module):
         """Any other convolution (the stem): cuDNN on the channels-last view of NHWC data."""
 
-        def __init__(self, conv: nn.Conv2d, dtype: torch.dtype) -> None:
+        def __init__(self, conv: nn.Conv2d, dtype: torch.dtype, cout: int | None = None) -> None:
             super().__init__()
+            import copy
+
+            if cout and cout != conv.out_channels:   # padded: zero filters, zero bias
+                grown = copy.deepcopy(conv)
+                grown.out_channels = cout
+                w = torch.zeros(cout, *conv.weight.shape[1:])
+                w[:conv.out_channels] = conv.weight.detach()
+                grown.weight = nn.Parameter(w, requires_grad=False)
+                if conv.bias is not None:
+                    b = torch.zeros(cout)
+                    b[:conv.out_channels] = conv.bias.detach()
+                    grown.bias = nn.Parameter(b, requires_grad=False)
+                conv = grown
             self.conv = conv.to(dtype)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -347,8 +378,16 @@ def rewrite_nhwc(model: torch.nn.Module, dtype: torch.dtype, *,
                  fp8: Mapping[str, tuple[float, Any]] | None = None,
                  fp8_depthwise: Mapping[str, tuple[float, Any]] | None = None,
                  emulate: bool = False, fast_accum: bool = False,
-                 fp8_gemm: str = "rowwise") -> torch.nn.Module:
+                 fp8_gemm: str = "rowwise", pad_channels: bool = False) -> torch.nn.Module:
     """A copy of ``model`` (BN-folded, eval) computing NHWC in ``dtype``.
+
+    ``pad_channels``: every convolution output whose channel count is not a multiple of
+    ``FP8_ALIGN`` keeps the padded count (728 -> 736, zeros in the padding) and every
+    convolution that reads one takes it as it is, so FP8 GEMMs need no pad before their
+    quantize and no slice after them. Convolutions other than 1x1 and depthwise
+    (``ConvNHWC``: the stem) read unpadded inputs, as does the classifier: a model whose
+    padded tensor reaches one of them fails ``check_rewrite``. Not the default: not yet
+    measured on a GPU (families/timm_xception/README.md).
 
     ``fp8``: module path -> (activation scale, per-channel weight scales) of the 1x1
     convolutions to run as FP8 GEMMs; ``fp8_depthwise``: the same for depthwise
@@ -368,6 +407,10 @@ def rewrite_nhwc(model: torch.nn.Module, dtype: torch.dtype, *,
         raise UsageError(f"fp8 modules not in the model: {unknown[:5]}")
     replaced: dict[str, nn.Module] = {}
     problems = []
+
+    def width(c: int) -> int:
+        return padded(c) if pad_channels else c
+
     for name, m in modules.items():
         if not name or any(name.startswith(r + ".") for r in replaced):
             continue
@@ -376,16 +419,17 @@ def rewrite_nhwc(model: torch.nn.Module, dtype: torch.dtype, *,
             depthwise = m.groups == m.in_channels == m.out_channels and m.groups > 1
             if name in fp8:
                 new = cls["Fp8Pointwise"](m, *fp8[name], dtype=dtype, emulate=emulate,
-                                          fast_accum=fast_accum, gemm=fp8_gemm)
+                                          fast_accum=fast_accum, gemm=fp8_gemm,
+                                          padded_io=pad_channels)
             elif depthwise:
                 a, w = fp8_depthwise.get(name, (None, None))
-                new = cls["DepthwiseNHWC"](m, dtype, a, w)
+                new = cls["DepthwiseNHWC"](m, dtype, a, w, channels=width(m.out_channels))
             elif name in fp8_depthwise:
                 problems.append(f"{name}: fp8-depthwise selects a convolution that is not depthwise")
             elif m.kernel_size == (1, 1) and m.groups == 1 and m.padding in ((0, 0), "valid"):
-                new = cls["PointwiseNHWC"](m, dtype)
+                new = cls["PointwiseNHWC"](m, dtype, width(m.in_channels), width(m.out_channels))
             else:
-                new = cls["ConvNHWC"](m, dtype)
+                new = cls["ConvNHWC"](m, dtype, width(m.out_channels))
         elif (pool := _global_pool(m)) is not None:
             new = pool
         elif not list(m.children()) and type(m).__name__ not in _LAYOUT_FREE:
@@ -406,7 +450,8 @@ def rewrite_nhwc(model: torch.nn.Module, dtype: torch.dtype, *,
     return body.eval().requires_grad_(False)
 
 
-def check_rewrite(model: torch.nn.Module, x: torch.Tensor, rtol: float = 1e-3) -> float:
+def check_rewrite(model: torch.nn.Module, x: torch.Tensor, rtol: float = 1e-3, *,
+                  pad_channels: bool = False) -> float:
     """Relative max difference between ``model`` and its fp32 NHWC rewrite on ``x``.
 
     Raises UsageError above ``rtol``: then some container's ``forward`` is not
@@ -414,7 +459,8 @@ def check_rewrite(model: torch.nn.Module, x: torch.Tensor, rtol: float = 1e-3) -
     """
     import torch
 
-    nhwc = EngineModule(rewrite_nhwc(model, torch.float32), torch.float32, True).to(x.device)
+    nhwc = EngineModule(rewrite_nhwc(model, torch.float32, pad_channels=pad_channels),
+                        torch.float32, True).to(x.device)
     with torch.no_grad():
         ref = model(x).float()
         got = nhwc(x)

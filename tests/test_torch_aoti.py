@@ -357,6 +357,35 @@ def test_rewritten_fp8_model_matches_onnxruntime(graphs_fp8, graphs_family, grap
     assert (got.argmax(1) == ref.argmax(1)).all()
 
 
+def test_padded_channels_compute_the_same_model(graphs_fp8, graphs_family, graphs_torch_model,
+                                                graphs_act_scales, graphs_weight_scales,
+                                                graphs_inputs):
+    """728 channels carried as 736 (zeros) through the blocks: the fp32 rewrite still equals
+    the model, and the fp8 engine model gives what the unpadded one gives."""
+    from bundler.export import serialize
+    from bundler.targets.torch_aoti import engine_model, fp8_layers
+    from bundler.torch_nhwc import EngineModule, check_rewrite, map_nodes_to_modules, rewrite_nhwc
+
+    x = torch.from_numpy(graphs_inputs["eval"][:2])
+    assert check_rewrite(graphs_torch_model, x, pad_channels=True) < 1e-5
+    body = rewrite_nhwc(graphs_torch_model, torch.float32, pad_channels=True)
+    widths = {int(m.weight.shape[-1]) for m in body.modules() if type(m).__name__ == "DepthwiseNHWC"}
+    assert 736 in widths and 728 not in widths
+    calib = _calibration(graphs_act_scales, graphs_weight_scales)
+    _variant, layers = fp8_layers(serialize(graphs_fp8), graphs_family, calib)
+    paths = map_nodes_to_modules(graphs_torch_model, list(layers))
+    fp8 = {paths[n]: s for n, s in layers.items()}
+    outs = []
+    for pad in (False, True):
+        model = EngineModule(rewrite_nhwc(graphs_torch_model, torch.float16, fp8=fp8, emulate=True,
+                                          pad_channels=pad), torch.float16, True)
+        with torch.no_grad():
+            outs.append(model(x).float())
+    assert float((outs[0] - outs[1]).abs().max()) <= 1e-3 * float(outs[0].abs().max())
+    with pytest.raises(UsageError, match="padded channels are a form of the NHWC rewrite"):
+        engine_model(graphs_torch_model, "fp16", nhwc=False, pad_channels=True)
+
+
 # --- packaging ------------------------------------------------------------------------------
 
 class _MemoryBundle:

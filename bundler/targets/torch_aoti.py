@@ -193,13 +193,13 @@ def default_nhwc(precision: str, nhwc: bool | None = None) -> bool:
 def engine_model(torch_model: torch.nn.Module, precision: str,
                  fp8: dict[str, tuple[float, Any]] | None = None, *, nhwc: bool | None = None,
                  fast_accum: bool = False, fp8_gemm: str = "rowwise",
-                 ) -> tuple[torch.nn.Module, dict]:
+                 pad_channels: bool = False) -> tuple[torch.nn.Module, dict]:
     """The module to export (fp32 NCHW in, fp32 out) and its fp8 padding record.
 
     ``fp8``: module path -> (activation scale, weight scales) (paths from
     ``torch_nhwc.map_nodes_to_modules``); 1x1 ones become FP8 GEMMs, depthwise ones are
     quantized-dequantized. ``nhwc`` (default: ``default_nhwc``) selects the NHWC rewrite;
-    ``fp8_gemm``: ``torch_nhwc.FP8_GEMMS``.
+    ``fp8_gemm``: ``torch_nhwc.FP8_GEMMS``; ``pad_channels``: ``torch_nhwc.rewrite_nhwc``'s.
     """
     torch = import_torch()
     from bundler import torch_nhwc
@@ -212,6 +212,8 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
         raise UsageError("the fp8 torch-aoti model is NHWC by construction")
     if precision != "fp8" and fp8:
         raise UsageError(f"fp8 layers given for a {precision} build")
+    if pad_channels and not nhwc:
+        raise UsageError("padded channels are a form of the NHWC rewrite; the NCHW model has none")
     padding: dict = {}
     if not nhwc:
         import copy
@@ -230,7 +232,8 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
         if (kpad, npad) != (conv.in_channels, conv.out_channels):
             padding[path] = {"in": [conv.in_channels, kpad], "out": [conv.out_channels, npad]}
     body = torch_nhwc.rewrite_nhwc(torch_model, dtype, fp8=pointwise, fp8_depthwise=depthwise,
-                                   fast_accum=fast_accum, fp8_gemm=fp8_gemm)
+                                   fast_accum=fast_accum, fp8_gemm=fp8_gemm,
+                                   pad_channels=pad_channels)
     return torch_nhwc.EngineModule(body, dtype, True), padding
 
 
@@ -301,7 +304,8 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
                  batch: dict, *, fp8: dict[str, tuple[float, Any]] | None = None,
                  device: str = "cuda", batch_sizes: list[int] | None = None,
                  compile_options: dict | None = None, nhwc: bool | None = None,
-                 fast_accum: bool = False, fp8_gemm: str = "rowwise", smoke: bool = True,
+                 fast_accum: bool = False, fp8_gemm: str = "rowwise",
+                 pad_channels: bool = False, smoke: bool = True,
                  log: Callable[[str], None] | None = None) -> tuple[bytes, dict]:
     """Compile one package from a torch model; returns (package bytes, engine details).
 
@@ -317,7 +321,7 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
     options = compile_options_for(compile_options)
     nhwc = default_nhwc(precision, nhwc)
     module, padding = engine_model(torch_model, precision, fp8, nhwc=nhwc, fast_accum=fast_accum,
-                                   fp8_gemm=fp8_gemm)
+                                   fp8_gemm=fp8_gemm, pad_channels=pad_channels)
     module = module.to(device)
     lo, hi = int(batch["min"]), int(batch["max"])
     sizes = sorted({int(b) for b in (batch_sizes or [lo, hi])})
@@ -328,7 +332,8 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
 
         from bundler.torch_nhwc import check_rewrite
 
-        err = check_rewrite(copy.deepcopy(torch_model).to(device), _example(input_shape, device))
+        err = check_rewrite(copy.deepcopy(torch_model).to(device), _example(input_shape, device),
+                            pad_channels=pad_channels)
         log(f"NHWC rewrite matches the model (relative max difference {err:.2g})")
     with tempfile.TemporaryDirectory(prefix="trt-bundle-aoti-") as tmp:
         log(f"exporting and compiling the {precision} package for {device} "
@@ -342,7 +347,7 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
         data = path.read_bytes()
     details = engine_details(host_details(device), precision, options,
                              nhwc=nhwc, fast_accum=fast_accum, fp8_gemm=fp8_gemm,
-                             padding=padding, batch_sizes=sizes,
+                             pad_channels=pad_channels, padding=padding, batch_sizes=sizes,
                              seconds=time.monotonic() - started)
     log(f"package: {len(data) / 1e6:.1f} MB in {time.monotonic() - started:.0f} s")
     return data, details
@@ -350,7 +355,8 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
 
 def engine_details(host: dict, precision: str, options: dict, *, nhwc: bool,
                    fast_accum: bool, padding: dict, batch_sizes: list[int],
-                   seconds: float | None, fp8_gemm: str = "rowwise") -> dict:
+                   seconds: float | None, fp8_gemm: str = "rowwise",
+                   pad_channels: bool = False) -> dict:
     """The manifest's ``engine.details`` (schema ``$defs/torch_aoti_details``): the build
     host (``host_details``), what was compiled and how, the fp8 padding per layer, and the
     batch sizes the package was checked at. No floats (manifest rule)."""
@@ -360,7 +366,9 @@ def engine_details(host: dict, precision: str, options: dict, *, nhwc: bool,
     details = dict(host)
     details["compile_options"] = {
         "inductor": dict(options), "export": "torch.export, dynamic batch",
-        "layout": "nhwc" if nhwc else "nchw", "dtype": PRECISIONS[precision],
+        "layout": ("nhwc, channels padded to multiples of 16" if pad_channels else "nhwc")
+                  if nhwc else "nchw",
+        "dtype": PRECISIONS[precision],
         **({"fp8_gemm": FP8_GEMM_DESCRIPTIONS[fp8_gemm],
             "fp8_fast_accum": bool(fast_accum)} if precision == "fp8" else {}),
     }
