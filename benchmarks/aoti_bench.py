@@ -229,13 +229,15 @@ def run(args) -> int:
         precision = "fp8" if variant.startswith("fp8") else "fp16"
         fp8 = None
         if precision == "fp8":
-            fp8 = fp8_modules(model, data, variant.removesuffix("-fastacc"))
+            base = variant.removesuffix("-padded").removesuffix("-tensorwise").removesuffix("-fastacc")
+            fp8 = fp8_modules(model, data, base)
         pkg_dir = Path(args.packages)
         if args.stage in ("build", "both"):
             package, details = build_engine(
                 model, precision, tuple(family.input.shape), batch, fp8=fp8,
                 nhwc=False if variant == "fp16-nchw" else None,
-                fast_accum=variant.endswith("-fastacc"), smoke=args.smoke,
+                fast_accum="-fastacc" in variant, pad_channels="-padded" in variant,
+                fp8_gemm="tensorwise" if "-tensorwise" in variant else "rowwise", smoke=args.smoke,
                 compile_options={k: _option(v) for k, v in
                                  (kv.split("=", 1) for kv in args.inductor)} or None,
                 log=lambda m: log(f"  [{variant}] {m}"))
