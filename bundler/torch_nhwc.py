@@ -15,7 +15,8 @@ head:
   with rowwise scales; ``FP8_GEMMS``).
   Channel counts are padded to multiples of ``FP8_ALIGN`` inside the module (728 -> 736):
   the pad is fused into the quantize (zeros), the weight's padded rows are zero, and the
-  output's padded columns are dropped by a free slice;
+  output's padded columns are dropped by a free slice (or, with ``rewrite_nhwc``'s
+  ``pad_channels``, the padded width is carried from module to module instead);
 * depthwise convolutions -> ``DepthwiseNHWC``: the k x k taps written as shifted slices,
   multiplied and summed. Inductor turns that (with the zero padding, the preceding ReLU
   and the *following quantize*) into one Triton kernel, which is the point: cuDNN's
@@ -181,20 +182,21 @@ def _classes():
             wq = np.zeros((self.npad, self.kpad), np.uint8)
             wq[:cout, :cin] = q.view(np.uint8)
             self.register_buffer("weight_fp8", torch.from_numpy(wq).view(torch.float8_e4m3fn))
-            self.register_buffer("weight_scale", torch.from_numpy(ws.copy()))
             bias = conv.bias.detach().float() if conv.bias is not None else torch.zeros(cout)
-            self.register_buffer("bias", bias.to(torch.float16).float())  # the fp16 graph's bias
+            bias = bias.to(torch.float16).float()                  # the fp16 graph's bias
             self.register_buffer("act_scale", torch.tensor(float(onnx_scale(act_scale)),
                                                            dtype=torch.float32))
             self.register_buffer("one", torch.tensor(1.0, dtype=torch.float32))
-            row = np.ones((1, self.npad), np.float32)
-            row[0, :cout] = ws
-            self.register_buffer("weight_scale_row", torch.from_numpy(row))
+            # per output channel, padded (scale 1, bias 0): rowwise GEMM operands [1, npad]
+            # and bf16 bias; the tensorwise pass uses the first `out` of them in fp32
+            scale_row = torch.ones(1, self.npad)
+            scale_row[0, :cout] = torch.from_numpy(ws.copy())
             bias_row = torch.zeros(self.npad)
-            bias_row[:cout] = self.bias
+            bias_row[:cout] = bias
+            self.register_buffer("weight_scale_row", scale_row)
             self.register_buffer("bias_row", bias_row.to(torch.bfloat16))
-            self.register_buffer("bias_out", bias_row[:self.out].clone())   # fp32, padded
-            self.register_buffer("weight_scale_out", self.weight_scale_row[0, :self.out].clone())
+            self.register_buffer("weight_scale_out", scale_row[0, :self.out].clone())
+            self.register_buffer("bias_out", bias_row[:self.out].clone())
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             sh, sw = self.stride
