@@ -11,8 +11,9 @@ import abc
 
 import numpy as np
 
+from runtime_py.errors import BundleError, InferenceInputError
 from runtime_py.format import Bundle
-from runtime_py.tensors import TensorSpec
+from runtime_py.tensors import TensorSpec, check_feeds
 
 
 def manifest_specs(entries: list[dict]) -> list[TensorSpec]:
@@ -63,6 +64,19 @@ class Runner(abc.ABC):
 
     def deactivate_impl(self) -> None:
         """Release the engine session (default: nothing to release)."""
+
+    def checked_batch(self, feeds: dict[str, np.ndarray], runner: str, engine: str) -> int:
+        """The batch size of ``feeds``, checked against the inputs and the engine's fixed
+        range: the GPU runners hold buffers of ``max_batch_size`` (the model splits larger
+        batches before they reach the engine). ``runner``/``engine`` name them in messages."""
+        if not self.is_active:
+            raise BundleError(f"the {runner} runner is not active: call activate() first")
+        n = check_feeds(self.input_metadata(), feeds)
+        if not 1 <= n <= self.max_batch_size:
+            raise InferenceInputError(
+                f"batch {n} is outside this {engine}'s range 1..{self.max_batch_size}; the "
+                "model splits larger batches before they reach the engine")
+        return n
 
     @abc.abstractmethod
     def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

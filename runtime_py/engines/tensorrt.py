@@ -38,7 +38,6 @@ from runtime_py.errors import (
     EngineUnavailableError,
     InferenceInputError,
 )
-from runtime_py.tensors import check_feeds
 
 
 def import_tensorrt():
@@ -231,13 +230,7 @@ class TensorRTRunner(Runner):
 
     # -- inference --------------------------------------------------------------------
     def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if not self.is_active:
-            raise BundleError("the TensorRT runner is not active: call activate() first")
-        n = check_feeds(self.input_metadata(), feeds)
-        if not 1 <= n <= self.max_batch_size:
-            raise InferenceInputError(
-                f"batch {n} is outside this plan's range 1..{self.max_batch_size}; the model "
-                "splits larger batches before they reach the engine")
+        n = self.checked_batch(feeds, "TensorRT", "plan")
         with self._lock:
             return self._infer(feeds, n)
 

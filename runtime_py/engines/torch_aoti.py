@@ -43,9 +43,7 @@ import numpy as np
 
 from runtime_py.compat import GpuInfo, HostInfo, check_torch_aoti_target
 from runtime_py.engines.base import Runner
-from runtime_py.errors import (BundleError, CompatibilityError, EngineUnavailableError,
-                               InferenceInputError)
-from runtime_py.tensors import check_feeds
+from runtime_py.errors import BundleError, CompatibilityError, EngineUnavailableError
 
 MEMBER = "engine.pt2"
 
@@ -210,13 +208,7 @@ class TorchAotiRunner(Runner):
 
     # -- inference --------------------------------------------------------------------
     def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if not self.is_active:
-            raise BundleError("the torch-aoti runner is not active: call activate() first")
-        n = check_feeds(self.input_metadata(), feeds)
-        if not 1 <= n <= self.max_batch_size:
-            raise InferenceInputError(
-                f"batch {n} is outside this package's range 1..{self.max_batch_size}; the "
-                "model splits larger batches before they reach the engine")
+        n = self.checked_batch(feeds, "torch-aoti", "package")
         with self._lock:
             return self._infer(feeds, n)
 
