@@ -549,3 +549,17 @@ def test_the_load_check_can_be_turned_off_for_hosts_known_to_load(monkeypatch):
     monkeypatch.setenv("TRT_BUNDLE_AOTI_LOAD_CHECK", "0")
     assert not TorchAotiRunner(bundle).load_check
     assert TorchAotiRunner(bundle, load_check=True).load_check
+
+
+def test_gpu_runners_check_activity_and_batch_range_before_running():
+    from runtime_py.engines.torch_aoti import TorchAotiRunner
+    from runtime_py.errors import BundleError, InferenceInputError
+
+    runner = TorchAotiRunner(_MemoryBundle("fp32", {}, b"", (3, 16, 16), 10, 4))
+    x = np.zeros((5, 3, 16, 16), np.float32)
+    with pytest.raises(BundleError, match="torch-aoti runner is not active"):
+        runner.infer({"input": x})
+    runner.is_active = True        # the checks run before any engine call
+    with pytest.raises(InferenceInputError, match=r"batch 5 is outside this package's range 1\.\.4"):
+        runner.infer({"input": x})
+    assert runner.checked_batch({"input": x[:4]}, "torch-aoti", "package") == 4
