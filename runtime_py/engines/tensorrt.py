@@ -311,7 +311,7 @@ class TensorRTRunner(Runner):
             if capturing:
                 rt.cudaStreamEndCapture(stream)   # leave capture mode; discard the graph
             self.graph_failures[n] = str(exc)
-            del context
+            context = None            # the failed capture's context is released here
             return None
         self._graphs[n] = (context, graph, graph_exec)
         return self._graphs[n]
