@@ -496,7 +496,8 @@ def _str_list(text: str) -> list[str]:
 @click.option("--calib-count", type=int, default=None,
               help="[default: 16 with --random-weights, else 500]")
 @click.option("--eval-data", type=click.Path(path_type=Path), default=None,
-              help="Held-out images to evaluate on (default: the bundles' reference inputs).")
+              help="Held-out images to evaluate on (default: --eval-count seeded synthetic "
+                   "pictures, apart from calibration's and the reference inputs).")
 @click.option("--eval-count", type=int, default=None,
               help="[default: 32 with --random-weights, else 500]")
 @click.option("--eval-stride", default=1, show_default=True)

@@ -47,6 +47,9 @@ GPU_TIMING = {"iterations": 200, "device_warmup": 20}
 #: Small defaults for --random-weights smoke studies (a few minutes on 2 cores).
 RANDOM_WEIGHTS_COUNTS = {"calib_count": 16, "reference_count": 4, "eval_count": 32}
 DATA_COUNTS = {"calib_count": 500, "reference_count": 8, "eval_count": 500}
+#: Seed of the synthetic pictures a study evaluates on without --eval-data (calibration
+#: uses seed 0 by default, the reference inputs ``bundler.make.REFERENCE_SEED``).
+EVAL_SEED = 2_000_003
 GRAPH_PACKAGES = ("torch", "timm", "onnx", "onnx-graphsurgeon", "tensorrt")
 
 
@@ -118,20 +121,29 @@ def expected_calibration_digest(family, req) -> str:
     return calibration_set(family, req).digest
 
 
+def target_host(target: str):
+    """This host as the reuse check needs it for ``target``: torch-aoti packages are checked
+    against the CUDA build of torch, which only importing torch tells (without it every
+    torch-aoti bundle read as "cannot run here, CPU-only torch" and was rebuilt)."""
+    from runtime_py.compat import probe_host
+
+    return probe_host(probe_torch=target == "torch-aoti")
+
+
 def reuse_mismatch(path: Path, family, req, target: str, source: dict,
                    calibration_digest: str | None, host=None) -> str | None:
     """None when the bundle at `path` was made from the same inputs; else why not."""
     from bundler import __version__
     from bundler.evaluate import same_source
     from bundler.make import package_versions, reference_set
-    from runtime_py.compat import check_target, probe_host
+    from runtime_py.compat import check_target
     from runtime_py.format import open_bundle
 
     try:
         with open_bundle(path) as bundle:
             bundle.verify()
             m = bundle.manifest
-        check_target(m["engine"], host or probe_host())
+        check_target(m["engine"], host or target_host(target))
     except BundleError as exc:
         return f"{path.name} does not verify or cannot run here ({exc})"
     checks = {
@@ -168,10 +180,8 @@ def build_or_reuse(planned: list[Planned], family, target: str, reuse: bool,
     from bundler.make import make_bundle
     from runtime_py.format import open_bundle
 
-    from runtime_py.compat import probe_host
-
     source = expected_source(family, planned[0].request) if reuse else None
-    host = probe_host() if reuse else None
+    host = target_host(target) if reuse else None
     digests: dict = {}
     for p in planned:
         reason = "--no-reuse"
@@ -247,22 +257,25 @@ class EvalInputs:
 
 def eval_inputs(reference: Planned, eval_data, eval_count: int, eval_stride: int,
                 batch_size: int) -> tuple[EvalInputs, object]:
+    from bundler.calibration.data import synthetic_calibration_set
     from bundler.evaluate import open_eval_data
     from bundler.stress import stress_inputs
     from runtime_py.format import open_bundle
-    from runtime_py.reference import read_reference
+    from runtime_py.preprocess import Preprocessor
 
     with open_bundle(reference.path) as bundle:
         spec = bundle.preprocess
-        stored = read_reference(bundle).inputs[bundle.manifest["inputs"][0]["name"]]
     shape = tuple(int(d) for d in reference.manifest["inputs"][0]["shape"][1:])
     stress = stress_inputs(shape, spec)
     if eval_data is None:
-        desc = {"source": "the fp32 bundle's reference inputs (reference.safetensors; seeded "
-                          "synthetic pictures unless the bundles were made with --reference-data)",
-                "images": int(stored.shape[0]), "labelled": False}
-        return EvalInputs(desc, lambda: split_batches(stored, batch_size), None,
-                          stress.names, stress.inputs), None
+        data = synthetic_calibration_set(shape, eval_count, seed=EVAL_SEED,
+                                         preprocess=Preprocessor(spec) if spec else None)
+        desc = {"source": f"{data.source} (seeded synthetic pictures through the bundle's "
+                          "preprocessing; seeds apart from calibration's and the reference "
+                          "inputs')", "digest": data.digest, "images": len(data),
+                "labelled": False}
+        batches = lambda: (b for b, _l, _k in data.iter_batches(batch_size))  # noqa: E731
+        return EvalInputs(desc, batches, None, stress.names, stress.inputs), None
     data = open_eval_data(eval_data, spec, count=eval_count, stride=eval_stride)
     desc = {"source": data.source, "digest": data.digest, "images": len(data),
             "stride": eval_stride, "labelled": data.labels is not None}

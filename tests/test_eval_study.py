@@ -175,6 +175,18 @@ def test_reuse_needs_the_same_inputs(xception_bundles):
                                                 expected_source(family, more_refs), None)
 
 
+def test_reuse_checks_torch_aoti_bundles_against_torch_cuda_build():
+    """A torch-aoti package is checked against torch's CUDA build, which only importing
+    torch tells: without it every such bundle read as "CPU-only torch" and was rebuilt (seen
+    on the H200)."""
+    torch = pytest.importorskip("torch")
+    from bundler.study import target_host
+
+    assert target_host("torch-aoti").torch_cuda_version == torch.version.cuda
+    assert target_host("torch-aoti").torch_version == str(torch.__version__)
+    assert target_host("onnxruntime").torch_cuda_version is None   # no torch import for ORT
+
+
 def test_study_on_the_fixture_bundles(xception_bundles, tmp_path):
     from bundler.study import run_study
 
@@ -183,9 +195,12 @@ def test_study_on_the_fixture_bundles(xception_bundles, tmp_path):
     stages = []
     study = run_study("timm_xception", precisions=("fp16", "fp8"), batch_sizes=(1,),
                       out_dir=tmp_path, random_weights=True, calib_count=16, reference_count=4,
+                      eval_count=6,
                       timing={"warmup": 0, "min_calls": 1, "min_seconds": 0, "max_seconds": 0},
                       command="pytest", progress=lambda stage, msg: stages.append(stage))
     assert "build" not in stages and stages.count("reuse") == 3
+    assert study["eval"]["images"] == 6   # synthetic, held out: seed 2000003, not the references
+    assert "seed=2000003" in study["eval"]["source"] and "count=6" in study["eval"]["source"]
     assert {"reuse", "reference", "time", "eval", "report"} <= set(stages)
 
     saved = json.loads((tmp_path / "study.json").read_text())
