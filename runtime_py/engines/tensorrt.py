@@ -235,28 +235,78 @@ class TensorRTRunner(Runner):
             return self._infer(feeds, n)
 
     def _infer(self, feeds: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
-        cuda, rt, stream = self._cuda, self._cuda.rt, self._stream
+        self._stage_inputs(feeds)
+        self._copy_inputs(n)
+        outputs = self._copy_outputs(self._run(n))
+        self._cuda.check(self._cuda.rt.cudaStreamSynchronize(self._stream), "cudaStreamSynchronize")
+        return {name: host[:count].reshape(shape).copy()
+                for name, (host, count, shape) in outputs.items()}
+
+    def _stage_inputs(self, feeds: dict[str, np.ndarray]) -> None:
+        """Into the pinned host buffers."""
         for b in self._bindings.values():
             if b.is_input:
                 arr = feeds[b.name]
-                count = arr.size
-                np.copyto(b.host[:count].reshape(arr.shape), arr, casting="no")
+                np.copyto(b.host[:arr.size].reshape(arr.shape), arr, casting="no")
+
+    def _copy_inputs(self, n: int) -> None:
+        """Enqueue the host -> device copies of batch ``n``'s inputs."""
+        cuda, rt = self._cuda, self._cuda.rt
+        for b in self._bindings.values():
+            if b.is_input:
+                count = n * int(np.prod(b.max_shape[1:], dtype=np.int64))
                 cuda.check(rt.cudaMemcpyAsync(b.device_ptr, b.host_ptr, count * b.dtype.itemsize,
-                                              rt.cudaMemcpyKind.cudaMemcpyHostToDevice, stream),
-                           f"cudaMemcpyAsync(H2D {b.name})")
-        context = self._run(n)
+                                              rt.cudaMemcpyKind.cudaMemcpyHostToDevice,
+                                              self._stream), f"cudaMemcpyAsync(H2D {b.name})")
+
+    def _copy_outputs(self, context) -> dict[str, tuple[np.ndarray, int, tuple[int, ...]]]:
+        """Enqueue the device -> host copies of the outputs ``context`` describes."""
+        cuda, rt = self._cuda, self._cuda.rt
         outputs = {}
         for b in self._bindings.values():
             if not b.is_input:
                 shape = tuple(context.get_tensor_shape(b.name))
                 count = int(np.prod(shape, dtype=np.int64))
                 cuda.check(rt.cudaMemcpyAsync(b.host_ptr, b.device_ptr, count * b.dtype.itemsize,
-                                              rt.cudaMemcpyKind.cudaMemcpyDeviceToHost, stream),
-                           f"cudaMemcpyAsync(D2H {b.name})")
+                                              rt.cudaMemcpyKind.cudaMemcpyDeviceToHost,
+                                              self._stream), f"cudaMemcpyAsync(D2H {b.name})")
                 outputs[b.name] = (b.host, count, shape)
-        cuda.check(rt.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
-        return {name: host[:count].reshape(shape).copy()
-                for name, (host, count, shape) in outputs.items()}
+        return outputs
+
+    def device_timings(self, batch_size: int, iterations: int = 200, warmup: int = 20
+                       ) -> dict[str, list[float]]:
+        """Per-iteration seconds under ``runtime_py.bench.DEVICE_TIMING_BOUNDARIES``: the
+        plan alone on the batch already in its device buffers (a CUDA graph launch where
+        captured), then with the pinned host copies around it; the runner's stream is
+        synchronized every iteration. Inputs uniform in [-1, 1], as `bundle study` feeds
+        ``infer``."""
+        from runtime_py.bench import time_calls
+
+        rng = np.random.default_rng(0)
+        feeds = {s.name: rng.uniform(-1, 1, (int(batch_size), *s.shape[1:])).astype(s.dtype)
+                 for s in self.input_metadata()}
+        n = self.checked_batch(feeds, "TensorRT", "plan")
+        cuda, rt = self._cuda, self._cuda.rt
+
+        def sync() -> None:
+            cuda.check(rt.cudaStreamSynchronize(self._stream), "cudaStreamSynchronize")
+
+        def engine_only() -> None:
+            self._run(n)
+            sync()
+
+        def with_copies() -> None:
+            self._copy_inputs(n)
+            self._copy_outputs(self._run(n))
+            sync()
+
+        with self._lock:
+            self._stage_inputs(feeds)
+            self._copy_inputs(n)
+            sync()
+            return {key: time_calls(fn, warmup=warmup, min_calls=iterations, min_seconds=0.0,
+                                    max_seconds=float("inf"))
+                    for key, fn in (("graph_replay", engine_only), ("with_copies", with_copies))}
 
     def _set_batch(self, context, n: int) -> None:
         for b in self._bindings.values():
