@@ -138,6 +138,23 @@ def test_cuda_graphs_on_and_off_give_equal_outputs(tmp_path, batch):
     np.testing.assert_allclose(want, ort_outputs(tiny_onnx(), x), atol=1e-3)
 
 
+def test_device_timings_time_the_plan_then_the_copies(tmp_path):
+    from runtime_py.bench import device_timings
+    from runtime_py.errors import InferenceInputError
+
+    path = plan_bundle(tmp_path)
+    x = np.random.default_rng(0).uniform(-1, 1, (3, 3, 8, 8)).astype(np.float32)
+    with open_bundle(path) as b, TensorRTRunner(b) as r:
+        timings = device_timings(r, 3, iterations=20, warmup=2)
+        with pytest.raises(InferenceInputError, match="outside this plan's range"):
+            r.device_timings(5, 1, 0)
+        assert 3 in r._graphs and r.graph_failures == {}     # graph launches were timed
+        got = r.infer({"input": x})["logits"]                 # the split _infer still works
+    assert set(timings) == {"graph_replay", "with_copies"}
+    assert all(len(t) == 20 and min(t) > 0 for t in timings.values())
+    np.testing.assert_allclose(got, ort_outputs(tiny_onnx(), x), atol=1e-3)
+
+
 def test_runner_refuses_a_batch_over_the_plan_max(tmp_path):
     from runtime_py.errors import InferenceInputError
 
