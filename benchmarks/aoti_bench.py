@@ -369,8 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--rows", type=int, default=15)
     pr.add_argument("--stage", choices=("both", "build", "measure"), default="both",
                     help="build: compile and write packages to --packages; measure: load "
-                         "them in a fresh process (on torch 2.11 loading a package in the "
-                         "process that compiled it segfaulted)")
+                         "them in a fresh process (builds of several variants can then run "
+                         "in parallel processes)")
     pr.add_argument("--packages", default="/tmp/aoti-packages")
     pr.add_argument("--smoke", action=argparse.BooleanOptionalAction, default=False,
                     help="compare the package with the eager module right after compiling")

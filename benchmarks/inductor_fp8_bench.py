@@ -3,9 +3,10 @@
 The same modules that the torch-aoti target packages (bundler.targets.torch_aoti.
 engine_model: BN-folded, NHWC, FP8 `_scaled_mm` on the recipe's 43 convolutions with the
 bundle's calibration scales), compiled with `torch.compile` (Inductor, default mode, no
-max-autotune, dynamic batch) instead of AOTInductor. Used when AOTInductor packages cannot
-be loaded on a host (torch 2.11 on the H200 here segfaulted in AOTIModelPackageLoader, even
-for a 3-layer model): the kernels Inductor generates are the same code generator's.
+max-autotune, dynamic batch) instead of AOTInductor: the kernels Inductor generates are the
+same code generator's, and a run needs no package build. Written when AOTInductor packages
+could not be loaded on the H200 (its compiler linked libstdc++ statically; fixed by
+bundler/targets/aoti_toolchain.py); still the quickest engine-only comparison of variants.
 
 Boundary: CUDA graph replay of the compiled module on a device-resident input, one
 synchronization per replay, copies excluded; median of --iters replays (CUDA events).

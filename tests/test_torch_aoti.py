@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 from runtime_py.compat import GpuInfo, HostInfo, check_target, check_torch_aoti_target
-from runtime_py.errors import CompatibilityError, EngineUnavailableError, UsageError
+from runtime_py.errors import (CompatibilityError, EngineUnavailableError,
+                               InferenceInputError, UsageError)
 
 torch = pytest.importorskip("torch")
 
@@ -149,10 +150,14 @@ def test_fp8_details_name_the_gemm_mode():
 
 
 def test_fp16_and_fp8_engines_are_nhwc_by_default_fp32_is_not():
-    from bundler.targets.torch_aoti import default_nhwc, engine_model
+    from bundler.targets.torch_aoti import default_nhwc, default_pad_channels, engine_model
 
     assert default_nhwc("fp16") and default_nhwc("fp8") and not default_nhwc("fp32")
     assert not default_nhwc("fp16", False) and default_nhwc("fp32", True)
+    # fp8 carries FP8-aligned channel counts through the model (run D on the H200); the
+    # others keep the model's
+    assert default_pad_channels("fp8") and not default_pad_channels("fp16")
+    assert not default_pad_channels("fp32") and not default_pad_channels("fp8", False)
     model = _tiny_model()
     x = torch.randn(2, 3, 16, 16)
     for precision, nhwc in (("fp16", True), ("fp32", False)):
@@ -431,8 +436,11 @@ def test_fp32_package_on_the_cpu_runs_in_the_runner():
     x = np.random.default_rng(0).normal(size=(3, 3, 16, 16)).astype(np.float32)
     with runner:
         got = runner.infer({"input": x})["logits"]
+        assert runner.device_timings(1, 1, 0) == {}   # no device side: study times infer
     ref = model(torch.from_numpy(x)).numpy()
     assert np.abs(got - ref).max() < 1e-4
+    from bundler.targets.aoti_toolchain import torch_compiler
+    assert details["compile_options"]["cxx"].startswith(torch_compiler())  # recorded
 
 
 @pytest.mark.slow
@@ -475,15 +483,20 @@ def test_gpu_bundle_matches_its_onnxruntime_reference(tmp_path, precision):
     assert report.ran and report.passed, report.reasons
 
 
+@pytest.fixture(scope="module")
+def gpu_fp16_tiny():
+    """(package, details) of the tiny model in fp16 for the GPU, compiled once (a minute)."""
+    from bundler.targets.torch_aoti import build_engine
+
+    return build_engine(_tiny_model(), "fp16", (3, 16, 16), {"min": 1, "max": 8}, smoke=False)
+
+
 @pytest.mark.gpu
 @needs_gpu
-def test_gpu_cuda_graphs_give_the_same_outputs():
-    from bundler.targets.torch_aoti import build_engine
+def test_gpu_cuda_graphs_give_the_same_outputs(gpu_fp16_tiny):
     from runtime_py.engines.torch_aoti import TorchAotiRunner
 
-    model = _tiny_model()
-    package, details = build_engine(model, "fp16", (3, 16, 16), {"min": 1, "max": 8},
-                                    smoke=False)
+    package, details = gpu_fp16_tiny
     x = np.random.default_rng(1).normal(size=(5, 3, 16, 16)).astype(np.float32)
     outputs = []
     for graphs in (True, False):
@@ -496,6 +509,25 @@ def test_gpu_cuda_graphs_give_the_same_outputs():
         outputs.append(first)
         assert runner.graph_failures == {}
     assert np.abs(outputs[0] - outputs[1]).max() < 1e-3
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_device_timings_time_the_engine_then_the_copies(gpu_fp16_tiny):
+    from runtime_py.bench import device_timings
+    from runtime_py.engines.torch_aoti import TorchAotiRunner
+
+    package, details = gpu_fp16_tiny
+    assert details["compile_options"]["cxx"]   # the toolchain it was linked with is recorded
+    runner = TorchAotiRunner(_MemoryBundle("fp16", details, package, (3, 16, 16), 10, 8))
+    with runner:
+        timings = device_timings(runner, 8, iterations=30, warmup=3)
+        with pytest.raises(InferenceInputError, match="outside"):
+            runner.device_timings(9, 1, 0)
+    assert set(timings) == {"graph_replay", "with_copies"}
+    assert all(len(t) == 30 and min(t) > 0 for t in timings.values())
+    assert 8 in runner._graphs and runner.graph_failures == {}   # replayed, not run plainly
+    assert np.median(timings["graph_replay"]) < np.median(timings["with_copies"])
 
 
 # --- the child-process load check -------------------------------------------------------------

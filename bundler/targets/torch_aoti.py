@@ -190,6 +190,15 @@ def default_nhwc(precision: str, nhwc: bool | None = None) -> bool:
     return precision in ("fp8", "fp16") if nhwc is None else bool(nhwc)
 
 
+def default_pad_channels(precision: str, pad_channels: bool | None = None) -> bool:
+    """Whether channel counts are carried padded to FP8 GEMM alignment (728 as 736) through
+    the model: fp8 by default, because on an H200 (torch 2.11, Inductor, run D in
+    families/timm_xception/README.md) it removed the pad/slice kernels around the FP8 GEMMs
+    and took batch 32 from 5.61 to 4.30 ms (1.27x the fp16 engine's 5.48 ms in the same
+    run); fp16 and fp32 GEMMs need no padding, so they keep the model's channel counts."""
+    return precision == "fp8" if pad_channels is None else bool(pad_channels)
+
+
 def engine_model(torch_model: torch.nn.Module, precision: str,
                  fp8: dict[str, tuple[float, Any]] | None = None, *, nhwc: bool | None = None,
                  fast_accum: bool = False, fp8_gemm: str = "rowwise",
@@ -238,18 +247,27 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
 
 
 def compile_package(module: torch.nn.Module, input_shape: tuple[int, ...], batch: dict,
-                    device: str, compile_options: dict, package_path: Path) -> Path:
-    """torch.export (dynamic batch min..max) + AOTInductor -> the package file."""
+                    device: str, compile_options: dict, package_path: Path) -> tuple[Path, str]:
+    """torch.export (dynamic batch min..max) + AOTInductor -> (the package file, the C++
+    toolchain it was linked with).
+
+    Linked against the shared libstdc++ whatever the host's compiler does by default, and
+    checked for it (``bundler.targets.aoti_toolchain``: a statically linked C++ runtime
+    crashed every package's loader on the H200 image).
+    """
+    from bundler.targets.aoti_toolchain import aoti_toolchain, check_package_libraries
+
     torch = import_torch()
     lo, hi = int(batch["min"]), int(batch["max"])
     example = torch.randn(max(2, lo) if hi >= 2 else 1, *input_shape, device=device)
     dynamic = ({0: torch.export.Dim("batch", min=lo, max=hi)},) if hi > lo else None
     module = module.to(device).eval()
-    with torch.no_grad():
+    with torch.no_grad(), aoti_toolchain() as toolchain:
         program = torch.export.export(module, (example,), dynamic_shapes=dynamic)
         path = torch._inductor.aoti_compile_and_package(
             program, package_path=str(package_path), inductor_configs=dict(compile_options))
-    return Path(path)
+    check_package_libraries(Path(path))
+    return Path(path), toolchain.description
 
 
 def smoke_check(package_path: Path, module: torch.nn.Module, input_shape: tuple[int, ...],
@@ -305,21 +323,23 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
                  device: str = "cuda", batch_sizes: list[int] | None = None,
                  compile_options: dict | None = None, nhwc: bool | None = None,
                  fast_accum: bool = False, fp8_gemm: str = "rowwise",
-                 pad_channels: bool = False, smoke: bool = True,
+                 pad_channels: bool | None = None, smoke: bool = True,
                  log: Callable[[str], None] | None = None) -> tuple[bytes, dict]:
     """Compile one package from a torch model; returns (package bytes, engine details).
 
     ``fp8`` maps *module paths* to (activation scale, weight scales); ``build_target``
     derives it from the bundle. Used directly by ``benchmarks/aoti_bench.py``.
     ``smoke``: load the package in this process and compare it with the eager module at
-    ``batch_sizes`` (on the H200 image, torch 2.11, loading a package in the process that
-    compiled it segfaulted in AOTIModelPackageLoader: ``smoke=False`` skips that).
+    ``batch_sizes`` (``smoke=False`` skips that load: seconds, and on a host whose compiler
+    linked libstdc++ statically it was what crashed, before ``aoti_toolchain``).
     """
     log = log or (lambda _msg: None)
     check_host(device=device, precision=precision)
     started = time.monotonic()
     options = compile_options_for(compile_options)
     nhwc = default_nhwc(precision, nhwc)
+    pad_channels = (default_pad_channels(precision, pad_channels) if nhwc
+                    else bool(pad_channels))  # engine_model refuses padding without NHWC
     module, padding = engine_model(torch_model, precision, fp8, nhwc=nhwc, fast_accum=fast_accum,
                                    fp8_gemm=fp8_gemm, pad_channels=pad_channels)
     module = module.to(device)
@@ -338,7 +358,8 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
     with tempfile.TemporaryDirectory(prefix="trt-bundle-aoti-") as tmp:
         log(f"exporting and compiling the {precision} package for {device} "
             f"(batch {lo}..{hi}, {options})")
-        path = compile_package(module, input_shape, batch, device, options, Path(tmp) / MEMBER)
+        path, cxx = compile_package(module, input_shape, batch, device, options,
+                                    Path(tmp) / MEMBER)
         log(f"compiled in {time.monotonic() - started:.0f} s")
         if smoke:
             diffs = smoke_check(path, module, input_shape, sizes, device)
@@ -348,7 +369,7 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
     details = engine_details(host_details(device), precision, options,
                              nhwc=nhwc, fast_accum=fast_accum, fp8_gemm=fp8_gemm,
                              pad_channels=pad_channels, padding=padding, batch_sizes=sizes,
-                             seconds=time.monotonic() - started)
+                             seconds=time.monotonic() - started, cxx=cxx)
     log(f"package: {len(data) / 1e6:.1f} MB in {time.monotonic() - started:.0f} s")
     return data, details
 
@@ -356,7 +377,7 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
 def engine_details(host: dict, precision: str, options: dict, *, nhwc: bool,
                    fast_accum: bool, padding: dict, batch_sizes: list[int],
                    seconds: float | None, fp8_gemm: str = "rowwise",
-                   pad_channels: bool = False) -> dict:
+                   pad_channels: bool = False, cxx: str | None = None) -> dict:
     """The manifest's ``engine.details`` (schema ``$defs/torch_aoti_details``): the build
     host (``host_details``), what was compiled and how, the fp8 padding per layer, and the
     batch sizes the package was checked at. No floats (manifest rule)."""
@@ -371,6 +392,7 @@ def engine_details(host: dict, precision: str, options: dict, *, nhwc: bool,
         "dtype": PRECISIONS[precision],
         **({"fp8_gemm": FP8_GEMM_DESCRIPTIONS[fp8_gemm],
             "fp8_fast_accum": bool(fast_accum)} if precision == "fp8" else {}),
+        **({"cxx": cxx} if cxx else {}),
     }
     if precision == "fp8":
         details["fp8_padding"] = {"align": FP8_ALIGN, "layers": dict(padding)}
@@ -399,16 +421,16 @@ def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] |
                  device: str = "cuda", batch_sizes: list[int] | None = None,
                  compile_options: dict | None = None, variant: str | None = None,
                  nhwc: bool | None = None, fp8_fast_accum: bool = False,
-                 fp8_gemm: str = "rowwise", smoke_check: bool = False) -> TargetBuild:
+                 fp8_gemm: str = "rowwise", pad_channels: bool | None = None,
+                 smoke_check: bool = False) -> TargetBuild:
     """The bundle's engine: its torch model in its precision, compiled (module docstring).
 
     ``onnx_bytes`` is the bundle's typed graph: for fp8, the layers are selected on it
     (``select_fp8_convs``) and their scales read from ``calibration`` (the bundle's
     ``calibration.safetensors`` bytes). ``variant`` defaults to the recipe the calibration
-    file matches (make does not pass it). ``smoke_check`` is off by default: on the H200
-    image (torch 2.11) loading the package in the process that compiled it segfaulted;
-    ``bundle verify --numerics`` loads it in its own process and checks it against the
-    ONNX Runtime reference instead.
+    file matches (make does not pass it). ``smoke_check`` is off by default (a load in the
+    build process; see ``build_engine``): ``bundle verify --numerics`` loads the package in
+    the runtime and checks it against the ONNX Runtime reference instead.
     """
     if torch_model is None or precision is None or family is None:
         raise UsageError("the torch-aoti target needs torch_model, precision and family "
@@ -431,6 +453,6 @@ def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] |
                                  fp8=fp8, device=device, batch_sizes=batch_sizes,
                                  compile_options=compile_options, nhwc=nhwc,
                                  fast_accum=fp8_fast_accum, fp8_gemm=fp8_gemm,
-                                 smoke=smoke_check, log=log)
+                                 pad_channels=pad_channels, smoke=smoke_check, log=log)
     return TargetBuild(backend=BACKEND, member=MEMBER, engine_bytes=data, details=details,
                        tag=BACKEND)

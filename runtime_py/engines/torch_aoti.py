@@ -8,12 +8,14 @@ Design:
   capability) *before* loading, then writes ``engine.pt2`` to a private temporary folder
   (``aoti_load_package`` takes a path; the package unpickles nothing), loads it and
   deletes the folder.
-* Before loading in this process, the package is loaded once in a child process
+* Before loading in this process: the package's libraries must need the shared
+  libstdc++ (``check_cxx_runtime``: one linked statically crashed every load on the H200
+  image, torch 2.11), then the package is loaded once in a child process
   (``probe_package_load``; ``load_check=False`` or ``TRT_BUNDLE_AOTI_LOAD_CHECK=0`` skips
-  it): torch's native loader can crash the process instead of raising (torch 2.11 on an
-  H200 segfaulted loading any package), and a service, `bundle verify` or `bundle study`
-  should get a CompatibilityError that names it, and `backend="auto"` its fallback to
-  ONNX Runtime, rather than die. It costs one torch import and one load (seconds).
+  it): torch's native loader can crash the process instead of raising, and a service,
+  `bundle verify` or `bundle study` should get a CompatibilityError that names it, and
+  `backend="auto"` its fallback to ONNX Runtime, rather than die. It costs one torch
+  import and one load (seconds).
 * One non-blocking stream per runner; pinned host staging buffers for the input and
   output at the max batch, device buffers per batch size: ``infer`` copies in, runs, copies
   out and synchronizes its stream only.
@@ -36,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +47,7 @@ import numpy as np
 from runtime_py.compat import GpuInfo, HostInfo, check_torch_aoti_target
 from runtime_py.engines.base import Runner
 from runtime_py.errors import BundleError, CompatibilityError, EngineUnavailableError
+from runtime_py.native_libs import static_cxx_runtime_libraries
 
 MEMBER = "engine.pt2"
 
@@ -74,6 +78,23 @@ def torch_host() -> HostInfo:
         notes.append(f"CUDA probe failed: {exc}")
     return HostInfo(gpus=gpus, torch_version=str(torch.__version__),
                     torch_cuda_version=torch.version.cuda, notes=tuple(notes))
+
+
+def check_cxx_runtime(path: Path) -> None:
+    """CompatibilityError when a library in the package links libstdc++ statically: it
+    crashes the process that loads it next to torch (``runtime_py.native_libs``), so say so
+    before any load, naming the library. Packages from ``bundle make`` never do (it checks)."""
+    try:
+        static = static_cxx_runtime_libraries(path)
+    except (BundleError, zipfile.BadZipFile):
+        return  # not this cause: an unreadable package is the loader's to report
+    if static:
+        name = next(iter(static))
+        raise CompatibilityError(
+            f"the bundle's AOTInductor library {name} links libstdc++ statically (it needs "
+            f"no libstdc++.so), which crashes a process that loads it next to torch: rebuild "
+            "the engine with this trt-bundle (`bundle rebuild BUNDLE --backend torch-aoti`), "
+            "or run the bundle's ONNX graph (`--backend onnxruntime`, or `auto`)")
 
 
 #: What the child process of ``probe_package_load`` runs: argv = package, device, single-threaded.
@@ -117,8 +138,7 @@ def probe_package_load(path: Path, device: str, run_single_threaded: bool, *,
         except ValueError:
             name = f"signal {-proc.returncode}"
         raise CompatibilityError(f"{what}: a test load in a child process was killed by {name} "
-                                 f"(torch's native loader crashed; seen with torch 2.11 on an "
-                                 f"H200); {remedy}")
+                                 f"(torch's native loader crashed); {remedy}")
     lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
     raise CompatibilityError(f"{what}: a test load in a child process failed "
                              f"({lines[-1] if lines else f'exit status {proc.returncode}'}); "
@@ -184,6 +204,7 @@ class TorchAotiRunner(Runner):
             path.write_bytes(self.bundle.read_member(MEMBER))
             kwargs = {} if self._on_cpu else {"device_index": self.device_index,
                                               "run_single_threaded": self.use_cuda_graphs}
+            check_cxx_runtime(path)
             if self.load_check:
                 probe_package_load(path, "cpu" if self._on_cpu else str(self.device_index),
                                    self.use_cuda_graphs)
@@ -239,6 +260,44 @@ class TorchAotiRunner(Runner):
         with torch.cuda.stream(self._stream), torch.no_grad():
             x, y = self._static_buffers(n)
             return self._run(n, x, y)
+
+    def device_timings(self, batch_size: int, iterations: int = 200, warmup: int = 20
+                       ) -> dict[str, list[float]]:
+        """Per-iteration seconds under ``runtime_py.bench.DEVICE_TIMING_BOUNDARIES``: the
+        engine alone on the batch already in its device buffer (a CUDA graph replay where
+        captured), then with the pinned host copies around it; the runner's stream is
+        synchronized every iteration. Inputs uniform in [-1, 1], as `bundle study` feeds
+        ``infer``. A CPU package has no device side: {} (the caller times ``infer``)."""
+        from runtime_py.bench import time_calls
+
+        if self._on_cpu:
+            return {}
+        spec = self.input_metadata()[0]
+        rng = np.random.default_rng(0)
+        feeds = {spec.name: rng.uniform(-1, 1, (int(batch_size), *spec.shape[1:]))
+                 .astype(np.float32)}
+        n = self.checked_batch(feeds, "torch-aoti", "package")
+        torch, stream = self._torch, self._stream
+        with self._lock:
+            host_in, host_out = self._host_in[:n], self._host_out[:n]
+            host_in.numpy()[...] = feeds[spec.name]
+            x, _ = self._static_buffers(n)
+            x.copy_(host_in)
+
+            def engine_only() -> None:
+                with torch.cuda.stream(stream), torch.no_grad():
+                    self._run(n, x, None)
+                stream.synchronize()
+
+            def with_copies() -> None:
+                with torch.cuda.stream(stream), torch.no_grad():
+                    x.copy_(host_in, non_blocking=True)
+                    host_out.copy_(self._run(n, x, None), non_blocking=True)
+                stream.synchronize()
+
+            return {key: time_calls(fn, warmup=warmup, min_calls=iterations, min_seconds=0.0,
+                                    max_seconds=float("inf"))
+                    for key, fn in (("graph_replay", engine_only), ("with_copies", with_copies))}
 
     @property
     def stream(self):
