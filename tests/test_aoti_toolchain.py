@@ -92,6 +92,11 @@ def test_a_static_compiler_gets_the_wrapper_a_shared_one_is_kept(tmp_path, stati
         assert LINK_SHARED_LIBSTDCXX in toolchain.description
     assert config.cpp.cxx == before
     assert not Path(wrapper).exists()           # a private temporary folder, removed
+    spaced = tmp_path / "a folder" / "g++"      # a compiler path with a space, and options
+    spaced.parent.mkdir()
+    shutil.copy(static_gxx, spaced)
+    with aoti_toolchain(f"'{spaced}' -O1") as toolchain:
+        assert links_shared_libstdcxx(toolchain.compiler, tmp_path)
 
 
 def _zip(members: dict[str, bytes]) -> bytes:

@@ -74,8 +74,9 @@ def write_wrapper(compiler: str, directory: Path) -> Path:
 
     It keeps the compiler's base name: Inductor picks its flags by the name (``g++`` is gcc).
     """
-    path = directory / Path(shlex.split(compiler)[0]).name
-    path.write_text(WRAPPER_SCRIPT.format(real=compiler, flag=LINK_SHARED_LIBSTDCXX))
+    words = shlex.split(compiler)   # a CXX may carry options, as torch allows
+    path = directory / Path(words[0]).name
+    path.write_text(WRAPPER_SCRIPT.format(real=shlex.join(words), flag=LINK_SHARED_LIBSTDCXX))
     path.chmod(0o755)
     return path
 
