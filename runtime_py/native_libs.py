@@ -25,9 +25,17 @@ def needed_libraries(data: bytes) -> list[str]:
 
     Read through the program headers (``PT_DYNAMIC``, ``PT_LOAD``), which is what the dynamic
     loader reads, rather than the section table, which a stripped library may lack.
+    BundleError for anything else, truncated or malformed files included.
     """
-    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+    if data[:4] != b"\x7fELF" or data[4:6] != b"\x02\x01":
         raise BundleError("not a 64-bit little-endian ELF file")
+    try:
+        return _dt_needed(data)
+    except (struct.error, IndexError, ValueError, UnicodeDecodeError) as exc:
+        raise BundleError(f"malformed ELF file ({exc})") from None
+
+
+def _dt_needed(data: bytes) -> list[str]:
     phoff, = struct.unpack_from("<Q", data, 0x20)
     phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
     loads, dynamic = [], None

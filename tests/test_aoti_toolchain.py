@@ -62,6 +62,12 @@ def test_needed_libraries_reads_dt_needed(tmp_path, static_gxx):
                           if "(NEEDED)" in line]
     with pytest.raises(BundleError, match="not a 64-bit little-endian ELF"):
         needed_libraries(b"#!/bin/sh\n")
+    with pytest.raises(BundleError, match="not a 64-bit little-endian ELF"):
+        needed_libraries(b"\x7fELF")
+    data = (tmp_path / "shared.so").read_bytes()
+    for cut in (64, 200):   # the ELF header only; part of the program headers
+        with pytest.raises(BundleError, match="malformed ELF"):
+            needed_libraries(data[:cut])
 
 
 def test_the_compiler_check_tells_static_from_shared(tmp_path, static_gxx):
