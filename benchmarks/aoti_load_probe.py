@@ -4,6 +4,7 @@ each in a fresh process under a native-stack shim (benchmarks/native_backtrace.c
 has no gdb).
 
     python benchmarks/aoti_load_probe.py compile DIR LABEL   # DIR/LABEL.pt2; LABEL in VARIANTS
+                                                    # ("fixed": linked as bundle make links)
     python benchmarks/aoti_load_probe.py diagnose DIR/LABEL.pt2 [SECONDS]
     python benchmarks/aoti_load_probe.py load DIR/LABEL.pt2        # torch._inductor.aoti_load_package
 
@@ -11,6 +12,7 @@ has no gdb).
 constant symbols, then loads the library with the container runner in a child process that
 has the shim preloaded, and turns the frames in the model library into source lines.
 """
+import contextlib
 import glob
 import json
 import os
@@ -24,12 +26,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SHIM_SOURCE = os.path.join(HERE, "native_backtrace.c")
 SHIM = "/tmp/native_backtrace.so"
 
-# label -> (device, inductor configs)
+# label -> (device, inductor configs); all with torch's own C++ toolchain except "*fixed",
+# which link as `bundle make` does (bundler/targets/aoti_toolchain.py)
 VARIANTS = {
     "default": ("cuda", {}),
     "nobin": ("cuda", {"aot_inductor.package_constants_in_so": False}),
     "debug": ("cuda", {"aot_inductor.debug_compile": True}),
     "cpu": ("cpu", {}),
+    "fixed": ("cuda", {}),
+    "cpu-fixed": ("cpu", {}),
 }
 
 
@@ -52,9 +57,15 @@ def compile_tiny(directory: str, label: str) -> None:
     os.makedirs(directory, exist_ok=True)
     started = time.monotonic()
     program = torch.export.export(model, (x,))
-    path = torch._inductor.aoti_compile_and_package(
-        program, package_path=f"{directory}/{label}.pt2", inductor_configs=options)
-    print(f"[{label}] compiled in {time.monotonic() - started:.0f} s -> {path}", flush=True)
+    toolchain = contextlib.nullcontext(None)
+    if label.endswith("fixed"):
+        from bundler.targets.aoti_toolchain import aoti_toolchain
+        toolchain = aoti_toolchain()
+    with toolchain as chosen:
+        path = torch._inductor.aoti_compile_and_package(
+            program, package_path=f"{directory}/{label}.pt2", inductor_configs=options)
+    print(f"[{label}] compiled in {time.monotonic() - started:.0f} s -> {path}"
+          + (f" ({chosen.description})" if chosen else ""), flush=True)
 
 
 def shell(command: str) -> str:
