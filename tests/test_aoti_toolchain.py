@@ -77,6 +77,8 @@ def test_the_compiler_check_tells_static_from_shared(tmp_path, static_gxx):
     assert not links_shared_libstdcxx(static_gxx, tmp_path)
     with pytest.raises(BundleError, match="could not link a one-function shared library"):
         links_shared_libstdcxx(f"{GXX} --no-such-option", tmp_path)
+    with pytest.raises(BundleError, match="does not run"):
+        links_shared_libstdcxx(str(tmp_path / "no-such-g++"), tmp_path)
 
 
 def test_a_static_compiler_gets_the_wrapper_a_shared_one_is_kept(tmp_path, static_gxx):

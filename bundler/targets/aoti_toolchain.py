@@ -60,8 +60,12 @@ def links_shared_libstdcxx(compiler: str, workdir: Path) -> bool:
     source, library = workdir / "probe.cpp", workdir / "probe.so"
     source.write_text(PROBE_SOURCE)
     library.unlink(missing_ok=True)
-    proc = subprocess.run([*shlex.split(compiler), "-shared", "-fPIC", "-o", str(library),
-                           str(source)], capture_output=True, text=True)
+    try:
+        proc = subprocess.run([*shlex.split(compiler), "-shared", "-fPIC", "-o", str(library),
+                               str(source)], capture_output=True, text=True)
+    except OSError as exc:
+        raise BundleError(f"the C++ compiler AOTInductor uses ({compiler}) does not run: {exc}; "
+                          "install g++ or set CXX to a working C++ compiler") from None
     if proc.returncode != 0:
         raise BundleError(f"the C++ compiler AOTInductor uses ({compiler}) could not link a "
                           f"one-function shared library: {proc.stderr.strip()[-400:]}; "
