@@ -61,9 +61,14 @@ def figure(boundary: str, batch: int, times: list[float], note: str = "") -> Fig
 
 
 def random_batch(model, batch: int, seed: int = 0) -> dict[str, np.ndarray]:
+    return random_feeds(model.inputs, batch, seed)
+
+
+def random_feeds(specs, batch: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Inputs uniform in [-1, 1] of ``batch`` rows for ``specs`` (TensorSpecs)."""
     rng = np.random.default_rng(seed)
     feeds = {}
-    for spec in model.inputs:
+    for spec in specs:
         shape = [batch] + [int(d) for d in spec.shape[1:]]
         feeds[spec.name] = rng.uniform(-1, 1, shape).astype(spec.dtype)
     return feeds
@@ -170,6 +175,15 @@ DEVICE_TIMING_BOUNDARIES = {
     "with_copies": "H2D copy of the batch + run + D2H copy of the outputs, synchronize per "
                    "iteration (pinned host buffers)",
 }
+
+
+def time_boundaries(steps: dict[str, Callable[[], object]], iterations: int, warmup: int
+                    ) -> dict[str, list[float]]:
+    """Exactly ``iterations`` per-call seconds of each step, after ``warmup`` untimed calls:
+    what a runner's ``device_timings`` returns, one step per boundary."""
+    return {key: time_calls(step, warmup=warmup, min_calls=iterations, min_seconds=0.0,
+                            max_seconds=float("inf"))
+            for key, step in steps.items()}
 
 
 def device_timings(runner, batch_size: int, iterations: int = 200, warmup: int = 20

@@ -224,3 +224,31 @@ def test_device_timings_passes_and_checks_the_runner_method():
 
     with pytest.raises(ValueError, match="kernel_only"):
         device_timings(Bad(), 1)
+
+
+def test_time_boundaries_warms_up_then_times_exactly_the_iterations():
+    from runtime_py.bench import time_boundaries
+
+    calls = {"a": 0, "b": 0}
+
+    def step(key):
+        def run():
+            calls[key] += 1
+        return run
+
+    times = time_boundaries({"a": step("a"), "b": step("b")}, iterations=7, warmup=3)
+    assert calls == {"a": 10, "b": 10}
+    assert [len(times["a"]), len(times["b"])] == [7, 7] and min(times["a"]) >= 0
+
+
+def test_random_feeds_follow_the_specs():
+    from runtime_py.bench import random_feeds
+    from runtime_py.tensors import TensorSpec
+
+    specs = [TensorSpec("input", "float32", ("batch", 3, 4, 4)),
+             TensorSpec("mask", "float16", ("batch", 2))]
+    feeds = random_feeds(specs, 5)
+    assert feeds["input"].shape == (5, 3, 4, 4) and feeds["input"].dtype == np.float32
+    assert feeds["mask"].shape == (5, 2) and feeds["mask"].dtype == np.float16
+    assert -1 <= feeds["input"].min() and feeds["input"].max() <= 1
+    np.testing.assert_array_equal(feeds["input"], random_feeds(specs, 5)["input"])  # seeded

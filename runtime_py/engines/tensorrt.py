@@ -280,11 +280,9 @@ class TensorRTRunner(Runner):
         captured), then with the pinned host copies around it; the runner's stream is
         synchronized every iteration. Inputs uniform in [-1, 1], as `bundle study` feeds
         ``infer``."""
-        from runtime_py.bench import time_calls
+        from runtime_py.bench import random_feeds, time_boundaries
 
-        rng = np.random.default_rng(0)
-        feeds = {s.name: rng.uniform(-1, 1, (int(batch_size), *s.shape[1:])).astype(s.dtype)
-                 for s in self.input_metadata()}
+        feeds = random_feeds(self.input_metadata(), int(batch_size))
         n = self.checked_batch(feeds, "TensorRT", "plan")
         cuda, rt = self._cuda, self._cuda.rt
 
@@ -304,9 +302,8 @@ class TensorRTRunner(Runner):
             self._stage_inputs(feeds)
             self._copy_inputs(n)
             sync()
-            return {key: time_calls(fn, warmup=warmup, min_calls=iterations, min_seconds=0.0,
-                                    max_seconds=float("inf"))
-                    for key, fn in (("graph_replay", engine_only), ("with_copies", with_copies))}
+            return time_boundaries({"graph_replay": engine_only, "with_copies": with_copies},
+                                   iterations, warmup)
 
     def _set_batch(self, context, n: int) -> None:
         for b in self._bindings.values():

@@ -268,14 +268,12 @@ class TorchAotiRunner(Runner):
         captured), then with the pinned host copies around it; the runner's stream is
         synchronized every iteration. Inputs uniform in [-1, 1], as `bundle study` feeds
         ``infer``. A CPU package has no device side: {} (the caller times ``infer``)."""
-        from runtime_py.bench import time_calls
+        from runtime_py.bench import random_feeds, time_boundaries
 
         if self._on_cpu:
             return {}
         spec = self.input_metadata()[0]
-        rng = np.random.default_rng(0)
-        feeds = {spec.name: rng.uniform(-1, 1, (int(batch_size), *spec.shape[1:]))
-                 .astype(np.float32)}
+        feeds = random_feeds([spec], int(batch_size))
         n = self.checked_batch(feeds, "torch-aoti", "package")
         torch, stream = self._torch, self._stream
         with self._lock:
@@ -295,9 +293,8 @@ class TorchAotiRunner(Runner):
                     host_out.copy_(self._run(n, x, None), non_blocking=True)
                 stream.synchronize()
 
-            return {key: time_calls(fn, warmup=warmup, min_calls=iterations, min_seconds=0.0,
-                                    max_seconds=float("inf"))
-                    for key, fn in (("graph_replay", engine_only), ("with_copies", with_copies))}
+            return time_boundaries({"graph_replay": engine_only, "with_copies": with_copies},
+                                   iterations, warmup)
 
     @property
     def stream(self):
