@@ -19,8 +19,9 @@ Quality: top-1 agreement and max |logit diff| vs the fp32 eager model (TF32 off)
 Variants: fp16 (the fp16 target's module: the NHWC rewrite in fp16, the fp8 module's
 structure without FP8; ``fp16-nhwc`` is the same), fp16-nchw (``.half()`` of the model;
 Inductor picks its layouts), fp8, fp8-depthwise, and the suffixes ``-fastacc``
-(``use_fast_accum``) and ``-tensorwise`` (per-channel scale and bias in a pointwise pass
-after the GEMM instead of its epilogue; ``torch_nhwc.FP8_GEMMS``) of either fp8, and
+(``use_fast_accum``), ``-tensorwise`` (per-channel scale and bias in a pointwise pass
+after the GEMM instead of its epilogue; ``torch_nhwc.FP8_GEMMS``) and ``-rowcols`` (rowwise
+with a row-scale column built per GEMM, as before ``torch_nhwc.OnesColumn``) of either fp8, and
 ``-padded`` of any NHWC one (channels padded to multiples of 16 through the model,
 ``rewrite_nhwc(pad_channels=True)``). Only the batch dimension is dynamic, as in the AOTI package
 (``dynamic=True`` would make H and W symbolic too: minutes of symbolic reasoning over the
@@ -117,12 +118,17 @@ def measure(variant: str, model, family, data: Path, x_eval, ref, sizes: list[in
     dev = x_eval.device
     t0 = time.monotonic()
     precision = "fp8" if variant.startswith("fp8") else "fp16"
-    base = variant.removesuffix("-padded").removesuffix("-tensorwise").removesuffix("-fastacc")
+    base = variant
+    for suffix in ("-padded", "-tensorwise", "-fastacc", "-rowcols"):
+        base = base.replace(suffix, "")
     fp8 = fp8_modules(model, data, base) if precision == "fp8" else None
+    shared_ones = "-rowcols" not in variant   # else: a row-scale column per GEMM
     module, _pad = engine_model(model, precision, fp8, nhwc=False if variant == "fp16-nchw" else None,
                                 fast_accum="-fastacc" in variant,
                                 fp8_gemm="tensorwise" if "-tensorwise" in variant else "rowwise",
-                                pad_channels="-padded" in variant)
+                                pad_channels="-padded" in variant,
+                                input_shape=tuple(family.input.shape) if shared_ones else None,
+                                max_batch=max(sizes + [32]) if shared_ones else None)
     module = module.to(dev).eval()
     run = module if args.eager else torch.compile(module)
 

@@ -12,7 +12,9 @@ head:
   ``QuantizeLinear`` does), ``_scaled_mm`` against the per-output-channel quantized weight
   with the activation scale, the per-channel weight scales and the bias applied in the
   GEMM's own epilogue (rowwise scaling, bf16 out: the only output type cuBLASLt gives
-  with rowwise scales; ``FP8_GEMMS``).
+  with rowwise scales; ``FP8_GEMMS``). The activation scale is folded into the
+  per-channel row, so the row-scale operand is a slice of one column of ones shared by
+  all GEMMs (``OnesColumn``): no kernel builds it.
   Channel counts are padded to multiples of ``FP8_ALIGN`` inside the module (728 -> 736):
   the pad is fused into the quantize (zeros), the weight's padded rows are zero, and the
   output's padded columns are dropped by a free slice (or, with ``rewrite_nhwc``'s
@@ -53,7 +55,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 __all__ = ["FP8_ALIGN", "FP8_GEMMS", "FP16_MIN_NORMAL", "padded", "onnx_scale", "map_nodes_to_modules",
-           "rewrite_nhwc", "EngineModule", "check_rewrite", "fake_quant_reference"]
+           "rewrite_nhwc", "fp8_gemm_rows", "EngineModule", "check_rewrite", "fake_quant_reference"]
 
 #: FP8 GEMM operands need both dimensions of the weight to be multiples of 16 (cuBLASLt).
 FP8_ALIGN = 16
@@ -61,7 +63,8 @@ FP8_ALIGN = 16
 #: per output channel and the bias, all in the GEMM's epilogue (bf16 out); "tensorwise":
 #: unit weight scale in the GEMM, per-channel scale and bias in a pointwise pass after it.
 #: On an H200 (torch 2.11, Inductor) rowwise cut the fp8 kernel time at batch 32 from
-#: 6.20 to 5.50 ms (families/timm_xception/README.md).
+#: 6.20 to 5.50 ms; the shared ones column then took batch 1 from 0.66 to 0.47 ms
+#: (families/timm_xception/README.md).
 FP8_GEMMS = ("rowwise", "tensorwise")
 #: fp16's smallest normal number: the ONNX graph clamps its fp16 scales up to it.
 FP16_MIN_NORMAL = 2.0**-14
@@ -144,6 +147,30 @@ def _classes():
         """Quantize-dequantize, back in x's dtype (QuantizeLinear -> DequantizeLinear)."""
         return (quantize(x, scale).float() * scale).to(x.dtype)
 
+    class OnesColumn:
+        """One fp32 column of ``rows`` ones, shared by every ``Fp8Pointwise`` of a model.
+
+        Why: rowwise ``_scaled_mm`` wants a contiguous [M, 1] activation-scale operand.
+        Built per GEMM (``expand(M, 1).contiguous()``), that was 43 extra kernels per
+        inference, most of the FP8 engine's extra launches at batch 1 on the H200. With the
+        activation scale folded into the per-channel row, the column is all ones, and a
+        slice of one column is a view: no kernel. It is a plain tensor attribute of the
+        modules, not a buffer, so that ``torch.export`` lifts it once (buffers registered
+        in 43 modules would be 43 constants); ``follow`` moves it with ``module.to``.
+        """
+
+        def __init__(self, rows: int) -> None:
+            self.rows = int(rows)
+            self.tensor = torch.ones(self.rows, 1, dtype=torch.float32)
+            self._applied = None
+
+        def follow(self, fn) -> torch.Tensor:
+            """The column after ``fn`` (``nn.Module._apply``'s): applied once per call of
+            ``module.to`` however many modules share it."""
+            if fn is not self._applied:
+                self._applied, self.tensor = fn, fn(self.tensor)
+            return self.tensor
+
     class Fp8Pointwise(nn.Module):
         """1x1 convolution as an FP8 GEMM on NHWC activations (module docstring).
 
@@ -153,7 +180,8 @@ def _classes():
 
         def __init__(self, conv: nn.Conv2d, act_scale: float, weight_scale: Any,
                      dtype: torch.dtype, emulate: bool = False, fast_accum: bool = False,
-                     gemm: str = "rowwise", padded_io: bool = False) -> None:
+                     gemm: str = "rowwise", padded_io: bool = False,
+                     ones: OnesColumn | None = None) -> None:
             super().__init__()
             import numpy as np
 
@@ -197,6 +225,18 @@ def _classes():
             self.register_buffer("bias_row", bias_row.to(torch.bfloat16))
             self.register_buffer("weight_scale_out", scale_row[0, :self.out].clone())
             self.register_buffer("bias_out", bias_row[:self.out].clone())
+            # ones (rowwise): scale_a = a slice of the shared column of ones, scale_b = the
+            # activation scale times each channel's weight scale (fp32, as the epilogue
+            # multiplies them anyway); without it, scale_a = the activation scale per row
+            self._ones = ones if gemm == "rowwise" and not emulate else None
+            self.ones_col = self._ones.tensor if self._ones is not None else None
+            self.register_buffer("gemm_scale_row", scale_row * self.act_scale)
+
+        def _apply(self, fn, recurse=True):
+            super()._apply(fn, recurse)
+            if self._ones is not None:
+                self.ones_col = self._ones.follow(fn)
+            return self
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             sh, sw = self.stride
@@ -211,9 +251,20 @@ def _classes():
             if self.emulate:
                 y = (q.float() @ self.weight_fp8.float().t()) * self.act_scale
             elif self.gemm == "rowwise":
-                a = self.act_scale.reshape(1, 1).expand(q.shape[0], 1).contiguous()
+                if self.ones_col is not None:
+                    # eager only: under Dynamo (torch 2.11) a torch._check with a message
+                    # broke the model into one graph per GEMM (seen on the H200); compiled,
+                    # _scaled_mm's own shape check guards the batch
+                    if not torch.compiler.is_compiling() and q.shape[0] > self._ones.rows:
+                        raise UsageError(f"{q.shape[0]} rows are more than the FP8 GEMMs' "
+                                         f"{self._ones.rows}: the batch is larger than the "
+                                         "one the model was built for")
+                    a, b = self.ones_col[:q.shape[0]], self.gemm_scale_row
+                else:
+                    a = self.act_scale.reshape(1, 1).expand(q.shape[0], 1).contiguous()
+                    b = self.weight_scale_row
                 y = torch._scaled_mm(q, self.weight_fp8.t(), scale_a=a,
-                                     scale_b=self.weight_scale_row, bias=self.bias_row,
+                                     scale_b=b, bias=self.bias_row,
                                      out_dtype=torch.bfloat16, use_fast_accum=self.fast_accum)
                 return y[:, :self.out].to(self.dtype).reshape(n, h, w, self.out)
             else:
@@ -351,7 +402,7 @@ def _classes():
     _CLASSES = dict(Fp8Pointwise=Fp8Pointwise, DepthwiseNHWC=DepthwiseNHWC,
                     PointwiseNHWC=PointwiseNHWC, ConvNHWC=ConvNHWC,
                     GlobalAvgPoolNHWC=GlobalAvgPoolNHWC, EngineModule=EngineModule,
-                    quantize=quantize, fake_quant=fake_quant)
+                    OnesColumn=OnesColumn, quantize=quantize, fake_quant=fake_quant)
     return _CLASSES
 
 
@@ -380,16 +431,23 @@ def rewrite_nhwc(model: torch.nn.Module, dtype: torch.dtype, *,
                  fp8: Mapping[str, tuple[float, Any]] | None = None,
                  fp8_depthwise: Mapping[str, tuple[float, Any]] | None = None,
                  emulate: bool = False, fast_accum: bool = False,
-                 fp8_gemm: str = "rowwise", pad_channels: bool = False) -> torch.nn.Module:
+                 fp8_gemm: str = "rowwise", pad_channels: bool = False,
+                 fp8_rows: int | None = None) -> torch.nn.Module:
     """A copy of ``model`` (BN-folded, eval) computing NHWC in ``dtype``.
+
+    ``fp8_rows`` (rowwise GEMMs): the most rows any FP8 GEMM will see (``fp8_gemm_rows``);
+    given, the GEMMs share one column of ones as their row scale (``OnesColumn``) and the
+    model refuses larger inputs; not given, each GEMM builds its row-scale column (one
+    kernel per GEMM per inference).
 
     ``pad_channels``: every convolution output whose channel count is not a multiple of
     ``FP8_ALIGN`` keeps the padded count (728 -> 736, zeros in the padding) and every
     convolution that reads one takes it as it is, so FP8 GEMMs need no pad before their
     quantize and no slice after them. Convolutions other than 1x1 and depthwise
     (``ConvNHWC``: the stem) read unpadded inputs, as does the classifier: a model whose
-    padded tensor reaches one of them fails ``check_rewrite``. Not the default: not yet
-    measured on a GPU (families/timm_xception/README.md).
+    padded tensor reaches one of them fails ``check_rewrite``. The torch-aoti target turns
+    it on for fp8 engines (``default_pad_channels``: 1.24 ms less Triton work at batch 32
+    on the H200, families/timm_xception/README.md).
 
     ``fp8``: module path -> (activation scale, per-channel weight scales) of the 1x1
     convolutions to run as FP8 GEMMs; ``fp8_depthwise``: the same for depthwise
@@ -402,6 +460,7 @@ def rewrite_nhwc(model: torch.nn.Module, dtype: torch.dtype, *,
 
     cls = _classes()
     fp8, fp8_depthwise = dict(fp8 or {}), dict(fp8_depthwise or {})
+    ones = cls["OnesColumn"](fp8_rows) if fp8 and fp8_rows and fp8_gemm == "rowwise" else None
     body = copy.deepcopy(model).eval()
     modules = dict(body.named_modules())
     unknown = sorted(set(fp8) - set(modules)) + sorted(set(fp8_depthwise) - set(modules))
@@ -422,7 +481,7 @@ def rewrite_nhwc(model: torch.nn.Module, dtype: torch.dtype, *,
             if name in fp8:
                 new = cls["Fp8Pointwise"](m, *fp8[name], dtype=dtype, emulate=emulate,
                                           fast_accum=fast_accum, gemm=fp8_gemm,
-                                          padded_io=pad_channels)
+                                          padded_io=pad_channels, ones=ones)
             elif depthwise:
                 a, w = fp8_depthwise.get(name, (None, None))
                 new = cls["DepthwiseNHWC"](m, dtype, a, w, channels=width(m.out_channels))
@@ -450,6 +509,38 @@ def rewrite_nhwc(model: torch.nn.Module, dtype: torch.dtype, *,
                 and not any(name.startswith(r + ".") for r in replaced)):
             m.to(dtype)
     return body.eval().requires_grad_(False)
+
+
+def fp8_gemm_rows(model: torch.nn.Module, paths: list[str], input_shape: tuple[int, ...],
+                  max_batch: int) -> int:
+    """The most rows (pixels) any of the convolutions at ``paths`` outputs for a batch of
+    ``max_batch``: what ``rewrite_nhwc``'s shared ones column must hold.
+
+    A shape-only pass (meta tensors: no memory, no arithmetic) of ``model`` on one input
+    of ``input_shape``, reading each convolution's output size.
+    """
+    import copy
+
+    import torch
+
+    if not paths:
+        return 0
+    probe = copy.deepcopy(model).to("meta").eval()
+    modules = dict(probe.named_modules())
+    missing = [p for p in paths if p not in modules]
+    if missing:
+        raise UsageError(f"fp8 modules not in the model: {missing[:5]}")
+    pixels: dict[str, int] = {}
+    hooks = [modules[p].register_forward_hook(
+        lambda _m, _i, out, p=p: pixels.__setitem__(p, int(out.shape[-2] * out.shape[-1])))
+        for p in paths]
+    try:
+        with torch.no_grad():
+            probe(torch.empty(1, *input_shape, device="meta"))
+    finally:
+        for h in hooks:
+            h.remove()
+    return int(max_batch) * max(pixels.values())
 
 
 def check_rewrite(model: torch.nn.Module, x: torch.Tensor, rtol: float = 1e-3, *,

@@ -10,6 +10,7 @@ marked ``gpu`` and skip (with the reason) where torch sees no CUDA device.
 
 from __future__ import annotations
 
+import copy
 import shutil
 import subprocess
 import sys
@@ -270,10 +271,12 @@ def _cpu_scaled_mm_runs() -> bool:
 
 @pytest.mark.skipif(not _cpu_scaled_mm_runs(),
                     reason="this torch has no CPU torch._scaled_mm with rowwise scales")
-@pytest.mark.parametrize("gemm", ["rowwise", "tensorwise"])
+@pytest.mark.parametrize("gemm", ["rowwise", "rowwise-shared-ones", "tensorwise"])
 def test_fp8_pointwise_real_scaled_mm_matches_the_reference(gemm):
     """Both GEMM modes through torch._scaled_mm itself (the CPU kernel here, cuBLASLt on a
-    GPU): scales and bias in the epilogue or after it give the dequantized FP8 product."""
+    GPU): scales and bias in the epilogue or after it give the dequantized FP8 product;
+    rowwise also with the activation scale folded into the weight-scale row and a slice of
+    a shared column of ones as the row scale."""
     from bundler.torch_nhwc import _classes, fake_quant_reference
 
     gen = torch.Generator().manual_seed(7)
@@ -284,7 +287,10 @@ def test_fp8_pointwise_real_scaled_mm_matches_the_reference(gemm):
     x = torch.randn(2, 5, 5, 728, generator=gen).relu().half()
     act_scale = float(x.float().abs().max()) / 448
     w_scale = conv.weight.detach().reshape(728, -1).abs().amax(1).numpy() / 448
-    module = _classes()["Fp8Pointwise"](conv, act_scale, w_scale, torch.float16, gemm=gemm)
+    ones = _classes()["OnesColumn"](64) if gemm.endswith("-shared-ones") else None
+    module = _classes()["Fp8Pointwise"](conv, act_scale, w_scale, torch.float16,
+                                        gemm=gemm.removesuffix("-shared-ones"), ones=ones)
+    assert (module.ones_col is not None) == (ones is not None)
     got = module(x).float()
     ref = fake_quant_reference(x.float(), conv.weight.detach().reshape(728, 728),
                                conv.bias.detach(), act_scale, w_scale)
@@ -317,6 +323,76 @@ def test_fp8_pointwise_gives_scaled_mm_row_major_operands(batch, stride, gemm):
     x = torch.empty(batch, 64, 16, 16, device="meta", dtype=torch.float16).permute(0, 2, 3, 1)
     y = module(x)
     assert tuple(y.shape) == (batch, 16 // stride, 16 // stride, 128)
+
+
+def _three_convs():
+    """stem 3x3 stride 2, then two 1x1 convolutions (the second strided): on 3x33x33 their
+    outputs are 16x16, 16x16 and 8x8 pixels."""
+    torch.manual_seed(5)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 32, 3, stride=2), torch.nn.ReLU(), torch.nn.Conv2d(32, 48, 1),
+        torch.nn.ReLU(), torch.nn.Conv2d(48, 40, 1, stride=2), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(40, 5)).eval()
+
+
+def test_fp8_gemm_rows_is_the_largest_gemm_for_the_largest_batch():
+    from bundler.torch_nhwc import fp8_gemm_rows
+
+    model = _three_convs()
+    assert fp8_gemm_rows(model, ["2", "4"], (3, 33, 33), 4) == 4 * 16 * 16
+    assert fp8_gemm_rows(model, ["4"], (3, 33, 33), 3) == 3 * 8 * 8
+    assert fp8_gemm_rows(model, [], (3, 33, 33), 3) == 0
+    assert next(model.parameters()).device.type == "cpu"     # the probe is a copy
+    with pytest.raises(UsageError, match="not in the model"):
+        fp8_gemm_rows(model, ["9"], (3, 33, 33), 1)
+
+
+@pytest.mark.skipif(not _cpu_scaled_mm_runs(),
+                    reason="this torch has no CPU torch._scaled_mm with rowwise scales")
+def test_fp8_gemms_share_one_ones_column_through_to_export_and_aoti(tmp_path):
+    """One column for all GEMMs: the same tensor in every module, still one after
+    ``module.to``, lifted once by torch.export, compiled into a package that runs at the
+    dynamic batch sizes; the same numbers as a column per GEMM; a larger batch refused."""
+    from bundler.torch_nhwc import EngineModule, fp8_gemm_rows, rewrite_nhwc
+
+    model = _three_convs()
+    fp8 = {"2": (0.01, np.full(48, 0.002)), "4": (0.01, np.full(40, 0.002))}
+    rows = fp8_gemm_rows(model, list(fp8), (3, 33, 33), 4)
+    shared = EngineModule(rewrite_nhwc(model, torch.float16, fp8=fp8, fp8_rows=rows),
+                          torch.float16, True)
+    per_gemm = EngineModule(rewrite_nhwc(model, torch.float16, fp8=fp8), torch.float16, True)
+    gemms = [m for m in shared.modules() if type(m).__name__ == "Fp8Pointwise"]
+    assert len(gemms) == 2 and gemms[0].ones_col is gemms[1].ones_col
+    assert tuple(gemms[0].ones_col.shape) == (rows, 1)
+    moved = copy.deepcopy(shared).to("meta")
+    moved = [m.ones_col for m in moved.modules() if type(m).__name__ == "Fp8Pointwise"]
+    assert moved[0].device.type == "meta" and moved[0] is moved[1]
+    assert gemms[0].ones_col.device.type == "cpu"
+    assert all(m.ones_col is None for m in per_gemm.modules() if type(m).__name__ == "Fp8Pointwise")
+
+    x = torch.randn(3, 3, 33, 33, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(shared(x), per_gemm(x))
+        # one graph under Dynamo too (torch.compile, the Inductor benchmark): the row check
+        # once broke it into one graph per GEMM, with the quantizes run eagerly in between
+        dynamic = x.clone()
+        torch._dynamo.mark_dynamic(dynamic, 0)
+        explained = torch._dynamo.explain(shared)(dynamic)
+        assert (explained.graph_count, explained.graph_break_count) == (1, 0), \
+            explained.break_reasons
+        with pytest.raises(UsageError, match="more than the FP8 GEMMs' 1024"):
+            shared(torch.randn(5, 3, 33, 33))
+    program = torch.export.export(shared, (x,), dynamic_shapes=(
+        {0: torch.export.Dim("batch", min=1, max=4)},))
+    lifted = program.graph_signature.inputs_to_lifted_tensor_constants
+    assert [v for v in lifted.values() if v.endswith("ones_col")] == ["body.2.ones_col"]
+    path = torch._inductor.aoti_compile_and_package(program,
+                                                    package_path=str(tmp_path / "m.pt2"))
+    package = torch._inductor.aoti_load_package(path)
+    with torch.no_grad():
+        for n in (1, 4):
+            xn = torch.randn(n, 3, 33, 33, generator=torch.Generator().manual_seed(n))
+            assert torch.allclose(package(xn), per_gemm(xn), rtol=0, atol=1e-2)
 
 
 def test_depthwise_taps_equal_convolution():

@@ -202,8 +202,13 @@ def default_pad_channels(precision: str, pad_channels: bool | None = None) -> bo
 def engine_model(torch_model: torch.nn.Module, precision: str,
                  fp8: dict[str, tuple[float, Any]] | None = None, *, nhwc: bool | None = None,
                  fast_accum: bool = False, fp8_gemm: str = "rowwise",
-                 pad_channels: bool = False) -> tuple[torch.nn.Module, dict]:
+                 pad_channels: bool = False, input_shape: tuple[int, ...] | None = None,
+                 max_batch: int | None = None) -> tuple[torch.nn.Module, dict]:
     """The module to export (fp32 NCHW in, fp32 out) and its fp8 padding record.
+
+    ``input_shape`` and ``max_batch`` (both or neither): rowwise FP8 GEMMs then share one
+    column of ones sized for that batch (``torch_nhwc.fp8_gemm_rows``) instead of building
+    a row-scale column each, and the module refuses larger batches.
 
     ``fp8``: module path -> (activation scale, weight scales) (paths from
     ``torch_nhwc.map_nodes_to_modules``); 1x1 ones become FP8 GEMMs, depthwise ones are
@@ -240,9 +245,13 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
         kpad, npad = torch_nhwc.padded(conv.in_channels), torch_nhwc.padded(conv.out_channels)
         if (kpad, npad) != (conv.in_channels, conv.out_channels):
             padding[path] = {"in": [conv.in_channels, kpad], "out": [conv.out_channels, npad]}
+    rows = None
+    if pointwise and input_shape is not None and max_batch is not None:
+        rows = torch_nhwc.fp8_gemm_rows(torch_model, list(pointwise), tuple(input_shape),
+                                        int(max_batch))
     body = torch_nhwc.rewrite_nhwc(torch_model, dtype, fp8=pointwise, fp8_depthwise=depthwise,
                                    fast_accum=fast_accum, fp8_gemm=fp8_gemm,
-                                   pad_channels=pad_channels)
+                                   pad_channels=pad_channels, fp8_rows=rows)
     return torch_nhwc.EngineModule(body, dtype, True), padding
 
 
@@ -340,10 +349,11 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
     nhwc = default_nhwc(precision, nhwc)
     pad_channels = (default_pad_channels(precision, pad_channels) if nhwc
                     else bool(pad_channels))  # engine_model refuses padding without NHWC
-    module, padding = engine_model(torch_model, precision, fp8, nhwc=nhwc, fast_accum=fast_accum,
-                                   fp8_gemm=fp8_gemm, pad_channels=pad_channels)
-    module = module.to(device)
     lo, hi = int(batch["min"]), int(batch["max"])
+    module, padding = engine_model(torch_model, precision, fp8, nhwc=nhwc, fast_accum=fast_accum,
+                                   fp8_gemm=fp8_gemm, pad_channels=pad_channels,
+                                   input_shape=input_shape, max_batch=hi)
+    module = module.to(device)
     sizes = sorted({int(b) for b in (batch_sizes or [lo, hi])})
     if any(not lo <= b <= hi for b in sizes):
         raise UsageError(f"batch sizes {sizes} are outside the family's range {lo}..{hi}")
@@ -403,8 +413,9 @@ def engine_details(host: dict, precision: str, options: dict, *, nhwc: bool,
 
 
 FP8_GEMM_DESCRIPTIONS = {
-    "rowwise": "torch._scaled_mm e4m3 x e4m3, rowwise scales (activation per row, weight per "
-               "channel) and bias in the GEMM epilogue, bf16 out",
+    "rowwise": "torch._scaled_mm e4m3 x e4m3, rowwise scales and bias in the GEMM epilogue "
+               "(activation scale folded into the per-channel weight scales; row scales: one "
+               "shared column of ones), bf16 out",
     "tensorwise": "torch._scaled_mm e4m3 x e4m3, tensorwise scales, bf16 out, per-channel "
                   "scale and bias in a pointwise pass after it",
 }
