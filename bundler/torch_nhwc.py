@@ -151,8 +151,8 @@ def _classes():
         """One fp32 column of ``rows`` ones, shared by every ``Fp8Pointwise`` of a model.
 
         Why: rowwise ``_scaled_mm`` wants a contiguous [M, 1] activation-scale operand.
-        Built per GEMM (``expand(M, 1).contiguous()``), that was 43 extra kernels per
-        inference, most of the FP8 engine's extra launches at batch 1 on the H200. With the
+        Built per GEMM (``expand(M, 1).contiguous()``), that was about 50 extra kernels
+        per inference (H200 profile at batch 1), most of what FP8 added there. With the
         activation scale folded into the per-channel row, the column is all ones, and a
         slice of one column is a view: no kernel. It is a plain tensor attribute of the
         modules, not a buffer, so that ``torch.export`` lifts it once (buffers registered
