@@ -230,7 +230,8 @@ def _classes():
             # multiplies them anyway); without it, scale_a = the activation scale per row
             self._ones = ones if gemm == "rowwise" and not emulate else None
             self.ones_col = self._ones.tensor if self._ones is not None else None
-            self.register_buffer("gemm_scale_row", scale_row * self.act_scale)
+            if self._ones is not None:   # a constant of the package only where it is used
+                self.register_buffer("gemm_scale_row", scale_row * self.act_scale)
 
         def _apply(self, fn, recurse=True):
             super()._apply(fn, recurse)
