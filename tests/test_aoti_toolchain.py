@@ -133,7 +133,7 @@ def test_a_package_with_a_static_cxx_runtime_is_refused(tmp_path, static_gxx):
 
 
 @pytest.mark.slow
-def test_a_package_compiled_with_a_static_compiler_loads(tmp_path, static_gxx, monkeypatch):
+def test_a_package_compiled_with_a_static_compiler_loads(tmp_path, static_gxx):
     """End to end: the compiler that broke every package on the H200 image now gives one
     that loads and computes (before the fix, loading raised std::bad_cast here and crashed
     with SIGSEGV there)."""
@@ -143,10 +143,12 @@ def test_a_package_compiled_with_a_static_compiler_loads(tmp_path, static_gxx, m
     from runtime_py.engines.torch_aoti import TorchAotiRunner
     from test_torch_aoti import _MemoryBundle, _tiny_model
 
-    monkeypatch.setattr(torch._inductor.config.cpp, "cxx", (None, static_gxx))
+    # torch's own patch context, not monkeypatch: on torch 2.14 undoing a setattr on an
+    # Inductor config leaves the setting hidden for every later test in the process.
     model = _tiny_model()
-    package, details = build_engine(model, "fp32", (3, 16, 16), {"min": 1, "max": 2},
-                                    device="cpu", batch_sizes=[2])
+    with torch._inductor.config.patch({"cpp.cxx": (None, static_gxx)}):
+        package, details = build_engine(model, "fp32", (3, 16, 16), {"min": 1, "max": 2},
+                                        device="cpu", batch_sizes=[2])
     assert "-l:libstdc++.so.6" in details["compile_options"]["cxx"]
     x = np.random.default_rng(0).normal(size=(2, 3, 16, 16)).astype(np.float32)
     with TorchAotiRunner(_MemoryBundle("fp32", details, package, (3, 16, 16), 10, 2)) as runner:
