@@ -2,8 +2,11 @@
 
 An engine's throughput grows with the batch size (one kernel launch sequence amortised
 over many images), while clients of a service send one image at a time. The batcher sits
-between them: one worker thread takes queued requests, concatenates them up to the
-model's max batch, runs one ``model.infer`` and hands each request back its own rows.
+between them: one worker thread takes queued requests, writes their rows straight into a
+batch slot's input buffers (pinned memory from ``model.input_buffers()`` on GPU engines,
+so the device copy reads them in place), starts the batch with ``model.infer_async`` and
+goes on to the next one; a completion thread waits for each batch in order and hands each
+request back its own rows, waking each client once.
 
 Rules it keeps, and why:
 - A batch waits at most ``max_delay_ms`` for company, counted from when it starts
@@ -17,6 +20,10 @@ Rules it keeps, and why:
   batches (sharing them with other requests) and is reassembled in order.
 - The queue is bounded in requests: ``submit`` raises ``QueueFullError`` at once rather
   than letting memory grow without bound (back-pressure the client can act on).
+- ``pipeline_depth`` batches (default 2) are in flight: while the engine computes batch k,
+  the worker fills batch k+1's slot and the completion thread delivers batch k-1. A slot
+  is reused only after its batch's outputs were read out, and the outputs handed to
+  clients are never in a buffer that is reused.
 - Only numpy and the standard library: importable by any service.
 """
 
@@ -25,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import queue
 import threading
 import time
 from concurrent.futures import Future, InvalidStateError
@@ -32,7 +40,9 @@ from typing import Callable, Mapping, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
+from .engines.base import Pending
 from .errors import BatcherClosedError, BatcherError, QueueFullError, UsageError
+from .hostcopy import copy_many
 from .tensors import FeedChecker, TensorSpec
 
 log = logging.getLogger(__name__)
@@ -41,7 +51,11 @@ Feeds = dict[str, np.ndarray]
 
 
 class BatchableModel(Protocol):
-    """What the batcher needs of a model (``runtime_py.model.Model`` provides it)."""
+    """What the batcher needs of a model (``runtime_py.model.Model`` provides it).
+
+    Optional, used when present: ``infer_async(feeds) -> Pending`` (start a batch and
+    return at once) and ``input_buffers() -> dict[str, ndarray]`` (max-batch host buffers
+    the engine reads in place)."""
 
     inputs: Sequence[TensorSpec]
     max_batch_size: int
@@ -93,7 +107,8 @@ class Batcher:
 
     ``max_batch_size`` defaults to (and may not exceed) ``model.max_batch_size``;
     ``max_delay_ms`` bounds how long the oldest request waits for others; ``max_queue``
-    bounds the number of queued requests. Use as a context manager or call ``close``.
+    bounds the number of queued requests; ``pipeline_depth`` is the number of batches in
+    flight (1 runs one batch at a time). Use as a context manager or call ``close``.
     """
 
     def __init__(
@@ -102,6 +117,7 @@ class Batcher:
         max_batch_size: int | None = None,
         max_delay_ms: float = 2.0,
         max_queue: int = 1024,
+        pipeline_depth: int = 2,
     ) -> None:
         model_max = int(model.max_batch_size)
         if max_batch_size is None:
@@ -115,6 +131,8 @@ class Batcher:
             raise UsageError(f"max delay must be >= 0 ms, got {max_delay_ms}")
         if max_queue < 1:
             raise UsageError(f"max queue must be >= 1 request, got {max_queue}")
+        if not 1 <= pipeline_depth <= 8:
+            raise UsageError(f"pipeline depth must be 1..8 batches, got {pipeline_depth}")
         self.model = model
         self.max_batch_size = int(max_batch_size)
         self.max_delay_s = max_delay_ms / 1000.0
@@ -126,16 +144,25 @@ class Batcher:
         self._cond = threading.Condition(threading.Lock())
         self._closed = False
         self._listeners: list[Callable[[BatchStats], None]] = []
-        # Batch input buffers, reused across batches (per non-batch shape): a fresh
-        # multi-megabyte array per batch costs page faults on every call.
-        self._buffers: dict[tuple, dict[str, np.ndarray]] = {}
+        # Batch input buffers per slot, reused across batches (per non-batch shape): a
+        # fresh multi-megabyte array per batch costs page faults on every call, and on a
+        # GPU engine pinned buffers spare the engine its staging copy.
+        self._slot_buffers: list[dict[tuple, dict[str, np.ndarray]]] = [
+            {} for _ in range(pipeline_depth)]
+        self._free_slots: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for i in range(pipeline_depth):
+            self._free_slots.put(i)
+        self._in_flight: queue.SimpleQueue = queue.SimpleQueue()
         # Counters readable without a listener (cheap: updated once per batch).
         self.batches = 0
         self.rows = 0
         self.failed_requests = 0
         self.batch_size_counts: collections.Counter[int] = collections.Counter()
         self._worker = threading.Thread(target=self._run, name="trt-bundle-batcher", daemon=True)
+        self._completer = threading.Thread(target=self._complete, name="trt-bundle-batcher-done",
+                                           daemon=True)
         self._worker.start()
+        self._completer.start()
 
     # --- client side ------------------------------------------------------------------
 
@@ -223,8 +250,11 @@ class Batcher:
             self._cond.notify_all()
         for req in cancelled:
             _fail(req, BatcherClosedError("the batcher was closed before this request ran"))
-        if threading.current_thread() is not self._worker:
-            self._worker.join(timeout)
+        current = threading.current_thread()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in (self._worker, self._completer):
+            if thread is not current:
+                thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def __enter__(self) -> "Batcher":
         return self
@@ -235,16 +265,104 @@ class Batcher:
     # --- worker side ------------------------------------------------------------------
 
     def _run(self) -> None:
-        while True:
-            batch = self._next_batch()
-            if batch is None:
-                return
+        """Worker: wait for a free slot, take a batch, fill the slot, start the batch."""
+        try:
+            while True:
+                slot = self._free_slots.get()
+                batch = self._next_batch()
+                if batch is None:
+                    return
+                try:
+                    self._dispatch(batch, slot)
+                except BaseException as e:  # never let the worker die with requests pending
+                    log.exception("batcher worker error")
+                    for s in batch:
+                        _fail(s.req, e if isinstance(e, Exception) else BatcherError(repr(e)))
+                    self._free_slots.put(slot)
+        finally:
+            self._in_flight.put(None)
+
+    def _dispatch(self, batch: list[_Slice], slot: int) -> None:
+        t0 = time.perf_counter()
+        queue_s = tuple(t0 - s.req.t_submit for s in batch)
+        live = [s for s in batch if not s.req.future.done()]   # a slice of a failed request
+        feeds: Feeds = {}
+        if live:
             try:
-                self._execute(batch)
-            except BaseException as e:  # never let the worker die with requests pending
-                log.exception("batcher worker error")
-                for s in batch:
+                feeds = self._merge(live, slot)
+                pending = self._start(feeds)
+            except Exception as e:
+                pending = Pending.failed(e)
+        else:
+            pending = Pending.done({})
+        self._in_flight.put((live, feeds, pending, slot, t0, queue_s))
+
+    def _start(self, feeds: Feeds) -> Pending:
+        start = getattr(self.model, "infer_async", None)
+        if start is not None:
+            return start(feeds)
+        try:
+            return Pending.done(self.model.infer(feeds))
+        except Exception as e:
+            return Pending.failed(e)
+
+    def _complete(self) -> None:
+        """Completion thread: batches in the order they started; each client woken once."""
+        while True:
+            item = self._in_flight.get()
+            if item is None:
+                return
+            live, feeds, pending, slot, t0, queue_s = item
+            try:
+                self._finish(live, feeds, pending, t0, queue_s)
+            except BaseException as e:  # never let the thread die with requests pending
+                log.exception("batcher completion error")
+                for s in live:
                     _fail(s.req, e if isinstance(e, Exception) else BatcherError(repr(e)))
+            finally:
+                self._free_slots.put(slot)
+
+    def _finish(self, live: list[_Slice], feeds: Feeds, pending: Pending, t0: float,
+                queue_s: tuple[float, ...]) -> None:
+        failed = 0
+        if live:
+            try:
+                outputs = self._detach(pending.result(), feeds)
+                parts = _split(outputs, live)
+            except Exception as e:
+                if len(live) == 1:
+                    _fail(live[0].req, e)
+                    failed = 1
+                else:
+                    # One request may be what makes the batch fail: rerun each alone so
+                    # the others still get their results.
+                    log.debug("merged batch of %d requests failed (%s); rerunning each alone",
+                              len(live), e)
+                    for s in live:
+                        try:
+                            own = {k: v[s.start:s.stop] for k, v in s.req.feeds.items()}
+                            part = _split(self._detach(self.model.infer(own), own), [s])[0]
+                        except Exception as e1:
+                            _fail(s.req, e1)
+                            failed += 1
+                        else:
+                            _deliver(s, part)
+            else:
+                for s, part in zip(live, parts):
+                    _deliver(s, part)
+        compute_s = time.perf_counter() - t0
+        size = sum(s.stop - s.start for s in live)
+        self.batches += 1
+        self.rows += size
+        self.failed_requests += failed
+        self.batch_size_counts[size] += 1
+        if self._listeners:
+            stats = BatchStats(size, len(live), queue_s, compute_s, failed)
+            for fn in list(self._listeners):
+                try:
+                    fn(stats)
+                except Exception:
+                    log.exception("batcher listener failed")
 
     def _next_batch(self) -> list[_Slice] | None:
         """Wait for work, then take up to a max batch of rows off the queue.
@@ -299,28 +417,53 @@ class Batcher:
                 self._queue.popleft()
         return batch
 
-    def _merge(self, slices: list[_Slice]) -> Feeds:
+    def _merge(self, slices: list[_Slice], slot: int) -> Feeds:
         """One array per input for the batch: the request's own arrays when one request
-        fills it, else one copy of each slice into the reused batch buffer."""
+        fills it (the engine copies them once), else each slice written straight into the
+        slot's batch buffers (no intermediate concatenation)."""
         if len(slices) == 1:
             s = slices[0]
             if s.start == 0 and s.stop == s.req.rows:
                 return s.req.feeds
             return {k: v[s.start:s.stop] for k, v in s.req.feeds.items()}
-        first = slices[0].req
-        buffers = self._buffers.get(first.signature)
-        if buffers is None:
-            if len(self._buffers) >= 4:   # many shapes (dynamic dims): keep memory bounded
-                self._buffers.clear()
-            buffers = {k: np.empty((self.max_batch_size, *v.shape[1:]), v.dtype)
-                       for k, v in first.feeds.items()}
-            self._buffers[first.signature] = buffers
+        buffers = self._buffers(slices[0].req, slot)
         n = sum(s.stop - s.start for s in slices)
-        return {
-            k: np.concatenate([s.req.feeds[k][s.start:s.stop] for s in slices], axis=0,
-                              out=buf[:n])
-            for k, buf in buffers.items()
-        }
+        pairs, out = [], {}
+        for k, buf in buffers.items():
+            offset = 0
+            for s in slices:
+                rows = s.stop - s.start
+                pairs.append((buf[offset:offset + rows], s.req.feeds[k][s.start:s.stop]))
+                offset += rows
+            out[k] = buf[:n]
+        copy_many(pairs)
+        return out
+
+    def _buffers(self, first: _Request, slot: int) -> dict[str, np.ndarray]:
+        """The slot's buffers for requests shaped like ``first``: the model's own
+        (``input_buffers``, pinned on GPU engines) for its fixed shapes, else numpy."""
+        cache = self._slot_buffers[slot]
+        buffers = cache.get(first.signature)
+        if buffers is None:
+            if len(cache) >= 4:   # many shapes (dynamic dims): keep memory bounded
+                cache.clear()
+            buffers = None
+            make = getattr(self.model, "input_buffers", None)
+            if make is not None:
+                try:
+                    own = make()
+                except UsageError:   # dynamic dimensions: no preallocated buffers
+                    own = None
+                if own is not None and all(
+                        k in own and own[k].shape[1:] == v.shape[1:] and own[k].dtype == v.dtype
+                        and own[k].shape[0] >= self.max_batch_size
+                        for k, v in first.feeds.items()):
+                    buffers = {k: own[k] for k in first.feeds}
+            if buffers is None:
+                buffers = {k: np.empty((self.max_batch_size, *v.shape[1:]), v.dtype)
+                           for k, v in first.feeds.items()}
+            cache[first.signature] = buffers
+        return buffers
 
     @staticmethod
     def _detach(outputs: Mapping[str, np.ndarray], feeds: Feeds) -> Mapping[str, np.ndarray]:
@@ -333,51 +476,6 @@ class Batcher:
         if not aliased:
             return outputs
         return {k: (v.copy() if k in aliased else v) for k, v in outputs.items()}
-
-    def _execute(self, batch: list[_Slice]) -> None:
-        t_dispatch = time.perf_counter()
-        queue_s = tuple(t_dispatch - s.req.t_submit for s in batch)
-        live = [s for s in batch if not s.req.future.done()]   # a slice of a failed request
-        failed = 0
-        t0 = time.perf_counter()
-        if live:
-            try:
-                feeds = self._merge(live)
-                outputs = self._detach(self.model.infer(feeds), feeds)
-                parts = _split(outputs, live)
-            except Exception as e:
-                if len(live) == 1:
-                    _fail(live[0].req, e)
-                    failed = 1
-                else:
-                    # One request may be what makes the batch fail: rerun each alone so
-                    # the others still get their results.
-                    log.debug("merged batch of %d requests failed (%s); rerunning each alone",
-                              len(live), e)
-                    for s in live:
-                        try:
-                            part = _split(self.model.infer(self._merge([s])), [s])[0]
-                        except Exception as e1:
-                            _fail(s.req, e1)
-                            failed += 1
-                        else:
-                            _deliver(s, part)
-            else:
-                for s, part in zip(live, parts):
-                    _deliver(s, part)
-        compute_s = time.perf_counter() - t0
-        size = sum(s.stop - s.start for s in live)
-        self.batches += 1
-        self.rows += size
-        self.failed_requests += failed
-        self.batch_size_counts[size] += 1
-        if self._listeners:
-            stats = BatchStats(size, len(live), queue_s, compute_s, failed)
-            for fn in list(self._listeners):
-                try:
-                    fn(stats)
-                except Exception:
-                    log.exception("batcher listener failed")
 
 
 def _split(outputs: Mapping[str, np.ndarray], slices: list[_Slice]) -> list[dict[str, np.ndarray]]:

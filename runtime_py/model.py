@@ -14,6 +14,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from runtime_py.engines import runner_class
+from runtime_py.engines.base import Pending
 from runtime_py.errors import CompatibilityError, InferenceInputError, UsageError
 from runtime_py.format import Bundle, open_bundle
 from runtime_py.tensors import TensorSpec, check_feeds
@@ -69,15 +70,36 @@ class Model:
         return inputs
 
     def infer(self, inputs) -> dict[str, np.ndarray]:
-        """Run a batch (array for single-input models, or dict name -> array)."""
+        """Run a batch (array for single-input models, or dict name -> array) of any size;
+        the outputs are the caller's own arrays.
+
+        A batch larger than the engine's max batch is cut into engine batches that run
+        pipelined (the copy of one overlaps the compute of the other on GPU engines).
+        Feeds written into ``input_buffers()`` are read in place (no host copy)."""
         feeds = self._as_feeds(inputs)
         batch = check_feeds(self.inputs, feeds)
         limit = self.max_batch_size
         if batch <= limit:
             return self.runner.infer(feeds)
-        parts = [self.runner.infer({k: v[i:i + limit] for k, v in feeds.items()})
-                 for i in range(0, batch, limit)]
+        pending = [self.runner.infer_async({k: v[i:i + limit] for k, v in feeds.items()})
+                   for i in range(0, batch, limit)]
+        parts = [p.result() for p in pending]
         return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+
+    def infer_async(self, inputs) -> Pending:
+        """Start one batch of at most ``max_batch_size`` rows; ``result()`` waits for it.
+
+        Keep the input arrays unchanged until then. On GPU engines this returns once the
+        copies and the engine are enqueued, so a caller can prepare the next batch while
+        this one runs (``runtime_py.batcher.Batcher`` does)."""
+        return self.runner.infer_async(self._as_feeds(inputs))
+
+    def input_buffers(self) -> dict[str, np.ndarray]:
+        """Host arrays of the max batch, one per input, to write batches into: on GPU
+        engines they are pinned memory that ``infer``/``infer_async`` read in place (zero
+        host copies: write rows into ``buffers[name][:n]`` and pass that slice). Each call
+        allocates new buffers; keep and reuse them, one set per batch in flight."""
+        return self.runner.input_buffers()
 
     # -- images --------------------------------------------------------------------------
     @property
@@ -108,7 +130,13 @@ class Model:
                  for i in idx] for row, idx in zip(probs, order)]
 
     def classify(self, images: Iterable, top_k: int = 5) -> list[list[dict]]:
-        """Top-k {index, label, score} for each image, through the bundle's preprocessing."""
+        """Top-k {index, label, score} for each image, through the bundle's preprocessing.
+
+        ``images`` is a list of images (paths, encoded bytes or PIL images); one image
+        given alone is a list of one (a path string is never split into characters)."""
+        if isinstance(images, (str, os.PathLike, bytes, bytearray, memoryview)) or \
+                type(images).__module__.startswith("PIL."):
+            images = [images]
         batch = self.preprocess(list(images))
         logits = self.infer(batch)[self.outputs[0].name]
         return [[{"index": i, "label": label, "score": score} for i, label, score in row]

@@ -112,3 +112,60 @@ class ToyModel:
         order = np.argsort(-p, axis=1, kind="stable")[:, :k]
         return [[(int(j), self.labels[j], float(row[j])) for j in idx]
                 for row, idx in zip(p, order)]
+
+
+class AsyncToyModel(ToyModel):
+    """``ToyModel`` that behaves like a GPU engine towards its caller: ``infer_async``
+    returns at once and the batch runs later on one private thread (the "stream"), which
+    reads the input arrays only when it gets to them. A caller that rewrote an input
+    buffer before the batch's ``Pending.result()`` returned gets wrong outputs, so tests
+    of the batcher's buffer reuse catch it. ``input_buffers`` hands out plain arrays that
+    the model remembers, like a GPU runner's pinned buffers; ``in_place`` counts feeds
+    that were used in place."""
+
+    def __init__(self, *args, read_delay_ms: float = 0.0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        from concurrent.futures import ThreadPoolExecutor
+
+        from .hostcopy import HostBufferRegistry
+
+        self.read_delay_s = read_delay_ms / 1000.0
+        self._stream = ThreadPoolExecutor(1, thread_name_prefix="toy-stream")
+        self._registry = HostBufferRegistry()
+        self._owners: list[np.ndarray] = []
+        self.in_place = 0
+        self.max_in_flight = 0
+        self._in_flight = 0
+
+    def input_buffers(self) -> dict[str, np.ndarray]:
+        spec = self.inputs[0]
+        buf = np.empty((self.max_batch_size, *spec.shape[1:]), np.dtype(spec.dtype))
+        self._owners.append(buf)
+        self._registry.add(buf, buf)
+        return {spec.name: buf}
+
+    def infer_async(self, feeds: dict[str, np.ndarray]):
+        from .engines.base import Pending
+
+        check_feeds(self.inputs, feeds)
+        if self._registry.owner_of(feeds["input"]) is not None:
+            with self._lock:
+                self.in_place += 1
+        with self._lock:
+            self._in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self._in_flight)
+
+        def run():
+            try:
+                if self.read_delay_s:
+                    time.sleep(self.read_delay_s)   # the "device" reads the input late
+                return self.infer(feeds)
+            finally:
+                with self._lock:
+                    self._in_flight -= 1
+
+        future = self._stream.submit(run)
+        return Pending(future.result)
+
+    def close(self) -> None:
+        self._stream.shutdown(wait=True)

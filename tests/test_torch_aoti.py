@@ -668,6 +668,8 @@ def test_gpu_runners_check_activity_and_batch_range_before_running():
     with pytest.raises(BundleError, match="torch-aoti runner is not active"):
         runner.infer({"input": x})
     runner.is_active = True        # the checks run before any engine call
-    with pytest.raises(InferenceInputError, match=r"batch 5 is outside this package's range 1\.\.4"):
+    with pytest.raises(InferenceInputError, match=r"batch 5 is outside this torch-aoti engine's range 1\.\.4"):
         runner.infer({"input": x})
-    assert runner.checked_batch({"input": x[:4]}, "torch-aoti", "package") == 4
+    with pytest.raises(InferenceInputError, match="outside"):
+        runner.infer_async({"input": x})
+    assert runner.checked_batch({"input": x[:4]}) == 4

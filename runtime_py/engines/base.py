@@ -8,10 +8,12 @@ package, so that importing `runtime_py` never needs onnxruntime, TensorRT or tor
 from __future__ import annotations
 
 import abc
+import threading
+from typing import Callable
 
 import numpy as np
 
-from runtime_py.errors import BundleError, InferenceInputError
+from runtime_py.errors import BundleError, InferenceInputError, UsageError
 from runtime_py.format import Bundle
 from runtime_py.tensors import TensorSpec, check_feeds
 
@@ -65,19 +67,103 @@ class Runner(abc.ABC):
     def deactivate_impl(self) -> None:
         """Release the engine session (default: nothing to release)."""
 
-    def checked_batch(self, feeds: dict[str, np.ndarray], runner: str, engine: str) -> int:
+    def checked_batch(self, feeds: dict[str, np.ndarray]) -> int:
         """The batch size of ``feeds``, checked against the inputs and the engine's fixed
-        range: the GPU runners hold buffers of ``max_batch_size`` (the model splits larger
-        batches before they reach the engine). ``runner``/``engine`` name them in messages."""
+        range: engines hold buffers of ``max_batch_size`` (the model splits larger batches
+        before they reach the engine)."""
         if not self.is_active:
-            raise BundleError(f"the {runner} runner is not active: call activate() first")
+            raise BundleError(f"the {self.backend} runner is not active: call activate() first")
         n = check_feeds(self.input_metadata(), feeds)
         if not 1 <= n <= self.max_batch_size:
             raise InferenceInputError(
-                f"batch {n} is outside this {engine}'s range 1..{self.max_batch_size}; the "
-                "model splits larger batches before they reach the engine")
+                f"batch {n} is outside this {self.backend} engine's range "
+                f"1..{self.max_batch_size}; the model splits larger batches before they "
+                "reach the engine")
         return n
 
-    @abc.abstractmethod
     def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run one batch (1..max_batch_size) of checked inputs; return outputs by name."""
+        """Run one batch (1..max_batch_size) and return the outputs by name; the outputs
+        are the caller's own arrays (never views of buffers the runner reuses)."""
+        return self.infer_impl(feeds, self.checked_batch(feeds))
+
+    def infer_async(self, feeds: dict[str, np.ndarray]) -> "Pending":
+        """Start one batch and return at once where the engine is asynchronous (GPU
+        engines enqueue copies and compute on their streams); ``Pending.result()`` waits.
+
+        The feeds must stay unchanged until ``result()`` returned (a buffer from
+        ``input_buffers`` is read by the device copy in the meantime). Engines that run
+        on the calling thread (ONNX Runtime) compute here and return a finished Pending.
+        """
+        n = self.checked_batch(feeds)
+        return self.infer_async_impl(feeds, n)
+
+    def input_buffers(self) -> dict[str, np.ndarray]:
+        """Fresh host arrays of the max batch, one per input, for a caller to write a batch
+        into (``buffers[name][:n]``) and pass to ``infer``/``infer_async``.
+
+        GPU runners hand out page-locked (pinned) memory and use such feeds in place: the
+        device copy reads them directly, with no staging copy. Elsewhere it is plain numpy
+        memory. Each call allocates: keep the buffers and reuse them.
+        """
+        buffers = {}
+        for spec in self.input_metadata():
+            shape = (self.max_batch_size, *spec.shape[1:])
+            if not all(isinstance(d, int) and d >= 0 for d in shape):
+                raise UsageError(f"input {spec.name!r} has dynamic dimensions "
+                                 f"{list(spec.shape)}; its buffers cannot be preallocated")
+            buffers[spec.name] = self.allocate_host(shape, np.dtype(spec.dtype))
+        return buffers
+
+    def allocate_host(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """Host memory for ``input_buffers`` (GPU runners: pinned)."""
+        return np.empty(shape, dtype)
+
+    @abc.abstractmethod
+    def infer_impl(self, feeds: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
+        """Run one batch of ``n`` rows of already checked feeds."""
+
+    def infer_async_impl(self, feeds: dict[str, np.ndarray], n: int) -> "Pending":
+        """Default: compute now, on the calling thread."""
+        try:
+            return Pending.done(self.infer_impl(feeds, n))
+        except Exception as exc:
+            return Pending.failed(exc)
+
+
+class Pending:
+    """An inference started by ``infer_async``: ``result()`` waits for it (once) and
+    returns the outputs by name, or raises what the engine raised."""
+
+    __slots__ = ("_wait", "_outputs", "_error", "_lock")
+
+    def __init__(self, wait: Callable[[], dict[str, np.ndarray]] | None) -> None:
+        self._wait = wait
+        self._lock = threading.Lock()
+        self._outputs: dict[str, np.ndarray] | None = None
+        self._error: BaseException | None = None
+
+    @classmethod
+    def done(cls, outputs: dict[str, np.ndarray]) -> "Pending":
+        p = cls(None)
+        p._outputs = outputs
+        return p
+
+    @classmethod
+    def failed(cls, error: BaseException) -> "Pending":
+        p = cls(None)
+        p._error = error
+        return p
+
+    def result(self) -> dict[str, np.ndarray]:
+        """The outputs (the caller's own arrays); safe to call again and from any thread."""
+        if self._wait is not None:
+            with self._lock:
+                if self._wait is not None:
+                    try:
+                        self._outputs = self._wait()
+                    except BaseException as exc:
+                        self._error = exc
+                    self._wait = None
+        if self._error is not None:
+            raise self._error
+        return self._outputs  # type: ignore[return-value]

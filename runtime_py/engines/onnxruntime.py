@@ -82,6 +82,6 @@ class OnnxRuntimeRunner(Runner):
     def deactivate_impl(self) -> None:
         self.session = None
 
-    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def infer_impl(self, feeds: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
         outputs = self.session.run(self.output_names, feeds)
         return dict(zip(self.output_names, outputs))

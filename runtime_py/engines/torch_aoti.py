@@ -16,9 +16,16 @@ Design:
   `bundle verify` or `bundle study` should get a CompatibilityError that names it, and
   `backend="auto"` its fallback to ONNX Runtime, rather than die. It costs one torch
   import and one load (seconds).
-* One non-blocking stream per runner; pinned host staging buffers for the input and
-  output at the max batch, device buffers per batch size: ``infer`` copies in, runs, copies
-  out and synchronizes its stream only.
+* Three non-blocking streams per runner (copy-in, compute, copy-out) and two batch slots
+  (``_Slot``: device input, device output, pinned output, pinned staging), so that two
+  batches are in flight: ``infer_async`` enqueues H2D on the copy-in stream, a device copy
+  into the graph's static input + the engine + a device copy of the output on the compute
+  stream, and D2H on the copy-out stream, ordered by events; the copy-in of batch k+1 and
+  the copy-out of batch k-1 overlap the compute of batch k. ``Pending.result()`` waits for
+  the slot's last event only. A slot is reused only after its previous Pending was resolved.
+* Feeds that lie in pinned memory from ``input_buffers()`` are copied to the device in
+  place; any other array is first copied into the slot's pinned staging buffer, split over
+  threads (``runtime_py.hostcopy``): at most one host copy either way.
 * CUDA graphs (``cuda_graphs=True``, default): captured the first time a batch size is
   seen, after one warm-up run on that size (first runs allocate workspace and load
   kernels, which must not be captured). The package is loaded with
@@ -45,11 +52,25 @@ from typing import Any
 import numpy as np
 
 from runtime_py.compat import GpuInfo, HostInfo, check_torch_aoti_target
-from runtime_py.engines.base import Runner
+from runtime_py.engines.base import Pending, Runner
 from runtime_py.errors import BundleError, CompatibilityError, EngineUnavailableError
+from runtime_py.hostcopy import HostBufferRegistry, copy_rows
 from runtime_py.native_libs import static_cxx_runtime_libraries
+from runtime_py.tensors import TensorSpec
 
 MEMBER = "engine.pt2"
+#: Batches in flight per runner (copy-in of the next and copy-out of the previous batch
+#: overlap the compute of the current one).
+SLOTS = 2
+
+
+class _Slot:
+    """The buffers and events of one batch in flight (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.host_in = self.host_out = self.device_in = self.device_out = None
+        self.staged = self.consumed = self.computed = self.done = None
+        self.pending: Pending | None = None
 
 
 def import_torch():
@@ -167,9 +188,12 @@ class TorchAotiRunner(Runner):
         self._torch = None
         self._model = None
         self._device = None
-        self._stream = None
-        self._host_in = None
-        self._host_out = None
+        self._stream = None           # compute
+        self._in_stream = None        # host -> device copies
+        self._out_stream = None       # device -> host copies
+        self._slots: list[_Slot] = []
+        self._next_slot = 0
+        self._pinned = HostBufferRegistry()
         self._static: dict[int, tuple[Any, Any]] = {}   # batch -> (input, output) on device
         self._graphs: dict[int, Any] = {}
         self._on_cpu = False
@@ -215,43 +239,110 @@ class TorchAotiRunner(Runner):
                                   f"AOTInductor package: {exc}") from None
         finally:
             shutil.rmtree(folder, ignore_errors=True)
+        if not self._on_cpu:
+            self._in_stream = torch.cuda.Stream(self._device)
+            self._out_stream = torch.cuda.Stream(self._device)
+        self._slots = [self._new_slot() for _ in range(SLOTS)]
+
+    def _torch_dtype(self, spec: TensorSpec):
+        return self._torch.from_numpy(np.empty(0, np.dtype(spec.dtype))).dtype
+
+    def _new_slot(self) -> "_Slot":
+        torch, n = self._torch, self.max_batch_size
         spec_in, spec_out = self.input_metadata()[0], self.output_metadata()[0]
-        n = self.max_batch_size
+        in_shape, out_shape = (n, *spec_in.shape[1:]), (n, *spec_out.shape[1:])
+        in_dtype, out_dtype = self._torch_dtype(spec_in), self._torch_dtype(spec_out)
         pin = not self._on_cpu
-        self._host_in = torch.empty((n, *spec_in.shape[1:]), dtype=torch.float32, pin_memory=pin)
-        self._host_out = torch.empty((n, *spec_out.shape[1:]), dtype=torch.float32,
-                                     pin_memory=pin)
+        slot = _Slot()
+        slot.host_in = torch.empty(in_shape, dtype=in_dtype, pin_memory=pin)
+        slot.host_out = torch.empty(out_shape, dtype=out_dtype, pin_memory=pin)
+        if not self._on_cpu:
+            slot.device_in = torch.empty(in_shape, dtype=in_dtype, device=self._device)
+            slot.device_out = torch.empty(out_shape, dtype=out_dtype, device=self._device)
+            slot.staged = torch.cuda.Event()     # H2D done: host_in may be rewritten
+            slot.consumed = torch.cuda.Event()   # device_in copied into the static input
+            slot.computed = torch.cuda.Event()   # device_out holds the outputs
+            slot.done = torch.cuda.Event()       # host_out holds the outputs
+        return slot
+
+    def allocate_host(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """Pinned memory on a GPU (remembered, so that ``infer`` reads it in place)."""
+        if self._torch is None or self._on_cpu:
+            return np.empty(shape, dtype)
+        tensor = self._torch.empty(shape, dtype=self._torch.from_numpy(np.empty(0, dtype)).dtype,
+                                   pin_memory=True)
+        arr = tensor.numpy()
+        self._pinned.add(tensor, arr)
+        return arr
 
     def deactivate_impl(self) -> None:
-        if self._stream is not None:
-            self._stream.synchronize()
+        for stream in (self._in_stream, self._stream, self._out_stream):
+            if stream is not None:
+                stream.synchronize()
         self._reset()
 
     # -- inference --------------------------------------------------------------------
-    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        n = self.checked_batch(feeds, "torch-aoti", "package")
-        with self._lock:
-            return self._infer(feeds, n)
+    def infer_impl(self, feeds: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
+        return self.infer_async_impl(feeds, n).result()
 
     def _run_model(self, x):
         out = self._model(x)
         return out[0] if isinstance(out, (list, tuple)) else out
 
-    def _infer(self, feeds: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
+    def infer_async_impl(self, feeds: dict[str, np.ndarray], n: int) -> Pending:
         torch = self._torch
         name_in, name_out = self.input_metadata()[0].name, self.output_metadata()[0].name
-        host_in, host_out = self._host_in[:n], self._host_out[:n]
-        host_in.numpy()[...] = feeds[name_in]
-        if self._on_cpu:
-            with torch.no_grad():
-                return {name_out: self._run_model(host_in).numpy().copy()}
-        with torch.cuda.stream(self._stream), torch.no_grad():
-            x, y = self._static_buffers(n)
-            x.copy_(host_in, non_blocking=True)
-            out = self._run(n, x, y)
-            host_out.copy_(out, non_blocking=True)
-        self._stream.synchronize()
-        return {name_out: host_out.numpy().copy()}
+        with self._lock:
+            slot = self._slots[self._next_slot]
+            self._next_slot = (self._next_slot + 1) % len(self._slots)
+            if slot.pending is not None:   # its outputs must be read out before reuse
+                try:
+                    slot.pending.result()
+                except Exception:
+                    pass                   # that batch's error belongs to its own caller
+                slot.pending = None
+            if self._on_cpu:
+                with torch.no_grad():
+                    out = self._run_model(self._host_source(slot, feeds[name_in], n))
+                return Pending.done({name_out: out.numpy().copy()})
+            source = self._host_source(slot, feeds[name_in], n)
+            with torch.cuda.stream(self._in_stream):
+                self._in_stream.wait_event(slot.consumed)      # device_in free again
+                slot.device_in[:n].copy_(source, non_blocking=True)
+                slot.staged.record(self._in_stream)
+            with torch.cuda.stream(self._stream), torch.no_grad():
+                self._stream.wait_event(slot.staged)
+                x, _ = self._static_buffers(n)
+                x.copy_(slot.device_in[:n])
+                slot.consumed.record(self._stream)
+                slot.device_out[:n].copy_(self._run(n, x, None))
+                slot.computed.record(self._stream)
+            with torch.cuda.stream(self._out_stream):
+                self._out_stream.wait_event(slot.computed)
+                slot.host_out[:n].copy_(slot.device_out[:n], non_blocking=True)
+                slot.done.record(self._out_stream)
+            done, host_out = slot.done, slot.host_out
+
+            def wait() -> dict[str, np.ndarray]:
+                done.synchronize()
+                return {name_out: host_out[:n].numpy().copy()}
+
+            slot.pending = Pending(wait)
+            return slot.pending
+
+    def _host_source(self, slot: "_Slot", arr: np.ndarray, n: int):
+        """The batch as a host tensor the device copy can read: the caller's own array when
+        it lies in pinned memory from ``input_buffers`` (no copy), else the slot's pinned
+        staging buffer after one (threaded) copy into it."""
+        torch = self._torch
+        if (not self._on_cpu and arr.flags.c_contiguous
+                and self._pinned.owner_of(arr) is not None):
+            return torch.from_numpy(arr)
+        if not self._on_cpu:
+            slot.staged.synchronize()      # the previous H2D from host_in has finished
+        staging = slot.host_in[:n]
+        copy_rows(staging.numpy(), arr)
+        return staging
 
     def run_device(self, n: int):
         """Run the engine on its own device input buffer of batch ``n`` (for benchmarks:
@@ -274,10 +365,17 @@ class TorchAotiRunner(Runner):
             return {}
         spec = self.input_metadata()[0]
         feeds = random_feeds([spec], int(batch_size))
-        n = self.checked_batch(feeds, "torch-aoti", "package")
+        n = self.checked_batch(feeds)
         torch, stream = self._torch, self._stream
         with self._lock:
-            host_in, host_out = self._host_in[:n], self._host_out[:n]
+            for slot in self._slots:       # nothing of infer_async may still be in flight
+                if slot.pending is not None:
+                    try:
+                        slot.pending.result()
+                    except Exception:
+                        pass
+                    slot.pending = None
+            host_in, host_out = self._slots[0].host_in[:n], self._slots[0].host_out[:n]
             host_in.numpy()[...] = feeds[spec.name]
             x, _ = self._static_buffers(n)
             x.copy_(host_in)
@@ -303,7 +401,7 @@ class TorchAotiRunner(Runner):
     def _static_buffers(self, n: int):
         if n not in self._static:
             spec_in = self.input_metadata()[0]
-            x = self._torch.zeros((n, *spec_in.shape[1:]), dtype=self._torch.float32,
+            x = self._torch.zeros((n, *spec_in.shape[1:]), dtype=self._torch_dtype(spec_in),
                                   device=self._device)
             self._static[n] = (x, None)
         return self._static[n]

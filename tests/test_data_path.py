@@ -1,0 +1,191 @@
+"""The in-process data path: host copies, asynchronous inference, the pipelined batcher.
+
+GPU runners are covered on the H200 (tests marked ``gpu`` in test_torch_aoti.py); here the
+same contracts run on CPU stand-ins: ``AsyncToyModel`` starts batches on a private thread
+that reads its inputs late, as a device copy does.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from runtime_py.batcher import Batcher
+from runtime_py.engines.base import Pending
+from runtime_py.hostcopy import HostBufferRegistry, copy_many, copy_rows
+from runtime_py.testing import AsyncToyModel, ToyModel
+
+TIMEOUT = 30
+
+
+@pytest.mark.parametrize("threads", [1, 3, 8])
+def test_threaded_copies_equal_numpy(threads):
+    rng = np.random.default_rng(0)
+    src = rng.standard_normal((17, 3, 64, 64)).astype(np.float32)   # 835 KB
+    dst = np.zeros_like(src)
+    import runtime_py.hostcopy as hc
+
+    old = hc.PARALLEL_MIN_BYTES
+    try:
+        hc.PARALLEL_MIN_BYTES = 1   # split even this small copy
+        copy_rows(dst, src, threads=threads)
+        np.testing.assert_array_equal(dst, src)
+        out = np.zeros((40, 3, 64, 64), np.float32)
+        pieces = [src[:5], src[5:6], src[6:17], src[:17]]
+        pairs, offset = [], 0
+        for p in pieces:
+            pairs.append((out[offset:offset + len(p)], p))
+            offset += len(p)
+        copy_many(pairs, threads=threads)
+        np.testing.assert_array_equal(out[:offset], np.concatenate(pieces))
+        assert not out[offset:].any()
+    finally:
+        hc.PARALLEL_MIN_BYTES = old
+    with pytest.raises(ValueError, match="shapes differ"):
+        copy_rows(dst[:3], src)
+    with pytest.raises(TypeError):
+        copy_rows(dst, src.astype(np.float64))          # never a silent cast
+
+
+def test_registry_recognises_views_of_its_blocks_only():
+    reg = HostBufferRegistry()
+    block = np.empty((8, 4), np.float32)
+    reg.add(block, block)
+    assert reg.owner_of(block[2:5]) is block
+    assert reg.owner_of(np.empty((2, 4), np.float32)) is None
+    partly = np.lib.stride_tricks.as_strided(block, shape=(9, 4))   # runs past the end
+    assert reg.owner_of(partly) is None
+
+
+def test_pending_waits_once_and_reraises():
+    calls = []
+
+    def wait():
+        calls.append(1)
+        return {"y": np.ones(2)}
+
+    p = Pending(wait)
+    threads = [threading.Thread(target=p.result) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == [1] and p.result()["y"].sum() == 2
+    bad = Pending.failed(ValueError("boom"))
+    for _ in range(2):
+        with pytest.raises(ValueError, match="boom"):
+            bad.result()
+
+
+def _client_batches(rng, count: int, size: int = 8):
+    return [rng.standard_normal((int(rng.integers(1, 6)), 3, size, size)).astype(np.float32)
+            for _ in range(count)]
+
+
+def test_pipelined_batcher_matches_infer_under_64_clients_and_never_reuses_a_live_buffer():
+    """64 concurrent clients, batch sizes 1..5: every result equals the model's own answer
+    for those rows. The model reads each batch's input late (on its "stream", after a
+    delay): a batcher that rewrote a slot before the batch finished would fail this."""
+    model = AsyncToyModel(max_batch_size=16, read_delay_ms=2.0)
+    requests = _client_batches(np.random.default_rng(1), 64 * 4)
+    results: list = [None] * len(requests)
+    with Batcher(model, max_delay_ms=1.0) as batcher:
+        def client(c: int) -> None:
+            for i in range(c, len(requests), 64):
+                results[i] = batcher.submit(requests[i]).result(TIMEOUT)["logits"]
+
+        threads = [threading.Thread(target=client, args=(c,)) for c in range(64)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(TIMEOUT)
+    for x, got in zip(requests, results):
+        np.testing.assert_array_equal(got, model.reference(x))
+    assert max(model.calls) > 1, "no request was ever merged"
+    assert model.max_in_flight == 2, "the batcher never had two batches in flight"
+    assert model.in_place > 0, "merged batches never used the model's own input buffers"
+    model.close()
+
+
+def test_outputs_handed_to_clients_stay_valid_after_later_batches():
+    """A result read after many later batches ran still holds its own values (outputs are
+    never views of a buffer the batcher or the engine reuses)."""
+    model = AsyncToyModel(max_batch_size=4)
+    rng = np.random.default_rng(2)
+    with Batcher(model, max_delay_ms=0.5) as batcher:
+        first_x = rng.standard_normal((3, 3, 8, 8)).astype(np.float32)
+        first = batcher.submit(first_x).result(TIMEOUT)["logits"]
+        kept = first.copy()
+        for _ in range(20):
+            batcher.infer(rng.standard_normal((4, 3, 8, 8)).astype(np.float32), TIMEOUT)
+    np.testing.assert_array_equal(first, kept)
+    model.close()
+
+
+def test_a_failing_request_fails_alone_in_the_pipeline():
+    from runtime_py.testing import FAIL_VALUE, ToyModelError
+
+    model = AsyncToyModel(max_batch_size=8, read_delay_ms=1.0)
+    rng = np.random.default_rng(3)
+    xs = [rng.standard_normal((2, 3, 8, 8)).astype(np.float32) for _ in range(12)]
+    xs[5][1, 0, 0, 0] = FAIL_VALUE
+    with Batcher(model, max_delay_ms=5.0) as batcher:
+        futures = [batcher.submit(x) for x in xs]
+        for i, (x, f) in enumerate(zip(xs, futures)):
+            if i == 5:
+                with pytest.raises(ToyModelError):
+                    f.result(TIMEOUT)
+            else:
+                np.testing.assert_array_equal(f.result(TIMEOUT)["logits"], model.reference(x))
+    assert batcher.failed_requests == 1
+    model.close()
+
+
+def test_pipeline_depth_one_runs_one_batch_at_a_time():
+    model = AsyncToyModel(max_batch_size=4, read_delay_ms=1.0)
+    with Batcher(model, max_delay_ms=0.5, pipeline_depth=1) as batcher:
+        fs = [batcher.submit(np.ones((3, 3, 8, 8), np.float32)) for _ in range(10)]
+        for f in fs:
+            f.result(TIMEOUT)
+    assert model.max_in_flight == 1
+    model.close()
+    from runtime_py.errors import UsageError
+
+    with pytest.raises(UsageError, match="pipeline depth"):
+        Batcher(ToyModel(), pipeline_depth=0)
+
+
+def test_close_drains_batches_in_flight():
+    model = AsyncToyModel(max_batch_size=4, read_delay_ms=3.0)
+    batcher = Batcher(model, max_delay_ms=0.5)
+    x = np.random.default_rng(4).standard_normal((4, 3, 8, 8)).astype(np.float32)
+    fs = [batcher.submit(x) for _ in range(6)]
+    batcher.close(drain=True, timeout=TIMEOUT)
+    for f in fs:
+        np.testing.assert_array_equal(f.result(0)["logits"], model.reference(x))
+    model.close()
+
+
+def test_runner_input_buffers_and_async_on_onnxruntime(tmp_path):
+    """The ONNX Runtime runner keeps working under the async API: buffers are plain
+    numpy, infer_async computes on the calling thread and returns a finished Pending."""
+    import runtime_py
+    from synthetic_bundles import write_source_bundle
+
+    with runtime_py.load(write_source_bundle(tmp_path)) as model:
+        buffers = model.input_buffers()
+        spec = model.inputs[0]
+        buf = buffers[spec.name]
+        assert buf.shape[0] == model.max_batch_size and buf.dtype == np.dtype(spec.dtype)
+        rng = np.random.default_rng(5)
+        buf[:2] = rng.standard_normal(buf[:2].shape).astype(buf.dtype)
+        expected = model.infer(buf[:2].copy())
+        got = model.infer_async({spec.name: buf[:2]}).result()
+        for name in expected:
+            np.testing.assert_array_equal(got[name], expected[name])
+        big = rng.standard_normal((model.max_batch_size * 2 + 1, *buf.shape[1:])).astype(buf.dtype)
+        whole = model.infer(big)[model.outputs[0].name]
+        first = model.infer(big[:model.max_batch_size])[model.outputs[0].name]
+        np.testing.assert_allclose(whole[:model.max_batch_size], first, rtol=1e-5, atol=1e-5)
