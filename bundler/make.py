@@ -36,6 +36,7 @@ PACKAGES = ("numpy", "onnx", "onnxruntime", "onnx-graphsurgeon", "torch", "timm"
 REFERENCE_SEED = 1_000_003
 SYNTHETIC_CALIBRATION_SEED = 0
 ENGINE_PACKAGES = {"tensorrt": ("tensorrt",), "torch-aoti": ("torch",)}
+INPUT_DTYPES = ("float32", "uint8")
 
 
 @dataclass
@@ -59,6 +60,8 @@ class MakeRequest:
     reference_data: Path | None = None
     reference_count: int = 8
     cache_dir: Path | None = None
+    #: "uint8": the engine takes uint8 NHWC pixels and does rescale/normalize/layout/cast
+    input_dtype: str = "float32"
     target_options: dict = field(default_factory=dict)
 
 
@@ -93,6 +96,13 @@ def check_request(family: Family, req: MakeRequest) -> None:
             "fp8 needs calibration images: pass --calib-data PATH (a folder of images, "
             "webdataset .tar shards or a .safetensors of preprocessed tensors); only "
             "--random-weights smoke builds calibrate on a synthetic set")
+    if req.input_dtype not in INPUT_DTYPES:
+        raise UsageError(f"--input {req.input_dtype!r}: choose one of {', '.join(INPUT_DTYPES)}")
+    if (req.input_dtype == "uint8" and req.reference_data is not None
+            and str(req.reference_data).endswith(".safetensors")):
+        raise UsageError("--input uint8 needs reference images (a folder or .tar shards), not "
+                         "a .safetensors of preprocessed float tensors: the reference member "
+                         "holds the uint8 pixels the engine takes")
     if req.calib_count < 1 or req.calib_stride < 1 or req.reference_count < 1:
         raise UsageError("--calib-count, --calib-stride and --reference-count must be >= 1")
 
@@ -241,14 +251,18 @@ def make_bundle(req: MakeRequest, progress: Progress | None = None) -> MakeResul
     from bundler.export import export_fp32_onnx, serialize
     from bundler.graphs.fp16 import to_fp16
     from bundler.torch_model import build_torch_model
-    from runtime_py.preprocess import Preprocessor
+    from runtime_py.preprocess import Preprocessor, pixel_input_spec
 
     torch_model = build_torch_model(family, weights.state_dict, weights.seed)
     progress("export", "exporting the fp32 ONNX graph (cached per weights and versions)")
     fp32_model = export_fp32_onnx(torch_model, family, req.cache_dir)
     fp32_bytes = serialize(fp32_model)
     spec = preprocess_spec(family, torch_model)
-    preprocess = Preprocessor(spec)
+    preprocess = Preprocessor(spec)            # float32 NCHW: what calibration runs on
+    pixels = req.input_dtype == "uint8"
+    if pixels:
+        spec = pixel_input_spec(spec)
+    reference_preprocess = Preprocessor(spec) if pixels else preprocess
 
     recipe = calibration_record = None
     members: dict[str, bytes] = {}
@@ -263,8 +277,15 @@ def make_bundle(req: MakeRequest, progress: Progress | None = None) -> MakeResul
             model_bytes, members["calibration.safetensors"], recipe, calibration_record = \
                 fp8_graph(family, req, fp32_model, fp16_model, preprocess, progress)
 
+    if pixels:
+        progress("graph", "uint8 pixel input: rescale, normalize, layout and cast at the "
+                          "head of the graph")
+        fp32_bytes, model_bytes = (with_pixel_head(b, preprocess) for b in (fp32_bytes, model_bytes))
+        if req.precision == "fp32":
+            model_bytes = fp32_bytes
+
     progress("reference", f"reference outputs on {req.reference_count} held-out inputs")
-    inputs, inputs_source = reference_inputs(family, req, preprocess)
+    inputs, inputs_source = reference_inputs(family, req, reference_preprocess)
     fp32_out = onnx_outputs(fp32_bytes, inputs)
     own_out = (fp32_out if req.precision == "fp32"
                else onnx_outputs(model_bytes, inputs, precision=req.precision))
@@ -278,7 +299,8 @@ def make_bundle(req: MakeRequest, progress: Progress | None = None) -> MakeResul
         options.setdefault("optimization_level", family.tensorrt.get("optimization_level", 3))
     if target == "torch-aoti":
         options.update(torch_model=torch_model, precision=req.precision, family=family,
-                       variant=req.variant, calibration=members.get("calibration.safetensors"))
+                       variant=req.variant, calibration=members.get("calibration.safetensors"),
+                       pixel_head=preprocess.pixel_scale_bias if pixels else None)
     engine = builder.build_target(model_bytes, batch=manifest_batch(family),
                                   log=lambda msg: progress("engine", msg), **options)
     members["model.onnx"] = model_bytes
@@ -291,12 +313,24 @@ def make_bundle(req: MakeRequest, progress: Progress | None = None) -> MakeResul
     if labels is not None:
         members["labels.msgpack"] = msgpack.packb(labels, use_bin_type=True)
 
-    name = targets.bundle_name(family.name, family.version, req.precision, req.variant, engine.tag)
+    name = targets.bundle_name(family.name, family.version, req.precision, req.variant, engine.tag,
+                               req.input_dtype)
     body = manifest_body(family, req, name, weights, recipe, calibration_record, quality,
                          target, engine)
     path, bundle_id = write_bundle(out_dir / f"{name}.bundle", body, members)
     progress("done", f"wrote {path} in {time.monotonic() - started:.0f} s")
     return MakeResult(path, bundle_id, body)
+
+
+def with_pixel_head(model_bytes: bytes, preprocess) -> bytes:
+    """The graph with uint8 NHWC pixels in (``bundler.graphs.pixel_head``)."""
+    import onnx
+
+    from bundler.export import serialize
+    from bundler.graphs.pixel_head import add_pixel_head
+
+    scale, bias = preprocess.pixel_scale_bias
+    return serialize(add_pixel_head(onnx.load_from_string(model_bytes), scale, bias))
 
 
 def reference_member(family: Family, inputs: np.ndarray, fp32_out: np.ndarray,
@@ -311,6 +345,9 @@ def manifest_body(family: Family, req: MakeRequest, name: str, weights: Weights,
                   recipe: dict | None, calibration: dict | None, quality: dict, target: str,
                   engine) -> dict:
     c, h, w = family.input.shape
+    input_entry = ({"name": family.input.name, "dtype": "uint8", "shape": ["batch", h, w, c]}
+                   if req.input_dtype == "uint8" else
+                   {"name": family.input.name, "dtype": "float32", "shape": ["batch", c, h, w]})
     return {
         "name": name,
         "family": {"name": family.name, "version": family.version},
@@ -318,7 +355,7 @@ def manifest_body(family: Family, req: MakeRequest, name: str, weights: Weights,
         "variant": req.variant,
         "recipe": recipe,
         "source": weights.source,
-        "inputs": [{"name": family.input.name, "dtype": "float32", "shape": ["batch", c, h, w]}],
+        "inputs": [input_entry],
         "outputs": [{"name": family.output_name, "dtype": "float32",
                      "shape": ["batch", family.num_classes]}],
         "batch": manifest_batch(family),

@@ -65,12 +65,16 @@ def random_batch(model, batch: int, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def random_feeds(specs, batch: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """Inputs uniform in [-1, 1] of ``batch`` rows for ``specs`` (TensorSpecs)."""
+    """Inputs uniform in [-1, 1] of ``batch`` rows for ``specs`` (TensorSpecs); uint8
+    inputs (pixels) uniform in 0..255."""
     rng = np.random.default_rng(seed)
     feeds = {}
     for spec in specs:
         shape = [batch] + [int(d) for d in spec.shape[1:]]
-        feeds[spec.name] = rng.uniform(-1, 1, shape).astype(spec.dtype)
+        if np.dtype(spec.dtype) == np.uint8:
+            feeds[spec.name] = rng.integers(0, 256, shape, dtype=np.uint8)
+        else:
+            feeds[spec.name] = rng.uniform(-1, 1, shape).astype(spec.dtype)
     return feeds
 
 

@@ -125,22 +125,37 @@ class Preprocessor:
         # x * scale + bias == (x * factor - mean) / std, computed once in float64.
         self._scale = (factor / std).astype(np.float32).reshape(3, 1, 1)
         self._bias = (-mean / std).astype(np.float32).reshape(3, 1, 1)
+        #: uint8 NHWC pixels out (the engine rescales and normalizes on the device)
+        self.pixels_out = spec["dtype"] == "uint8"
+        self.dtype = np.dtype(spec["dtype"])
 
     @property
     def output_shape(self) -> tuple[int, int, int]:
-        """(C, H, W) of one preprocessed image."""
-        return (3, self.crop_h, self.crop_w)
+        """(C, H, W) of one preprocessed image, or (H, W, C) for uint8 pixels."""
+        return (self.crop_h, self.crop_w, 3) if self.pixels_out else (3, self.crop_h, self.crop_w)
+
+    @property
+    def pixel_scale_bias(self) -> tuple[np.ndarray, np.ndarray]:
+        """float32 (scale, bias) of shape (3,): the engine head computes
+        ``float(pixel) * scale + bias`` per channel, exactly this class's host arithmetic."""
+        return self._scale.reshape(3), self._bias.reshape(3)
+
+    def normalize(self, pixels: np.ndarray) -> np.ndarray:
+        """uint8 NHWC pixels -> the float32 NCHW tensor, as the engine's head computes it."""
+        out = np.multiply(pixels.transpose(0, 3, 1, 2), self._scale[None], dtype=np.float32)
+        out += self._bias[None]
+        return out
 
     def __call__(self, image: ImageInput) -> np.ndarray:
-        """One image -> float32 array of shape (3, H, W)."""
-        out = np.empty(self.output_shape, dtype=np.float32)
+        """One image -> float32 (3, H, W), or uint8 (H, W, 3) pixels for a uint8 spec."""
+        out = np.empty(self.output_shape, dtype=self.dtype)
         self._into(image, out)
         return out
 
     def batch(self, images: Iterable[ImageInput]) -> np.ndarray:
-        """Images -> float32 array (N, 3, H, W), each written into its slot directly."""
+        """Images -> (N, *output_shape), each written into its slot directly."""
         images = list(images)
-        out = np.empty((len(images), *self.output_shape), dtype=np.float32)
+        out = np.empty((len(images), *self.output_shape), dtype=self.dtype)
         for i, image in enumerate(images):
             try:
                 self._into(image, out[i])
@@ -210,6 +225,9 @@ class Preprocessor:
             pixels = np.asarray(img)
         except (OSError, ValueError, SyntaxError, EOFError, IndexError) as exc:
             raise PreprocessError(f"cannot decode {label}: {exc}") from None
+        if self.pixels_out:
+            out[...] = pixels[:, :, None] if gray else pixels
+            return
         if gray:
             np.multiply(pixels[None, :, :], self._scale, out=out)
         else:
@@ -225,6 +243,14 @@ def _describe(image: object) -> str:
     if isinstance(image, (str, os.PathLike)):
         return f"image file {os.fspath(image)!r}"
     return f"an object of type {type(image).__name__}"
+
+
+def pixel_input_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """The same preprocessing with uint8 NHWC pixels handed to the engine, which does
+    rescale, normalize, layout and cast at the head of its graph (4x fewer bytes through
+    PCIe and over the wire than float32)."""
+    return {**spec, "layout": "NHWC", "dtype": "uint8",
+            "in_engine": ["rescale", "normalize", "layout", "cast"]}
 
 
 def spec_from_timm_config(cfg: dict[str, Any], input_name: str) -> dict[str, Any]:

@@ -29,7 +29,8 @@ def reference_to_safetensors(input_name: str, output_name: str, inputs: np.ndarr
     from safetensors.numpy import save
 
     tensors = {
-        f"input.{input_name}": np.ascontiguousarray(inputs, dtype=np.float32),
+        f"input.{input_name}": np.ascontiguousarray(
+            inputs, dtype=np.uint8 if inputs.dtype == np.uint8 else np.float32),
         f"fp32.{output_name}": np.ascontiguousarray(fp32_outputs, dtype=np.float32),
         f"bundle.{output_name}": np.ascontiguousarray(bundle_outputs, dtype=np.float32),
     }

@@ -189,3 +189,68 @@ def test_runner_input_buffers_and_async_on_onnxruntime(tmp_path):
         whole = model.infer(big)[model.outputs[0].name]
         first = model.infer(big[:model.max_batch_size])[model.outputs[0].name]
         np.testing.assert_allclose(whole[:model.max_batch_size], first, rtol=1e-5, atol=1e-5)
+
+
+def test_pixel_preprocessing_normalizes_to_the_float_path_bit_for_bit():
+    from PIL import Image
+
+    from runtime_py.errors import PreprocessError
+    from runtime_py.preprocess import Preprocessor, pixel_input_spec, spec_from_timm_config
+
+    spec = spec_from_timm_config({"input_size": (3, 299, 299), "interpolation": "bicubic",
+                                  "crop_pct": 0.903, "mean": (0.5,) * 3, "std": (0.5,) * 3},
+                                 "input")
+    rng = np.random.default_rng(6)
+    rgb = Image.fromarray(rng.integers(0, 256, (360, 480, 3), dtype=np.uint8))
+    images = [rgb, rgb.convert("L"), rgb.convert("RGBA")]
+    floats = Preprocessor(spec).batch(images)
+    pixel = Preprocessor(pixel_input_spec(spec))
+    pixels = pixel.batch(images)
+    assert pixels.dtype == np.uint8 and pixels.shape == (3, 299, 299, 3)
+    np.testing.assert_array_equal(pixel.normalize(pixels), floats)
+    broken = {**pixel_input_spec(spec)}
+    del broken["in_engine"]
+    with pytest.raises(PreprocessError, match="in_engine"):
+        Preprocessor(broken)
+    with pytest.raises(PreprocessError):
+        Preprocessor({**spec, "in_engine": ["rescale", "normalize", "layout", "cast"]})
+
+
+@pytest.mark.slow
+def test_a_uint8_input_bundle_gives_the_float_bundles_logits(xception_bundles, tmp_path):
+    """`bundle make --input uint8`: the engine takes pixels and does rescale, normalize,
+    layout and cast at the head of its graph; on the same images it gives the float
+    bundle's logits, and its reference member (uint8 inputs) verifies."""
+    import io
+
+    from PIL import Image
+
+    import runtime_py
+    from bundler.calibration.synthetic import synthetic_image
+    from bundler.make import MakeRequest, make_bundle
+
+    result = make_bundle(MakeRequest(
+        family="timm_xception", precision="fp16", backend="onnxruntime", random_weights=True,
+        out_dir=tmp_path, calib_count=16, reference_count=4, input_dtype="uint8"))
+    assert result.path.name == "timm_xception-fp16-uint8-1.0.0-onnxruntime.bundle"
+    assert result.manifest["inputs"] == [{"name": "input", "dtype": "uint8",
+                                          "shape": ["batch", 299, 299, 3]}]
+    images = []
+    for i in range(3):
+        buf = io.BytesIO()
+        Image.fromarray(synthetic_image(340 + 40 * i, 500, 11, i)).save(buf, "PNG")
+        images.append(buf.getvalue())
+    with runtime_py.load(result.path) as pixels, runtime_py.load(xception_bundles["fp16"]) as floats:
+        assert pixels.preprocessor.spec["in_engine"] == ["rescale", "normalize", "layout", "cast"]
+        batch = pixels.preprocess(images)
+        assert batch.dtype == np.uint8 and batch.shape == (3, 299, 299, 3)
+        got = pixels.infer(batch)["logits"]
+        want = floats.infer(floats.preprocess(images))["logits"]
+        assert np.abs(got - want).max() <= 1e-5
+        assert pixels.classify(images[0], top_k=3) == pixels.classify([images[0]], top_k=3)
+    from click.testing import CliRunner
+
+    from bundler.cli import cli
+
+    out = CliRunner().invoke(cli, ["verify", str(result.path), "--numerics"])
+    assert out.exit_code == 0, out.output

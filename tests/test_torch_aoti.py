@@ -472,11 +472,12 @@ def test_padded_channels_compute_the_same_model(graphs_fp8, graphs_family, graph
 class _MemoryBundle:
     """The parts of a Bundle a runner reads, for a package built in the test."""
 
-    def __init__(self, precision, details, package, shape, classes, batch_max):
+    def __init__(self, precision, details, package, shape, classes, batch_max,
+                 input_dtype="float32"):
         self.manifest = {
             "precision": precision, "batch": {"min": 1, "opt": 1, "max": batch_max},
             "engine": {"backend": "torch-aoti", "member": "engine.pt2", "details": details},
-            "inputs": [{"name": "input", "dtype": "float32", "shape": ["batch", *shape]}],
+            "inputs": [{"name": "input", "dtype": input_dtype, "shape": ["batch", *shape]}],
             "outputs": [{"name": "logits", "dtype": "float32", "shape": ["batch", classes]}]}
         self.package = package
         self.path = SimpleNamespace(name="memory.bundle")
@@ -673,3 +674,33 @@ def test_gpu_runners_check_activity_and_batch_range_before_running():
     with pytest.raises(InferenceInputError, match="outside"):
         runner.infer_async({"input": x})
     assert runner.checked_batch({"input": x[:4]}) == 4
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="AOTInductor on the CPU compiles C++: no C++ compiler on this host")
+def test_a_uint8_pixel_package_equals_the_float_path_on_the_same_images():
+    """The pixel head compiled into the package: uint8 NHWC pixels give the logits that the
+    host's float preprocessing of the same pixels gives through the float model, and the
+    runner takes uint8 feeds (its staging buffers follow the manifest's dtype)."""
+    from bundler.targets.torch_aoti import build_engine
+    from runtime_py.engines.torch_aoti import TorchAotiRunner
+    from runtime_py.preprocess import Preprocessor, pixel_input_spec, spec_from_timm_config
+
+    spec = spec_from_timm_config({"input_size": (3, 16, 16), "interpolation": "bicubic",
+                                  "crop_pct": 0.875, "mean": (0.485, 0.456, 0.406),
+                                  "std": (0.229, 0.224, 0.225)}, "input")
+    host = Preprocessor(spec)
+    model = _tiny_model()
+    package, details = build_engine(model, "fp32", (3, 16, 16), {"min": 1, "max": 4},
+                                    device="cpu", batch_sizes=[3],
+                                    pixel_scale_bias=host.pixel_scale_bias)
+    assert "uint8" in details["compile_options"]["input"]
+    pixels = np.random.default_rng(3).integers(0, 256, (3, 16, 16, 3), dtype=np.uint8)
+    expected = model(torch.from_numpy(Preprocessor(pixel_input_spec(spec)).normalize(pixels)))
+    bundle = _MemoryBundle("fp32", details, package, (16, 16, 3), 10, 4, input_dtype="uint8")
+    with TorchAotiRunner(bundle) as runner:
+        got = runner.infer({"input": pixels})["logits"]
+        with pytest.raises(Exception, match="dtype float32 but the model takes uint8"):
+            runner.infer({"input": pixels.astype(np.float32)})
+    assert np.abs(got - expected.numpy()).max() < 1e-4

@@ -126,6 +126,8 @@ class CalibrationSet:
             raise CalibrationError(
                 f"preprocessing of {item.key!r} gave shape {array.shape}, expected C x H x W"
             )
+        if array.dtype == np.uint8:   # pixels for a uint8-input bundle's references
+            return array
         return array.astype(np.float32, copy=False)
 
 

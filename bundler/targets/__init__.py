@@ -57,13 +57,15 @@ def target_builder(backend: str) -> ModuleType:
 
 
 def bundle_name(family: str, family_version: str, precision: str, variant: str | None,
-                tag: str) -> str:
-    """`<family>-<precision>[-<variant>]-<family version>-<target tag>` (docs/format.md).
+                tag: str, input_dtype: str = "float32") -> str:
+    """`<family>-<precision>[-<variant>][-uint8]-<family version>-<target tag>`
+    (docs/format.md); `-uint8` marks a bundle whose input is uint8 pixels.
 
     A variant named after its precision is not repeated: fp8 + fp8-depthwise gives
     `...-fp8-depthwise-...`.
     """
     if variant and variant.startswith(precision + "-"):
         variant = variant[len(precision) + 1:]
-    parts = [family, precision] + ([variant] if variant else []) + [family_version, tag]
+    parts = ([family, precision] + ([variant] if variant else [])
+             + (["uint8"] if input_dtype == "uint8" else []) + [family_version, tag])
     return "-".join(parts)

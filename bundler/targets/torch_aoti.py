@@ -268,7 +268,8 @@ def compile_package(module: torch.nn.Module, input_shape: tuple[int, ...], batch
 
     torch = import_torch()
     lo, hi = int(batch["min"]), int(batch["max"])
-    example = torch.randn(max(2, lo) if hi >= 2 else 1, *input_shape, device=device)
+    example = random_input(max(2, lo) if hi >= 2 else 1, input_shape, module_input_dtype(module),
+                           device)
     dynamic = ({0: torch.export.Dim("batch", min=lo, max=hi)},) if hi > lo else None
     module = module.to(device).eval()
     with torch.no_grad(), aoti_toolchain() as toolchain:
@@ -292,7 +293,7 @@ def smoke_check(package_path: Path, module: torch.nn.Module, input_shape: tuple[
     gen = torch.Generator(device="cpu").manual_seed(0)
     with torch.no_grad():
         for n in batch_sizes:
-            x = torch.randn(n, *input_shape, generator=gen).to(device)
+            x = random_input(n, input_shape, module_input_dtype(module), device, gen)
             got = runner(x)
             got = got[0] if isinstance(got, (list, tuple)) else got
             ref = module(x)
@@ -333,7 +334,8 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
                  compile_options: dict | None = None, nhwc: bool | None = None,
                  fast_accum: bool = False, fp8_gemm: str = "rowwise",
                  pad_channels: bool | None = None, smoke: bool = True,
-                 log: Callable[[str], None] | None = None) -> tuple[bytes, dict]:
+                 log: Callable[[str], None] | None = None,
+                 pixel_scale_bias: tuple[Any, Any] | None = None) -> tuple[bytes, dict]:
     """Compile one package from a torch model; returns (package bytes, engine details).
 
     ``fp8`` maps *module paths* to (activation scale, weight scales); ``build_target``
@@ -341,6 +343,8 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
     ``smoke``: load the package in this process and compare it with the eager module at
     ``batch_sizes`` (``smoke=False`` skips that load: seconds, and on a host whose compiler
     linked libstdc++ statically it was what crashed, before ``aoti_toolchain``).
+    ``pixel_scale_bias``: (scale, bias) of a uint8 pixel head (``pixel_head``); the package
+    then takes uint8 [N, H, W, 3] where ``input_shape`` is (3, H, W).
     """
     log = log or (lambda _msg: None)
     check_host(device=device, precision=precision)
@@ -353,6 +357,10 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
     module, padding = engine_model(torch_model, precision, fp8, nhwc=nhwc, fast_accum=fast_accum,
                                    fp8_gemm=fp8_gemm, pad_channels=pad_channels,
                                    input_shape=input_shape, max_batch=hi)
+    export_shape = tuple(input_shape)
+    if pixel_scale_bias is not None:
+        module = pixel_head(module, *pixel_scale_bias)
+        export_shape = (*input_shape[1:], input_shape[0])
     module = module.to(device)
     sizes = sorted({int(b) for b in (batch_sizes or [lo, hi])})
     if any(not lo <= b <= hi for b in sizes):
@@ -368,11 +376,11 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
     with tempfile.TemporaryDirectory(prefix="trt-bundle-aoti-") as tmp:
         log(f"exporting and compiling the {precision} package for {device} "
             f"(batch {lo}..{hi}, {options})")
-        path, cxx = compile_package(module, input_shape, batch, device, options,
+        path, cxx = compile_package(module, export_shape, batch, device, options,
                                     Path(tmp) / MEMBER)
         log(f"compiled in {time.monotonic() - started:.0f} s")
         if smoke:
-            diffs = smoke_check(path, module, input_shape, sizes, device)
+            diffs = smoke_check(path, module, export_shape, sizes, device)
             log("compiled package vs eager module, max |diff|: "
                 + ", ".join(f"batch {n}: {d:.3g}" for n, d in diffs.items()))
         data = path.read_bytes()
@@ -380,6 +388,9 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
                              nhwc=nhwc, fast_accum=fast_accum, fp8_gemm=fp8_gemm,
                              pad_channels=pad_channels, padding=padding, batch_sizes=sizes,
                              seconds=time.monotonic() - started, cxx=cxx)
+    if pixel_scale_bias is not None:
+        details["compile_options"]["input"] = "uint8 NHWC pixels; rescale, normalize, layout " \
+                                              "and cast in the graph"
     log(f"package: {len(data) / 1e6:.1f} MB in {time.monotonic() - started:.0f} s")
     return data, details
 
@@ -426,6 +437,43 @@ def _example(input_shape: tuple[int, ...], device: str):
     return torch.randn(1, *input_shape, generator=torch.Generator().manual_seed(1)).to(device)
 
 
+def random_input(n: int, shape: tuple[int, ...], dtype, device: str, generator=None):
+    """A batch for export and checks: normal floats, or uint8 pixels for a pixel head."""
+    torch = import_torch()
+    if dtype == torch.uint8:
+        return torch.randint(0, 256, (n, *shape), dtype=torch.uint8,
+                             generator=generator).to(device)
+    return torch.randn(n, *shape, generator=generator).to(device)
+
+
+def module_input_dtype(module):
+    """uint8 for a module behind a pixel head, else float32."""
+    torch = import_torch()
+    return torch.uint8 if getattr(module, "takes_pixels", False) else torch.float32
+
+
+def pixel_head(module, scale, bias):
+    """``module`` (float32 NCHW in) behind the preprocessing's device steps: uint8 NHWC
+    pixels -> float -> NCHW -> ``x * scale + bias`` (per channel, the float32 constants of
+    the host ``Preprocessor``). Inside the compiled graph Inductor fuses it with the
+    engine's own cast and NHWC permute into one elementwise kernel."""
+    torch = import_torch()
+
+    class PixelHead(torch.nn.Module):
+        takes_pixels = True
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = module
+            self.register_buffer("scale", torch.tensor(scale, dtype=torch.float32).reshape(1, 3, 1, 1))
+            self.register_buffer("bias", torch.tensor(bias, dtype=torch.float32).reshape(1, 3, 1, 1))
+
+        def forward(self, x):
+            return self.body(x.permute(0, 3, 1, 2).float() * self.scale + self.bias)
+
+    return PixelHead()
+
+
 def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] | None = None,
                  torch_model: torch.nn.Module | None = None, precision: str | None = None,
                  family: Family | None = None, calibration: bytes | None = None,
@@ -433,7 +481,8 @@ def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] |
                  compile_options: dict | None = None, variant: str | None = None,
                  nhwc: bool | None = None, fp8_fast_accum: bool = False,
                  fp8_gemm: str = "rowwise", pad_channels: bool | None = None,
-                 smoke_check: bool = False) -> TargetBuild:
+                 smoke_check: bool = False, pixel_head: tuple[Any, Any] | None = None
+                 ) -> TargetBuild:
     """The bundle's engine: its torch model in its precision, compiled (module docstring).
 
     ``onnx_bytes`` is the bundle's typed graph: for fp8, the layers are selected on it
@@ -464,6 +513,7 @@ def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] |
                                  fp8=fp8, device=device, batch_sizes=batch_sizes,
                                  compile_options=compile_options, nhwc=nhwc,
                                  fast_accum=fp8_fast_accum, fp8_gemm=fp8_gemm,
-                                 pad_channels=pad_channels, smoke=smoke_check, log=log)
+                                 pad_channels=pad_channels, smoke=smoke_check, log=log,
+                                 pixel_scale_bias=pixel_head)
     return TargetBuild(backend=BACKEND, member=MEMBER, engine_bytes=data, details=details,
                        tag=BACKEND)

@@ -32,6 +32,7 @@ import numpy as np
 
 from runtime_py.compat import check_tensorrt_target, import_cudart, probe_host
 from runtime_py.engines.base import Runner
+from runtime_py.hostcopy import copy_rows
 from runtime_py.errors import (
     BundleError,
     CompatibilityError,
@@ -229,8 +230,7 @@ class TensorRTRunner(Runner):
         self._current_batch = max_batch
 
     # -- inference --------------------------------------------------------------------
-    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        n = self.checked_batch(feeds, "TensorRT", "plan")
+    def infer_impl(self, feeds: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
         with self._lock:
             return self._infer(feeds, n)
 
@@ -243,11 +243,11 @@ class TensorRTRunner(Runner):
                 for name, (host, count, shape) in outputs.items()}
 
     def _stage_inputs(self, feeds: dict[str, np.ndarray]) -> None:
-        """Into the pinned host buffers."""
+        """Into the pinned host buffers (one copy, split over threads when large)."""
         for b in self._bindings.values():
             if b.is_input:
                 arr = feeds[b.name]
-                np.copyto(b.host[:arr.size].reshape(arr.shape), arr, casting="no")
+                copy_rows(b.host[:arr.size].reshape(arr.shape), arr)
 
     def _copy_inputs(self, n: int) -> None:
         """Enqueue the host -> device copies of batch ``n``'s inputs."""
@@ -283,7 +283,7 @@ class TensorRTRunner(Runner):
         from runtime_py.bench import random_feeds, time_boundaries
 
         feeds = random_feeds(self.input_metadata(), int(batch_size))
-        n = self.checked_batch(feeds, "TensorRT", "plan")
+        n = self.checked_batch(feeds)
         cuda, rt = self._cuda, self._cuda.rt
 
         def sync() -> None:
