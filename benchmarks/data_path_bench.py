@@ -1,0 +1,157 @@
+"""The in-process data path of GPU bundles, measured side by side in one process (issue 14).
+
+    python benchmarks/data_path_bench.py --bundle FP16.bundle --bundle FP8.bundle [...]
+
+For each bundle (loaded with runtime_py.load; all bundles stay loaded, figures are taken
+bundle after bundle in one process), at batch 1 and --batch:
+  engine        the runner's device_timings "graph_replay": the engine alone on its device
+                input (CUDA graph replay), no host copies                      [median]
+  with_copies   device_timings "with_copies": pinned H2D + replay + D2H         [median]
+  infer         Model.infer on a plain numpy batch (one threaded copy into pinned
+                staging, then the async path)                                 [median]
+  infer_pinned  Model.infer on a batch written into Model.input_buffers() (pinned:
+                read in place, no host copy)                                   [median]
+  raw img/s     Model.infer of plain batches of --batch, back to back, one thread
+  batcher img/s --clients threads, each submitting one image and waiting for it
+Ratios printed: infer / with_copies, infer_pinned / with_copies, batcher / raw,
+batcher / engine img/s; and between the first two bundles (e.g. fp8 over fp16) the
+engine and batcher img/s ratios. One JSON line per bundle at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from runtime_py.batcher import Batcher  # noqa: E402
+from runtime_py.bench import random_feeds  # noqa: E402
+
+
+def median_ms(fn, iterations: int, warmup: int = 10) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iterations):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def raw_rate(model, batch: int, seconds: float) -> float:
+    feeds = random_feeds(model.inputs, batch, seed=1)
+    for _ in range(5):
+        model.infer(feeds)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        model.infer(feeds)
+        n += batch
+    return n / (time.perf_counter() - t0)
+
+
+def batcher_rate(model, clients: int, seconds: float, delay_ms: float) -> tuple[float, dict]:
+    one = random_feeds(model.inputs, 1, seed=2)
+    stop = threading.Event()
+    counts = [0] * clients
+    with Batcher(model, max_delay_ms=delay_ms) as batcher:
+        for _ in range(20):
+            batcher.infer(one)
+
+        def client(i: int) -> None:
+            while not stop.is_set():
+                batcher.submit(one).result()
+                counts[i] += 1
+
+        threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
+        for t in threads:
+            t.start()
+        time.sleep(min(2.0, seconds / 3))           # warm up under load
+        base, t0 = sum(counts), time.perf_counter()
+        time.sleep(seconds)
+        done, elapsed = sum(counts) - base, time.perf_counter() - t0
+        stop.set()
+        for t in threads:
+            t.join(10)
+        sizes = dict(sorted(batcher.batch_size_counts.items()))
+    return done / elapsed, sizes
+
+
+def measure(model, batch: int, clients: int, seconds: float, delay_ms: float, iters: int) -> dict:
+    from runtime_py.bench import device_timings
+
+    out: dict = {"bundle": model.bundle.path.name, "backend": model.backend,
+                 "input": f"{model.inputs[0].dtype} {list(model.inputs[0].shape)}"}
+    name = model.inputs[0].name
+    buffers = model.input_buffers()
+    for n in (1, batch):
+        dev = device_timings(model.runner, n, iterations=iters, warmup=20) or {}
+        engine = statistics.median(dev["graph_replay"]) * 1e3 if "graph_replay" in dev else None
+        copies = statistics.median(dev["with_copies"]) * 1e3 if "with_copies" in dev else None
+        plain = random_feeds(model.inputs, n, seed=3)
+        buffers[name][:n] = plain[name]
+        pinned = {name: buffers[name][:n]}
+        infer = median_ms(lambda: model.infer(plain), iters)
+        infer_pinned = median_ms(lambda: model.infer(pinned), iters)
+        out[f"b{n}"] = {"engine_ms": engine, "with_copies_ms": copies, "infer_ms": infer,
+                        "infer_pinned_ms": infer_pinned}
+        line = f"  b{n:<3} infer {infer:.3f} ms, infer_pinned {infer_pinned:.3f} ms"
+        if copies:
+            line += (f", engine {engine:.3f} ms, with_copies {copies:.3f} ms: infer/with_copies "
+                     f"{infer / copies:.3f}, infer_pinned/with_copies {infer_pinned / copies:.3f}")
+        print(line, flush=True)
+    raw = raw_rate(model, batch, seconds)
+    served, sizes = batcher_rate(model, clients, seconds, delay_ms)
+    engine_rate = batch / out[f"b{batch}"]["engine_ms"] * 1e3 if out[f"b{batch}"]["engine_ms"] else None
+    out.update(raw_img_s=raw, batcher_img_s=served, engine_img_s=engine_rate,
+               batch_sizes=sizes)
+    line = (f"  raw b{batch} {raw:,.0f} img/s, batcher ({clients} clients) {served:,.0f} img/s: "
+            f"batcher/raw {served / raw:.3f}")
+    if engine_rate:
+        line += f", engine {engine_rate:,.0f} img/s: batcher/engine {served / engine_rate:.3f}"
+    print(line, flush=True)
+    top = sorted(sizes.items(), key=lambda kv: -kv[1])[:4]
+    print(f"  batch sizes (size: count, most common): {top}", flush=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bundle", action="append", required=True)
+    ap.add_argument("--backend", default="auto")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument("--delay-ms", type=float, default=2.0)
+    ap.add_argument("--iterations", type=int, default=100)
+    args = ap.parse_args()
+    import runtime_py
+
+    models = [runtime_py.load(b, backend=args.backend) for b in args.bundle]
+    results = []
+    for model in models:
+        print(f"{model.bundle.path.name} ({model.backend}, input {model.inputs[0].dtype})", flush=True)
+        results.append(measure(model, args.batch, args.clients, args.seconds, args.delay_ms,
+                               args.iterations))
+    if len(results) >= 2:
+        a, b = results[1], results[0]
+        print(f"{a['bundle']} / {b['bundle']}:", flush=True)
+        if a["engine_img_s"] and b["engine_img_s"]:
+            print(f"  engine img/s ratio {a['engine_img_s'] / b['engine_img_s']:.3f}", flush=True)
+        print(f"  batcher img/s ratio {a['batcher_img_s'] / b['batcher_img_s']:.3f}", flush=True)
+    for r in results:
+        print(json.dumps(r), flush=True)
+    for m in models:
+        m.close()
+
+
+if __name__ == "__main__":
+    main()
