@@ -283,7 +283,35 @@ class TorchAotiRunner(Runner):
 
     # -- inference --------------------------------------------------------------------
     def infer_impl(self, feeds: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
-        return self.infer_async_impl(feeds, n).result()
+        """One batch, start to end, on the compute stream alone (a caller that waits gains
+        nothing from the copy streams, and on the H200 the three-stream path cost 0.2 ms at
+        batch 1 and up to 1.7 ms at batch 32 more than this)."""
+        if self._on_cpu:
+            return self.infer_async_impl(feeds, n).result()
+        torch = self._torch
+        name_in, name_out = self.input_metadata()[0].name, self.output_metadata()[0].name
+        with self._lock:
+            slot = self._slots[self._next_slot]
+            self._next_slot = (self._next_slot + 1) % len(self._slots)
+            self._resolve(slot)
+            source = self._host_source(slot, feeds[name_in], n)
+            with torch.cuda.stream(self._stream), torch.no_grad():
+                x, _ = self._static_buffers(n)
+                x.copy_(source, non_blocking=True)
+                slot.host_out[:n].copy_(self._run(n, x, None), non_blocking=True)
+                slot.staged.record(self._stream)
+            self._stream.synchronize()
+            return {name_out: slot.host_out[:n].numpy().copy()}
+
+    @staticmethod
+    def _resolve(slot: "_Slot") -> None:
+        """Read out the slot's previous batch (into its Pending) before the slot is reused."""
+        if slot.pending is not None:
+            try:
+                slot.pending.result()
+            except Exception:
+                pass                   # that batch's error belongs to its own caller
+            slot.pending = None
 
     def _run_model(self, x):
         out = self._model(x)
@@ -295,12 +323,7 @@ class TorchAotiRunner(Runner):
         with self._lock:
             slot = self._slots[self._next_slot]
             self._next_slot = (self._next_slot + 1) % len(self._slots)
-            if slot.pending is not None:   # its outputs must be read out before reuse
-                try:
-                    slot.pending.result()
-                except Exception:
-                    pass                   # that batch's error belongs to its own caller
-                slot.pending = None
+            self._resolve(slot)
             if self._on_cpu:
                 with torch.no_grad():
                     out = self._run_model(self._host_source(slot, feeds[name_in], n))
@@ -369,12 +392,7 @@ class TorchAotiRunner(Runner):
         torch, stream = self._torch, self._stream
         with self._lock:
             for slot in self._slots:       # nothing of infer_async may still be in flight
-                if slot.pending is not None:
-                    try:
-                        slot.pending.result()
-                    except Exception:
-                        pass
-                    slot.pending = None
+                self._resolve(slot)
             host_in, host_out = self._slots[0].host_in[:n], self._slots[0].host_out[:n]
             host_in.numpy()[...] = feeds[spec.name]
             x, _ = self._static_buffers(n)
