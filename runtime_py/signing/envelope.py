@@ -78,6 +78,7 @@ class SignatureFile:
     payload: bytes
     signature: bytes
     key_hint: str | None                 # sha256 hex of the signer's public key (DER SPKI)
+    keyid: str                           # the same fingerprint, as DSSE names the key
     certificates: tuple[bytes, ...]      # DER: leaf first, then intermediates
 
     @property
@@ -124,40 +125,45 @@ def read_signature_file(path: str | os.PathLike) -> SignatureFile:
         if not cond:
             raise SignatureFormatError(f"{path}: malformed signature file: {what}")
 
-    need(isinstance(doc, dict), "top level is not an object")
-    need(doc.get("mediaType") == MEDIA_TYPE, f"mediaType is not {MEDIA_TYPE!r}")
-    env = doc.get("dsseEnvelope")
-    need(isinstance(env, dict), "no dsseEnvelope")
-    need(isinstance(env.get("payloadType"), str), "dsseEnvelope.payloadType missing")
-    sigs = env.get("signatures")
-    need(isinstance(sigs, list) and len(sigs) == 1 and isinstance(sigs[0], dict),
+    def fields(obj: object, where: str, *names: str) -> dict:
+        # Exactly these keys: a file we would not write is refused, not half-read.
+        need(isinstance(obj, dict) and set(obj) == set(names),
+             f"{where} must hold exactly {', '.join(names)}")
+        return obj
+
+    doc = fields(doc, "the file", "mediaType", "verificationMaterial", "dsseEnvelope")
+    need(doc["mediaType"] == MEDIA_TYPE, f"mediaType is not {MEDIA_TYPE!r}")
+    env = fields(doc["dsseEnvelope"], "dsseEnvelope", "payload", "payloadType", "signatures")
+    need(isinstance(env["payloadType"], str), "dsseEnvelope.payloadType is not a string")
+    sigs = env["signatures"]
+    need(isinstance(sigs, list) and len(sigs) == 1,
          "dsseEnvelope.signatures must hold exactly one signature")
-    material = doc.get("verificationMaterial")
-    need(isinstance(material, dict), "no verificationMaterial")
-    has_key = "publicKey" in material
-    has_chain = "x509CertificateChain" in material
-    need(has_key != has_chain, "verificationMaterial must hold a publicKey hint or an "
-                               "x509CertificateChain (exactly one)")
-    key_hint, certificates = None, ()
-    if has_key:
-        hint = material["publicKey"].get("hint") if isinstance(material["publicKey"], dict) \
-            else None
-        need(isinstance(hint, str) and len(hint) == 64 and _is_hex(hint),
-             "publicKey.hint is not a sha256 hex fingerprint")
-        key_hint = hint
+    sig = fields(sigs[0], "the signature", "keyid", "sig")
+    material = doc["verificationMaterial"]
+    need(isinstance(material, dict) and material.get("tlogEntries") == [],
+         "verificationMaterial.tlogEntries must be [] (transparency logs are not used)")
+    if "publicKey" in material:
+        material = fields(material, "verificationMaterial", "publicKey", "tlogEntries")
+        hint = fields(material["publicKey"], "publicKey", "hint")["hint"]
+        need(_is_fingerprint(hint), "publicKey.hint is not a sha256 hex fingerprint")
+        key_hint, certificates = hint, ()
     else:
-        chain = material["x509CertificateChain"]
-        certs = chain.get("certificates") if isinstance(chain, dict) else None
-        need(isinstance(certs, list) and 1 <= len(certs) <= 8
-             and all(isinstance(c, dict) for c in certs),
+        material = fields(material, "verificationMaterial", "x509CertificateChain",
+                          "tlogEntries")
+        certs = fields(material["x509CertificateChain"], "x509CertificateChain",
+                       "certificates")["certificates"]
+        need(isinstance(certs, list) and 1 <= len(certs) <= 8,
              "x509CertificateChain.certificates must list 1 to 8 certificates")
-        certificates = tuple(_unb64(c.get("rawBytes"), "certificate rawBytes", path)
-                             for c in certs)
+        key_hint = None
+        certificates = tuple(_unb64(fields(c, "a certificate", "rawBytes")["rawBytes"],
+                                    "certificate rawBytes", path) for c in certs)
+    need(_is_fingerprint(sig["keyid"]), "keyid is not a sha256 hex fingerprint")
+    need(key_hint is None or sig["keyid"] == key_hint, "keyid differs from publicKey.hint")
     return SignatureFile(
         path=path, payload_type=env["payloadType"],
-        payload=_unb64(env.get("payload"), "dsseEnvelope.payload", path),
-        signature=_unb64(sigs[0].get("sig"), "signature", path),
-        key_hint=key_hint, certificates=certificates)
+        payload=_unb64(env["payload"], "dsseEnvelope.payload", path),
+        signature=_unb64(sig["sig"], "signature", path),
+        key_hint=key_hint, keyid=sig["keyid"], certificates=certificates)
 
 
 def parse_statement(payload: bytes, origin: Path) -> SignedStatement:
@@ -199,11 +205,17 @@ def _unb64(value: object, what: str, path: Path) -> bytes:
     if not isinstance(value, str):
         raise SignatureFormatError(f"{path}: malformed signature file: {what} missing")
     try:
-        return base64.b64decode(value, validate=True)
+        data = base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
+        data = None
+    # Canonical only: unused low bits in the last character would let two texts carry the
+    # same bytes, and a changed signature file must never pass for the one that was made.
+    if data is None or base64.b64encode(data).decode() != value:
         raise SignatureFormatError(f"{path}: malformed signature file: {what} is not "
-                                   "base64") from None
+                                   "canonical base64")
+    return data
 
 
-def _is_hex(text: str) -> bool:
-    return all(c in "0123456789abcdef" for c in text)
+def _is_fingerprint(text: object) -> bool:
+    return isinstance(text, str) and len(text) == 64 and all(c in "0123456789abcdef"
+                                                             for c in text)

@@ -47,6 +47,9 @@ def verify_bundle_signature(bundle: Bundle, policy: TrustPolicy,
                   "identity": f"sha256:{trusted.fingerprint}"}
 
     signer.update(key_fingerprint=f"sha256:{fingerprint(public_key)}", scheme=scheme(public_key))
+    if sig.keyid != fingerprint(public_key):
+        raise SignatureMismatchError(f"{path}: keyid {sig.keyid[:16]}... is not the signer's key "
+                                     f"{signer['key_fingerprint']}: the signature file was altered")
     if not signature_valid(public_key, sig.signature, sig.signed_bytes):
         raise SignatureMismatchError(
             f"{path}: the signature does not verify with the signer's key "
