@@ -558,3 +558,22 @@ def test_runtime_import_stays_light_without_trust(signed):
     out = subprocess.run([sys.executable, "-c", code, str(signed["path"]), str(signed["trust"])],
                          capture_output=True, text=True, check=True).stdout
     assert out.strip() == "True False False"
+
+
+@pytest.mark.slow
+def test_make_signs_the_bundle_it_writes(tmp_path):
+    """`bundle make --sign-key`: the real family build (its fp32 export is cached after the
+    first build of the session), then the signature verifies against the key."""
+    key = new_key()
+    priv = write_private(tmp_path / "release.key", key)
+    trust = write_public(tmp_path / "trusted" / "release.pub", key)
+    r = run("make", "timm_xception", "--precision", "fp32", "--random-weights",
+            "--reference-count", "2", "--backend", "onnxruntime", "--out", tmp_path / "out",
+            "--sign-key", priv, "--json")
+    assert r.exit_code == 0, r.output
+    made = json.loads(r.stdout)
+    assert made["signature"]["bundle_id"] == made["id"]
+    assert Path(made["signature"]["signature"]) == Path(made["path"] + ".sig")
+    v = run("verify", made["path"], "--trusted-keys", trust.parent, "--json")
+    assert v.exit_code == 0, v.output
+    assert json.loads(v.stdout)["signature"]["key_fingerprint"] == f"sha256:{fingerprint_of(key)}"
