@@ -68,7 +68,9 @@ def signature_valid(public_key, signature: bytes, data: bytes) -> bool:
     return True
 
 
-def _read_key_file(path: Path, what: str) -> bytes:
+def read_key_file(path: Path, what: str) -> bytes:
+    """A key/certificate/CRL file's bytes, refusing what cannot be one (missing, a folder,
+    over 1 MiB) with a message naming it."""
     if not path.exists():
         raise KeyFileError(f"{what} {path}: no such file")
     if not path.is_file():
@@ -104,7 +106,7 @@ def load_private_key(path: str | os.PathLike):
     """A supported private key from a PEM file (PKCS#8, SEC1 or OpenSSH), permission-checked.
     An encrypted key takes its password from $TRT_BUNDLE_KEY_PASSWORD."""
     path = Path(path)
-    data = _read_key_file(path, "private key")
+    data = read_key_file(path, "private key")
     check_private_key_permissions(path)
     if b"PUBLIC KEY-----" in data and b"PRIVATE KEY-----" not in data:
         raise KeyFileError(f"{path} is a public key: signing needs the private key (verifying "
@@ -147,7 +149,7 @@ def load_public_key_block(path: Path, block: bytes):
 def load_certificates(path: str | os.PathLike, what: str = "certificate") -> list[x509.Certificate]:
     """Every certificate of a PEM file; refuses a file with anything else in it."""
     path = Path(path)
-    blocks = pem_blocks(path, _read_key_file(path, what))
+    blocks = pem_blocks(path, read_key_file(path, what))
     others = sorted({kind for kind, _ in blocks if kind != "CERTIFICATE"})
     if others:
         raise KeyFileError(f"{what} {path}: holds {', '.join(others)}, expected certificates only")

@@ -26,7 +26,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from runtime_py.errors import KeyFileError, UntrustedSignerError
 from runtime_py.signing.keys import (fingerprint, load_certificates, load_public_key_block,
-                                     pem_blocks, scheme)
+                                     pem_blocks, read_key_file, scheme)
 
 TRUST_SUFFIXES = (".pem", ".pub", ".crt", ".crl")
 MAX_CHAIN_DEPTH = 8
@@ -89,7 +89,7 @@ def load_trust(paths: Iterable[str | os.PathLike] = (),
         else:
             raise KeyFileError(f"trusted keys {p}: no such file or folder")
     for f in files:
-        for kind, block in pem_blocks(f, f.read_bytes()):
+        for kind, block in pem_blocks(f, read_key_file(f, "trust file")):
             if kind == "PUBLIC KEY":
                 key = load_public_key_block(f, block)
                 fp = fingerprint(key)
@@ -107,11 +107,12 @@ def load_trust(paths: Iterable[str | os.PathLike] = (),
                                    "CERTIFICATE or X509 CRL)")
     for chain in certificate_chains:
         roots += load_certificates(chain, "certificate chain")
-    for crl in crls:
-        crl = Path(crl)
-        blocks = pem_blocks(crl, crl.read_bytes() if crl.is_file() else b"")
-        revocations += [_load(x509.load_pem_x509_crl, crl, b, "CRL") for k, b in blocks
-                        if k == "X509 CRL"]
+    for crl in map(Path, crls):
+        blocks = pem_blocks(crl, read_key_file(crl, "CRL"))
+        others = sorted({k for k, _ in blocks if k != "X509 CRL"})
+        if others:
+            raise KeyFileError(f"CRL {crl}: holds {', '.join(others)}, expected X509 CRL only")
+        revocations += [_load(x509.load_pem_x509_crl, crl, b, "CRL") for _, b in blocks]
     if not keys and not roots:
         where = ", ".join(str(p) for p in [*paths, *certificate_chains]) or "(nothing given)"
         raise KeyFileError(f"no trusted public keys or certificates found in {where}: put PEM "
