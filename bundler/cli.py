@@ -124,6 +124,39 @@ def format_summary(s: dict) -> list[str]:
     return lines
 
 
+def trust_options(func):
+    """Who is trusted to sign: shared by `verify` (and, in part, `serve`)."""
+    for option in reversed([
+        click.option("--key", "keys", multiple=True, type=click.Path(path_type=Path),
+                     help="Trusted public key (PEM); repeatable."),
+        click.option("--trusted-keys", "trusted_dirs", multiple=True,
+                     type=click.Path(path_type=Path),
+                     help="Folder of trusted PEM public keys, CA certificates and CRLs "
+                          "(*.pem, *.pub, *.crt, *.crl); repeatable."),
+        click.option("--certificate-chain", "chains", multiple=True,
+                     type=click.Path(path_type=Path),
+                     help="Trusted root CA certificates (PEM) for certificate signatures."),
+        click.option("--crl", "crls", multiple=True, type=click.Path(path_type=Path),
+                     help="Certificate revocation list (PEM) to honour; repeatable."),
+        click.option("--signature", "signature_path", type=click.Path(path_type=Path),
+                     default=None, help="Signature file [default: BUNDLE.sig]."),
+    ]):
+        func = option(func)
+    return func
+
+
+def trust_from_options(keys, trusted_dirs, chains, crls, signature_path):
+    """The TrustPolicy the options ask for, or None when they ask for no signature check."""
+    if not (keys or trusted_dirs or chains):
+        if crls or signature_path:
+            raise UsageError("--crl and --signature need trust to check against: --key PUB, "
+                             "--trusted-keys DIR or --certificate-chain FILE")
+        return None
+    from runtime_py.signing.trust import load_trust
+
+    return load_trust([*keys, *trusted_dirs], chains, crls)
+
+
 @cli.command(context_settings=CONTEXT, epilog=EXIT_CODES_HELP)
 @click.argument("path", type=click.Path(dir_okay=True, path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
@@ -133,16 +166,26 @@ def format_summary(s: dict) -> list[str]:
 @click.option("--backend", default=None,
               help="With --numerics: run on this backend instead of the bundle's own "
                    "(onnxruntime runs the portable model.onnx of any bundle).")
+@trust_options
 @handle_errors
-def verify(path: str, as_json: bool, numerics: bool, backend: str | None) -> None:
-    """Check structure, schema, every member hash and the bundle id.
+def verify(path: str, as_json: bool, numerics: bool, backend: str | None, keys, trusted_dirs,
+           chains, crls, signature_path) -> None:
+    """Check structure, schema, every member hash and the bundle id; with trust options,
+    also the detached signature (BUNDLE.sig) and who made it:
+
+    \b
+      bundle verify app.bundle --key release.pub
+      bundle verify app.bundle --trusted-keys /etc/trt-bundle/trusted/ --json
 
     Exit 0 when sound; exit 1 with one line per problem when the bundle opens but a check
-    fails; exit 3 or 4 when the file is not a readable bundle at all.
+    fails; exit 8 when the bundle is sound but its signature is missing, malformed or not
+    from a trusted signer; exit 3 or 4 when the file is not a readable bundle at all.
     """
     from bundler.inspect import verify_report
 
-    report = verify_report(path, numerics=numerics, backend=backend)
+    trust = trust_from_options(keys, trusted_dirs, chains, crls, signature_path)
+    report = verify_report(path, numerics=numerics, backend=backend, trust=trust,
+                           signature_path=signature_path)
     if as_json:
         echo_json(report)
     elif report["ok"]:
@@ -150,11 +193,50 @@ def verify(path: str, as_json: bool, numerics: bool, backend: str | None) -> Non
         click.echo(f"ok {report['id']} {path}{extra}")
         for check in report["checks"]:
             click.echo(f"  checked: {check}")
+        if report.get("signature"):
+            sig = report["signature"]
+            source = (f"trusted key file {sig['trusted_key_file']}" if sig["method"] == "key"
+                      else f"certificate issued by {sig['certificate']['issuer']}")
+            click.echo(f"  signed by: {sig['identity']} ({source}; {sig['scheme']}; signed at "
+                       f"{sig['signed_at']})")
     else:
         for problem in report["problems"]:
             click.echo(problem if problem.startswith(f"{path}: ") else f"{path}: {problem}",
                        err=True)
     sys.exit(report["exit_code"])
+
+
+@cli.command(context_settings=CONTEXT, epilog=EXIT_CODES_HELP)
+@click.argument("bundle_path", metavar="BUNDLE", type=click.Path(path_type=str))
+@click.option("--key", required=True, type=click.Path(path_type=Path),
+              help="Private key (PEM or OpenSSH; EC P-256/P-384/P-521 or Ed25519), readable "
+                   "by its owner only. An encrypted key reads $TRT_BUNDLE_KEY_PASSWORD.")
+@click.option("--certificate", type=click.Path(path_type=Path), default=None,
+              help="Sign as this certificate (PEM) of the key: verifiers then trust a CA "
+                   "instead of the key itself.")
+@click.option("--certificate-chain", "chain", multiple=True, type=click.Path(path_type=Path),
+              help="Intermediate CA certificates to embed with --certificate.")
+@click.option("--signature", "signature_path", type=click.Path(path_type=Path), default=None,
+              help="Where to write the signature [default: BUNDLE.sig].")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@handle_errors
+def sign(bundle_path, key, certificate, chain, signature_path, as_json) -> None:
+    """Sign a bundle: write a detached signature, BUNDLE.sig, beside it.
+
+    The signature (a Sigstore bundle with a DSSE envelope; see docs/signing.md) covers the
+    bundle id and the sha256 of the whole file. The bundle's bytes are not changed. Run
+    `bundle verify` before signing: signing checks the header and the id, not every member.
+    """
+    from bundler.sign import sign_bundle
+
+    result = sign_bundle(bundle_path, key, certificate=certificate, chain=tuple(chain),
+                         signature_path=signature_path)
+    if as_json:
+        echo_json(result)
+    else:
+        click.echo(f"signed {result['bundle_id']} with key {result['key_fingerprint']} "
+                   f"({result['scheme']})", err=True)
+        click.echo(result["signature"])
 
 
 def tensorrt_options(func):
@@ -248,12 +330,15 @@ def print_progress(stage: str, message: str) -> None:
                    "(NHWC), with rescale, normalize, layout and cast done by the engine on its "
                    "device (4x fewer bytes to copy and send); float32: preprocessed NCHW.")
 @tensorrt_options
+@click.option("--sign-key", type=click.Path(path_type=Path), default=None,
+              help="Sign the new bundle with this private key (checked before the build); "
+                   "writes BUNDLE.sig as `bundle sign` does.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @handle_errors
 def make(family: str, precision: str, variant, backend, out_dir, checkpoint, random_weights,
          seed, calib_data, calib_count, calib_stride, calib_method, percentile, reference_data,
          reference_count, input_dtype, timing_cache, hardware_compat, version_compatible,
-         workspace_mib, as_json) -> None:
+         workspace_mib, sign_key, as_json) -> None:
     """Build one bundle of FAMILY at one precision, e.g.:
 
     \b
@@ -264,6 +349,11 @@ def make(family: str, precision: str, variant, backend, out_dir, checkpoint, ran
     """
     from bundler.make import MakeRequest, make_bundle
 
+    signer = None
+    if sign_key is not None:  # a bad key is refused now, not after minutes of build
+        from bundler.sign import BundleSigner
+
+        signer = BundleSigner.from_files(sign_key)
     req = MakeRequest(family=family, precision=precision.lower(), variant=variant,
                       backend=backend, out_dir=out_dir, checkpoint=checkpoint,
                       random_weights=random_weights, seed=seed, calib_data=calib_data,
@@ -274,10 +364,13 @@ def make(family: str, precision: str, variant, backend, out_dir, checkpoint, ran
                       target_options=target_options(timing_cache, hardware_compat,
                                                     version_compatible, workspace_mib))
     result = make_bundle(req, progress=None if as_json else print_progress)
+    signed = signer.sign_bundle(result.path) if signer is not None else None
     if as_json:
         echo_json({"path": str(result.path), "id": result.bundle_id, "name": result.manifest["name"],
-                   "quality": result.manifest["quality"]})
+                   "quality": result.manifest["quality"], "signature": signed})
     else:
+        if signed:
+            print_progress("sign", f"wrote {signed['signature']} (key {signed['key_fingerprint']})")
         click.echo(result.bundle_id)
 
 
@@ -329,8 +422,13 @@ def rebuild(bundle_path, backend, out_dir, timing_cache, hardware_compat, versio
 @click.option("--backend", default="auto", show_default=True,
               help="Engine for every bundle (auto: its own target when this host can).")
 @click.option("--threads", type=int, default=None, help="onnxruntime intra-op threads.")
+@click.option("--trusted-keys", "trusted_dirs", multiple=True, type=click.Path(path_type=Path),
+              help="Serve only bundles signed by these keys / CAs: a folder of PEM public keys, "
+                   "CA certificates and CRLs (or a key file); repeatable. Each BUNDLE.sig is "
+                   "checked before its engine starts.")
 @handle_errors
-def serve(bundle_paths, host, port, max_batch, max_delay_ms, max_queue, backend, threads) -> None:
+def serve(bundle_paths, host, port, max_batch, max_delay_ms, max_queue, backend, threads,
+          trusted_dirs) -> None:
     """Serve bundles over HTTP: the KServe v2 inference protocol.
 
     \b
@@ -344,10 +442,16 @@ def serve(bundle_paths, host, port, max_batch, max_delay_ms, max_queue, backend,
     import runtime_py
     from runtime_py.server.run import serve as run_server
 
+    trust = None
+    if trusted_dirs:
+        from runtime_py.signing.trust import load_trust
+
+        trust = load_trust(trusted_dirs)
     models = []
     try:
         for path in bundle_paths:
-            model = runtime_py.load(path, backend=backend, intra_op_threads=threads)
+            model = runtime_py.load(path, backend=backend, intra_op_threads=threads,
+                                    trusted_keys=trust)
             models.append(model)
             click.echo(f"loaded {model.name} ({model.backend}, {model.id[:16]}) from {path}",
                        err=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from runtime_py.errors import BundleError, VerificationError
+from runtime_py.errors import BundleError, SignatureError, VerificationError
 from runtime_py.format import open_bundle
 
 
@@ -31,12 +31,15 @@ def inspect_summary(path: str | os.PathLike) -> dict:
         return summary
 
 
-def verify_report(path: str | os.PathLike, numerics: bool = False, backend: str | None = None
-                  ) -> dict:
+def verify_report(path: str | os.PathLike, numerics: bool = False, backend: str | None = None,
+                  trust=None, signature_path: str | os.PathLike | None = None) -> dict:
     """Every check of a bundle; `{"path", "id", "ok", "problems", "checks", ...}`.
 
     Structure, header, manifest schema and id are checked on open; then every member's
-    size and sha256; with `numerics`, the reference inputs are run through the engine.
+    size and sha256; with `numerics`, the reference inputs are run through the engine;
+    with `trust` (a `TrustPolicy`), the detached signature, reported as `signature` (who
+    signed, with what). Exit code: 1 when an integrity or numerics check fails, else 8
+    when only the signature is refused.
     """
     report: dict = {"path": str(path), "id": None, "ok": False, "problems": [], "checks": [],
                     "exit_code": 1}
@@ -72,6 +75,17 @@ def verify_report(path: str | os.PathLike, numerics: bool = False, backend: str 
                     report["checks"].append("numerics vs reference outputs")
                 else:
                     report["problems"] += [f"numerics: {r}" for r in numerics_report.reasons]
+        integrity_ok = not report["problems"]
+        if trust is not None:
+            from runtime_py.signing import check_trust
+
+            try:
+                report["signature"] = check_trust(bundle, trust, signature_path)
+                report["checks"].append(f"signature by {report['signature']['identity']}")
+            except SignatureError as exc:
+                report["problems"].append(f"signature: {exc}")
+                if integrity_ok:
+                    report["exit_code"] = exc.exit_code
     report["ok"] = not report["problems"]
     if report["ok"]:
         report["exit_code"] = 0

@@ -15,7 +15,9 @@ __all__ = ["Bundle", "BundleError", "open_bundle", "load", "__version__"]
 
 
 def load(path, backend: str = "auto", device: int = 0, providers=None, **options):
-    """Open, verify and load a bundle for inference; see `runtime_py.model.load`."""
+    """Open, verify and load a bundle for inference; see `runtime_py.model.load`.
+
+    `trusted_keys=DIR` (in options) refuses a bundle that is not signed by one of them."""
     from runtime_py.model import load as _load
 
     return _load(path, backend=backend, device=device, providers=providers, **options)

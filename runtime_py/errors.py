@@ -114,6 +114,40 @@ class InferenceInputError(UsageError):
     """Arrays given to ``infer`` have the wrong names, dtypes or shapes."""
 
 
+# --- who made the bundle (exit 8) ------------------------------------------------
+
+class SignatureError(BundleError):
+    """The bundle's signature is missing, unreadable or not from a trusted signer.
+
+    Raised only when trust is configured (`load(..., trusted_keys=...)`, `bundle verify
+    --key`, `bundle serve --trusted-keys`); the bundle itself may be perfectly sound.
+    """
+
+    exit_code = 8
+
+
+class SignatureMissingError(SignatureError):
+    """Trust is configured but the bundle has no signature file beside it."""
+
+
+class SignatureFormatError(SignatureError):
+    """The signature file is not a signature envelope this reader understands."""
+
+
+class UntrustedSignerError(SignatureError):
+    """Signed by a key or certificate that the configured trust does not accept
+    (unknown key, chain to an untrusted root, expired or revoked certificate)."""
+
+
+class SignatureMismatchError(SignatureError):
+    """The signature does not verify, or it is the signature of another bundle."""
+
+
+class KeyFileError(UsageError):
+    """A key, certificate or trust file that cannot be used: wrong format or type, a
+    private key others can read, a private key where public keys are expected (exit 6)."""
+
+
 # --- serving (exit 7) ---------------------------------------------------------------
 
 class BatcherError(BundleError):
@@ -134,4 +168,5 @@ EXIT_CODES_HELP = """\
 Exit codes: 0 success; 1 verify found problems (one line each); 2 bad command line;
 3 malformed or corrupt bundle; 4 path not found or not a file; 5 bundle cannot run on
 this host (engine missing, GPU/version mismatch); 6 request refused (bad family,
-weights, calibration data, precision, inputs); 7 serving error."""
+weights, calibration data, precision, inputs, key files); 7 serving error; 8 signature
+missing, malformed or not from a trusted signer."""

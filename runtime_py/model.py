@@ -17,6 +17,7 @@ from runtime_py.engines import runner_class
 from runtime_py.engines.base import Pending
 from runtime_py.errors import CompatibilityError, InferenceInputError, UsageError
 from runtime_py.format import Bundle, open_bundle
+from runtime_py.signing import check_trust
 from runtime_py.tensors import TensorSpec, check_feeds
 
 log = logging.getLogger(__name__)
@@ -154,18 +155,23 @@ class Model:
 
 
 def load(path: str | os.PathLike, backend: str = "auto", device: int = 0, providers=None,
-         verify: bool = True, **options) -> Model:
+         verify: bool = True, trusted_keys=None, **options) -> Model:
     """Open and verify a bundle, check this host can run it, and start its engine.
 
     backend: "auto" runs the bundle's own engine target when this host can, else falls
     back to ONNX Runtime over the portable `model.onnx` (the reason is kept in
     `Model.fallback_reason` and logged). Naming a backend explicitly never falls back:
     a host that cannot run it gets a CompatibilityError that says what does not match.
+
+    trusted_keys: a folder of trusted public keys / CA certificates (or a `TrustPolicy`):
+    the bundle must carry a signature (`<bundle>.sig`) by one of them, checked before any
+    engine is touched; None (default) checks no signature.
     """
     bundle = open_bundle(path)
     try:
         if verify:
             bundle.verify()
+        check_trust(bundle, trusted_keys)
         target = bundle.manifest["engine"]["backend"]
         chosen = target if backend == "auto" else backend
         opts = dict(options, device=device, providers=providers)

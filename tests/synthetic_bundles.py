@@ -97,6 +97,16 @@ def manifest_body(*, precision: str = "fp32", engine: dict | None = None,
     }
 
 
+def tensorrt_engine() -> dict:
+    """A schema-valid `engine` entry of a TensorRT bundle (its plan member is opaque bytes:
+    a host without TensorRT refuses it at activation)."""
+    details = {"tensorrt_version": "11.4.0", "compute_capability": "9.0", "device_name": "H200",
+               "optimization_level": 3, "profile": {"min": 1, "opt": 2, "max": 4},
+               "hardware_compatibility": "none", "version_compatible": False,
+               "strongly_typed": True, "layer_count": 3}
+    return {"backend": "tensorrt", "member": "engine.plan", "details": details}
+
+
 def write_source_bundle(folder: Path, *, precision: str = "fp32", engine: dict | None = None,
                         engine_member: bytes | None = None, onnx_bytes: bytes | None = None,
                         reference: bytes | None = None, name: str | None = None) -> Path:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from synthetic_bundles import ort_outputs, tiny_onnx, write_source_bundle  # noqa: E402
+from synthetic_bundles import ort_outputs, tensorrt_engine, tiny_onnx, write_source_bundle  # noqa: E402
 
 from runtime_py.errors import EngineUnavailableError  # noqa: E402
 from runtime_py.format import open_bundle  # noqa: E402
@@ -97,13 +97,8 @@ def test_more_reference_rows_than_max_batch_are_split(tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("tensorrt") is not None,
                     reason="TensorRT is installed: a tensorrt bundle could run here")
 def test_engine_that_cannot_run_here_raises_or_is_skipped(tmp_path):
-    details = {"tensorrt_version": "11.4.0", "compute_capability": "9.0", "device_name": "H200",
-               "optimization_level": 3, "profile": {"min": 1, "opt": 2, "max": 4},
-               "hardware_compatibility": "none", "version_compatible": False,
-               "strongly_typed": True, "layer_count": 3}
-    path = write_source_bundle(tmp_path, engine={"backend": "tensorrt", "member": "engine.plan",
-                                                 "details": details},
-                               engine_member=b"opaque", name="tiny-fp32-1-tensorrt")
+    path = write_source_bundle(tmp_path, engine=tensorrt_engine(), engine_member=b"opaque",
+                               name="tiny-fp32-1-tensorrt")
     with open_bundle(path) as b:
         with pytest.raises(EngineUnavailableError, match=r"trt-bundle\[trt\]"):
             check_numerics(b)

@@ -194,6 +194,13 @@ class Bundle:
         return value
 
     # -- verification --------------------------------------------------------------------
+    def file_sha256(self) -> str:
+        """sha256 (hex) of the whole file, from the same mapping the members are read from
+        (what a detached signature covers: the bytes loaded, not a second open of the path)."""
+        if self._map is None:
+            raise BundleError(f"bundle {self.path} is closed")
+        return hashlib.sha256(self._map).hexdigest()
+
     def verify(self) -> None:
         """Check every member's size and sha256; raise VerificationError listing all problems.
 
