@@ -230,10 +230,18 @@ class _App:
         if len(model.inputs) != 1:
             raise RequestError(f"model {model.name!r} takes {len(model.inputs)} inputs; "
                                f"classify needs a single image input")
-        body = await self.read_body(request)
-        if not body:
-            raise PreprocessError("empty body: send one encoded image (JPEG, PNG, ...)")
-        batch = await run_in_threadpool(model.preprocess, [body])
+        error: BaseException | None = None
+        try:
+            body = await self.read_body(request)
+            if not body:
+                raise PreprocessError("empty body: send one encoded image (JPEG, PNG, ...)")
+            batch = await run_in_threadpool(model.preprocess, [body])
+        except Exception as exc:
+            error = _forget_frames(exc)   # as in infer: a refused image must not stay resident
+        if error is not None:
+            body = None
+            raise error
+        del body
         results = await batcher.submit_async({model.inputs[0].name: batch})
         top = model.top_k(results[model.outputs[0].name], k)[0]
         return JSONResponse({
