@@ -1,6 +1,9 @@
 """Shared fixtures. Sections are owned by topic (prefix in the fixture name)."""
 
 import os
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -167,3 +170,38 @@ def graphs_fp8(graphs_fp16, graphs_selected, graphs_act_scales, graphs_weight_sc
 @_graphs_pytest.fixture(scope="session")
 def graphs_fp32_outputs(graphs_fp32, graphs_inputs, graphs_run):
     return graphs_run(graphs_fp32, graphs_inputs["eval"])
+
+
+# --- cpp_ fixtures: the C++ reader (cpp_stub) built once per session under ASan + UBSan ---
+_CPP = Path(__file__).resolve().parent.parent / "cpp_stub"
+
+
+def _unavailable(reason: str):
+    if os.environ.get("BUNDLE_CPP_REQUIRED") == "1":
+        pytest.fail(f"cpp_stub cannot be built: {reason}")
+    pytest.skip(f"cpp_stub cannot be built: {reason}")
+
+
+@pytest.fixture(scope="session")
+def inspect_cpp(tmp_path_factory) -> Path:
+    """Path of bundle-inspect-cpp built with BUNDLE_SANITIZE=ON in a temporary build dir."""
+    cmake = shutil.which("cmake")
+    if not cmake:
+        _unavailable("cmake not found on PATH (Debian: apt-get install cmake)")
+    if not (shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")):
+        _unavailable("no C++ compiler on PATH (Debian: apt-get install g++)")
+    build = tmp_path_factory.mktemp("cpp_stub_build")
+    conf = subprocess.run(
+        [cmake, "-S", str(_CPP), "-B", str(build), "-DBUNDLE_SANITIZE=ON", "-DBUNDLE_TRT=OFF",
+         "-DCMAKE_BUILD_TYPE=Debug"], capture_output=True, text=True)
+    if conf.returncode != 0:
+        lines = [ln for ln in (conf.stdout + conf.stderr).splitlines() if ln.strip()]
+        _unavailable("CMake configure failed (missing libraries? cpp_stub/README.md lists the "
+                     "Debian packages): " + " | ".join(lines[-6:]))
+    jobs = str(max(2, os.cpu_count() or 2))
+    built = subprocess.run([cmake, "--build", str(build), "-j", jobs, "--target", "bundle-inspect-cpp"],
+                           capture_output=True, text=True)
+    assert built.returncode == 0, f"cpp_stub build failed:\n{built.stdout[-4000:]}\n{built.stderr[-4000:]}"
+    exe = build / "bundle-inspect-cpp"
+    assert exe.is_file()
+    return exe

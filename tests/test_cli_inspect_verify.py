@@ -203,7 +203,7 @@ def _bad_files(sound: Path, d: Path) -> dict[str, tuple[Path, int, str]]:
             encode=lambda m: __import__("msgpack").packb(dict(reversed(sorted(m.items()))))), 3,
             "canonical"),
         "bomb": (corrupt.replace_member(sound, d / "bomb.bundle", "model.onnx", bomb,
-                                        raw_size=1 << 20), 0, "past its declared size"),
+                                        raw_size=1 << 20), 0, "does not record its content size"),
     }
     return cases
 

@@ -1,6 +1,6 @@
 """cpp_stub: the C++ reader agrees with the Python one and rejects every damaged bundle.
 
-The session fixture builds cpp_stub with CMake under AddressSanitizer + UBSan; a test run
+The session fixture `inspect_cpp` (tests/conftest.py) builds cpp_stub with CMake under AddressSanitizer + UBSan; a test run
 without cmake, a compiler or the libraries skips with the reason (set BUNDLE_CPP_REQUIRED=1,
 as CI does, to make that a failure instead).
 """
@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,45 +22,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 import corrupt  # noqa: E402  (tests/corrupt.py: shared damage helpers)
 
 REPO = Path(__file__).resolve().parent.parent
-CPP = REPO / "cpp_stub"
 SAN_ENV = {
     "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0",
     "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
 }
 SANITIZER_MARKS = ("AddressSanitizer", "LeakSanitizer", "runtime error:", "UndefinedBehaviorSanitizer")
-
-
-def _unavailable(reason: str):
-    if os.environ.get("BUNDLE_CPP_REQUIRED") == "1":
-        pytest.fail(f"cpp_stub cannot be built: {reason}")
-    pytest.skip(f"cpp_stub cannot be built: {reason}")
-
-
-# --- build -----------------------------------------------------------------------------
-
-@pytest.fixture(scope="session")
-def inspect_cpp(tmp_path_factory) -> Path:
-    """Path of bundle-inspect-cpp built with BUNDLE_SANITIZE=ON in a temporary build dir."""
-    cmake = shutil.which("cmake")
-    if not cmake:
-        _unavailable("cmake not found on PATH (Debian: apt-get install cmake)")
-    if not (shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")):
-        _unavailable("no C++ compiler on PATH (Debian: apt-get install g++)")
-    build = tmp_path_factory.mktemp("cpp_stub_build")
-    conf = subprocess.run(
-        [cmake, "-S", str(CPP), "-B", str(build), "-DBUNDLE_SANITIZE=ON", "-DBUNDLE_TRT=OFF",
-         "-DCMAKE_BUILD_TYPE=Debug"], capture_output=True, text=True)
-    if conf.returncode != 0:
-        lines = [ln for ln in (conf.stdout + conf.stderr).splitlines() if ln.strip()]
-        _unavailable("CMake configure failed (missing libraries? cpp_stub/README.md lists the "
-                     "Debian packages): " + " | ".join(lines[-6:]))
-    jobs = str(max(2, os.cpu_count() or 2))
-    built = subprocess.run([cmake, "--build", str(build), "-j", jobs, "--target", "bundle-inspect-cpp"],
-                           capture_output=True, text=True)
-    assert built.returncode == 0, f"cpp_stub build failed:\n{built.stdout[-4000:]}\n{built.stderr[-4000:]}"
-    exe = build / "bundle-inspect-cpp"
-    assert exe.is_file()
-    return exe
 
 
 def run_cpp(exe: Path, *args) -> subprocess.CompletedProcess:

@@ -1,5 +1,6 @@
 #include "checks.h"
 
+#include <algorithm>
 #include <initializer_list>
 
 namespace bundle {
@@ -29,6 +30,13 @@ std::size_t digits_from(const std::string& s, std::size_t i) {
     return j - i;
 }
 }  // namespace
+
+std::size_t utf8_length(const std::string& s) {
+    std::size_t n = 0;
+    for (char c : s)
+        if ((static_cast<unsigned char>(c) & 0xC0) != 0x80) ++n;   // count lead bytes
+    return n;
+}
 
 bool is_member_name(const std::string& s) {
     if (s.empty() || !lower_digit(s[0])) return false;
@@ -102,6 +110,8 @@ bool is_dotted_pair(const std::string& s) {
 
 namespace {
 
+constexpr std::uint64_t kMaxCount = 2147483647;
+
 // A tiny typed walker over a map: each `need`/`opt` call checks one property.
 class Obj {
 public:
@@ -146,6 +156,17 @@ public:
         }
         return f;
     }
+    // JSON Schema "$defs/count": an integer in 1..2^31-1.
+    const Value* count(const Value* f, const std::string& k) {
+        const Value* v = uint(f, k, 1);
+        if (v && v->as_uint() > kMaxCount) { p_.add(at(k) + ": must be <= 2147483647"); return nullptr; }
+        return v;
+    }
+    // "$defs/opset": 1..999.
+    void opset(const Value* f, const std::string& k) {
+        const Value* v = uint(f, k, 1);
+        if (v && v->as_uint() > 999) p_.add(at(k) + ": must be <= 999");
+    }
     void integer(const Value* f, const std::string& k) {
         if (f && !f->is_int()) p_.add(at(k) + ": must be an integer");
     }
@@ -180,20 +201,21 @@ void check_tensor(const Value& t, const std::string& path, bool strict, Problems
     if (!o.ok()) return;
     if (strict) o.only({"name", "dtype", "shape"});
     const Value* name = o.str(o.need("name"), "name");
-    if (name && (name->as_str().empty() || name->as_str().size() > 256))
+    if (name && (name->as_str().empty() || utf8_length(name->as_str()) > 256))
         p.add(o.at("name") + ": must be 1..256 characters");
     o.oneof(o.need("dtype"), "dtype",
             {"float32", "float16", "bfloat16", "int64", "int32", "uint8", "int8", "bool"});
     const Value* shape = o.need("shape");
     if (!shape) return;
-    if (!shape->is_array() || shape->as_array().empty()) {
-        p.add(o.at("shape") + ": must be a non-empty array");
+    if (!shape->is_array() || shape->as_array().empty() || shape->as_array().size() > 8) {
+        p.add(o.at("shape") + ": must be an array of 1..8 dimensions");
         return;
     }
     for (std::size_t i = 0; i < shape->as_array().size(); ++i) {
         const Value& d = shape->as_array()[i];
-        bool ok = (d.type() == Value::Type::UInt && d.as_uint() >= 1) || (d.is_str() && d.as_str() == "batch");
-        if (!ok) p.add(o.at("shape") + "[" + std::to_string(i) + "]: must be an integer >= 1 or \"batch\"");
+        bool ok = (d.type() == Value::Type::UInt && d.as_uint() >= 1 && d.as_uint() <= kMaxCount) ||
+                  (d.is_str() && d.as_str() == "batch");
+        if (!ok) p.add(o.at("shape") + "[" + std::to_string(i) + "]: must be an integer in 1..2^31-1 or \"batch\"");
     }
 }
 
@@ -205,7 +227,7 @@ void check_tensorrt_details(Obj& d) {
     if (lvl && lvl->as_uint() > 5) d.problems().add(d.at("optimization_level") + ": must be <= 5");
     Obj prof(d.need("profile"), d.at("profile"), d.problems());
     if (prof.ok())
-        for (const char* k : {"min", "opt", "max"}) prof.integer(prof.need(k), k);
+        for (const char* k : {"min", "opt", "max"}) prof.count(prof.need(k), k);
     d.oneof(d.need("hardware_compatibility"), "hardware_compatibility", {"none", "ampere+", "same-compute-capability"});
     d.boolean(d.need("version_compatible"), "version_compatible");
     const Value* st = d.need("strongly_typed");
@@ -276,8 +298,8 @@ void check_manifest(const Value& m, bool strict, Problems& p) {
     for (const char* side : {"inputs", "outputs"}) {
         const Value* arr = top.need(side);
         if (!arr) continue;
-        if (!arr->is_array() || arr->as_array().empty()) {
-            p.add(std::string(side) + ": must be a non-empty array");
+        if (!arr->is_array() || arr->as_array().empty() || arr->as_array().size() > 64) {
+            p.add(std::string(side) + ": must be an array of 1..64 tensors");
             continue;
         }
         for (std::size_t i = 0; i < arr->as_array().size(); ++i)
@@ -287,7 +309,7 @@ void check_manifest(const Value& m, bool strict, Problems& p) {
     Obj batch(top.need("batch"), "batch", p);
     if (batch.ok()) {
         if (strict) batch.only({"min", "opt", "max"});
-        for (const char* k : {"min", "opt", "max"}) batch.uint(batch.need(k), k, 1);
+        for (const char* k : {"min", "opt", "max"}) batch.count(batch.need(k), k);
     }
 
     Obj engine(top.need("engine"), "engine", p);
@@ -306,7 +328,7 @@ void check_manifest(const Value& m, bool strict, Problems& p) {
                 p.add("engine.member: must be \"" + std::string(expect) + "\" for backend " + b);
             if (b == "onnxruntime") {
                 if (strict) details.only({"opset", "min_onnxruntime"});
-                details.uint(details.need("opset"), "opset", 1);
+                details.opset(details.need("opset"), "opset");
                 details.str(details.opt("min_onnxruntime"), "min_onnxruntime");
             } else if (b == "tensorrt") {
                 if (strict)
@@ -321,7 +343,21 @@ void check_manifest(const Value& m, bool strict, Problems& p) {
                 details.nullable_pattern(details.need("compute_capability"), "compute_capability",
                                          is_dotted_pair, "a \"major.minor\" string");
                 details.str(details.need("device_name"), "device_name");
+                if (strict)
+                    details.only({"torch_version", "cuda_version", "compute_capability", "device_name", "device",
+                                  "compile_options", "fp8_padding", "batch_sizes", "build_seconds"});
                 Obj opts(details.need("compile_options"), "engine.details.compile_options", p);
+                details.oneof(details.opt("device"), "device", {"cuda", "cpu"});
+                if (details.opt("fp8_padding")) Obj pad(details.opt("fp8_padding"), "engine.details.fp8_padding", p);
+                const Value* sizes = details.opt("batch_sizes");
+                if (sizes) {
+                    if (!sizes->is_array() || sizes->as_array().size() > 1024) {
+                        p.add("engine.details.batch_sizes: must be an array of at most 1024 sizes");
+                    } else {
+                        for (const Value& s : sizes->as_array()) details.count(&s, "batch_sizes[]");
+                    }
+                }
+                details.pattern(details.opt("build_seconds"), "build_seconds", is_decimal, "a decimal string");
             }
         }
     }
@@ -333,11 +369,13 @@ void check_manifest(const Value& m, bool strict, Problems& p) {
         if (tool && tool->as_str() != "trt-bundle") p.add("build.tool: must be \"trt-bundle\"");
         build.str(build.need("tool_version"), "tool_version");
         Obj pk(build.need("packages"), "build.packages", p);
-        if (pk.ok())
+        if (pk.ok() && build.need("packages")->as_map().size() > 1024)
+            p.add("build.packages: more than 1024 entries");
+        else if (pk.ok())
             for (const auto& kv : build.need("packages")->as_map()) pk.str(&kv.second, kv.first);
         const Value* sde = build.need("source_date_epoch");
         if (sde && !sde->is_nil()) build.uint(sde, "source_date_epoch");
-        build.integer(build.opt("opset"), "opset");
+        build.opset(build.opt("opset"), "opset");
         build.pattern(build.opt("build_seconds"), "build_seconds", is_decimal, "a decimal string");
     }
 
@@ -375,8 +413,8 @@ void check_manifest(const Value& m, bool strict, Problems& p) {
 
     const Value* members = top.need("members");
     if (members) {
-        if (!members->is_array() || members->as_array().empty()) {
-            p.add("members: must be a non-empty array");
+        if (!members->is_array() || members->as_array().empty() || members->as_array().size() > 256) {
+            p.add("members: must be an array of 1..256 entries");
         } else {
             for (std::size_t i = 0; i < members->as_array().size(); ++i) {
                 Obj e(&members->as_array()[i], "members[" + std::to_string(i) + "]", p);
@@ -391,6 +429,58 @@ void check_manifest(const Value& m, bool strict, Problems& p) {
             }
         }
     }
+}
+
+namespace {
+
+void check_ordered(const Value& sizes, const std::string& where, Problems& p) {
+    std::uint64_t lo = sizes.get("min")->as_uint(), opt = sizes.get("opt")->as_uint(), hi = sizes.get("max")->as_uint();
+    if (!(lo <= opt && opt <= hi))
+        p.add(where + ": needs min <= opt <= max (got " + std::to_string(lo) + ", " + std::to_string(opt) + ", " +
+              std::to_string(hi) + ")");
+}
+
+}  // namespace
+
+void check_semantics(const Value& m, Problems& p) {
+    const std::string& precision = m.get("precision")->as_str();
+    std::vector<std::string> seen;
+    for (const char* side : {"inputs", "outputs"}) {
+        const Value::Array& tensors = m.get(side)->as_array();
+        for (std::size_t i = 0; i < tensors.size(); ++i) {
+            const std::string where = std::string(side) + "[" + std::to_string(i) + "]";
+            const Value::Array& shape = tensors[i].get("shape")->as_array();
+            std::size_t batch_axes = 0;
+            for (const Value& d : shape) batch_axes += d.is_str();
+            if (batch_axes != 1 || !shape[0].is_str())
+                p.add(where + ".shape: the batch axis must appear exactly once, first");
+            const std::string& name = tensors[i].get("name")->as_str();
+            if (std::find(seen.begin(), seen.end(), name) != seen.end())
+                p.add(where + ".name: tensor name \"" + name + "\" is used twice");
+            seen.push_back(name);
+            const std::string& dtype = tensors[i].get("dtype")->as_str();
+            if (precision == "fp32" && (dtype == "float16" || dtype == "bfloat16"))
+                p.add(where + ".dtype: " + dtype + " in an fp32 bundle");
+        }
+    }
+    check_ordered(*m.get("batch"), "batch", p);
+    const Value& engine = *m.get("engine");
+    const std::string& backend = engine.get("backend")->as_str();
+    const Value& details = *engine.get("details");
+    if (backend == "tensorrt") check_ordered(*details.get("profile"), "engine.details.profile", p);
+    bool has_calibration_member = false;
+    for (const Value& e : m.get("members")->as_array())
+        has_calibration_member = has_calibration_member || e.get("name")->as_str() == "calibration.safetensors";
+    if (precision != "fp8") {
+        for (const char* field : {"recipe", "calibration"})
+            if (!m.get(field)->is_nil()) p.add(std::string(field) + ": only fp8 bundles have one (" + precision + " bundle)");
+        if (has_calibration_member) p.add("members: calibration.safetensors in a " + precision + " bundle (fp8 only)");
+    }
+    if (!m.get("calibration")->is_nil() && !has_calibration_member)
+        p.add("calibration: the bundle has no calibration.safetensors member");
+    const Value* device = details.get("device");
+    if (backend == "torch-aoti" && device && device->as_str() == "cpu" && precision != "fp32")
+        p.add("engine.details.device: torch-aoti CPU packages are fp32 only (" + precision + " bundle)");
 }
 
 void check_preprocess(const Value& v, Problems& p) {

@@ -27,10 +27,15 @@ bool is_hex64(const std::string& s);         // ^[0-9a-f]{64}$
 bool is_prefixed_sha256(const std::string& s);  // ^sha256:[0-9a-f]{64}$
 bool is_decimal(const std::string& s);       // ^-?(inf|nan|[0-9]+(\.[0-9]+)?(e[-+]?[0-9]+)?)$
 bool is_dotted_pair(const std::string& s);   // ^[0-9]+\.[0-9]+$
+// Characters (code points) of a valid UTF-8 string: JSON Schema's minLength/maxLength unit.
+std::size_t utf8_length(const std::string& s);
 
 // Checks the manifest against the schema; `strict_keys` refuses unknown keys
 // (additionalProperties: false), used when the file's minor is one this reader knows.
 void check_manifest(const Value& m, bool strict_keys, Problems& p);
+// The rules beyond the schema (docs/format.md; runtime_py/format/semantics.py). Run only on a
+// manifest that check_manifest accepted.
+void check_semantics(const Value& m, Problems& p);
 void check_preprocess(const Value& v, Problems& p);
 
 }  // namespace detail

@@ -68,7 +68,7 @@ public:
 
     Value document() {
         if (cur_ == end_) fail("empty");
-        Value v = value(0);
+        Value v = value(1);
         if (cur_ != end_) fail("trailing bytes after the top-level value");
         return v;
     }
@@ -107,8 +107,8 @@ private:
         return str_payload(len);
     }
 
+    // `depth`: the depth this value has if it is a container (scalars add no depth).
     Value value(std::size_t depth) {
-        if (depth > lim_.max_depth) fail("nesting deeper than " + std::to_string(lim_.max_depth));
         if (++nodes_ > lim_.max_nodes) fail("more than " + std::to_string(lim_.max_nodes) + " values");
         if (cur_ >= end_) fail("truncated value");
         const unsigned char tag = static_cast<unsigned char>(*cur_);
@@ -154,6 +154,7 @@ private:
                 return Value::str(str_payload(len));
             }
             case MP_ARRAY: {
+                if (depth > lim_.max_depth) fail("nesting deeper than " + std::to_string(lim_.max_depth));
                 need_header(mp_check_array(cur_, end_));
                 std::uint32_t n = mp_decode_array(&cur_);
                 if (canonical_ && static_cast<std::size_t>(cur_ - start) != mp_sizeof_array(n))
@@ -166,6 +167,7 @@ private:
                 return Value::array(std::move(a));
             }
             case MP_MAP: {
+                if (depth > lim_.max_depth) fail("nesting deeper than " + std::to_string(lim_.max_depth));
                 need_header(mp_check_map(cur_, end_));
                 std::uint32_t n = mp_decode_map(&cur_);
                 if (canonical_ && static_cast<std::size_t>(cur_ - start) != mp_sizeof_map(n))

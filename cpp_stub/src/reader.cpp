@@ -22,7 +22,7 @@ namespace bundle {
 namespace {
 
 constexpr std::uint8_t kMagic[8] = {0x89, 'T', 'R', 'T', 'B', 'D', 'L', '\n'};
-constexpr std::uint64_t kMaxManifest = 16ull << 20;
+constexpr std::uint64_t kMaxManifest = 1ull << 20;   // docs/format.md, "Limits"
 constexpr std::size_t kChunk = 1u << 20;
 
 std::uint16_t le16(const std::uint8_t* p) { return static_cast<std::uint16_t>(p[0] | (p[1] << 8)); }
@@ -90,6 +90,9 @@ unsigned ceil_log2(std::uint64_t v) {
 std::array<std::uint8_t, 32> inflate(const MemberEntry& m, const std::uint8_t* src, std::size_t n,
                                      const std::function<void(const std::uint8_t*, std::size_t)>& sink) {
     const std::string who = "member " + m.name + ": ";
+    static const std::uint8_t kZstdMagic[4] = {0x28, 0xb5, 0x2f, 0xfd};
+    if (n < 4 || std::memcmp(src, kZstdMagic, 4) != 0)
+        throw DecompressionError(who + "stored bytes are not a zstd frame (skippable frames are not allowed)");
     unsigned long long fcs = ZSTD_getFrameContentSize(src, n);
     if (fcs == ZSTD_CONTENTSIZE_ERROR)
         throw DecompressionError(who + "stored bytes are not a zstd frame");
@@ -211,7 +214,7 @@ Header parse_header(const std::uint8_t* p, std::size_t file_size) {
     if (h.manifest_offset < kHeaderSize)
         throw TruncatedError("manifest offset " + std::to_string(h.manifest_offset) + " is inside the header");
     if (h.manifest_length < 1 || h.manifest_length > kMaxManifest)
-        throw TruncatedError("manifest length " + std::to_string(h.manifest_length) + " outside 1..16 MiB");
+        throw TruncatedError("manifest length " + std::to_string(h.manifest_length) + " outside 1..1 MiB");
     // offset + length == size, written without overflow
     if (h.manifest_offset > file_size || h.manifest_length != file_size - h.manifest_offset) {
         bool past = h.manifest_offset > file_size || h.manifest_length > file_size - h.manifest_offset;
@@ -322,6 +325,8 @@ Bundle Bundle::open(const std::string& path, const OpenOptions& options) {
         mminor = fmt->get("minor")->as_uint();
     detail::check_manifest(im->manifest, /*strict_keys=*/mminor <= kFormatMinor, problems);
     if (!problems.empty()) throw ManifestError("manifest does not satisfy the schema: " + problems.joined());
+    detail::check_semantics(im->manifest, problems);
+    if (!problems.empty()) throw ManifestError("manifest breaks the rules of docs/format.md: " + problems.joined());
     if (fmt->get("major")->as_uint() != h.major || fmt->get("minor")->as_uint() != h.minor)
         throw ManifestError("manifest format " + std::to_string(fmt->get("major")->as_uint()) + "." +
                             std::to_string(fmt->get("minor")->as_uint()) + " differs from the header's " +

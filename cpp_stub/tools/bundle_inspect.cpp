@@ -1,4 +1,5 @@
 // bundle-inspect-cpp PATH [--json] [--verify] [--preprocess] [--trt-compat TRT_VERSION CC]
+// bundle-inspect-cpp --batch   (paths on stdin, one a line; open + verify each)
 // Exit 0 on success, 1 when the bundle is rejected (one line on stderr), 2 on usage errors.
 #include <cstdio>
 #include <cstring>
@@ -16,7 +17,9 @@ const char* kUsage =
     "  --json        the manifest as JSON plus id, path, file_size, random_weights, members[].ratio\n"
     "  --verify      decompress every member and check its sha256\n"
     "  --preprocess  print the decoded preprocess.msgpack spec\n"
-    "  --trt-compat  check the TensorRT plan against a TensorRT version and compute capability\n";
+    "  --trt-compat  check the TensorRT plan against a TensorRT version and compute capability\n"
+    "  --batch       read paths from stdin, one a line; open and verify each and print one line\n"
+    "                per path: \"OK <bundle id>\" or \"ERR <why>\" (one process for many files)\n";
 
 std::string dims(const bundle::TensorSpec& t) {
     std::string s = "[";
@@ -56,6 +59,32 @@ std::string one_line(const char* what) {
     return s;
 }
 
+// One line for one path: what the differential fuzz test (tests/test_fuzz_readers.py) reads.
+std::string open_and_verify(const std::string& path) {
+    try {
+        bundle::Bundle b = bundle::Bundle::open(path);
+        b.verify();
+        return "OK " + b.id();
+    } catch (const bundle::BundleError& e) {
+        return "ERR " + one_line(e.what());
+    } catch (const std::bad_alloc&) {
+        return "ERR out of memory";
+    } catch (const std::exception& e) {
+        return "ERR " + one_line(e.what());
+    }
+}
+
+int batch() {
+    std::string path;
+    while (std::getline(std::cin, path)) {
+        std::string line = open_and_verify(path);
+        std::fwrite(line.data(), 1, line.size(), stdout);
+        std::fputc('\n', stdout);
+        if (std::fflush(stdout) != 0) return 1;
+    }
+    return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -63,6 +92,7 @@ int main(int argc, char** argv) {
     bool json = false, verify = false, pre = false, compat = false;
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
+        if (a == "--batch" && argc == 2) return batch();
         if (a == "--json") json = true;
         else if (a == "--verify") verify = true;
         else if (a == "--preprocess") pre = true;

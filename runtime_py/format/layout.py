@@ -34,7 +34,7 @@ MAGIC = b"\x89TRTBDL\n"
 FORMAT_MAJOR = 1
 FORMAT_MINOR = 0
 HEADER_SIZE = 64
-MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+MAX_MANIFEST_BYTES = 1 << 20  # docs/format.md, "Limits"
 
 _STRUCT = struct.Struct("<8sHHIQQ32s")
 assert _STRUCT.size == HEADER_SIZE

@@ -34,6 +34,7 @@ from runtime_py.errors import (
 )
 from runtime_py.format.layout import HEADER_SIZE, Header, check_member_layout
 from runtime_py.format.manifest import bundle_id_of, decode_manifest, validate_manifest
+from runtime_py.format.zstd_frame import FrameError, frame_size, window_log_max
 
 _CHUNK = 1 << 20
 
@@ -118,17 +119,27 @@ class Bundle:
     def _decompress(self, name: str, entry: dict, stored: memoryview) -> Iterator[bytes]:
         raw_size = entry["raw_size"]
         try:
+            size = frame_size(stored)
             params = zstandard.get_frame_parameters(stored[:18].tobytes())
+        except FrameError as exc:
+            raise DecompressionError(f"member {name!r}: {exc}") from None
         except zstandard.ZstdError as exc:
             raise DecompressionError(f"member {name!r}: not a zstd frame ({exc})") from None
-        if params.content_size not in (zstandard.CONTENTSIZE_UNKNOWN, raw_size):
+        if size != len(stored):
+            raise DecompressionError(
+                f"member {name!r}: {len(stored) - size} bytes after its zstd frame (a member "
+                "is exactly one frame)")
+        if params.content_size == zstandard.CONTENTSIZE_UNKNOWN:
+            raise DecompressionError(
+                f"member {name!r}: zstd frame does not record its content size")
+        if params.content_size != raw_size:
             raise DecompressionError(
                 f"member {name!r}: zstd frame declares {params.content_size} bytes but the "
                 f"manifest declares {raw_size}: refusing to decompress")
         digest = hashlib.sha256()
         total = 0
-        reader = zstandard.ZstdDecompressor().stream_reader(
-            stored, read_size=_CHUNK, read_across_frames=True)
+        decompressor = zstandard.ZstdDecompressor(max_window_size=1 << window_log_max(raw_size))
+        reader = decompressor.stream_reader(stored, read_size=_CHUNK, read_across_frames=False)
         try:
             while True:
                 chunk = reader.read(_CHUNK)

@@ -8,7 +8,10 @@ raw little-endian bytes after the JSON header, in input order; per output
 ``parameters.binary_data`` or request-wide ``parameters.binary_data_output``).
 
 Every problem with a request raises ``RequestError`` carrying the HTTP status to send;
-nothing here trusts a size or a shape it was given before checking it.
+nothing here trusts a size or a shape it was given before checking it: a declared shape is
+checked against the model's (rank, fixed dimensions, batch size) before anything is
+allocated or reshaped, and a JSON body is refused by its size and element count before it
+is parsed (``json_limits``, ``load_json``), by its nesting right after.
 """
 
 from __future__ import annotations
@@ -45,6 +48,43 @@ class RequestError(UsageError):
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(message)
         self.status = status
+
+
+class JsonLimits(NamedTuple):
+    """Bounds on a JSON request for one model: what its largest valid request needs."""
+
+    max_bytes: int      # of the JSON text
+    max_elements: int   # numbers in all inputs' ``data``, estimated from the commas
+    max_depth: int      # arrays and objects, the request object being depth 1
+
+
+# Bytes one JSON number may take in a valid request ("-1.2345678901234567e-308, "), and
+# the room for everything that is not tensor data (names, parameters, outputs, id).
+_JSON_BYTES_PER_ELEMENT = 28
+_JSON_OVERHEAD_BYTES = 64 * 1024
+_JSON_OVERHEAD_ELEMENTS = 1024
+MAX_DIM = 2 ** 31 - 1
+
+
+def json_limits(inputs: Sequence[TensorSpec], max_batch: int | None = None) -> JsonLimits:
+    """The limits for a model taking ``inputs`` at batch sizes up to ``max_batch``.
+
+    Elements: every input at the largest batch. Depth: request -> inputs list -> input
+    object -> ``data`` nested at most as deep as the rank (plus ``parameters`` maps).
+    """
+    batch = max_batch if max_batch and max_batch > 0 else 1
+    elements = 0
+    for spec in inputs:
+        n = 1
+        for d in spec.shape:
+            n *= batch if is_dynamic(d) else max(int(d), 1)
+        elements += n
+    rank = max((len(s.shape) for s in inputs), default=1)
+    return JsonLimits(
+        max_bytes=_JSON_OVERHEAD_BYTES + elements * _JSON_BYTES_PER_ELEMENT,
+        max_elements=elements + _JSON_OVERHEAD_ELEMENTS,
+        max_depth=rank + 4,
+    )
 
 
 class OutputRequest(NamedTuple):
@@ -116,21 +156,64 @@ def split_body(body: bytes, header_length: str | None) -> tuple[bytes | memoryvi
     return view[:n], view[n:]
 
 
-def load_json(data: bytes | memoryview) -> Any:
-    """Decode a JSON document, turning every decoding failure into a 400."""
+def load_json(data: bytes | memoryview, limits: JsonLimits | None = None) -> Any:
+    """Decode a JSON document, turning every decoding failure into a 400.
+
+    With ``limits``, a document larger than the model could need is refused before it is
+    parsed (413 by size, 400 by element count: each element but the last is followed by a
+    comma, so commas bound the count from above at C speed), and one nested deeper than
+    any valid request right after.
+    """
+    if limits is not None:
+        if len(data) > limits.max_bytes:
+            raise RequestError(
+                f"JSON request of {len(data)} bytes is larger than any valid request for "
+                f"this model ({limits.max_bytes} bytes); send large tensors as binary data",
+                413)
+        commas = bytes(data).count(b",") if isinstance(data, memoryview) else data.count(b",")
+        if commas + 1 > limits.max_elements:
+            raise RequestError(
+                f"JSON request holds up to {commas + 1} values, more than any valid request "
+                f"for this model ({limits.max_elements})")
     try:
-        return json.loads(bytes(data))
+        document = json.loads(bytes(data))
     except (ValueError, RecursionError) as e:   # JSONDecodeError, UnicodeDecodeError
-        raise RequestError(f"request body is not valid JSON: {e}") from None
+        raise RequestError(f"request body is not valid JSON: {str(e)[:200]}") from None
+    if limits is not None and _depth_exceeds(document, limits.max_depth):
+        del document
+        raise RequestError(f"JSON request nests deeper than {limits.max_depth} levels")
+    return document
+
+
+def _depth_exceeds(document: Any, limit: int) -> bool:
+    """True when arrays/objects nest deeper than ``limit`` (iterative; a list's depth is
+    judged by its first element, which is all a regular tensor needs, and np.asarray
+    refuses ragged data anyway)."""
+    stack = [(document, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            if depth > limit:
+                return True
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            if depth > limit:
+                return True
+            if node:
+                if isinstance(node[0], (list, dict)):
+                    stack.extend((v, depth + 1) for v in node)
+    return False
 
 
 def parse_infer_request(
-    header: Any, binary: memoryview, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]
+    header: Any, binary: memoryview, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
+    *, max_batch: int | None = None,
 ) -> InferRequest:
     """Validate a decoded inference request against the model and build its arrays.
 
     Binary inputs are zero-copy views of ``binary``; JSON inputs are converted with the
-    declared datatype after checking that the values are of a compatible kind.
+    declared datatype after checking that the values are of a compatible kind. Every
+    declared shape is checked against the model's (``check_shape``) first.
     """
     if not isinstance(header, dict):
         raise RequestError("the inference request must be a JSON object")
@@ -159,7 +242,7 @@ def parse_infer_request(
         spec = specs.get(name)
         if spec is None:
             raise RequestError(f"unknown input {name!r}; the model takes {list(specs)}")
-        shape = _shape(item.get("shape"), name)
+        shape = check_shape(_shape(item.get("shape"), name), name, spec, max_batch)
         dtype = _datatype(item.get("datatype"), name, spec)
         count = math.prod(shape)
         in_params = _params(item, f"input {name!r}")
@@ -209,11 +292,36 @@ def _params(obj: dict, where: str) -> dict:
 
 
 def _shape(shape: Any, name: str) -> list[int]:
-    if not isinstance(shape, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    if not isinstance(shape, list) or len(shape) > 64 or not all(
+        isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_DIM for d in shape
     ):
-        raise RequestError(f"input {name!r}: 'shape' must be a list of non-negative integers")
+        raise RequestError(f"input {name!r}: 'shape' must be a list of at most 64 integers "
+                           f"in 0..{MAX_DIM}")
     return shape
+
+
+def check_shape(shape: list[int], name: str, spec: TensorSpec,
+                max_batch: int | None = None) -> list[int]:
+    """``shape`` if it fits ``spec``: same rank, every fixed dimension equal, every dynamic
+    one (the batch axis) in 1..``max_batch``. Checked before any array is made, so no
+    declared size can make the server allocate or reshape to something absurd."""
+    if len(shape) != len(spec.shape):
+        raise RequestError(f"input {name!r}: shape {_short(shape)} has {len(shape)} dimensions, "
+                           f"the model takes {len(spec.shape)}: {list(spec.shape)}")
+    for axis, (got, want) in enumerate(zip(shape, spec.shape)):
+        if is_dynamic(want):
+            if got < 1 or (max_batch is not None and got > max_batch):
+                limit = f"in 1..{max_batch}" if max_batch is not None else ">= 1"
+                raise RequestError(f"input {name!r}: batch size is {got} (dimension {axis}), "
+                                   f"must be {limit}")
+        elif got != want:
+            raise RequestError(f"input {name!r}: shape {_short(shape)} does not match the "
+                               f"model's {list(spec.shape)}")
+    return shape
+
+
+def _short(shape: list[int]) -> str:
+    return str(shape) if len(shape) <= 8 else f"[{', '.join(map(str, shape[:8]))}, ...]"
 
 
 def _datatype(datatype: Any, name: str, spec: TensorSpec) -> np.dtype:

@@ -55,11 +55,12 @@ private:
     Map m_;
 };
 
+// docs/format.md, "Limits" (runtime_py/format/manifest.py has the same numbers).
 struct DecodeLimits {
-    std::size_t max_str = 1u << 20;        // bytes per string
-    std::size_t max_container = 65536;     // entries per array / map
-    std::size_t max_depth = 64;            // nesting
-    std::size_t max_nodes = 1u << 20;      // values in the whole document
+    std::size_t max_str = 1u << 16;        // UTF-8 bytes per string (keys too)
+    std::size_t max_container = 1u << 16; // entries per array / map
+    std::size_t max_depth = 64;            // containers: the top-level one is depth 1
+    std::size_t max_nodes = 1u << 16;      // values in the whole document (map keys not counted)
 };
 
 // Decodes exactly one msgpack value spanning all of [data, data+size).

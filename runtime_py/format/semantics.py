@@ -1,0 +1,61 @@
+"""The manifest rules a JSON Schema cannot say (docs/format.md, "Rules beyond the schema").
+
+Run after the schema has passed, so every field read here has its schema type. The C++
+reader implements the same list in cpp_stub/src/checks.cpp (`check_semantics`); the
+differential fuzz test (tests/test_fuzz_readers.py) holds the two to the same answers.
+"""
+
+from __future__ import annotations
+
+_HALF_FLOATS = ("float16", "bfloat16")
+
+
+def _tensor_problems(manifest: dict) -> list[str]:
+    problems = []
+    seen: set[str] = set()
+    for side in ("inputs", "outputs"):
+        for i, tensor in enumerate(manifest["inputs" if side == "inputs" else "outputs"]):
+            where = f"{side}/{i}"
+            shape = tensor["shape"]
+            batch_axes = [k for k, d in enumerate(shape) if d == "batch"]
+            if batch_axes != [0]:
+                problems.append(f"{where}/shape: the batch axis must appear exactly once, "
+                                f"first (found at {batch_axes or 'no axis'})")
+            if tensor["name"] in seen:
+                problems.append(f"{where}/name: tensor name {tensor['name']!r} is used twice")
+            seen.add(tensor["name"])
+            if manifest["precision"] == "fp32" and tensor["dtype"] in _HALF_FLOATS:
+                problems.append(f"{where}/dtype: {tensor['dtype']} in an fp32 bundle")
+    return problems
+
+
+def _ordered(where: str, sizes: dict) -> list[str]:
+    if not sizes["min"] <= sizes["opt"] <= sizes["max"]:
+        return [f"{where}: needs min <= opt <= max (got {sizes['min']}, {sizes['opt']}, "
+                f"{sizes['max']})"]
+    return []
+
+
+def semantic_problems(manifest: dict) -> list[str]:
+    """Every broken rule, one line each (empty: none)."""
+    problems = _tensor_problems(manifest)
+    problems += _ordered("batch", manifest["batch"])
+    engine = manifest["engine"]
+    if engine["backend"] == "tensorrt":
+        problems += _ordered("engine/details/profile", engine["details"]["profile"])
+    precision = manifest["precision"]
+    members = {m["name"] for m in manifest["members"]}
+    if precision != "fp8":
+        for field in ("recipe", "calibration"):
+            if manifest[field] is not None:
+                problems.append(f"{field}: only fp8 bundles have one ({precision} bundle)")
+        if "calibration.safetensors" in members:
+            problems.append(f"members: calibration.safetensors in a {precision} bundle "
+                            "(fp8 only)")
+    if manifest["calibration"] is not None and "calibration.safetensors" not in members:
+        problems.append("calibration: the bundle has no calibration.safetensors member")
+    if (engine["backend"] == "torch-aoti" and engine["details"].get("device") == "cpu"
+            and precision != "fp32"):
+        problems.append(f"engine/details/device: torch-aoti CPU packages are fp32 only "
+                        f"({precision} bundle)")
+    return problems
