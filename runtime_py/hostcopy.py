@@ -68,9 +68,11 @@ def byte_range(arr: np.ndarray) -> tuple[int, int]:
 
 
 class HostBufferRegistry:
-    """Remembers memory blocks handed out as buffers (e.g. pinned memory), so that an array
-    given back can be recognised as lying inside one and used in place. Blocks are held
-    weakly: a buffer the caller dropped is forgotten."""
+    """Remembers arrays handed out as buffers (e.g. over pinned memory), so that an array
+    given back can be recognised as lying inside one and used in place. The arrays are held
+    weakly: a buffer the caller dropped (with every view of it) is forgotten. Register the
+    array the caller gets, never a temporary that owns the memory (a torch tensor behind
+    ``tensor.numpy()`` is collected at once while its array lives on)."""
 
     def __init__(self) -> None:
         import weakref
@@ -79,14 +81,14 @@ class HostBufferRegistry:
         self._blocks: list[tuple[int, int, object]] = []
         self._lock = threading.Lock()
 
-    def add(self, owner: object, arr: np.ndarray) -> None:
+    def add(self, arr: np.ndarray) -> None:
         lo, hi = byte_range(arr)
         with self._lock:
             self._blocks = [b for b in self._blocks if b[2]() is not None]
-            self._blocks.append((lo, hi, self._weakref(owner)))
+            self._blocks.append((lo, hi, self._weakref(arr)))
 
-    def owner_of(self, arr: np.ndarray) -> object | None:
-        """The live owner whose block holds all of ``arr``, or None."""
+    def owner_of(self, arr: np.ndarray) -> np.ndarray | None:
+        """The live registered array whose memory holds all of ``arr``, or None."""
         lo, hi = byte_range(arr)
         with self._lock:
             for start, end, ref in self._blocks:

@@ -68,9 +68,14 @@ def check_feeds(specs: Sequence[TensorSpec], feeds: Mapping[str, object]) -> int
         if arr.dtype != np.dtype(spec.dtype):
             problems.append(f"input {spec.name!r}: dtype {arr.dtype} but the model takes {spec.dtype}")
         if arr.ndim != len(spec.shape):
+            hint = ""
+            if arr.ndim == len(spec.shape) - 1 and all(
+                    is_dynamic(want) or want == got for want, got in zip(spec.shape[1:], arr.shape)):
+                hint = (f"; it looks like one item without the batch axis: pass "
+                        f"x[None] (shape {[1, *arr.shape]})")
             problems.append(
                 f"input {spec.name!r}: shape {list(arr.shape)} has {arr.ndim} dimensions, "
-                f"the model takes {len(spec.shape)} ({_fmt_shape(spec.shape)})"
+                f"the model takes {len(spec.shape)} ({_fmt_shape(spec.shape)}){hint}"
             )
             continue
         bad_dims = [

@@ -141,7 +141,7 @@ class AsyncToyModel(ToyModel):
         spec = self.inputs[0]
         buf = np.empty((self.max_batch_size, *spec.shape[1:]), np.dtype(spec.dtype))
         self._owners.append(buf)
-        self._registry.add(buf, buf)
+        self._registry.add(buf)
         return {spec.name: buf}
 
     def infer_async(self, feeds: dict[str, np.ndarray]):

@@ -52,11 +52,23 @@ def test_threaded_copies_equal_numpy(threads):
 def test_registry_recognises_views_of_its_blocks_only():
     reg = HostBufferRegistry()
     block = np.empty((8, 4), np.float32)
-    reg.add(block, block)
+    reg.add(block)
     assert reg.owner_of(block[2:5]) is block
     assert reg.owner_of(np.empty((2, 4), np.float32)) is None
     partly = np.lib.stride_tricks.as_strided(block, shape=(9, 4))   # runs past the end
     assert reg.owner_of(partly) is None
+    # A buffer stays known while only a view of it is held (the caller kept buf[:n]) ...
+    view = np.empty((8, 4), np.float32)
+    reg.add(view)
+    kept = view[:3]
+    del view
+    assert reg.owner_of(kept) is not None
+    # ... and is forgotten once nothing holds it.
+    del kept, partly
+    import gc
+
+    gc.collect()
+    assert len([b for b in reg._blocks if b[2]() is not None]) == 1
 
 
 def test_pending_waits_once_and_reraises():
@@ -254,3 +266,12 @@ def test_a_uint8_input_bundle_gives_the_float_bundles_logits(xception_bundles, t
 
     out = CliRunner().invoke(cli, ["verify", str(result.path), "--numerics"])
     assert out.exit_code == 0, out.output
+
+
+def test_an_unbatched_image_is_refused_with_the_shape_to_send():
+    from runtime_py.errors import InferenceInputError
+
+    model = ToyModel(size=8)
+    with Batcher(model) as batcher:
+        with pytest.raises(InferenceInputError, match=r"x\[None\] \(shape \[1, 3, 8, 8\]\)"):
+            batcher.submit(np.zeros((3, 8, 8), np.float32))

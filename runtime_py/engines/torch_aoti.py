@@ -272,7 +272,7 @@ class TorchAotiRunner(Runner):
         tensor = self._torch.empty(shape, dtype=self._torch.from_numpy(np.empty(0, dtype)).dtype,
                                    pin_memory=True)
         arr = tensor.numpy()
-        self._pinned.add(tensor, arr)
+        self._pinned.add(arr)            # the array keeps the tensor alive, not vice versa
         return arr
 
     def deactivate_impl(self) -> None:
