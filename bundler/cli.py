@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from runtime_py.errors import EXIT_CODES_HELP, BundleError, UsageError
+from runtime_py.errors import EXIT_CODES_HELP, BundleError, MissingExtraError, UsageError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -28,7 +28,11 @@ def _human_size(n: int) -> str:
 
 
 def handle_errors(func):
-    """Turn BundleErrors into one line on stderr and the error's exit code."""
+    """Turn BundleErrors into one line on stderr and the error's exit code.
+
+    A module of an uninstalled extra that is imported anyway (a path the command's own
+    `require_extra` check did not foresee) is reported the same way, naming the extra.
+    """
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         try:
@@ -36,6 +40,17 @@ def handle_errors(func):
         except BundleError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(exc.exit_code)
+        except ModuleNotFoundError as exc:
+            from runtime_py.extras import extra_for_module, install_hint
+
+            extra = extra_for_module(exc.name or "")
+            if extra is None:
+                raise
+            error = MissingExtraError(
+                f"this command needs the '{extra}' extra, and {exc.name} is not installed: "
+                f"{install_hint(extra)}", extra=extra, missing=[exc.name])
+            click.echo(f"error: {error}", err=True)
+            sys.exit(error.exit_code)
     return wrapper
 
 
@@ -188,21 +203,32 @@ def target_options(timing_cache, hardware_compat, version_compatible, workspace_
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
 @handle_errors
 def families(as_json: bool) -> None:
-    """List the model families this install can build."""
-    from bundler.families import list_families, load_family
+    """List the model families this install knows, and whether it can build them.
 
+    Building needs the 'export' extra (torch, timm, onnx...); an install without it (e.g.
+    `pip install 'trt-bundle[ort]'` for a service) lists the families and says what is
+    missing. JSON rows carry `buildable` and `missing`.
+    """
+    from bundler.families import list_families, load_family
+    from runtime_py.extras import install_hint, missing_modules
+
+    missing = missing_modules("export")
     rows = []
     for name in list_families():
         fam = load_family(name)
         rows.append({"name": fam.name, "version": fam.version, "checkpoint": fam.checkpoint.hf_id,
-                     "precisions": list(fam.precisions), "variants": sorted(fam.variants)})
+                     "precisions": list(fam.precisions), "variants": sorted(fam.variants),
+                     "buildable": not missing, "missing": missing})
     if as_json:
         echo_json(rows)
-        return
-    for r in rows:
-        variants = f"; variants: {', '.join(r['variants'])}" if r["variants"] else ""
-        click.echo(f"{r['name']} {r['version']}  ({r['checkpoint']})  precisions: "
-                   f"{', '.join(r['precisions'])}{variants}")
+    else:
+        for r in rows:
+            variants = f"; variants: {', '.join(r['variants'])}" if r["variants"] else ""
+            click.echo(f"{r['name']} {r['version']}  ({r['checkpoint']})  precisions: "
+                       f"{', '.join(r['precisions'])}{variants}")
+    if missing:
+        click.echo(f"note: this install cannot build these families: the 'export' extra is "
+                   f"missing ({', '.join(missing)}): {install_hint('export')}", err=True)
 
 
 def print_progress(stage: str, message: str) -> None:
@@ -257,6 +283,9 @@ def make(family: str, precision: str, variant, backend, out_dir, checkpoint, ran
 
     Progress goes to stderr; the bundle id is printed last on stdout.
     """
+    from runtime_py.extras import require_extra
+
+    require_extra("export", "`bundle make`")
     from bundler.make import MakeRequest, make_bundle
 
     req = MakeRequest(family=family, precision=precision.lower(), variant=variant,
@@ -294,6 +323,9 @@ def rebuild(bundle_path, backend, out_dir, timing_cache, hardware_compat, versio
     Same family, precision, recipe, calibration and references; new engine target and id;
     the source bundle's id is recorded as `rebuilt_from`.
     """
+    from runtime_py.extras import require_extra
+
+    require_extra("export", "`bundle rebuild`")
     from bundler.rebuild import rebuild_bundle
 
     options = target_options(timing_cache, hardware_compat, version_compatible, workspace_mib)
@@ -335,6 +367,9 @@ def serve(bundle_paths, host, port, max_batch, max_delay_ms, max_queue, backend,
     Each bundle is verified and loaded first; a model's name is its bundle name without
     the target part (e.g. timm_xception-fp8-1.0.0).
     """
+    from runtime_py.extras import require_extra
+
+    require_extra("serve", "`bundle serve`")
     import runtime_py
     from runtime_py.server.run import serve as run_server
 
@@ -449,6 +484,9 @@ def eval_(bundle_path, data, count, stride, reference, checkpoint, backend,
     difference| and NaN/Inf counts. Refuses images used for calibration unless
     --allow-calibration-images.
     """
+    from runtime_py.extras import require_extra
+
+    require_extra("export", "`bundle eval` (it runs the family's fp32 reference)")
     from bundler.evaluate import evaluate_bundle
 
     report = evaluate_bundle(bundle_path, data, reference=reference, count=count, stride=stride,
@@ -519,6 +557,9 @@ def study(family, precisions, variants, batch_sizes, backend, out_dir, random_we
     """
     import shlex
 
+    from runtime_py.extras import require_extra
+
+    require_extra("export", "`bundle study`")
     from bundler.study import run_study
 
     result = run_study(

@@ -86,6 +86,19 @@ class EngineUnavailableError(CompatibilityError):
     """The engine's Python package (or a GPU) is not present on this host."""
 
 
+class MissingExtraError(CompatibilityError):
+    """An optional part of trt-bundle (a pip extra: export, serve...) is not installed.
+
+    ``extra`` names it and ``missing`` the modules this install lacks, so that callers can
+    say exactly what to install.
+    """
+
+    def __init__(self, message: str, *, extra: str, missing: list[str]) -> None:
+        super().__init__(message)
+        self.extra = extra
+        self.missing = list(missing)
+
+
 # --- what the user asked for (exit 6) ----------------------------------------------
 
 class UsageError(BundleError):
