@@ -268,20 +268,25 @@ def print_progress(stage: str, message: str) -> None:
               help="Images for the reference member and the quality summary (default: a "
                    "seeded synthetic set, recorded as such).")
 @click.option("--reference-count", default=8, show_default=True)
+@click.option("--force", is_flag=True,
+              help="Replace a bundle of the same name in --out (without it: refused, exit 6; "
+                   "the same name can hold another id: other weights, data or versions).")
 @tensorrt_options
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @handle_errors
 def make(family: str, precision: str, variant, backend, out_dir, checkpoint, random_weights,
          seed, calib_data, calib_count, calib_stride, calib_method, percentile, reference_data,
-         reference_count, timing_cache, hardware_compat, version_compatible, workspace_mib,
-         as_json) -> None:
+         reference_count, force, timing_cache, hardware_compat, version_compatible,
+         workspace_mib, as_json) -> None:
     """Build one bundle of FAMILY at one precision, e.g.:
 
     \b
       bundle make timm_xception --precision fp8 --calib-data imagenet-val/ --out bundles/
       bundle make timm_xception --precision fp16 --random-weights
 
-    Progress goes to stderr; the bundle id is printed last on stdout.
+    Progress goes to stderr; the bundle id is printed last on stdout. --out is checked
+    before any work (a file, a path under a file or a folder that cannot be written is
+    refused, exit 6), and an existing bundle of the same name is replaced only with --force.
     """
     from runtime_py.extras import require_extra
 
@@ -294,6 +299,7 @@ def make(family: str, precision: str, variant, backend, out_dir, checkpoint, ran
                       calib_count=calib_count, calib_stride=calib_stride,
                       calib_method=calib_method, percentile=percentile,
                       reference_data=reference_data, reference_count=reference_count,
+                      replace_existing=force,
                       target_options=target_options(timing_cache, hardware_compat,
                                                     version_compatible, workspace_mib))
     result = make_bundle(req, progress=None if as_json else print_progress)

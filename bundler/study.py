@@ -96,7 +96,8 @@ def plan_bundles(family, precisions: Sequence[str], variants: Sequence[str], tar
     planned = []
     for precision, variant in wanted:
         req = MakeRequest(family=family.name, precision=precision, variant=variant,
-                          backend=target, out_dir=out_dir, **make_fields)
+                          backend=target, out_dir=out_dir, replace_existing=True,
+                          **make_fields)  # the study decides itself what to reuse
         prefix = bundle_name(family.name, family.version, precision, variant, "")
         planned.append(Planned(precision, variant, prefix, req))
     return planned

@@ -107,6 +107,14 @@ class UsageError(BundleError):
     exit_code = 6
 
 
+class OutputPathError(UsageError):
+    """The output folder is a file, lies under a file, or cannot be written."""
+
+
+class BundleExistsError(UsageError):
+    """A bundle of the same name is already there and replacing it was not asked for."""
+
+
 class FamilyError(UsageError):
     """Unknown family, or a family spec that is invalid."""
 
