@@ -79,13 +79,15 @@ def inspect(path: str, as_json: bool) -> None:
     """Show a bundle's id, family, precision, target, tensors, members and provenance.
 
     Checks the header, the manifest against the id and the manifest schema; it does not
-    decompress members (use `bundle verify` for that).
+    decompress members (use `bundle verify` for that). With --json, measured values
+    (ratio, top1_agreement, kl_mean...) are numbers; the manifest itself keeps them as
+    decimal strings (its canonical form has no floats).
     """
-    from bundler.inspect import inspect_summary
+    from bundler.inspect import inspect_summary, json_summary
 
     summary = inspect_summary(path)
     if as_json:
-        echo_json(summary)
+        echo_json(json_summary(summary))
         return
     for line in format_summary(summary):
         click.echo(line)
@@ -327,7 +329,9 @@ def rebuild(bundle_path, backend, out_dir, timing_cache, hardware_compat, versio
     """A new bundle for this host from the portable ONNX of an existing one.
 
     Same family, precision, recipe, calibration and references; new engine target and id;
-    the source bundle's id is recorded as `rebuilt_from`.
+    the source bundle's id is recorded as `rebuilt_from`. A torch-aoti engine is compiled
+    from the family's torch model, which a bundle does not hold: for --backend torch-aoti
+    this prints the `bundle make` command that builds it (exit 2).
     """
     from runtime_py.extras import require_extra
 
@@ -427,6 +431,7 @@ def bench(bundle_path, batch_sizes, concurrency, backend, threads, min_seconds, 
     copies      engine + host<->device copies (GPU engines; n/a on CPU)
     end_to_end  JPEG decode + preprocessing + engine
     served      N concurrent single-image clients through the dynamic batcher
+    Progress goes to stderr (also with --json, whose stdout holds only the JSON).
     """
     import runtime_py
     from runtime_py.bench import run_bench
@@ -438,7 +443,8 @@ def bench(bundle_path, batch_sizes, concurrency, backend, threads, min_seconds, 
             raise UsageError(f"batch sizes {too_big} exceed the bundle's max batch "
                              f"{model.max_batch_size}")
         report = run_bench(model, sizes, concurrency, end_to_end=not no_end_to_end,
-                           min_seconds=min_seconds)
+                           min_seconds=min_seconds,
+                           progress=lambda message: print_progress("bench", message))
     if as_json:
         echo_json(report)
         return
@@ -479,16 +485,22 @@ def _format_quality(q: dict) -> str:
               help="Engine to run the bundle on (auto: its own target when this host can).")
 @click.option("--allow-calibration-images", is_flag=True,
               help="Evaluate even on images the bundle was calibrated on (flattering figures).")
+@click.option("--labels-from", default="auto", show_default=True,
+              type=click.Choice(["auto", "synsets", "folder-index", "folder-order", "none"]),
+              help="Labels of per-class folders. auto/synsets: folders named by the family's "
+                   "class ids (ImageNet synsets, e.g. n01440764) map to their classes, other "
+                   "names are refused; folder-index: names are class indices; folder-order: "
+                   "sorted folder order (torchvision ImageFolder); none: no labels.")
 @click.option("--batch-size", default=8, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @handle_errors
 def eval_(bundle_path, data, count, stride, reference, checkpoint, backend,
-          allow_calibration_images, batch_size, as_json) -> None:
+          allow_calibration_images, labels_from, batch_size, as_json) -> None:
     """Quality of a bundle against the family's fp32 reference, on data and stress inputs.
 
     Top-1 against labels (when the data has them), top-1 agreement, mean KL, max |logit
     difference| and NaN/Inf counts. Refuses images used for calibration unless
-    --allow-calibration-images.
+    --allow-calibration-images. Progress goes to stderr (also with --json).
     """
     from runtime_py.extras import require_extra
 
@@ -498,7 +510,7 @@ def eval_(bundle_path, data, count, stride, reference, checkpoint, backend,
     report = evaluate_bundle(bundle_path, data, reference=reference, count=count, stride=stride,
                              backend=backend, allow_calibration_overlap=allow_calibration_images,
                              batch_size=batch_size, checkpoint=checkpoint,
-                             progress=None if as_json else print_progress)
+                             labels_from=labels_from, progress=print_progress)
     if as_json:
         from bundler.study_report import _jsonable
 

@@ -158,10 +158,12 @@ def calibration_set(family: Family, req: MakeRequest, preprocess=None):
 
 def reference_set(family: Family, req: MakeRequest, preprocess=None):
     """The held-out inputs of the reference member and the quality summary."""
-    from bundler.calibration.data import open_calibration_data, synthetic_calibration_set
+    from bundler.calibration.data import (REFERENCE, open_calibration_data,
+                                          synthetic_calibration_set)
 
     if req.reference_data is not None:
-        return open_calibration_data(req.reference_data, preprocess, count=req.reference_count)
+        return open_calibration_data(req.reference_data, preprocess, count=req.reference_count,
+                                     role=REFERENCE)
     return synthetic_calibration_set(family.input.shape, req.reference_count,
                                      seed=REFERENCE_SEED, preprocess=preprocess)
 

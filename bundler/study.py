@@ -258,7 +258,7 @@ class EvalInputs:
 
 def eval_inputs(reference: Planned, eval_data, eval_count: int, eval_stride: int,
                 batch_size: int) -> tuple[EvalInputs, object]:
-    from bundler.calibration.data import synthetic_calibration_set
+    from bundler.calibration.data import STUDY_EVALUATION, synthetic_calibration_set
     from bundler.evaluate import open_eval_data
     from bundler.stress import stress_inputs
     from runtime_py.format import open_bundle
@@ -277,7 +277,8 @@ def eval_inputs(reference: Planned, eval_data, eval_count: int, eval_stride: int
                 "labelled": False}
         batches = lambda: (b for b, _l, _k in data.iter_batches(batch_size))  # noqa: E731
         return EvalInputs(desc, batches, None, stress.names, stress.inputs), None
-    data = open_eval_data(eval_data, spec, count=eval_count, stride=eval_stride)
+    data = open_eval_data(eval_data, spec, count=eval_count, stride=eval_stride,
+                          family=reference.manifest["family"]["name"], role=STUDY_EVALUATION)
     desc = {"source": data.source, "digest": data.digest, "images": len(data),
             "stride": eval_stride, "labelled": data.labels is not None}
     batches = lambda: (b for b, _l, _k in data.iter_batches(batch_size))  # noqa: E731

@@ -74,6 +74,14 @@ class VerificationError(BundleError):
     """One or more checks of ``verify`` failed; ``problems`` lists each one."""
 
 
+# --- the command line (exit 2) ----------------------------------------------------
+
+class OtherCommandError(BundleError):
+    """A job this command cannot do; the message says which command does it."""
+
+    exit_code = 2
+
+
 # --- running a bundle on this host (exit 5) ----------------------------------------
 
 class CompatibilityError(BundleError):
