@@ -289,6 +289,8 @@ def make(family: str, precision: str, variant, backend, out_dir, checkpoint, ran
     Progress goes to stderr; the bundle id is printed last on stdout. --out is checked
     before any work (a file, a path under a file or a folder that cannot be written is
     refused, exit 6), and an existing bundle of the same name is replaced only with --force.
+    The fp32 export is cached in $TRT_BUNDLE_CACHE/export (default ~/.cache/trt-bundle/export).
+    Real weights: see README.md (`hf download`, the pinned revision, the cache layout).
     """
     from runtime_py.extras import require_extra
 
