@@ -21,15 +21,16 @@ def manifest_specs(entries: list[dict]) -> list[TensorSpec]:
     return [TensorSpec(e["name"], e["dtype"], tuple(e["shape"])) for e in entries]
 
 
-def require_own_engine(bundle: Bundle, backend: str, member: str, engine: str) -> None:
+def require_own_engine(bundle: Bundle, backend: str, engine: str) -> None:
     """Refuse a bundle whose engine is not `backend`'s, saying what it holds instead.
 
     Only ONNX Runtime runs any bundle (every bundle carries `model.onnx`); a TensorRT or
-    torch-aoti runner needs the bundle's own `engine.plan` / `engine.pt2`. Checked before
+    torch-aoti runner needs the bundle's own `engine.plan` / `engine.pt2`, which only a
+    bundle made for that target holds (its manifest's engine backend). Checked before
     the engine's package is imported, so the message is the same on every host.
     """
     own = bundle.manifest["engine"]
-    if own["backend"] == backend and bundle.has_member(member):
+    if own["backend"] == backend:        # its member is then checked when it is read
         return
     raise CompatibilityError(
         f"this bundle holds {article(own['backend'])} {own['backend']} engine "

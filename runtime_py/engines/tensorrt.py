@@ -115,7 +115,7 @@ class TensorRTRunner(Runner):
 
     # -- activation -----------------------------------------------------------------
     def activate_impl(self) -> None:
-        require_own_engine(self.bundle, "tensorrt", "engine.plan", "a TensorRT plan")
+        require_own_engine(self.bundle, "tensorrt", "a TensorRT plan")
         trt = import_tensorrt()
         cuda = _Cuda()
         details = self.bundle.manifest["engine"]["details"]

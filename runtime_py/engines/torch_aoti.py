@@ -176,7 +176,7 @@ class TorchAotiRunner(Runner):
 
     # -- activation -------------------------------------------------------------------
     def activate_impl(self) -> None:
-        require_own_engine(self.bundle, "torch-aoti", MEMBER, "an AOTInductor package")
+        require_own_engine(self.bundle, "torch-aoti", "an AOTInductor package")
         torch = import_torch()
         details = self.bundle.manifest["engine"]["details"]
         check_torch_aoti_target(details, torch_host(), self.device_index)  # before loading
