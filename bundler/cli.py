@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from runtime_py.errors import EXIT_CODES_HELP, BundleError, UsageError
+from runtime_py.errors import EXIT_CODES_HELP, BundleError, MissingExtraError, UsageError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -28,7 +28,11 @@ def _human_size(n: int) -> str:
 
 
 def handle_errors(func):
-    """Turn BundleErrors into one line on stderr and the error's exit code."""
+    """Turn BundleErrors into one line on stderr and the error's exit code.
+
+    A module of an uninstalled extra that is imported anyway (a path the command's own
+    `require_extra` check did not foresee) is reported the same way, naming the extra.
+    """
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         try:
@@ -36,6 +40,17 @@ def handle_errors(func):
         except BundleError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(exc.exit_code)
+        except ModuleNotFoundError as exc:
+            from runtime_py.extras import extra_for_module, install_hint
+
+            extra = extra_for_module(exc.name or "")
+            if extra is None:
+                raise
+            error = MissingExtraError(
+                f"this command needs the '{extra}' extra, and {exc.name} is not installed: "
+                f"{install_hint(extra)}", extra=extra, missing=[exc.name])
+            click.echo(f"error: {error}", err=True)
+            sys.exit(error.exit_code)
     return wrapper
 
 
@@ -64,13 +79,15 @@ def inspect(path: str, as_json: bool) -> None:
     """Show a bundle's id, family, precision, target, tensors, members and provenance.
 
     Checks the header, the manifest against the id and the manifest schema; it does not
-    decompress members (use `bundle verify` for that).
+    decompress members (use `bundle verify` for that). With --json, measured values
+    (ratio, top1_agreement, kl_mean...) are numbers; the manifest itself keeps them as
+    decimal strings (its canonical form has no floats).
     """
-    from bundler.inspect import inspect_summary
+    from bundler.inspect import inspect_summary, json_summary
 
     summary = inspect_summary(path)
     if as_json:
-        echo_json(summary)
+        echo_json(json_summary(summary))
         return
     for line in format_summary(summary):
         click.echo(line)
@@ -270,21 +287,32 @@ def target_options(timing_cache, hardware_compat, version_compatible, workspace_
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
 @handle_errors
 def families(as_json: bool) -> None:
-    """List the model families this install can build."""
-    from bundler.families import list_families, load_family
+    """List the model families this install knows, and whether it can build them.
 
+    Building needs the 'export' extra (torch, timm, onnx...); an install without it (e.g.
+    `pip install 'trt-bundle[ort]'` for a service) lists the families and says what is
+    missing. JSON rows carry `buildable` and `missing`.
+    """
+    from bundler.families import list_families, load_family
+    from runtime_py.extras import install_hint, missing_modules
+
+    missing = missing_modules("export")
     rows = []
     for name in list_families():
         fam = load_family(name)
         rows.append({"name": fam.name, "version": fam.version, "checkpoint": fam.checkpoint.hf_id,
-                     "precisions": list(fam.precisions), "variants": sorted(fam.variants)})
+                     "precisions": list(fam.precisions), "variants": sorted(fam.variants),
+                     "buildable": not missing, "missing": missing})
     if as_json:
         echo_json(rows)
-        return
-    for r in rows:
-        variants = f"; variants: {', '.join(r['variants'])}" if r["variants"] else ""
-        click.echo(f"{r['name']} {r['version']}  ({r['checkpoint']})  precisions: "
-                   f"{', '.join(r['precisions'])}{variants}")
+    else:
+        for r in rows:
+            variants = f"; variants: {', '.join(r['variants'])}" if r["variants"] else ""
+            click.echo(f"{r['name']} {r['version']}  ({r['checkpoint']})  precisions: "
+                       f"{', '.join(r['precisions'])}{variants}")
+    if missing:
+        click.echo(f"note: this install cannot build these families: the 'export' extra is "
+                   f"missing ({', '.join(missing)}): {install_hint('export')}", err=True)
 
 
 def print_progress(stage: str, message: str) -> None:
@@ -329,6 +357,9 @@ def print_progress(stage: str, message: str) -> None:
               help="What the engine takes. uint8: the pixels after decode, resize and crop "
                    "(NHWC), with rescale, normalize, layout and cast done by the engine on its "
                    "device (4x fewer bytes to copy and send); float32: preprocessed NCHW.")
+@click.option("--force", is_flag=True,
+              help="Replace a bundle of the same name in --out (without it: refused, exit 6; "
+                   "the same name can hold another id: other weights, data or versions).")
 @tensorrt_options
 @click.option("--sign-key", type=click.Path(path_type=Path), default=None,
               help="Sign the new bundle with this private key (checked before the build); "
@@ -337,7 +368,7 @@ def print_progress(stage: str, message: str) -> None:
 @handle_errors
 def make(family: str, precision: str, variant, backend, out_dir, checkpoint, random_weights,
          seed, calib_data, calib_count, calib_stride, calib_method, percentile, reference_data,
-         reference_count, input_dtype, timing_cache, hardware_compat, version_compatible,
+         reference_count, input_dtype, force, timing_cache, hardware_compat, version_compatible,
          workspace_mib, sign_key, as_json) -> None:
     """Build one bundle of FAMILY at one precision, e.g.:
 
@@ -345,8 +376,15 @@ def make(family: str, precision: str, variant, backend, out_dir, checkpoint, ran
       bundle make timm_xception --precision fp8 --calib-data imagenet-val/ --out bundles/
       bundle make timm_xception --precision fp16 --random-weights
 
-    Progress goes to stderr; the bundle id is printed last on stdout.
+    Progress goes to stderr; the bundle id is printed last on stdout. --out is checked
+    before any work (a file, a path under a file or a folder that cannot be written is
+    refused, exit 6), and an existing bundle of the same name is replaced only with --force.
+    The fp32 export is cached in $TRT_BUNDLE_CACHE/export (default ~/.cache/trt-bundle/export).
+    Real weights: see README.md (`hf download`, the pinned revision, the cache layout).
     """
+    from runtime_py.extras import require_extra
+
+    require_extra("export", "`bundle make`")
     from bundler.make import MakeRequest, make_bundle
 
     signer = None
@@ -361,6 +399,7 @@ def make(family: str, precision: str, variant, backend, out_dir, checkpoint, ran
                       calib_method=calib_method, percentile=percentile,
                       reference_data=reference_data, reference_count=reference_count,
                       input_dtype=input_dtype,
+                      replace_existing=force,
                       target_options=target_options(timing_cache, hardware_compat,
                                                     version_compatible, workspace_mib))
     result = make_bundle(req, progress=None if as_json else print_progress)
@@ -391,8 +430,13 @@ def rebuild(bundle_path, backend, out_dir, timing_cache, hardware_compat, versio
     """A new bundle for this host from the portable ONNX of an existing one.
 
     Same family, precision, recipe, calibration and references; new engine target and id;
-    the source bundle's id is recorded as `rebuilt_from`.
+    the source bundle's id is recorded as `rebuilt_from`. A torch-aoti engine is compiled
+    from the family's torch model, which a bundle does not hold: for --backend torch-aoti
+    this prints the `bundle make` command that builds it (exit 2).
     """
+    from runtime_py.extras import require_extra
+
+    require_extra("export", "`bundle rebuild`")
     from bundler.rebuild import rebuild_bundle
 
     options = target_options(timing_cache, hardware_compat, version_compatible, workspace_mib)
@@ -439,6 +483,9 @@ def serve(bundle_paths, host, port, max_batch, max_delay_ms, max_queue, backend,
     Each bundle is verified and loaded first; a model's name is its bundle name without
     the target part (e.g. timm_xception-fp8-1.0.0).
     """
+    from runtime_py.extras import require_extra
+
+    require_extra("serve", "`bundle serve`")
     import runtime_py
     from runtime_py.server.run import serve as run_server
 
@@ -496,6 +543,7 @@ def bench(bundle_path, batch_sizes, concurrency, backend, threads, min_seconds, 
     copies      engine + host<->device copies (GPU engines; n/a on CPU)
     end_to_end  JPEG decode + preprocessing + engine
     served      N concurrent single-image clients through the dynamic batcher
+    Progress goes to stderr (also with --json, whose stdout holds only the JSON).
     """
     import runtime_py
     from runtime_py.bench import run_bench
@@ -507,7 +555,8 @@ def bench(bundle_path, batch_sizes, concurrency, backend, threads, min_seconds, 
             raise UsageError(f"batch sizes {too_big} exceed the bundle's max batch "
                              f"{model.max_batch_size}")
         report = run_bench(model, sizes, concurrency, end_to_end=not no_end_to_end,
-                           min_seconds=min_seconds)
+                           min_seconds=min_seconds,
+                           progress=lambda message: print_progress("bench", message))
     if as_json:
         echo_json(report)
         return
@@ -548,23 +597,32 @@ def _format_quality(q: dict) -> str:
               help="Engine to run the bundle on (auto: its own target when this host can).")
 @click.option("--allow-calibration-images", is_flag=True,
               help="Evaluate even on images the bundle was calibrated on (flattering figures).")
+@click.option("--labels-from", default="auto", show_default=True,
+              type=click.Choice(["auto", "synsets", "folder-index", "folder-order", "none"]),
+              help="Labels of per-class folders. auto/synsets: folders named by the family's "
+                   "class ids (ImageNet synsets, e.g. n01440764) map to their classes, other "
+                   "names are refused; folder-index: names are class indices; folder-order: "
+                   "sorted folder order (torchvision ImageFolder); none: no labels.")
 @click.option("--batch-size", default=8, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @handle_errors
 def eval_(bundle_path, data, count, stride, reference, checkpoint, backend,
-          allow_calibration_images, batch_size, as_json) -> None:
+          allow_calibration_images, labels_from, batch_size, as_json) -> None:
     """Quality of a bundle against the family's fp32 reference, on data and stress inputs.
 
     Top-1 against labels (when the data has them), top-1 agreement, mean KL, max |logit
     difference| and NaN/Inf counts. Refuses images used for calibration unless
-    --allow-calibration-images.
+    --allow-calibration-images. Progress goes to stderr (also with --json).
     """
+    from runtime_py.extras import require_extra
+
+    require_extra("export", "`bundle eval` (it runs the family's fp32 reference)")
     from bundler.evaluate import evaluate_bundle
 
     report = evaluate_bundle(bundle_path, data, reference=reference, count=count, stride=stride,
                              backend=backend, allow_calibration_overlap=allow_calibration_images,
                              batch_size=batch_size, checkpoint=checkpoint,
-                             progress=None if as_json else print_progress)
+                             labels_from=labels_from, progress=print_progress)
     if as_json:
         from bundler.study_report import _jsonable
 
@@ -629,6 +687,9 @@ def study(family, precisions, variants, batch_sizes, backend, out_dir, random_we
     """
     import shlex
 
+    from runtime_py.extras import require_extra
+
+    require_extra("export", "`bundle study`")
     from bundler.study import run_study
 
     result = run_study(

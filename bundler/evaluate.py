@@ -213,17 +213,39 @@ def check_calibration_overlap(bundle, eval_set, allow: bool = False) -> dict:
     return record
 
 
+def family_class_ids(family_name: str) -> tuple[list[str] | None, int | None]:
+    """(class ids, number of classes) of a family this install knows; (None, None) else."""
+    from bundler.families import load_family
+    from runtime_py.errors import FamilyError
+
+    try:
+        family = load_family(family_name)
+    except FamilyError:
+        return None, None
+    return family.class_ids(), family.num_classes
+
+
 def open_eval_data(data: str | os.PathLike, preprocess_spec: dict | None, *,
-                   count: int | None = None, stride: int = 1):
-    """The evaluation set, selected exactly as calibration selects (count, stride, order)."""
-    from bundler.calibration.data import open_calibration_data
+                   count: int | None = None, stride: int = 1, labels_from: str = "auto",
+                   family: str | None = None, role=None):
+    """The evaluation set, selected exactly as calibration selects (count, stride, order).
+
+    Per-class folders get their labels by `labels_from` (`bundler.class_labels`), with the
+    class ids of `family` (the bundle's family name).
+    """
+    from bundler.calibration.data import EVALUATION, open_calibration_data
+    from bundler.class_labels import class_folder_rule
     from runtime_py.preprocess import Preprocessor
 
     if preprocess_spec is None:
         raise UsageError("the bundle has no preprocessing spec; evaluate it on a .safetensors "
                          "of preprocessed tensors")
+    class_ids, num_classes = family_class_ids(family) if family else (None, None)
     return open_calibration_data(data, Preprocessor(preprocess_spec),
-                                 count=count or DEFAULT_EVAL_COUNT, stride=stride)
+                                 count=count or DEFAULT_EVAL_COUNT, stride=stride,
+                                 role=role or EVALUATION,
+                                 class_folders=class_folder_rule(labels_from, class_ids,
+                                                                 num_classes))
 
 
 # --- figures -----------------------------------------------------------------------------------
@@ -277,12 +299,13 @@ def evaluate_bundle(bundle_path: str | os.PathLike, data: str | os.PathLike | No
                     stride: int = 1, backend: str = "auto",
                     allow_calibration_overlap: bool = False, batch_size: int = 8,
                     checkpoint: str | os.PathLike | None = None, stress: bool = True,
-                    progress: Progress | None = None) -> dict:
+                    labels_from: str = "auto", progress: Progress | None = None) -> dict:
     """Quality of one bundle against the fp32 reference; returns the report as data.
 
     data: images (folder, folder per class, webdataset shards) or a .safetensors of
     preprocessed tensors, selected like calibration data (`count`, default 500, every
-    `stride`-th); None evaluates on the bundle's own reference inputs. The calibration
+    `stride`-th); None evaluates on the bundle's own reference inputs. `labels_from`: how
+    per-class folders map to class indices (`bundler.class_labels`). The calibration
     overlap is checked before any engine starts.
     """
     import runtime_py
@@ -297,7 +320,9 @@ def evaluate_bundle(bundle_path: str | os.PathLike, data: str | os.PathLike | No
         manifest, bundle_id = bundle.manifest, bundle.id
         spec = bundle.preprocess
         if data is not None:
-            eval_set = open_eval_data(data, spec, count=count, stride=stride)
+            eval_set = open_eval_data(data, spec, count=count, stride=stride,
+                                      labels_from=labels_from,
+                                      family=manifest["family"]["name"])
             overlap = check_calibration_overlap(bundle, eval_set, allow_calibration_overlap)
             data_record = {"source": eval_set.source, "digest": eval_set.digest,
                            "images": len(eval_set), "requested": eval_set.requested,

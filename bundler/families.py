@@ -140,6 +140,27 @@ class Family:
         canonical = json.dumps(self.recipe(variant), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
+    def class_ids(self) -> list[str] | None:
+        """The dataset's class ids in class-index order (ImageNet synsets such as
+        ``n01440764``), from the file the spec's ``class_ids`` names; None without one.
+
+        The bundle's ``labels.msgpack`` holds human-readable names, which per-class folders
+        of a data set are not named by; these ids are.
+        """
+        name = self.spec.get("class_ids")
+        if name is None:
+            return None
+        path = self.path / name
+        try:
+            ids = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()
+                   if line.strip()]
+        except (OSError, UnicodeDecodeError) as exc:
+            raise FamilyError(f"family {self.name!r}: cannot read its class ids {path}: {exc}") from None
+        if len(ids) != self.num_classes or len(set(ids)) != len(ids):
+            raise FamilyError(f"family {self.name!r}: {path} must list {self.num_classes} distinct "
+                              f"class ids, one a line (found {len(ids)}, {len(set(ids))} distinct)")
+        return ids
+
     def extension(self) -> ModuleType | None:
         """The family's optional ``family.py``, imported on first use; ``None`` if absent."""
         cached = self.__dict__.get("_extension", _UNSET)
@@ -252,6 +273,9 @@ def parse_family(data: Any, *, folder: Path, expected_name: str | None = None) -
                 problems.append(f"preprocessing.normalize.{key}: must list one number per channel ({inp.channels})")
         if inp.name is not None and preprocessing.get("input") != inp.name:
             problems.append(f"preprocessing.input: must name the model input {inp.name!r}")
+    class_ids = data.get("class_ids")
+    if class_ids is not None and not (isinstance(class_ids, str) and re.fullmatch(r"[\w.-]+", class_ids)):
+        problems.append("class_ids: must name a file in the family's folder")
     tensorrt = v.get("tensorrt", dict)
     level = v.get("tensorrt.optimization_level", int) if tensorrt is not None else None
     if level is not None and not 0 <= level <= 5:

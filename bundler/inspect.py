@@ -31,6 +31,36 @@ def inspect_summary(path: str | os.PathLike) -> dict:
         return summary
 
 
+#: The manifest's decimal-string fields (schemas/manifest.schema.json `$defs/decimal`)
+#: that `bundle inspect --json` prints as numbers.
+DECIMAL_FIELDS = {"quality": ("top1_agreement", "kl_mean", "max_abs_diff"),
+                  "calibration": ("percentile",)}
+
+
+def json_summary(summary: dict) -> dict:
+    """What `bundle inspect --json` prints: the summary with numbers where the manifest
+    keeps decimal strings (members' `ratio`, the quality and calibration figures).
+
+    The manifest stores measured values as decimal strings (its canonical form has no
+    floats, docs/architecture.md); programs reading inspect's JSON want numbers.
+    `inspect_summary` itself stays in the manifest's form, which the C++ reader prints.
+    """
+    out = dict(summary)
+    out["members"] = [dict(m, ratio=float(m["ratio"])) for m in summary["members"]]
+    for record, keys in DECIMAL_FIELDS.items():
+        if out.get(record):
+            out[record] = {k: _number(v) if k in keys else v for k, v in out[record].items()}
+    return out
+
+
+def _number(text: object) -> object:
+    """A decimal string as a number; "nan"/"inf"/"-inf" stay strings (JSON has no such
+    numbers, and null would hide which one it was)."""
+    if not isinstance(text, str) or text.lstrip("-") in ("nan", "inf"):
+        return text
+    return float(text)
+
+
 def verify_report(path: str | os.PathLike, numerics: bool = False, backend: str | None = None,
                   trust=None, signature_path: str | os.PathLike | None = None) -> dict:
     """Every check of a bundle; `{"path", "id", "ok", "problems", "checks", ...}`.

@@ -19,7 +19,7 @@ from bundler import __version__
 from bundler.families import Family, load_family
 from bundler.quality import compare_logits, decimal, manifest_quality
 from bundler.weights import Weights, resolve_weights
-from bundler.writer import prepare_out_dir, source_date_epoch
+from bundler.writer import prepare_out_dir, refuse_existing_bundle, source_date_epoch
 from runtime_py.errors import CalibrationError, UsageError
 
 Progress = Callable[[str, str], None]
@@ -63,6 +63,8 @@ class MakeRequest:
     #: "uint8": the engine takes uint8 NHWC pixels and does rescale/normalize/layout/cast
     input_dtype: str = "float32"
     target_options: dict = field(default_factory=dict)
+    #: Replace a bundle of the same name in out_dir (`--force`); refused by default.
+    replace_existing: bool = False
 
 
 @dataclass
@@ -166,10 +168,12 @@ def calibration_set(family: Family, req: MakeRequest, preprocess=None):
 
 def reference_set(family: Family, req: MakeRequest, preprocess=None):
     """The held-out inputs of the reference member and the quality summary."""
-    from bundler.calibration.data import open_calibration_data, synthetic_calibration_set
+    from bundler.calibration.data import (REFERENCE, open_calibration_data,
+                                          synthetic_calibration_set)
 
     if req.reference_data is not None:
-        return open_calibration_data(req.reference_data, preprocess, count=req.reference_count)
+        return open_calibration_data(req.reference_data, preprocess, count=req.reference_count,
+                                     role=REFERENCE)
     return synthetic_calibration_set(family.input.shape, req.reference_count,
                                      seed=REFERENCE_SEED, preprocess=preprocess)
 
@@ -243,6 +247,9 @@ def make_bundle(req: MakeRequest, progress: Progress | None = None) -> MakeResul
     if hasattr(builder, "check_host"):                # refuse a target this host lacks, early
         builder.check_host(**req.target_options)
     out_dir = prepare_out_dir(req.out_dir)
+    if not req.replace_existing and target != "tensorrt":   # a plan's name is known once built
+        refuse_existing_bundle(out_dir / (targets.bundle_name(
+            family.name, family.version, req.precision, req.variant, target) + ".bundle"))
 
     weights: Weights = resolve_weights(family, req.checkpoint, req.random_weights, req.seed)
     progress("weights", "seeded random weights (smoke bundle)" if weights.is_random
@@ -317,6 +324,8 @@ def make_bundle(req: MakeRequest, progress: Progress | None = None) -> MakeResul
                                req.input_dtype)
     body = manifest_body(family, req, name, weights, recipe, calibration_record, quality,
                          target, engine)
+    if not req.replace_existing:
+        refuse_existing_bundle(out_dir / f"{name}.bundle")
     path, bundle_id = write_bundle(out_dir / f"{name}.bundle", body, members)
     progress("done", f"wrote {path} in {time.monotonic() - started:.0f} s")
     return MakeResult(path, bundle_id, body)

@@ -18,10 +18,12 @@ from typing import Callable
 
 from bundler.targets import bundle_name, target_builder
 from bundler.writer import prepare_out_dir, source_date_epoch, write_bundle
-from runtime_py.errors import UsageError
+from runtime_py.errors import OtherCommandError, UsageError
 from runtime_py.format import open_bundle
 
 ENGINE_MEMBERS = ("engine.plan", "engine.pt2")
+#: Targets compiled from the family's torch model, which a bundle does not hold.
+MADE_FROM_TORCH = ("torch-aoti",)
 
 
 def _engine_package_versions(backend: str, details: dict) -> dict[str, str]:
@@ -62,6 +64,31 @@ def rebuilt_manifest_body(source_manifest: dict, source_id: str, build) -> dict:
     return body
 
 
+def make_command(manifest: dict, backend: str) -> str:
+    """The `bundle make` command that builds `manifest`'s bundle for `backend`.
+
+    Family, precision, variant and weights come from the manifest; what it cannot know
+    (a checkpoint's folder, the calibration data's path) is left as a placeholder.
+    """
+    parts = ["bundle", "make", manifest["family"]["name"], "--precision", manifest["precision"]]
+    if manifest.get("variant"):
+        parts += ["--variant", manifest["variant"]]
+    parts += ["--backend", backend]
+    source = manifest["source"]
+    if source["kind"] == "random-weights":
+        parts += ["--random-weights", "--seed", str(source["seed"])]
+    elif source.get("file"):
+        parts += ["--checkpoint", f"PATH/{source['file']}"]
+    calibration = manifest.get("calibration")
+    if calibration and not calibration["data_source"].startswith("synthetic:"):
+        parts += ["--calib-data", f"PATH({calibration['data_source']})",
+                  "--calib-count", str(calibration["images"]),
+                  "--calibrator", calibration["method"]]
+        if calibration.get("percentile"):
+            parts += ["--percentile", calibration["percentile"]]
+    return " ".join(parts)
+
+
 def rebuild_bundle(src_path: str | os.PathLike, backend: str, out_dir: str | os.PathLike, *,
                    log: Callable[[str], None] | None = None,
                    **build_options: object) -> tuple[Path, str]:
@@ -75,6 +102,11 @@ def rebuild_bundle(src_path: str | os.PathLike, backend: str, out_dir: str | os.
     out_dir = prepare_out_dir(out_dir)
     builder = target_builder(backend)
     with open_bundle(src_path) as src:
+        if backend in MADE_FROM_TORCH:
+            raise OtherCommandError(
+                f"`bundle rebuild` cannot make a {backend} engine: it is compiled from the "
+                "family's torch model, not from the bundle's ONNX graph. Make it instead "
+                f"with: {make_command(src.manifest, backend)}")
         src.verify()
         manifest, source_id = src.manifest, src.id
         members = {name: src.read_member(name) for name in src.member_names}

@@ -96,7 +96,8 @@ def plan_bundles(family, precisions: Sequence[str], variants: Sequence[str], tar
     planned = []
     for precision, variant in wanted:
         req = MakeRequest(family=family.name, precision=precision, variant=variant,
-                          backend=target, out_dir=out_dir, **make_fields)
+                          backend=target, out_dir=out_dir, replace_existing=True,
+                          **make_fields)  # the study decides itself what to reuse
         prefix = bundle_name(family.name, family.version, precision, variant, "")
         planned.append(Planned(precision, variant, prefix, req))
     return planned
@@ -257,7 +258,7 @@ class EvalInputs:
 
 def eval_inputs(reference: Planned, eval_data, eval_count: int, eval_stride: int,
                 batch_size: int) -> tuple[EvalInputs, object]:
-    from bundler.calibration.data import synthetic_calibration_set
+    from bundler.calibration.data import STUDY_EVALUATION, synthetic_calibration_set
     from bundler.evaluate import open_eval_data
     from bundler.stress import stress_inputs
     from runtime_py.format import open_bundle
@@ -276,7 +277,8 @@ def eval_inputs(reference: Planned, eval_data, eval_count: int, eval_stride: int
                 "labelled": False}
         batches = lambda: (b for b, _l, _k in data.iter_batches(batch_size))  # noqa: E731
         return EvalInputs(desc, batches, None, stress.names, stress.inputs), None
-    data = open_eval_data(eval_data, spec, count=eval_count, stride=eval_stride)
+    data = open_eval_data(eval_data, spec, count=eval_count, stride=eval_stride,
+                          family=reference.manifest["family"]["name"], role=STUDY_EVALUATION)
     desc = {"source": data.source, "digest": data.digest, "images": len(data),
             "stride": eval_stride, "labelled": data.labels is not None}
     batches = lambda: (b for b, _l, _k in data.iter_batches(batch_size))  # noqa: E731

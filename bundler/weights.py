@@ -61,6 +61,12 @@ def hf_cache_file(family: Family) -> Path | None:
     return None
 
 
+def download_command(family: Family) -> str:
+    """The huggingface_hub command that puts the pinned checkpoint into the cache."""
+    ckpt = family.checkpoint
+    return f"hf download {ckpt.hf_id} {CHECKPOINT_FILENAME} --revision {ckpt.revision}"
+
+
 def _load_safetensors(path: Path) -> dict[str, Any]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -95,7 +101,7 @@ def resolve_weights(family: Family, checkpoint: str | os.PathLike | None = None,
         raise WeightsError(
             f"no weights for {family.name}: {ckpt.hf_id}@{ckpt.revision[:12]} is not in the "
             "Hugging Face cache (nothing is downloaded). Either put it there "
-            f"(huggingface-cli download {ckpt.hf_id} --revision {ckpt.revision}), pass "
+            f"(`{download_command(family)}`, the `hf` command of huggingface_hub), pass "
             "--checkpoint FILE.safetensors, or pass --random-weights for a smoke-test bundle")
     return Weights(source={"kind": "checkpoint", "id": ckpt.hf_id, "revision": ckpt.revision,
                            "file": CHECKPOINT_FILENAME, "sha256": "sha256:" + file_sha256(cached)},

@@ -17,7 +17,8 @@ from typing import Iterable
 
 import zstandard
 
-from runtime_py.errors import ManifestError, UsageError
+from runtime_py.errors import (BundleError, BundleExistsError, ManifestError,
+                               OutputPathError, UsageError)
 from runtime_py.format.layout import FORMAT_MAJOR, FORMAT_MINOR, HEADER_SIZE, Header
 from runtime_py.format.manifest import bundle_id_of, encode_manifest, validate_manifest
 
@@ -56,12 +57,51 @@ def atomic_write(path: Path, chunks: Iterable[bytes], mode: int = 0o644) -> None
 
 
 def prepare_out_dir(out_dir: str | os.PathLike) -> Path:
-    """Check an output folder early (a file there is refused); it is created only when a
-    bundle is written into it, so a failed build leaves nothing behind."""
+    """Check an output folder before any work: it must be a folder, or creatable, and
+    writable. It is created only when a bundle is written into it, so a failed build
+    leaves nothing behind; writability is probed with a temporary folder that is removed
+    at once (permission bits do not tell for root, a read-only mount or a full disk).
+
+    Raises OutputPathError (exit 6) naming what is in the way.
+    """
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
-        raise UsageError(f"output path {out_dir} is a file, not a folder: pass a folder to --out")
+        raise OutputPathError(f"output path {out_dir} is a file, not a folder: pass a folder "
+                              "to --out")
+    existing = out_dir
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        raise OutputPathError(f"output folder {out_dir} cannot be created: {existing} is a "
+                              "file, not a folder; pass another --out")
+    try:
+        tempfile.TemporaryDirectory(prefix=".trt-bundle-probe-", dir=existing).cleanup()
+    except OSError as exc:
+        where = "" if existing == out_dir else f" (its nearest existing folder is {existing})"
+        raise OutputPathError(f"output folder {out_dir} is not writable{where}: "
+                              f"{exc.strerror or exc}; pass another --out") from None
     return out_dir
+
+
+def refuse_existing_bundle(path: Path) -> None:
+    """Refuse to replace a bundle file silently (`bundle make --force` replaces it).
+
+    The same name does not mean the same bundle: other weights, calibration data or
+    versions give another id under the same name.
+    """
+    if not path.exists():
+        return
+    from runtime_py.format import open_bundle
+
+    try:
+        with open_bundle(path) as old:
+            what = f"a bundle (id {old.id[:16]})"
+    except BundleError:
+        what = "a file that is not a readable bundle"
+    raise BundleExistsError(f"{path} already exists and holds {what}: pass --force to "
+                            "replace it, or choose another --out")
 
 
 def compress_member(raw: bytes, level: int = ZSTD_LEVEL) -> bytes:

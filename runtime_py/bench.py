@@ -96,24 +96,36 @@ def synthetic_jpegs(count: int = 8, size: tuple[int, int] = (500, 375), seed: in
     return out
 
 
-def bench_engine(model, batch_sizes: list[int], **timing) -> list[Figure]:
+Progress = Callable[[str], None]
+
+
+def _silent(message: str) -> None:
+    pass
+
+
+def bench_engine(model, batch_sizes: list[int], progress: Progress = _silent,
+                 **timing) -> list[Figure]:
     figures = []
     for b in batch_sizes:
+        progress(f"engine, batch {b}: measuring")
         feeds = random_batch(model, b)
         times = time_calls(lambda: model.runner.infer(feeds), **timing)
         note = "host arrays in, host arrays out"
         figures.append(figure("engine", b, times, note))
+        progress(f"engine, batch {b}: median {figures[-1].median_ms:.2f} ms")
     return figures
 
 
 def bench_end_to_end(model, batch_sizes: list[int], images: list[bytes] | None = None,
-                     **timing) -> list[Figure]:
+                     progress: Progress = _silent, **timing) -> list[Figure]:
     images = images or synthetic_jpegs()
     figures = []
     for b in batch_sizes:
+        progress(f"end_to_end, batch {b}: measuring")
         batch = [images[i % len(images)] for i in range(b)]
         times = time_calls(lambda: model.infer(model.preprocess(batch)), **timing)
         figures.append(figure("end_to_end", b, times, "JPEG decode + preprocess + infer"))
+        progress(f"end_to_end, batch {b}: median {figures[-1].median_ms:.2f} ms")
     return figures
 
 
@@ -155,16 +167,19 @@ def bench_served(model, concurrency: int, requests_per_client: int = 20,
 
 
 def run_bench(model, batch_sizes: list[int], concurrency: int | None = None,
-              end_to_end: bool = True, **timing) -> dict:
-    """All boundaries for one model, as data."""
-    figures = bench_engine(model, batch_sizes, **timing)
+              end_to_end: bool = True, progress: Progress | None = None, **timing) -> dict:
+    """All boundaries for one model, as data. `progress` gets a line before and after
+    each figure (minutes on a CPU at large batches): the CLI prints them on stderr."""
+    progress = progress or _silent
+    figures = bench_engine(model, batch_sizes, progress=progress, **timing)
     if model.backend == "onnxruntime":
         notes = ["copies: not applicable (CPU engine, no device)"]
     else:
         notes = ["copies: included in the engine figures (host arrays in/out)"]
     if end_to_end and model.bundle.has_member("preprocess.msgpack"):
-        figures += bench_end_to_end(model, batch_sizes, **timing)
+        figures += bench_end_to_end(model, batch_sizes, progress=progress, **timing)
     if concurrency:
+        progress(f"served, {concurrency} concurrent clients: measuring")
         figures.append(bench_served(model, concurrency))
     return {"bundle": model.bundle.manifest["name"], "id": model.id, "backend": model.backend,
             "figures": [f.as_dict() for f in figures], "notes": notes}

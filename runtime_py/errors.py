@@ -74,6 +74,14 @@ class VerificationError(BundleError):
     """One or more checks of ``verify`` failed; ``problems`` lists each one."""
 
 
+# --- the command line (exit 2) ----------------------------------------------------
+
+class OtherCommandError(BundleError):
+    """A job this command cannot do; the message says which command does it."""
+
+    exit_code = 2
+
+
 # --- running a bundle on this host (exit 5) ----------------------------------------
 
 class CompatibilityError(BundleError):
@@ -86,12 +94,33 @@ class EngineUnavailableError(CompatibilityError):
     """The engine's Python package (or a GPU) is not present on this host."""
 
 
+class MissingExtraError(CompatibilityError):
+    """An optional part of trt-bundle (a pip extra: export, serve...) is not installed.
+
+    ``extra`` names it and ``missing`` the modules this install lacks, so that callers can
+    say exactly what to install.
+    """
+
+    def __init__(self, message: str, *, extra: str, missing: list[str]) -> None:
+        super().__init__(message)
+        self.extra = extra
+        self.missing = list(missing)
+
+
 # --- what the user asked for (exit 6) ----------------------------------------------
 
 class UsageError(BundleError):
     """A request that cannot be honoured as asked (bad option combination, refused precision)."""
 
     exit_code = 6
+
+
+class OutputPathError(UsageError):
+    """The output folder is a file, lies under a file, or cannot be written."""
+
+
+class BundleExistsError(UsageError):
+    """A bundle of the same name is already there and replacing it was not asked for."""
 
 
 class FamilyError(UsageError):

@@ -127,10 +127,12 @@ def test_cli_refuses_then_allows_calibration_images(calibrated_fp8, image_data, 
 
 def test_eval_on_labelled_folder_per_class(xception_bundles, image_data):
     """CLI --json, fp32 reference rebuilt from the bundle's recorded random-weights seed."""
+    # a_first/b_second are not synsets: their labels are asked for by folder order
     result = CliRunner().invoke(cli, ["eval", str(xception_bundles["fp16"]), "--data",
-                                      str(image_data / "classes"), "--json"])
+                                      str(image_data / "classes"), "--labels-from",
+                                      "folder-order", "--json"])
     assert result.exit_code == 0, result.output
-    report = json.loads(result.output)
+    report = json.loads(result.stdout)        # progress went to stderr
     assert report["data"] == {**report["data"], "images": 4, "labelled": True,
                               "source": "folder:classes"}
     assert report["reference"]["kind"].startswith("fp32 graph rebuilt")
@@ -151,7 +153,7 @@ def test_eval_refuses_a_reference_of_other_weights(xception_bundles, image_data,
 
     with pytest.raises(UsageError, match="not fp32"):
         evaluate_bundle(xception_bundles["fp8"], image_data / "classes",
-                        reference=xception_bundles["fp16"])
+                        reference=xception_bundles["fp16"], labels_from="folder-order")
 
 
 def test_reuse_needs_the_same_inputs(xception_bundles):

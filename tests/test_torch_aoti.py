@@ -328,11 +328,12 @@ def test_fp8_pointwise_gives_scaled_mm_row_major_operands(batch, stride, gemm):
 def _three_convs():
     """stem 3x3 stride 2, then two 1x1 convolutions (the second strided): on 3x33x33 their
     outputs are 16x16, 16x16 and 8x8 pixels."""
-    torch.manual_seed(5)
-    return torch.nn.Sequential(
-        torch.nn.Conv2d(3, 32, 3, stride=2), torch.nn.ReLU(), torch.nn.Conv2d(32, 48, 1),
-        torch.nn.ReLU(), torch.nn.Conv2d(48, 40, 1, stride=2), torch.nn.ReLU(),
-        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(40, 5)).eval()
+    with torch.random.fork_rng(devices=[]):   # seeded here, the global RNG left as it was
+        torch.manual_seed(5)
+        return torch.nn.Sequential(
+            torch.nn.Conv2d(3, 32, 3, stride=2), torch.nn.ReLU(), torch.nn.Conv2d(32, 48, 1),
+            torch.nn.ReLU(), torch.nn.Conv2d(48, 40, 1, stride=2), torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(40, 5)).eval()
 
 
 def test_fp8_gemm_rows_is_the_largest_gemm_for_the_largest_batch():
@@ -488,12 +489,13 @@ class _MemoryBundle:
 
 
 def _tiny_model():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
-        torch.nn.Conv2d(16, 16, 3, padding=1, groups=16), torch.nn.Conv2d(16, 32, 1),
-        torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
-        torch.nn.Linear(32, 10)).eval().requires_grad_(False)
+    with torch.random.fork_rng(devices=[]):   # seeded here, the global RNG left as it was
+        torch.manual_seed(0)
+        return torch.nn.Sequential(
+            torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
+            torch.nn.Conv2d(16, 16, 3, padding=1, groups=16), torch.nn.Conv2d(16, 32, 1),
+            torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+            torch.nn.Linear(32, 10)).eval().requires_grad_(False)
 
 
 @pytest.mark.slow

@@ -4,9 +4,11 @@
 
 * a folder of images (recursive; ``.jpg .jpeg .png .bmp .webp``, any case; hidden files
   skipped), ordered by relative POSIX path. When the folder holds no images directly but
-  sub-folders, it is a folder-per-class layout and an image's label is the index of its
-  top-level sub-folder among all (non-hidden) sub-folders sorted by name, as
-  torchvision's ``ImageFolder`` does;
+  sub-folders, it is a folder-per-class layout and an image's label is its top-level
+  sub-folder's class index: by default its index among all (non-hidden) sub-folders
+  sorted by name, as torchvision's ``ImageFolder`` does (labels do not matter for
+  calibration); ``class_folders`` gives another rule (``bundle eval``: see
+  ``bundler.class_labels``);
 * webdataset tar shards: one ``.tar``, a folder of ``.tar`` files (sorted by name), or a
   brace pattern such as ``shard-{000..003}.tar`` (see :mod:`.webdataset`);
 * a ``.safetensors`` file of preprocessed tensors: ``images`` [N, C, H, W] float32 and
@@ -52,6 +54,26 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 PIL_FORMATS = ("JPEG", "PNG", "BMP", "WEBP")
 DEFAULT_COUNT = 500
 
+@dataclass(frozen=True)
+class DataRole:
+    """What a data set is for, so that messages name the job and the options the user gave
+    (`bundle eval --data` is not calibration, and has no --calib-data)."""
+
+    purpose: str           # "calibration", "evaluation", "reference"
+    option: str            # the option that named the data
+    count_option: str
+    stride_option: str
+
+
+CALIBRATION = DataRole("calibration", "--calib-data", "--calib-count", "--calib-stride")
+EVALUATION = DataRole("evaluation", "--data", "--count", "--stride")
+REFERENCE = DataRole("reference", "--reference-data", "--reference-count", "--stride")
+STUDY_EVALUATION = DataRole("evaluation", "--eval-data", "--eval-count", "--eval-stride")
+
+#: Sorted per-class folder names -> {folder name: class index}, or None for no labels;
+#: raises for names it cannot map (see ``bundler.class_labels``).
+ClassFolders = Callable[[list[str]], Optional[dict[str, int]]]
+
 Preprocess = Callable[[Any], np.ndarray]
 """Takes a PIL RGB image, returns CHW float32 (``runtime_py.preprocess.Preprocessor`` fits)."""
 Batch = tuple[np.ndarray, Optional[np.ndarray], list[str]]
@@ -63,6 +85,7 @@ class _Item:
     label: int | None
     sha256: str
     raw: bytes | None  # None: loaded lazily by the set's loader
+    origin: str = ""   # where it is, for messages: a file path, or a shard's member
 
 
 class CalibrationSet:
@@ -75,8 +98,10 @@ class CalibrationSet:
         requested: int,
         digest: str,
         loader: Callable[[int, _Item], np.ndarray],
+        role: DataRole = CALIBRATION,
     ) -> None:
         self.source = source
+        self.role = role
         self._items = items
         self.requested = requested
         self.digest = digest
@@ -113,7 +138,7 @@ class CalibrationSet:
             shapes = {a.shape for a in arrays}
             if len(shapes) > 1:
                 raise CalibrationError(
-                    f"calibration items have different shapes {sorted(shapes)} "
+                    f"{self.role.purpose} items have different shapes {sorted(shapes)} "
                     f"(batch starting at {chunk[0].key!r}); the preprocessing must give "
                     "one fixed shape"
                 )
@@ -142,11 +167,11 @@ def _digest(keys_and_raw: list[tuple[str, bytes]]) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def _check_selection(count: int, stride: int) -> None:
+def _check_selection(count: int, stride: int, role: DataRole = CALIBRATION) -> None:
     if count < 1:
-        raise CalibrationError(f"--calib-count must be >= 1, got {count}")
+        raise CalibrationError(f"{role.count_option} must be >= 1, got {count}")
     if stride < 1:
-        raise CalibrationError(f"--calib-stride must be >= 1, got {stride}")
+        raise CalibrationError(f"{role.stride_option} must be >= 1, got {stride}")
 
 
 def _select(enumerated, count: int, stride: int):
@@ -160,67 +185,85 @@ def _select(enumerated, count: int, stride: int):
             yield element
 
 
-def _preprocessed(key: str, raw: bytes, preprocess: Preprocess) -> np.ndarray:
-    """Decode to RGB and preprocess; any failure names the image."""
+def _image_problem(exc: BaseException) -> str:
+    """Pillow's reason, without its in-memory file object's repr (`<_io.BytesIO ...>`)."""
+    from PIL import UnidentifiedImageError
+
+    if isinstance(exc, UnidentifiedImageError):
+        return "not a " + ", ".join(PIL_FORMATS[:-1]) + f" or {PIL_FORMATS[-1]} image"
+    text = str(exc)
+    return "unreadable" if "BytesIO" in text or not text else text
+
+
+def _describe(role: DataRole, item: _Item) -> str:
+    return f"{role.purpose} image {item.key!r}" + (f" ({item.origin})" if item.origin else "")
+
+
+def _preprocessed(item: _Item, preprocess: Preprocess, role: DataRole) -> np.ndarray:
+    """Decode to RGB and preprocess; any failure names the image and where it is."""
     from PIL import Image
 
     from runtime_py.errors import PreprocessError
 
     try:
-        with Image.open(io.BytesIO(raw), formats=PIL_FORMATS) as image:
+        with Image.open(io.BytesIO(item.raw), formats=PIL_FORMATS) as image:
             rgb = image.convert("RGB")
         return preprocess(rgb)
     except (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError,
             PreprocessError) as exc:
         raise CalibrationError(
-            f"calibration image {key!r} cannot be decoded ({exc}); remove or replace it"
+            f"{_describe(role, item)} cannot be decoded ({_image_problem(exc)}); remove or "
+            "replace it"
         ) from None
 
 
-def _check_image_header(key: str, raw: bytes) -> None:
+def _check_image_header(item: _Item, role: DataRole) -> None:
     """Cheap early check (header only) so that a non-image fails before any inference."""
     from PIL import Image
 
     try:
-        with Image.open(io.BytesIO(raw), formats=PIL_FORMATS):
+        with Image.open(io.BytesIO(item.raw), formats=PIL_FORMATS):
             pass
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
         raise CalibrationError(
-            f"calibration image {key!r} is not a readable image ({exc}); remove or replace it"
+            f"{_describe(role, item)} is {_image_problem(exc)}; remove or replace it"
         ) from None
 
 
 def _image_set(
     source: str,
-    samples: list[tuple[str, bytes, int | None]],
+    samples: list[tuple[str, bytes, int | None, str]],
     requested: int,
     preprocess: Preprocess | None,
     where: str,
+    role: DataRole,
 ) -> CalibrationSet:
     if not samples:
         raise CalibrationError(
-            f"no calibration images found in {where} (looked for "
+            f"no {role.purpose} images found in {where} (looked for "
             f"{', '.join(IMAGE_EXTENSIONS)} files or webdataset .jpg/.png samples)"
         )
     if preprocess is None:
-        raise UsageError("image calibration data needs the family's preprocessing callable")
+        raise UsageError(f"image {role.purpose} data needs the family's preprocessing callable")
     items = []
-    for key, raw, label in samples:
-        _check_image_header(key, raw)
-        items.append(_Item(key, label, hashlib.sha256(raw).hexdigest(), raw))
+    for key, raw, label, origin in samples:
+        item = _Item(key, label, hashlib.sha256(raw).hexdigest(), raw, origin)
+        _check_image_header(item, role)
+        items.append(item)
 
     def load(_: int, item: _Item) -> np.ndarray:
-        return _preprocessed(item.key, item.raw, preprocess)
+        return _preprocessed(item, preprocess, role)
 
-    digest = _digest([(key, raw) for key, raw, _ in samples])
-    return CalibrationSet(source, items, requested, digest, load)
+    digest = _digest([(key, raw) for key, raw, _, _ in samples])
+    return CalibrationSet(source, items, requested, digest, load, role)
 
 
 def _is_image(name: str) -> bool:
     return name.lower().endswith(IMAGE_EXTENSIONS) and not name.startswith(".")
 
 
-def _folder_files(root: Path) -> list[tuple[str, Path, int | None]]:
+def _folder_files(root: Path, class_folders: ClassFolders | None = None
+                  ) -> list[tuple[str, Path, int | None]]:
     files: list[tuple[str, Path]] = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
@@ -235,25 +278,28 @@ def _folder_files(root: Path) -> list[tuple[str, Path, int | None]]:
     )
     if top_level_images or not classes:
         return [(rel, path, None) for rel, path in files]
-    index = {name: i for i, name in enumerate(classes)}
+    index = (class_folders(classes) if class_folders is not None
+             else {name: i for i, name in enumerate(classes)})
+    if index is None:                                  # the caller wants no labels
+        return [(rel, path, None) for rel, path in files]
     return [(rel, path, index[rel.split("/", 1)[0]]) for rel, path in files]
 
 
-def _read(path: Path, key: str) -> bytes:
+def _read(path: Path, key: str, role: DataRole) -> bytes:
     try:
         return path.read_bytes()
     except OSError as exc:
-        raise CalibrationError(f"cannot read calibration image {key!r}: {exc}") from None
+        raise CalibrationError(f"cannot read {role.purpose} image {key!r}: {exc}") from None
 
 
-def _shard_paths(path_text: str) -> list[Path] | None:
+def _shard_paths(path_text: str, role: DataRole) -> list[Path] | None:
     """Shards named by ``path_text``, or None when it does not name tar shards."""
     if "{" in path_text:
         shards = [Path(p) for p in webdataset.expand_braces(path_text)]
         missing = [str(p) for p in shards if not p.is_file()]
         if missing:
             raise CalibrationError(
-                f"calibration shards not found: {', '.join(missing[:5])}"
+                f"{role.purpose} shards not found: {', '.join(missing[:5])}"
                 + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
             )
         return shards
@@ -272,37 +318,47 @@ def open_calibration_data(
     *,
     count: int = DEFAULT_COUNT,
     stride: int = 1,
+    role: DataRole = CALIBRATION,
+    class_folders: ClassFolders | None = None,
 ) -> CalibrationSet:
-    """Select ``count`` items (every ``stride``-th) from ``path``; see the module docstring."""
-    _check_selection(count, stride)
+    """Select ``count`` items (every ``stride``-th) from ``path``; see the module docstring.
+
+    ``role`` names the job and its options in messages. ``class_folders`` maps the names
+    of per-class folders to class indices (default: their sorted order, which is only
+    right when the folders are named so; ``bundle eval`` passes an explicit rule).
+    """
+    _check_selection(count, stride, role)
     path_text = os.fspath(path)
-    shards = _shard_paths(path_text)
+    shards = _shard_paths(path_text, role)
     if shards is not None:
         if Path(path_text).is_dir() and _folder_files(Path(path_text)):
             raise CalibrationError(
-                f"{path_text} holds both images and .tar shards; point --calib-data at one of them"
+                f"{path_text} holds both images and .tar shards; point {role.option} at one "
+                "of them"
             )
         samples = list(_select(webdataset.iter_shard_samples(shards), count, stride))
         name = Path(path_text).name
-        return _image_set(f"webdataset:{name}", samples, count, preprocess, path_text)
+        return _image_set(f"webdataset:{name}", samples, count, preprocess, path_text, role)
     p = Path(path_text)
     if not p.exists():
         raise CalibrationError(
-            f"calibration data {path_text} does not exist; give --calib-data a folder of "
+            f"{role.purpose} data {path_text} does not exist; give {role.option} a folder of "
             "images, webdataset .tar shards or a .safetensors file"
         )
     if p.is_dir():
-        chosen = list(_select(_folder_files(p), count, stride))
-        samples = [(rel, _read(file, rel), label) for rel, file, label in chosen]
-        return _image_set(f"folder:{p.name}", samples, count, preprocess, path_text)
+        chosen = list(_select(_folder_files(p, class_folders), count, stride))
+        samples = [(rel, _read(file, rel, role), label, f"file {file}")
+                   for rel, file, label in chosen]
+        return _image_set(f"folder:{p.name}", samples, count, preprocess, path_text, role)
     if p.suffix.lower() == ".safetensors":
-        return _safetensors_set(p, count, stride)
+        return _safetensors_set(p, count, stride, role)
     raise CalibrationError(
-        f"calibration data {path_text} is neither a folder, a .tar shard nor a .safetensors file"
+        f"{role.purpose} data {path_text} is neither a folder, a .tar shard nor a "
+        ".safetensors file"
     )
 
 
-def _safetensors_set(path: Path, count: int, stride: int) -> CalibrationSet:
+def _safetensors_set(path: Path, count: int, stride: int, role: DataRole) -> CalibrationSet:
     from safetensors import SafetensorError, safe_open
 
     try:
@@ -328,7 +384,7 @@ def _safetensors_set(path: Path, count: int, stride: int) -> CalibrationSet:
                         f"expected integer [{shape[0]}]"
                     )
             if shape[0] == 0:
-                raise CalibrationError(f"no calibration images found in {path} (N = 0)")
+                raise CalibrationError(f"no {role.purpose} images found in {path} (N = 0)")
             chosen = list(_select(range(shape[0]), count, stride))
             raws = [images[i : i + 1].tobytes() for i in chosen]
     except SafetensorError as exc:
@@ -350,10 +406,11 @@ def _safetensors_set(path: Path, count: int, stride: int) -> CalibrationSet:
         with safe_open(str(path), framework="np") as f:
             array = f.get_slice("images")[index : index + 1]
         if hashlib.sha256(array.tobytes()).hexdigest() != item.sha256:
-            raise CalibrationError(f"{path.name} changed while calibrating ({item.key}); run again")
+            raise CalibrationError(f"{path.name} changed while reading it for {role.purpose} "
+                                   f"({item.key}); run again")
         return array.reshape(item_shape)
 
-    return CalibrationSet(f"safetensors:{path.name}", items, count, digest, load)
+    return CalibrationSet(f"safetensors:{path.name}", items, count, digest, load, role)
 
 
 def synthetic_calibration_set(

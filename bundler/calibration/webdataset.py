@@ -74,7 +74,7 @@ def _check_member(shard: Path, member: tarfile.TarInfo) -> None:
     if member.isfile() and member.size > MAX_MEMBER_BYTES:
         raise CalibrationError(
             f"{shard.name}: member {name!r} is {member.size} bytes, more than the "
-            f"{MAX_MEMBER_BYTES} allowed for one calibration image"
+            f"{MAX_MEMBER_BYTES} allowed for one image"
         )
 
 
@@ -88,8 +88,9 @@ def _parse_label(shard: Path, name: str, raw: bytes) -> int:
         ) from None
 
 
-def iter_shard_samples(shards: list[Path]) -> Iterator[tuple[str, bytes, int | None]]:
-    """Yield ``(key, image bytes, label or None)`` per sample, in shard then stream order.
+def iter_shard_samples(shards: list[Path]) -> Iterator[tuple[str, bytes, int | None, str]]:
+    """Yield ``(key, image bytes, label or None, origin)`` per sample, in shard then stream
+    order; ``origin`` names the image member and its shard for messages.
 
     Consecutive members with the same key form one sample (webdataset's grouping). A key
     seen again after another key is refused: it would make keys (and the data digest)
@@ -137,7 +138,7 @@ def iter_shard_samples(shards: list[Path]) -> Iterator[tuple[str, bytes, int | N
 
 def _finish(
     shard: Path, key: str, group: dict[str, tuple[str, bytes]]
-) -> tuple[str, bytes, int | None] | None:
+) -> tuple[str, bytes, int | None, str] | None:
     images = [ext for ext in IMAGE_EXTENSIONS if ext in group]
     if not images:
         return None
@@ -145,9 +146,9 @@ def _finish(
         raise CalibrationError(
             f"{shard.name}: sample {key!r} has more than one image ({', '.join(images)})"
         )
-    _, raw = group[images[0]]
+    member_name, raw = group[images[0]]
     label = None
     if "cls" in group:
         name, cls_raw = group["cls"]
         label = _parse_label(shard, name, cls_raw)
-    return key, raw, label
+    return key, raw, label, f"member {member_name!r} of shard {shard}"

@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from runtime_py.errors import BundleError, InferenceInputError, UsageError
+from runtime_py.errors import BundleError, CompatibilityError, InferenceInputError, UsageError
 from runtime_py.format import Bundle
 from runtime_py.tensors import TensorSpec, check_feeds
 
@@ -21,6 +21,30 @@ from runtime_py.tensors import TensorSpec, check_feeds
 def manifest_specs(entries: list[dict]) -> list[TensorSpec]:
     """TensorSpecs from the manifest's `inputs`/`outputs` entries."""
     return [TensorSpec(e["name"], e["dtype"], tuple(e["shape"])) for e in entries]
+
+
+def require_own_engine(bundle: Bundle, backend: str, engine: str) -> None:
+    """Refuse a bundle whose engine is not `backend`'s, saying what it holds instead.
+
+    Only ONNX Runtime runs any bundle (every bundle carries `model.onnx`); a TensorRT or
+    torch-aoti runner needs the bundle's own `engine.plan` / `engine.pt2`, which only a
+    bundle made for that target holds (its manifest's engine backend). Checked before
+    the engine's package is imported, so the message is the same on every host.
+    """
+    own = bundle.manifest["engine"]
+    if own["backend"] == backend:        # its member is then checked when it is read
+        return
+    raise CompatibilityError(
+        f"this bundle holds {article(own['backend'])} {own['backend']} engine "
+        f"({own['member']}), not {engine}: run it with `--backend {own['backend']}` (or "
+        f"`--backend auto`), or make a {backend} bundle from it on a host that has "
+        f"{backend}: `bundle rebuild BUNDLE --backend {backend}`"
+        + (" (torch-aoti: `bundle rebuild` prints the `bundle make` command)"
+           if backend == "torch-aoti" else ""))
+
+
+def article(word: str) -> str:
+    return "an" if word[:1].lower() in "aeio" else "a"
 
 
 class Runner(abc.ABC):

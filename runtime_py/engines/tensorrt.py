@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from runtime_py.compat import check_tensorrt_target, import_cudart, probe_host
-from runtime_py.engines.base import Runner
+from runtime_py.engines.base import Runner, require_own_engine
 from runtime_py.hostcopy import copy_rows
 from runtime_py.errors import (
     BundleError,
@@ -116,6 +116,7 @@ class TensorRTRunner(Runner):
 
     # -- activation -----------------------------------------------------------------
     def activate_impl(self) -> None:
+        require_own_engine(self.bundle, "tensorrt", "a TensorRT plan")
         trt = import_tensorrt()
         cuda = _Cuda()
         details = self.bundle.manifest["engine"]["details"]

@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from runtime_py.compat import GpuInfo, HostInfo, check_torch_aoti_target
-from runtime_py.engines.base import Pending, Runner
+from runtime_py.engines.base import Pending, Runner, require_own_engine
 from runtime_py.errors import BundleError, CompatibilityError, EngineUnavailableError
 from runtime_py.hostcopy import HostBufferRegistry, copy_rows
 from runtime_py.native_libs import static_cxx_runtime_libraries
@@ -200,6 +200,7 @@ class TorchAotiRunner(Runner):
 
     # -- activation -------------------------------------------------------------------
     def activate_impl(self) -> None:
+        require_own_engine(self.bundle, "torch-aoti", "an AOTInductor package")
         torch = import_torch()
         details = self.bundle.manifest["engine"]["details"]
         check_torch_aoti_target(details, torch_host(), self.device_index)  # before loading

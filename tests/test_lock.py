@@ -1,0 +1,59 @@
+"""constraints/lock.txt: the tested versions CI and the README's set-up command install."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+ROOT = Path(__file__).resolve().parents[1]
+PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([0-9][^\s;]*)$")
+
+
+def lock_pins() -> dict[str, str]:
+    pins = {}
+    for line in (ROOT / "constraints" / "lock.txt").read_text().splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = PIN.match(line)
+        assert match, f"not a name==version pin: {line!r}"
+        pins[canonicalize_name(match.group(1))] = match.group(2)
+    return pins
+
+
+def dev_requirements() -> list[Requirement]:
+    """The direct requirements of '.[dev]' (the core and every extra dev pulls in)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    reqs = [Requirement(r) for r in project["dependencies"]]
+    todo = ["dev"]
+    while todo:
+        for text in extras[todo.pop()]:
+            req = Requirement(text)
+            if canonicalize_name(req.name) == canonicalize_name(project["name"]):
+                todo += sorted(req.extras)
+            else:
+                reqs.append(req)
+    return reqs
+
+
+def test_the_lock_pins_every_direct_requirement_within_its_range():
+    pins = lock_pins()
+    for req in dev_requirements():
+        name = canonicalize_name(req.name)
+        assert name in pins, f"{name} is not in constraints/lock.txt: run bash .ci/lock.sh"
+        assert req.specifier.contains(pins[name], prereleases=True), \
+            f"{name}=={pins[name]} is outside pyproject's range {req.specifier}"
+
+
+def test_the_lock_pins_torch_as_tested():
+    assert lock_pins()["torch"] == "2.14.1"
+
+
+def test_ci_and_the_readme_install_with_the_lock():
+    setup = "pip install -c constraints/lock.txt -e '.[dev]'"
+    assert setup in (ROOT / "README.md").read_text()
+    assert "-c constraints/lock.txt -e '.[dev]'" in (ROOT / ".ci" / "run").read_text()

@@ -1,0 +1,95 @@
+"""`bundle make --out`: the output place is checked before any work, and an existing bundle
+of the same name is replaced only with --force."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).parent))
+from synthetic_bundles import write_source_bundle  # noqa: E402
+
+from bundler.cli import cli  # noqa: E402
+from bundler.writer import prepare_out_dir  # noqa: E402
+from runtime_py.errors import OutputPathError  # noqa: E402
+
+FP16_NAME = "timm_xception-fp16-1.0.0-onnxruntime.bundle"
+
+
+def make(*args: str):
+    return CliRunner().invoke(cli, ["make", "timm_xception", "--precision", "fp16",
+                                    "--random-weights", "--backend", "onnxruntime",
+                                    "--reference-count", "2", *args])
+
+
+def test_out_under_a_regular_file_is_refused_before_any_work(tmp_path):
+    blocker = tmp_path / "bundles-file.txt"
+    blocker.write_text("not a folder")
+    started = time.monotonic()
+    res = make("--out", str(blocker / "sub"))
+    assert res.exit_code == 6, res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit)
+    assert f"{blocker} is a file" in res.output
+    assert time.monotonic() - started < 10          # refused before the export
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bundles-file.txt"]
+
+
+def unwritable_folder(tmp_path: Path) -> Path:
+    """A folder this process cannot write in: a read-only mount for root, else mode 0o555."""
+    if os.geteuid() == 0:
+        if os.access("/sys", os.F_OK):
+            try:
+                prepare_out_dir("/sys/trt-bundle-out")
+            except OutputPathError:
+                return Path("/sys/trt-bundle-out")
+        pytest.skip("running as root with no read-only folder to write into")
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    return folder / "bundles"
+
+
+def test_unwritable_out_is_refused_before_any_work(tmp_path):
+    out = unwritable_folder(tmp_path)
+    res = make("--out", str(out))
+    assert res.exit_code == 6, res.output
+    assert "is not writable" in res.output and str(out) in res.output
+    assert not out.exists()
+
+
+def test_prepare_out_dir_leaves_nothing_behind(tmp_path):
+    out = prepare_out_dir(tmp_path / "a" / "b")
+    assert out == tmp_path / "a" / "b" and list(tmp_path.iterdir()) == []
+
+
+def test_an_existing_bundle_of_the_same_name_is_refused_without_force(tmp_path):
+    old = write_source_bundle(tmp_path / "src")
+    out = tmp_path / "out"
+    out.mkdir()
+    target = out / FP16_NAME
+    shutil.copy(old, target)
+    before = target.read_bytes()
+    started = time.monotonic()
+    res = make("--out", str(out))
+    assert res.exit_code == 6, res.output
+    assert "already exists" in res.output and "--force" in res.output
+    assert time.monotonic() - started < 10          # refused before the export
+    assert target.read_bytes() == before
+
+
+@pytest.mark.slow
+def test_force_replaces_it(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / FP16_NAME).write_bytes(b"an older file of that name")
+    res = make("--out", str(out), "--force")
+    assert res.exit_code == 0, res.output
+    bundle_id = res.output.strip().splitlines()[-1]
+    ok = CliRunner().invoke(cli, ["verify", str(out / FP16_NAME)])
+    assert ok.exit_code == 0 and bundle_id in ok.output
