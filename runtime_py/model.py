@@ -81,7 +81,7 @@ class Model:
         batch = check_feeds(self.inputs, feeds)
         limit = self.max_batch_size
         if batch <= limit:
-            return self.runner.infer(feeds)
+            return self.runner.infer_checked(feeds, batch)
         pending = [self.runner.infer_async({k: v[i:i + limit] for k, v in feeds.items()})
                    for i in range(0, batch, limit)]
         parts = [p.result() for p in pending]

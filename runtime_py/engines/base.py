@@ -56,16 +56,22 @@ class Runner(abc.ABC):
         self.bundle = bundle
         self.options = options
         self.is_active = False
+        self._inputs: list[TensorSpec] | None = None    # read once: infer asks every call
+        self._outputs: list[TensorSpec] | None = None
 
     @property
     def max_batch_size(self) -> int:
         return int(self.bundle.manifest["batch"]["max"])
 
     def input_metadata(self) -> list[TensorSpec]:
-        return manifest_specs(self.bundle.manifest["inputs"])
+        if self._inputs is None:
+            self._inputs = manifest_specs(self.bundle.manifest["inputs"])
+        return list(self._inputs)
 
     def output_metadata(self) -> list[TensorSpec]:
-        return manifest_specs(self.bundle.manifest["outputs"])
+        if self._outputs is None:
+            self._outputs = manifest_specs(self.bundle.manifest["outputs"])
+        return list(self._outputs)
 
     def activate(self) -> None:
         if not self.is_active:
@@ -109,6 +115,17 @@ class Runner(abc.ABC):
         """Run one batch (1..max_batch_size) and return the outputs by name; the outputs
         are the caller's own arrays (never views of buffers the runner reuses)."""
         return self.infer_impl(feeds, self.checked_batch(feeds))
+
+    def infer_checked(self, feeds: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
+        """``infer`` for a caller that has already run ``check_feeds`` on ``feeds`` against
+        ``input_metadata()`` and found batch ``n`` (``Model.infer``): only the activity and
+        range checks remain (a second full check costs tens of microseconds per call)."""
+        if not self.is_active:
+            raise BundleError(f"the {self.backend} runner is not active: call activate() first")
+        if not 1 <= n <= self.max_batch_size:
+            raise InferenceInputError(
+                f"batch {n} is outside this {self.backend} engine's range 1..{self.max_batch_size}")
+        return self.infer_impl(feeds, n)
 
     def infer_async(self, feeds: dict[str, np.ndarray]) -> "Pending":
         """Start one batch and return at once where the engine is asynchronous (GPU
