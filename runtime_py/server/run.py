@@ -49,6 +49,7 @@ def serve(
     log_level: str = "info",
     access_log: bool = False,
     on_ready: Callable[[dict[str, str]], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> None:
     """Serve ``models`` (a name -> model mapping, or models keyed by ``model.name``) until
     SIGINT/SIGTERM. ``max_batch`` defaults to each model's max batch size (and is capped
@@ -59,6 +60,8 @@ def serve(
     ``on_ready`` is called once every port is bound, with the addresses actually bound
     (``{"http": "http://host:port", "grpc": "host:port"}``), so ``--port 0`` can be told.
     A port that cannot be bound raises ``AddressInUseError`` before anything is served.
+    ``stop``, when given, ends serving once set (for callers that run this on a thread,
+    where signals cannot be caught).
     """
     named = _by_name(models)
     if not named:
@@ -76,11 +79,12 @@ def serve(
 
                 serve_with_workers(engine, http_sock, host, grpc_port, workers,
                                    max_body_bytes=max_body_bytes, log_level=log_level,
-                                   access_log=access_log, on_ready=on_ready)
+                                   access_log=access_log, on_ready=on_ready, stop=stop)
             else:
                 asyncio.run(_serve_here(engine, http_sock, host, grpc_port,
                                         max_body_bytes=max_body_bytes, log_level=log_level,
-                                        access_log=access_log, on_ready=on_ready))
+                                        access_log=access_log, on_ready=on_ready,
+                                        stop=stop))
         finally:
             http_sock.close()
             engine.close()
@@ -126,15 +130,14 @@ def http_url(host: str, port: int) -> str:
 async def run_front_ends(engine: Any, http_sock: socket.socket, host: str,
                          grpc_port: int | None, *, max_body_bytes: int, log_level: str,
                          access_log: bool, on_bound: Callable[[dict[str, str]], None]
-                         | None = None, install_signal_handlers: bool = True) -> None:
-    """HTTP (uvicorn, on the given socket) and gRPC on one event loop, until a signal."""
+                         | None = None, stop: threading.Event | None = None) -> None:
+    """HTTP (uvicorn, on the given socket) and gRPC on one event loop, until a signal
+    (uvicorn's handlers, on the main thread) or ``stop``."""
     from .grpc_service import start_grpc_server
 
     app = create_engine_app(engine, max_body_bytes=max_body_bytes)
     config = uvicorn.Config(app, log_level=log_level, access_log=access_log, lifespan="off")
     server = uvicorn.Server(config)
-    if not install_signal_handlers:
-        server.install_signal_handlers = lambda: None   # the worker's parent decides
     grpc_server = None
     addresses = {"http": http_url(host, bound_port(http_sock))}
     if grpc_port is not None:
@@ -145,6 +148,12 @@ async def run_front_ends(engine: Any, http_sock: socket.socket, host: str,
             raise AddressInUseError(f"{e}; stop what uses the port or pick another with "
                                     f"--grpc-port (0 picks a free one)") from None
         addresses["grpc"] = f"{host}:{bound}"
+    async def watch_stop() -> None:
+        while not stop.is_set():
+            await asyncio.sleep(0.05)
+        server.should_exit = True
+
+    watcher = asyncio.create_task(watch_stop()) if stop is not None else None
     try:
         serving = asyncio.create_task(server.serve(sockets=[http_sock]))
         while not server.started and not serving.done():
@@ -153,13 +162,16 @@ async def run_front_ends(engine: Any, http_sock: socket.socket, host: str,
             on_bound(addresses)
         await serving
     finally:
+        if watcher is not None:
+            watcher.cancel()
         if grpc_server is not None:
             await grpc_server.stop(grace=5.0)
 
 
 async def _serve_here(engine: Engine, http_sock: socket.socket, host: str,
-                      grpc_port: int | None, *, on_ready, **options: Any) -> None:
-    await run_front_ends(engine, http_sock, host, grpc_port, on_bound=on_ready, **options)
+                      grpc_port: int | None, *, on_ready, stop, **options: Any) -> None:
+    await run_front_ends(engine, http_sock, host, grpc_port, on_bound=on_ready, stop=stop,
+                         **options)
 
 
 class ServerThread:
