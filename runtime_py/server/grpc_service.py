@@ -26,6 +26,7 @@ from typing import Any, AsyncIterator
 import grpc
 import numpy as np
 from google.protobuf import json_format
+from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
 from ..errors import BatcherClosedError, QueueFullError
@@ -245,10 +246,15 @@ class InferenceService:
         queue: asyncio.Queue = asyncio.Queue()
         pending: set[asyncio.Task] = set()
 
-        async def one(req) -> None:
+        async def one(data: bytes) -> None:
             t0 = time.perf_counter()
             status = 200
+            req = pb.ModelInferRequest()
             try:
+                try:
+                    req.ParseFromString(data)
+                except DecodeError as e:
+                    raise RequestError(f"cannot parse ModelInferRequest: {e}") from None
                 msg = pb.ModelStreamInferResponse(infer_response=await self._infer(req))
             except Exception as e:
                 status = status_of(e)
@@ -327,46 +333,52 @@ _UNARY = {
     "SystemSharedMemoryUnregister": (pb.SystemSharedMemoryUnregisterRequest,
                                      pb.SystemSharedMemoryUnregisterResponse),
 }
-_UNSUPPORTED = {
-    "RepositoryModelLoad": pb.RepositoryModelLoadRequest,
-    "RepositoryModelUnload": pb.RepositoryModelUnloadRequest,
-    "CudaSharedMemoryStatus": pb.CudaSharedMemoryStatusRequest,
-    "CudaSharedMemoryRegister": pb.CudaSharedMemoryRegisterRequest,
-    "CudaSharedMemoryUnregister": pb.CudaSharedMemoryUnregisterRequest,
-    "TraceSetting": pb.TraceSettingRequest,
-    "LogSettings": pb.LogSettingsRequest,
-}
+_UNSUPPORTED = ("RepositoryModelLoad", "RepositoryModelUnload", "CudaSharedMemoryStatus",
+                "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister", "TraceSetting",
+                "LogSettings")
+
+
+def _parsing(method, message_type):
+    """Wrap an RPC to parse its request itself: a message that is not valid protobuf gets
+    INVALID_ARGUMENT with the reason (grpcio's own deserializer answers UNKNOWN)."""
+    async def handler(data: bytes, context):
+        try:
+            req = message_type.FromString(data)
+        except DecodeError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"cannot parse {message_type.DESCRIPTOR.name}: {e}")
+        return await method(req, context)
+    return handler
 
 
 def generic_handler(service: InferenceService) -> grpc.GenericRpcHandler:
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(
-            getattr(service, name), request_deserializer=req.FromString,
-            response_serializer=resp.SerializeToString)
+            _parsing(getattr(service, name), req), response_serializer=resp.SerializeToString)
         for name, (req, resp) in _UNARY.items()
     }
-    for name, req in _UNSUPPORTED.items():
-        handlers[name] = grpc.unary_unary_rpc_method_handler(
-            service._unsupported, request_deserializer=req.FromString)
+    for name in _UNSUPPORTED:
+        handlers[name] = grpc.unary_unary_rpc_method_handler(service._unsupported)
     handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
-        service.ModelStreamInfer, request_deserializer=pb.ModelInferRequest.FromString,
+        service.ModelStreamInfer,
         response_serializer=pb.ModelStreamInferResponse.SerializeToString)
     return grpc.method_handlers_generic_handler(SERVICE, handlers)
 
 
-def grpc_options(max_message_bytes: int) -> list[tuple[str, Any]]:
+def grpc_options(max_message_bytes: int, reuse_port: bool) -> list[tuple[str, Any]]:
     return [("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.so_reuseport", 1)]
+            ("grpc.so_reuseport", int(reuse_port))]
 
 
-async def start_grpc_server(engine: Any, host: str, port: int,
-                            max_message_bytes: int) -> tuple[grpc.aio.Server, int]:
+async def start_grpc_server(engine: Any, host: str, port: int, max_message_bytes: int,
+                            reuse_port: bool = False) -> tuple[grpc.aio.Server, int]:
     """A started grpc.aio server on ``host:port`` (0 picks a port); returns it and its port.
 
-    Raises ``OSError`` when the address cannot be bound (grpcio's own error is a bare
-    RuntimeError without the reason)."""
-    server = grpc.aio.server(options=grpc_options(max_message_bytes))
+    ``reuse_port`` is for front-end workers sharing one port (the engine process checked
+    that the port is free first); without it a port in use is refused. Raises ``OSError``
+    when the address cannot be bound (grpcio's own error is a bare RuntimeError)."""
+    server = grpc.aio.server(options=grpc_options(max_message_bytes, reuse_port))
     server.add_generic_rpc_handlers((generic_handler(InferenceService(engine)),))
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:

@@ -130,7 +130,8 @@ def http_url(host: str, port: int) -> str:
 async def run_front_ends(engine: Any, http_sock: socket.socket, host: str,
                          grpc_port: int | None, *, max_body_bytes: int, log_level: str,
                          access_log: bool, on_bound: Callable[[dict[str, str]], None]
-                         | None = None, stop: threading.Event | None = None) -> None:
+                         | None = None, stop: threading.Event | None = None,
+                         grpc_reuse_port: bool = False) -> None:
     """HTTP (uvicorn, on the given socket) and gRPC on one event loop, until a signal
     (uvicorn's handlers, on the main thread) or ``stop``."""
     from .grpc_service import start_grpc_server
@@ -143,7 +144,7 @@ async def run_front_ends(engine: Any, http_sock: socket.socket, host: str,
     if grpc_port is not None:
         try:
             grpc_server, bound = await start_grpc_server(engine, host, grpc_port,
-                                                         max_body_bytes)
+                                                         max_body_bytes, grpc_reuse_port)
         except OSError as e:
             raise AddressInUseError(f"{e}; stop what uses the port or pick another with "
                                     f"--grpc-port (0 picks a free one)") from None

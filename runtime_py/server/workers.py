@@ -310,7 +310,7 @@ def worker_main(argv: list[str] | None = None) -> int:
         engine.start(asyncio.get_running_loop(), lambda: os.kill(os.getpid(), signal.SIGTERM))
         await run_front_ends(engine, http_sock, args.host, args.grpc_port,
                              max_body_bytes=args.max_body_bytes, log_level=args.log_level,
-                             access_log=args.access_log, on_bound=bound)
+                             access_log=args.access_log, on_bound=bound, grpc_reuse_port=True)
 
     try:
         asyncio.run(main())
@@ -413,15 +413,20 @@ class EngineHost:
 
 
 def _reserve_grpc_port(host: str, port: int) -> socket.socket:
-    """A bound, non-listening SO_REUSEPORT socket: picks the port for ``0`` and refuses a
-    port that something else holds, before any worker starts; the workers' gRPC servers
-    (SO_REUSEPORT too) then share the port."""
+    """A bound, non-listening SO_REUSEPORT socket holding the gRPC port while the workers'
+    servers (SO_REUSEPORT too) bind it. A plain bind first proves the port free: with
+    SO_REUSEPORT alone, another server of the same user would silently share it."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    probe = socket.socket(family, socket.SOCK_STREAM)
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
+        probe.bind((host, port))
+        port = probe.getsockname()[1]
+        probe.close()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
     except OSError as e:
+        probe.close()
         sock.close()
         raise AddressInUseError(
             f"cannot listen for gRPC on {host}:{port}: {e.strerror or e}; stop what uses the "
