@@ -536,6 +536,7 @@ async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, ma
             except asyncio.TimeoutError:
                 pass
     finally:
+        stopping.set()   # from here on a worker's exit is expected
         if reserved is not None:
             reserved.close()
         for w in procs:
