@@ -305,7 +305,7 @@ class _Server:
     def _run(self) -> None:
         import asyncio
 
-        from runtime_py.server.run import _serve_here
+        from runtime_py.server.run import _serve_here, run_async
         from runtime_py.server.workers import serve_with_workers
 
         def on_ready(addresses):
@@ -317,7 +317,7 @@ class _Server:
             if self.workers:
                 serve_with_workers(self.engine, self.sock, "127.0.0.1", 0, self.workers, **options)
             else:
-                asyncio.run(_serve_here(self.engine, self.sock, "127.0.0.1", 0, **options))
+                run_async(_serve_here(self.engine, self.sock, "127.0.0.1", 0, **options))
         except BaseException as e:
             self.error = e
             self.ready.set()

@@ -482,7 +482,7 @@ def test_concurrent_clients_are_batched_and_counted_once(server):
                       rf'status="200"}} ([0-9.]+)', text)
         return float(m.group(1)) if m else 0.0
 
-    assert counter("infer") >= 18 and counter("grpc_infer") >= 18
+    assert counter("infer") >= 18 and counter("grpc_infer") >= 18, (text, server.log[-30:])
     assert re.search(r'trt_bundle_batch_size_bucket\{le="1.0",model="tiny-fp32-1"\} ([0-9.]+)', text)
     g = tgrpc.InferenceServerClient(server.grpc).get_inference_statistics(MODEL, as_json=True)
     assert int(g["model_stats"][0]["inference_stats"]["success"]["count"]) >= 36

@@ -184,7 +184,14 @@ class _App:
         })
 
     async def metrics_endpoint(self, request: Request) -> Response:
-        return Response(await self.engine.metrics_text(), media_type=CONTENT_TYPE_LATEST)
+        # Not counted in the metrics it serves (a scrape every few seconds is noise there).
+        try:
+            text = await self.engine.metrics_text()
+        except Exception as e:
+            status = status_of(e)
+            log.error("GET /metrics failed", exc_info=e)
+            return error_response(status, error_message(e, status))
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     # --- Triton extensions --------------------------------------------------------------
 

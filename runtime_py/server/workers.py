@@ -12,7 +12,9 @@ The data path, and why it is shaped so:
   name in ``/dev/shm``, so nothing can leak there even on a crash) with the engine. A
   worker copies a request's tensors into slots of its arena (one copy: the bytes arrived
   in the worker's socket buffer) and sends their place; the engine hands the batcher numpy
-  views of them. Requests too big for the free slots travel inline in the message.
+  views of them. The arena holds the largest request the front-ends accept; when it is
+  full the request waits for slots (back-pressure), and only a request larger than the
+  whole arena (a huge JSON body, once parsed) travels inline in the message.
 - Client shared-memory regions are passed by reference: the engine owns the one registry,
   so a region registered through one worker is usable through every other.
 - Messages are msgpack over a socketpair (``multiprocessing.connection.Connection``'s
@@ -85,18 +87,26 @@ class SlotArena:
     def __init__(self, buf: mmap.mmap, slot: int, slots: int) -> None:
         self.buf = buf
         self.slot = slot
+        self.size = slot * slots
         self.free = [True] * slots
+        self.hint = 0
 
     def alloc(self, nbytes: int) -> int | None:
+        """Offset of ``nbytes`` of free consecutive slots, or None. The search starts after
+        the last allocation: requests finish roughly in order, so the next free run is
+        usually right there."""
         k = max(1, -(-nbytes // self.slot))
-        run = 0
-        for i, f in enumerate(self.free):
-            run = run + 1 if f else 0
-            if run == k:
-                start = i - k + 1
-                for j in range(start, i + 1):
-                    self.free[j] = False
-                return start * self.slot
+        n = len(self.free)
+        for start in (self.hint, 0):
+            run = 0
+            for i in range(start, n):
+                run = run + 1 if self.free[i] else 0
+                if run == k:
+                    first = i - k + 1
+                    for j in range(first, i + 1):
+                        self.free[j] = False
+                    self.hint = (i + 1) % n
+                    return first * self.slot
         return None
 
     def release(self, offset: int, nbytes: int) -> None:
@@ -134,6 +144,7 @@ class RemoteEngine:
         self._send_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.lost = threading.Event()
+        self._space = asyncio.Event()   # set when arena slots are released
 
     def start(self, loop: asyncio.AbstractEventLoop, on_lost: Callable[[], None]) -> None:
         """Read replies on the event loop itself (no reader thread: one hop less per
@@ -142,17 +153,21 @@ class RemoteEngine:
         self._loop = loop
         self._on_lost = on_lost
         loop.add_reader(self.conn.fileno(), self._on_readable)
+        os.set_blocking(self.conn.fileno(), True)   # uvloop's add_reader made it non-blocking
 
     def _on_readable(self) -> None:
-        try:
-            msg = _unpack(self.conn.recv_bytes())
-        except (EOFError, OSError):
-            self._loop.remove_reader(self.conn.fileno())
-            self.lost.set()
-            self._fail_all()
-            self._on_lost()
-            return
-        self._resolve(msg)
+        while True:
+            try:
+                msg = _unpack(self.conn.recv_bytes())
+            except (EOFError, OSError):
+                self._loop.remove_reader(self.conn.fileno())
+                self.lost.set()
+                self._fail_all()
+                self._on_lost()
+                return
+            self._resolve(msg)
+            if not self.conn.poll(0):
+                return
 
     def _resolve(self, msg: dict) -> None:
         fut, on_reply = self._pending.pop(msg["id"], (None, None))
@@ -211,22 +226,35 @@ class RemoteEngine:
 
     async def infer(self, call: InferCall) -> dict[str, np.ndarray | ShmOutput]:
         self.lookup(call.model, call.version)
+        arrays = {name: np.ascontiguousarray(arr) for name, arr in call.feeds.items()}
+        places, total = {}, 0
+        for name, arr in arrays.items():
+            places[name] = total
+            total += -(-arr.nbytes // 64) * 64
         held: list[tuple[int, int]] = []
-        feeds = []
 
         def release() -> None:
             for offset, n in held:
                 self.arena.release(offset, n)
+            if held:
+                self._space.set()
             held.clear()
 
+        base = None
+        if total and total <= self.arena.size:
+            # One block per request (no partial holds); wait while the arena is full:
+            # back-pressure on the worker, never a second path for the same bytes.
+            while (base := self.arena.alloc(total)) is None:
+                self._space.clear()
+                await self._space.wait()
+            held.append((base, total))
+        feeds = []
         try:
-            for name, arr in call.feeds.items():
-                arr = np.ascontiguousarray(arr)
-                offset = self.arena.alloc(arr.nbytes) if arr.nbytes else None
-                if offset is None:
+            for name, arr in arrays.items():
+                if base is None:   # larger than the whole arena (a huge JSON request)
                     where = ["inline", arr.tobytes()]
                 else:
-                    held.append((offset, arr.nbytes))
+                    offset = base + places[name]
                     dst = np.frombuffer(self.arena.buf, np.uint8, arr.nbytes, offset)
                     dst[:] = arr.reshape(-1).view(np.uint8)
                     where = ["arena", offset]
@@ -282,7 +310,7 @@ class RemoteEngine:
 
 def worker_main(argv: list[str] | None = None) -> int:
     """Entry point of one front-end process (``python -m runtime_py.server.workers``)."""
-    from .run import run_front_ends
+    from .run import run_async, run_front_ends
 
     ap = argparse.ArgumentParser()
     for flag in ("--ipc-fd", "--http-fd", "--arena-fd", "--arena-bytes", "--slot-bytes",
@@ -313,7 +341,7 @@ def worker_main(argv: list[str] | None = None) -> int:
                              access_log=args.access_log, on_bound=bound, grpc_reuse_port=True)
 
     try:
-        asyncio.run(main())
+        run_async(main())
     except AddressInUseError as e:
         engine._send({"op": "hello", "ok": False, "message": str(e)})
         return 7
@@ -441,7 +469,9 @@ def serve_with_workers(engine: Engine, http_sock: socket.socket, host: str,
                        stop: threading.Event | None = None) -> None:
     """Run ``workers`` front-end processes over ``engine`` until SIGINT/SIGTERM (or
     ``stop`` is set, for callers on another thread); every child is reaped on return."""
-    asyncio.run(_serve_with_workers(engine, http_sock, host, grpc_port, workers,
+    from .run import run_async
+
+    run_async(_serve_with_workers(engine, http_sock, host, grpc_port, workers,
                                     max_body_bytes=max_body_bytes, log_level=log_level,
                                     access_log=access_log, on_ready=on_ready, stop=stop))
 
@@ -455,6 +485,8 @@ async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, ma
     gport = reserved.getsockname()[1] if reserved is not None else None
     infos = list(engine.infos.values())
     slot = slot_bytes(infos)
+    # Room for the largest request the front-ends accept (pages are only backed once used).
+    slots = max(SLOTS, -(-max_body_bytes // slot))
     hello = {"op": "hello", "models": [_info_to_wire(i) for i in infos]}
     host_ = EngineHost(engine)
     procs: list[_Worker] = []
@@ -463,32 +495,40 @@ async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, ma
     tasks: set[asyncio.Task] = set()
 
     def on_message(w: _Worker) -> None:
-        try:
-            msg = _unpack(w.conn.recv_bytes())
-        except (EOFError, OSError):
-            loop.remove_reader(w.conn.fileno())
-            if not stopping.is_set():
-                failure.append(f"front-end worker {w.index} exited (code {w.proc.poll()})")
-                stopping.set()
-            return
-        if msg.get("op") == "hello":
-            w.hello = msg
-            return
-        task = loop.create_task(host_.handle(w, msg))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
+        # Every message already here, in order: a worker's one-way metric reports must not
+        # lag behind another worker's /metrics request.
+        while True:
+            try:
+                msg = _unpack(w.conn.recv_bytes())
+            except (EOFError, OSError):
+                loop.remove_reader(w.conn.fileno())
+                if not stopping.is_set():
+                    failure.append(f"front-end worker {w.index} exited (code {w.proc.poll()})")
+                    stopping.set()
+                return
+            if msg.get("op") == "hello":
+                w.hello = msg
+            else:
+                task = loop.create_task(host_.handle(w, msg))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if not w.conn.poll(0):
+                return
 
     try:
         for i in range(workers):
             ours, theirs = socket.socketpair()
+            for sock in (ours, theirs):   # deep buffers: neither side waits on a busy peer
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
             fd = os.memfd_create(f"trt-bundle-arena-{i}", os.MFD_CLOEXEC)
-            os.ftruncate(fd, slot * SLOTS)
-            arena = mmap.mmap(fd, slot * SLOTS)
+            os.ftruncate(fd, slot * slots)
+            arena = mmap.mmap(fd, slot * slots)
             child_fd = os.dup(fd)    # inheritable (memfd's own fd is close-on-exec)
             os.close(fd)
             cmd = [sys.executable, "-m", "runtime_py.server.workers",
                    "--ipc-fd", str(theirs.fileno()), "--http-fd", str(http_sock.fileno()),
-                   "--arena-fd", str(child_fd), "--arena-bytes", str(slot * SLOTS),
+                   "--arena-fd", str(child_fd), "--arena-bytes", str(slot * slots),
                    "--slot-bytes", str(slot), "--max-body-bytes", str(max_body_bytes),
                    "--host", host, "--log-level", log_level]
             if gport is not None:
@@ -505,6 +545,9 @@ async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, ma
             procs.append(w)
             w.send(hello)
             loop.add_reader(conn.fileno(), on_message, w)
+            # uvloop (libuv) makes a watched fd non-blocking; messages are read and written
+            # whole, which needs blocking calls (the reader only reads when data is there).
+            os.set_blocking(conn.fileno(), True)
         deadline = time.monotonic() + 60
         while any(w.hello is None for w in procs) and not stopping.is_set():
             if time.monotonic() > deadline:
