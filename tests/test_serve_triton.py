@@ -576,3 +576,24 @@ def test_uint8_input_model_over_http_grpc_and_shared_memory(workers):
         stop.set()
         t.join(60)
     assert not t.is_alive()
+
+
+def test_http_errors_cross_the_worker_boundary_with_their_status(server):
+    """Refusals raised in the engine process reach the client with their own status and
+    message, whichever process parsed the request."""
+    import httpx
+
+    with httpx.Client(base_url=f"http://{server.http}", timeout=30) as c:
+        r = c.post(f"/v2/models/{MODEL}/classify", content=b"\x89PNG not really",
+                   headers={"Content-Type": "image/png"})
+        assert r.status_code == 400 and "preprocessing" in r.json()["error"]
+        r = c.post("/v2/systemsharedmemory/region/x/register", content=b"{oops")
+        assert r.status_code == 400 and "JSON" in r.json()["error"]
+        r = c.get("/v2/systemsharedmemory/region/never/status")
+        assert r.status_code == 404
+        r = c.post("/v2/cudasharedmemory/region/x/register", json={})
+        assert r.status_code == 400 and "not supported" in r.json()["error"]
+        r = c.get("/v2/models/nope/config")
+        assert r.status_code == 404
+        r = c.get(f"/v2/models/{MODEL}/versions/0/stats")
+        assert r.status_code == 404
