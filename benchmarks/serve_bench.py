@@ -303,8 +303,6 @@ class _Server:
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        import asyncio
-
         from runtime_py.server.run import _serve_here, run_async
         from runtime_py.server.workers import serve_with_workers
 

@@ -132,6 +132,17 @@ class _Stats:
             }
 
 
+def lookup_info(infos: Mapping[str, ModelInfo], name: str, version: str | None) -> ModelInfo:
+    """The served model ``name`` (at ``version`` when given), or a 404 naming what is served."""
+    info = infos.get(name)
+    if info is None:
+        raise RequestError(f"unknown model {name!r}; served: {sorted(infos)}", 404)
+    if version not in (None, "") and version != info.version:
+        raise RequestError(
+            f"model {name!r} has no version {version!r}; available: [{info.version!r}]", 404)
+    return info
+
+
 def status_of(exc: BaseException) -> int:
     """The HTTP status for an exception (gRPC maps from it)."""
     if isinstance(exc, RequestError):
@@ -167,13 +178,7 @@ class Engine:
     # --- what front-ends call ------------------------------------------------------------
 
     def lookup(self, name: str, version: str | None = None) -> ModelInfo:
-        info = self.infos.get(name)
-        if info is None:
-            raise RequestError(f"unknown model {name!r}; served: {sorted(self.infos)}", 404)
-        if version not in (None, "") and version != info.version:
-            raise RequestError(
-                f"model {name!r} has no version {version!r}; available: [{info.version!r}]", 404)
-        return info
+        return lookup_info(self.infos, name, version)
 
     async def ready(self, name: str | None = None) -> bool:
         if name is None:

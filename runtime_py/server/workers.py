@@ -48,7 +48,8 @@ import numpy as np
 
 from ..errors import AddressInUseError, ServingError
 from ..tensors import TensorSpec
-from .engine import Engine, InferCall, ModelInfo, ShmInput, ShmOutput, status_of
+from .engine import (Engine, InferCall, ModelInfo, ShmInput, ShmOutput, lookup_info,
+                     status_of)
 from .protocol import OutputRequest, RequestError
 from .shm import ShmRef
 
@@ -216,13 +217,7 @@ class RemoteEngine:
     # --- the Engine interface -----------------------------------------------------------
 
     def lookup(self, name: str, version: str | None = None) -> ModelInfo:
-        info = self.infos.get(name)
-        if info is None:
-            raise RequestError(f"unknown model {name!r}; served: {sorted(self.infos)}", 404)
-        if version not in (None, "") and version != info.version:
-            raise RequestError(
-                f"model {name!r} has no version {version!r}; available: [{info.version!r}]", 404)
-        return info
+        return lookup_info(self.infos, name, version)
 
     async def infer(self, call: InferCall) -> dict[str, np.ndarray | ShmOutput]:
         self.lookup(call.model, call.version)
