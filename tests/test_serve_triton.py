@@ -510,6 +510,9 @@ def test_serve_reports_caps_binds_and_shuts_down_cleanly(tiny_bundle):
         assert "error: cannot listen" in r.stderr or "error: cannot bind" in r.stderr
         assert "Traceback" not in r.stderr
     assert s.stop(signal.SIGTERM) == 0
+    one = Server(tiny_bundle, "--workers", "0")   # in-process front-end: drains, exits 0 too
+    assert one.grpc_port is None and _children(one.proc.pid) == []
+    assert one.stop(signal.SIGTERM) == 0
     for pid in workers:
         assert not os.path.exists(f"/proc/{pid}") or _is_zombie_free(pid)
     assert set(os.listdir("/dev/shm")) - shm_before == set()

@@ -10,7 +10,9 @@ flight, then the batchers are closed with ``drain=True`` so no accepted request 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import socket
 import threading
 import time
@@ -149,7 +151,18 @@ async def run_front_ends(engine: Any, http_sock: socket.socket, host: str,
 
     app = create_engine_app(engine, max_body_bytes=max_body_bytes)
     config = uvicorn.Config(app, log_level=log_level, access_log=access_log, lifespan="off")
-    server = uvicorn.Server(config)
+    server = _QuietServer(config)
+    loop = asyncio.get_running_loop()
+    signals = (signal.SIGINT, signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread():
+        signals = ()   # a caller on another thread stops us through ``stop``
+
+    def on_signal() -> None:
+        server.force_exit = server.should_exit   # a second signal: stop waiting
+        server.should_exit = True
+
+    for sig in signals:
+        loop.add_signal_handler(sig, on_signal)
     grpc_server = None
     addresses = {"http": http_url(host, bound_port(http_sock))}
     if grpc_port is not None:
@@ -178,6 +191,21 @@ async def run_front_ends(engine: Any, http_sock: socket.socket, host: str,
             watcher.cancel()
         if grpc_server is not None:
             await grpc_server.stop(grace=5.0)
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+
+
+class _QuietServer(uvicorn.Server):
+    """uvicorn without its signal handling: ``run_front_ends`` catches SIGINT/SIGTERM on
+    its loop. uvicorn's own handlers re-raise the signal once it has stopped, which kills
+    the process (exit 143 on SIGTERM) before the batchers drain and the models close."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):   # uvicorn >= 0.29
+        yield
+
+    def install_signal_handlers(self) -> None:   # older uvicorn
+        pass
 
 
 async def _serve_here(engine: Engine, http_sock: socket.socket, host: str,
