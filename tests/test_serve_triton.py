@@ -493,37 +493,41 @@ def test_concurrent_clients_are_batched_and_counted_once(server):
 def test_serve_reports_caps_binds_and_shuts_down_cleanly(tiny_bundle):
     shm_before = set(os.listdir("/dev/shm"))
     s = Server(tiny_bundle, "--grpc-port", "0", "--workers", "2", "--max-batch", "64")
-    log = "".join(s.log)
-    assert "RANDOM WEIGHTS" in log
-    assert "--max-batch 64 capped to 4" in log
-    assert s.http_port > 0 and s.grpc_port > 0
-    workers = _children(s.proc.pid)
-    assert len(workers) == 2
-    assert_serves(s)
-    # a second server on the same ports fails with exit 7 and says why
-    for args in (["--port", str(s.http_port)],
-                 ["--port", "0", "--grpc-port", str(s.grpc_port), "--workers", "0"],
-                 ["--port", "0", "--grpc-port", str(s.grpc_port), "--workers", "2"]):
-        r = subprocess.run([*BUNDLE_CLI, "serve", str(tiny_bundle), *args],
-                           capture_output=True, text=True, timeout=120)
-        assert r.returncode == 7, (args, r.stderr)
-        assert "error: cannot listen" in r.stderr or "error: cannot bind" in r.stderr
-        assert "Traceback" not in r.stderr
-    assert s.stop(signal.SIGTERM) == 0
+    try:
+        log = "".join(s.log)
+        assert "RANDOM WEIGHTS" in log
+        assert "--max-batch 64 capped to 4" in log
+        assert s.http_port > 0 and s.grpc_port > 0
+        workers = _children(s.proc.pid)
+        assert len(workers) == 2
+        assert_serves(s)
+        # a second server on the same ports fails with exit 7 and says why
+        for args in (["--port", str(s.http_port)],
+                     ["--port", "0", "--grpc-port", str(s.grpc_port), "--workers", "0"],
+                     ["--port", "0", "--grpc-port", str(s.grpc_port), "--workers", "2"]):
+            r = subprocess.run([*BUNDLE_CLI, "serve", str(tiny_bundle), *args],
+                               capture_output=True, text=True, timeout=120)
+            assert r.returncode == 7, (args, r.stderr)
+            assert "error: cannot listen" in r.stderr or "error: cannot bind" in r.stderr
+            assert "Traceback" not in r.stderr
+    finally:
+        code = s.stop(signal.SIGTERM)
+    assert code == 0
     one = Server(tiny_bundle, "--workers", "0")   # in-process front-end: drains, exits 0 too
-    assert one.grpc_port is None and _children(one.proc.pid) == []
-    assert one.stop(signal.SIGTERM) == 0
+    try:
+        assert one.grpc_port is None and _children(one.proc.pid) == []
+    finally:
+        code = one.stop(signal.SIGTERM)
+    assert code == 0
     for pid in workers:
-        assert not os.path.exists(f"/proc/{pid}") or _is_zombie_free(pid)
+        assert _gone(pid)
     assert set(os.listdir("/dev/shm")) - shm_before == set()
 
 
-def _is_zombie_free(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return False
-    except OSError:
-        return True
+def _gone(pid: int) -> bool:
+    """True once ``pid`` no longer exists (reaped by its parent)."""
+    return not os.path.exists(f"/proc/{pid}")
+
 
 
 # --- a uint8-input model (pixels, as uint8-input bundles take them) --------------------
