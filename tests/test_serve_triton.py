@@ -441,9 +441,11 @@ def test_unregister_while_a_request_uses_the_region_is_safe(server, tiny_model):
 
 # --- statistics, metrics, several workers ----------------------------------------------
 
-def test_concurrent_clients_are_batched_and_counted_once(server):
+def test_concurrent_clients_are_batched_and_counted_once(server, tiny_model):
     """Concurrent requests on separate connections (spread over the workers) merge into
-    batches of the one batcher, and /metrics and the statistics count each request once."""
+    batches of the one batcher, each gets its own rows back (a worker's arena block reused
+    too early would hand it another request's input), and /metrics and the statistics
+    count each request once."""
     import httpx
 
     before = thttp.InferenceServerClient(server.http).get_inference_statistics(MODEL)
@@ -454,13 +456,14 @@ def test_concurrent_clients_are_batched_and_counted_once(server):
     def client(k):
         mod = thttp if k % 2 else tgrpc
         c = mod.InferenceServerClient(server.http if mod is thttp else server.grpc)
-        x = image(60 + k)
-        i = mod.InferInput("input", x.shape, "FP32")
-        i.set_data_from_numpy(x)
         barrier.wait()
-        for _ in range(3):
+        for j in range(3):
+            x = image(100 * k + j, 1 + (k + j) % 3)
+            i = mod.InferInput("input", x.shape, "FP32")
+            i.set_data_from_numpy(x)
             try:
-                c.infer(MODEL, [i])
+                got = c.infer(MODEL, [i]).as_numpy("logits")
+                close(got, tiny_model.infer(x)["logits"])
             except Exception as e:
                 failures.append(e)
         c.close()
@@ -474,6 +477,7 @@ def test_concurrent_clients_are_batched_and_counted_once(server):
     stats = thttp.InferenceServerClient(server.http).get_inference_statistics(MODEL)
     s = stats["model_stats"][0]
     assert s["inference_stats"]["success"]["count"] - n_before == 36
+    assert s["inference_count"] >= 36 * 2
     assert max(b["batch_size"] for b in s["batch_stats"]) > 1
     text = httpx.get(f"http://{server.http}/metrics", timeout=30).text
 
