@@ -484,6 +484,9 @@ async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, ma
     slots = max(SLOTS, -(-max_body_bytes // slot))
     hello = {"op": "hello", "models": [_info_to_wire(i) for i in infos]}
     host_ = EngineHost(engine)
+    # The workers import runtime_py from wherever this process did (an uninstalled
+    # checkout, a script's sys.path), not only from site-packages.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     procs: list[_Worker] = []
     stopping = asyncio.Event()
     failure: list[str] = []
@@ -531,7 +534,8 @@ async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, ma
             if access_log:
                 cmd.append("--access-log")
             proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(), http_sock.fileno(), child_fd),
-                                    start_new_session=True)   # Ctrl-C reaches the engine only
+                                    start_new_session=True,   # Ctrl-C reaches the engine only
+                                    env=env)
             os.close(child_fd)
             theirs.close()
             conn = Connection(os.dup(ours.fileno()))
