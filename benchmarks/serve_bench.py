@@ -1,19 +1,23 @@
-"""Serving throughput, three ways in one run, with the measurement boundary of each.
+"""Serving throughput: the batcher, and HTTP, gRPC and shared memory over it, in one run.
 
     python benchmarks/serve_bench.py --synthetic            # numpy model, fixed cost per batch
+    python benchmarks/serve_bench.py --synthetic --dtype uint8
     python benchmarks/serve_bench.py --bundle X.bundle      # a real bundle (runtime_py.load)
 
 Figures (images per second, preprocessed tensors in, logits out; no image decoding):
-  raw     model.infer on a ready batch of --batch images, back to back, one thread
-          (engine call + whatever the model does around it; no batcher, no copies).
-  batcher --clients threads, each submitting one image and waiting for its result
-          (adds: validation, queueing, the np.concatenate into the batch, the split, the
-          thread wake-ups). Target: >= 0.90 x raw.
-  http    --http-clients clients in separate processes, each on a keep-alive loopback
-          connection sending one image per request with the binary tensor extension and
-          asking for binary outputs (adds: HTTP parsing in uvicorn/h11, the app, the
-          event loop hop), over the batcher alone with the same number of clients.
-          Target: >= 0.85. The client processes share this host's CPUs with the server.
+  raw     model.infer on a ready batch of --batch images, back to back, one thread.
+  batcher --clients threads, each submitting one image and waiting for its result.
+          Target: >= 0.90 x raw.
+  http / grpc / shm paths: --http-clients clients in --http-procs client processes, one
+          image per request, against `runtime_py.server.run.serve` (the code of `bundle
+          serve`) on loopback, each over the batcher alone with the same number of clients:
+    http      binary tensor extension in and out, keep-alive connections
+    grpc      ModelInfer with raw_input_contents (prebuilt request bytes, bare grpc stub)
+    http_shm  HTTP JSON header only; input and output in a registered /dev/shm region
+    grpc_shm  the same over gRPC
+          each with the front-ends in the engine process (--workers 0) and with front-end
+          worker processes (--workers-list). Target: http >= 0.85, grpc >= 0.90,
+          shm >= 0.95. The client processes share this host's CPUs with the server.
 
 A script, not a test: numbers depend on the host. The synthetic model sleeps --cost-ms
 per batch (a GPU-like engine whose time barely grows with the batch and releases the GIL).
@@ -26,6 +30,7 @@ import http.client
 import json
 import multiprocessing as mp
 import os
+import socket
 import sys
 import threading
 import time
@@ -41,7 +46,7 @@ def make_model(args):
     if args.synthetic:
         from runtime_py.testing import ToyModel
         return ToyModel("synthetic", size=args.image_size, max_batch_size=args.batch,
-                        cost_ms=args.cost_ms, per_row_ms=args.per_row_ms)
+                        cost_ms=args.cost_ms, per_row_ms=args.per_row_ms, dtype=args.dtype)
     import runtime_py
     return runtime_py.load(args.bundle, backend=args.backend)
 
@@ -53,7 +58,8 @@ def one_image(model, n: int = 1) -> dict[str, np.ndarray]:
         if any(not isinstance(d, int) or d < 0 for d in dims):
             raise SystemExit(f"input {spec.name} has dynamic dims {spec.shape}: not benchmarkable")
         rng = np.random.default_rng(0)
-        feeds[spec.name] = rng.random((n, *dims)).astype(spec.dtype)
+        feeds[spec.name] = (rng.random((n, *dims)) * (255 if spec.dtype == "uint8" else 1)
+                            ).astype(spec.dtype)
     return feeds
 
 
@@ -96,69 +102,261 @@ def bench_batcher(batcher: Batcher, feeds, clients: int, seconds: float, warmup:
     return sum(counts) / seconds
 
 
-def _http_client_proc(port: int, path: str, body: bytes, headers: dict, threads: int,
-                      t_begin: float, t_end: float, out) -> None:
-    """One client process: ``threads`` keep-alive connections; completions in the window."""
+def _client_proc(kind: str, port: int, model: str, feeds: dict, threads: int, t_begin: float,
+                 t_end: float, out) -> None:
+    """One client process: ``threads`` clients of one kind; completions in the window."""
     counts = [0] * threads
+    errors: list[str] = []
 
     def run(i: int) -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", port)
-        n = 0
-        while True:
-            conn.request("POST", path, body=body, headers=headers)
-            r = conn.getresponse()
-            r.read()
-            if r.status != 200:
-                raise SystemExit(f"HTTP {r.status}")
-            now = time.time()
-            if now >= t_end:
-                break
-            if now >= t_begin:
-                n += 1
-        conn.close()
-        counts[i] = n
+        try:
+            one = _client(kind, port, model, feeds, f"{os.getpid()}_{i}")
+            n = 0
+            try:
+                while True:
+                    one()
+                    now = time.time()
+                    if now >= t_end:
+                        break
+                    if now >= t_begin:
+                        n += 1
+            finally:
+                one.close()
+            counts[i] = n
+        except Exception as e:   # reported, not hidden: a failing path has no figure
+            errors.append(f"{kind}: {type(e).__name__}: {e}")
 
     ts = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
     for t in ts:
         t.start()
     for t in ts:
         t.join()
-    out.put(sum(counts))
+    out.put(errors[0] if errors else sum(counts))
 
 
-def bench_http(model, batcher: Batcher, feeds, clients: int, procs: int, seconds: float,
-               warmup: float) -> float:
-    from runtime_py.server import ServerThread, create_app
+class _Call:
+    def __init__(self, fn, close):
+        self.fn, self.close = fn, close
 
-    app = create_app({model.name: model}, {model.name: batcher}, max_body_bytes=1 << 30)
-    header = {"inputs": [{"name": k, "shape": list(v.shape), "datatype": _kserve(v.dtype),
-                          "parameters": {"binary_data_size": v.nbytes}} for k, v in feeds.items()],
-              "parameters": {"binary_data_output": True}}
-    h = json.dumps(header).encode()
-    body = h + b"".join(v.astype(v.dtype.newbyteorder("<")).tobytes() for v in feeds.values())
-    headers = {"Inference-Header-Content-Length": str(len(h)),
-               "Content-Type": "application/octet-stream"}
+    def __call__(self):
+        self.fn()
+
+
+def _client(kind: str, port: int, model: str, feeds: dict, tag: str) -> _Call:
+    """A callable sending one request of ``kind``; ``.close()`` frees what it holds."""
+    from runtime_py.server.protocol import kserve_datatype
+
+    path = f"/v2/models/{model}/infer"
+    shm = None
+    if kind.endswith("_shm"):
+        shm = _ShmPair(port if kind.startswith("http") else None, feeds, tag)
+    if kind.startswith("http"):
+        conn = http.client.HTTPConnection("127.0.0.1", port)
+        conn.connect()
+        # http.client sends a body larger than its header buffer in a second write: without
+        # TCP_NODELAY, Nagle + delayed ACK stall each request ~40 ms on loopback.
+        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if shm is None:
+            header = {"inputs": [{"name": k, "shape": list(v.shape), "datatype": kserve_datatype(v.dtype),
+                                  "parameters": {"binary_data_size": v.nbytes}} for k, v in feeds.items()],
+                      "parameters": {"binary_data_output": True}}
+            h = json.dumps(header).encode()
+            body = h + b"".join(np.ascontiguousarray(v).tobytes() for v in feeds.values())
+            headers = {"Inference-Header-Content-Length": str(len(h)),
+                       "Content-Type": "application/octet-stream"}
+        else:
+            body = json.dumps(shm.http_header()).encode()
+            headers = {"Content-Type": "application/json"}
+
+        def send():
+            conn.request("POST", path, body=body, headers=headers)
+            r = conn.getresponse()
+            data = r.read()
+            if r.status != 200:
+                raise RuntimeError(f"HTTP {r.status}: {data[:200]!r}")
+
+        def close():
+            conn.close()
+            if shm is not None:
+                shm.close()
+        return _Call(send, close)
+
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[
+        ("grpc.max_send_message_length", 1 << 30), ("grpc.max_receive_message_length", 1 << 30)])
+    infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+    req = pb.ModelInferRequest(model_name=model)
+    for k, v in feeds.items():
+        t = req.inputs.add(name=k, datatype=kserve_datatype(v.dtype), shape=list(v.shape))
+        if shm is None:
+            req.raw_input_contents.append(np.ascontiguousarray(v).tobytes())
+        else:
+            shm.grpc_params(t.parameters, k)
+    if shm is not None:
+        shm.register_grpc(channel)
+        o = req.outputs.add(name=shm.out_name)
+        shm.grpc_params(o.parameters, None)
+    data = req.SerializeToString()
+
+    def close():
+        if shm is not None:
+            shm.close(channel)
+        channel.close()
+    return _Call(lambda: infer(data), close)
+
+
+class _ShmPair:
+    """One client's input and output regions in /dev/shm, registered with the server."""
+
+    def __init__(self, http_port: int | None, feeds: dict, tag: str) -> None:
+        from multiprocessing import shared_memory
+
+        self.feeds = feeds
+        self.in_bytes = sum(v.nbytes for v in feeds.values())
+        self.out_name, self.out_bytes = "logits", 1 << 16
+        self.key = f"bench_{tag}"
+        self.mem_in = shared_memory.SharedMemory(self.key + "_in", create=True, size=self.in_bytes)
+        self.mem_out = shared_memory.SharedMemory(self.key + "_out", create=True, size=self.out_bytes)
+        off = 0
+        self.offsets = {}
+        for k, v in feeds.items():
+            self.mem_in.buf[off:off + v.nbytes] = np.ascontiguousarray(v).tobytes()
+            self.offsets[k] = (off, v.nbytes)
+            off += v.nbytes
+        self.http_port = http_port
+        if http_port is not None:
+            for suffix, size in (("_in", self.in_bytes), ("_out", self.out_bytes)):
+                self._http("POST", f"/v2/systemsharedmemory/region/{self.key}{suffix}/register",
+                           {"key": "/" + self.key + suffix, "offset": 0, "byte_size": size})
+
+    def _http(self, method, path, doc=None):
+        c = http.client.HTTPConnection("127.0.0.1", self.http_port)
+        c.request(method, path, body=json.dumps(doc or {}).encode())
+        r = c.getresponse()
+        r.read()
+        c.close()
+        if r.status != 200:
+            raise RuntimeError(f"{path}: HTTP {r.status}")
+
+    def http_header(self) -> dict:
+        from runtime_py.server.protocol import kserve_datatype
+        return {"inputs": [{"name": k, "shape": list(v.shape), "datatype": kserve_datatype(v.dtype),
+                            "parameters": {"shared_memory_region": self.key + "_in",
+                                           "shared_memory_offset": self.offsets[k][0],
+                                           "shared_memory_byte_size": self.offsets[k][1]}}
+                           for k, v in self.feeds.items()],
+                "outputs": [{"name": self.out_name, "parameters": {
+                    "shared_memory_region": self.key + "_out",
+                    "shared_memory_byte_size": self.out_bytes}}]}
+
+    def register_grpc(self, channel) -> None:
+        from tritonclient.grpc import service_pb2 as pb
+        reg = channel.unary_unary("/inference.GRPCInferenceService/SystemSharedMemoryRegister",
+                                  request_serializer=pb.SystemSharedMemoryRegisterRequest.SerializeToString)
+        for suffix, size in (("_in", self.in_bytes), ("_out", self.out_bytes)):
+            reg(pb.SystemSharedMemoryRegisterRequest(name=self.key + suffix, key="/" + self.key + suffix,
+                                                     offset=0, byte_size=size))
+
+    def grpc_params(self, params, input_name) -> None:
+        if input_name is None:
+            params["shared_memory_region"].string_param = self.key + "_out"
+            params["shared_memory_byte_size"].int64_param = self.out_bytes
+        else:
+            params["shared_memory_region"].string_param = self.key + "_in"
+            params["shared_memory_offset"].int64_param = self.offsets[input_name][0]
+            params["shared_memory_byte_size"].int64_param = self.offsets[input_name][1]
+
+    def close(self, channel=None) -> None:
+        try:
+            if self.http_port is not None:
+                for suffix in ("_in", "_out"):
+                    self._http("POST", f"/v2/systemsharedmemory/region/{self.key}{suffix}/unregister")
+            elif channel is not None:
+                from tritonclient.grpc import service_pb2 as pb
+                unreg = channel.unary_unary(
+                    "/inference.GRPCInferenceService/SystemSharedMemoryUnregister",
+                    request_serializer=pb.SystemSharedMemoryUnregisterRequest.SerializeToString)
+                for suffix in ("_in", "_out"):
+                    unreg(pb.SystemSharedMemoryUnregisterRequest(name=self.key + suffix))
+        finally:
+            for m in (self.mem_in, self.mem_out):
+                m.close()
+                m.unlink()
+
+
+class _Server:
+    """``run.serve`` over one batcher on a background thread (the code of `bundle serve`)."""
+
+    def __init__(self, model, batcher: Batcher, workers: int) -> None:
+        from runtime_py.server.engine import Engine
+        from runtime_py.server.run import bind_http
+
+        self.engine = Engine({model.name: model}, {model.name: batcher})
+        self.sock = bind_http("127.0.0.1", 0)
+        self.stop = threading.Event()
+        self.ready = threading.Event()
+        self.addresses: dict = {}
+        self.workers = workers
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        from runtime_py.server.run import _serve_here, run_async
+        from runtime_py.server.workers import serve_with_workers
+
+        def on_ready(addresses):
+            self.addresses = addresses
+            self.ready.set()
+        options = dict(max_body_bytes=1 << 30, log_level="warning", access_log=False,
+                       on_ready=on_ready, stop=self.stop)
+        try:
+            if self.workers:
+                serve_with_workers(self.engine, self.sock, "127.0.0.1", 0, self.workers, **options)
+            else:
+                run_async(_serve_here(self.engine, self.sock, "127.0.0.1", 0, **options))
+        except BaseException as e:
+            self.error = e
+            self.ready.set()
+
+    def __enter__(self):
+        self.thread.start()
+        if not self.ready.wait(90) or self.error:
+            raise SystemExit(f"server did not start: {self.error}")
+        return self
+
+    def port(self, kind: str) -> int:
+        return int(self.addresses["http" if kind.startswith("http") else "grpc"].rsplit(":", 1)[1])
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(60)
+        self.sock.close()
+        self.engine.close()
+
+
+def bench_path(kind: str, server: _Server, model, feeds, clients: int, procs: int,
+               seconds: float, warmup: float) -> float | str:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs = max(1, min(procs, clients))
     per = [clients // procs + (1 if i < clients % procs else 0) for i in range(procs)]
-    with ServerThread(app, host="127.0.0.1", port=0) as srv:
-        t_begin = time.time() + warmup + 2.0             # + process start-up
-        t_end = t_begin + seconds
-        ps = [ctx.Process(target=_http_client_proc, args=(srv.port, f"/v2/models/{model.name}/infer",
-                                                  body, headers, n, t_begin, t_end, out))
-              for n in per]
-        for p in ps:
-            p.start()
-        total = sum(out.get(timeout=seconds + warmup + 60) for _ in ps)
-        for p in ps:
-            p.join()
-    return total / seconds
+    t_begin = time.time() + warmup + 3.0             # + process start-up
+    t_end = t_begin + seconds
+    ps = [ctx.Process(target=_client_proc, args=(kind, server.port(kind), model.name, feeds, n,
+                                                 t_begin, t_end, out)) for n in per]
+    for p in ps:
+        p.start()
+    got = [out.get(timeout=seconds + warmup + 90) for _ in ps]
+    for p in ps:
+        p.join()
+    bad = [g for g in got if isinstance(g, str)]
+    return bad[0] if bad else sum(got) / seconds
 
 
-def _kserve(dtype) -> str:
-    from runtime_py.server.protocol import kserve_datatype
-    return kserve_datatype(dtype)
+KINDS = ("http", "grpc", "http_shm", "grpc_shm")
+TARGETS = {"http": 0.85, "grpc": 0.90, "http_shm": 0.95, "grpc_shm": 0.95}
 
 
 def main(argv=None) -> dict:
@@ -169,39 +367,50 @@ def main(argv=None) -> dict:
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--batch", type=int, default=32, help="raw batch size and the batcher's max batch")
     ap.add_argument("--clients", type=int, default=32, help="batcher clients (single images)")
-    ap.add_argument("--http-clients", type=int, default=16)
-    ap.add_argument("--http-procs", type=int, default=4, help="client processes for the HTTP run")
+    ap.add_argument("--http-clients", type=int, default=16, help="clients of each network path")
+    ap.add_argument("--http-procs", type=int, default=4, help="client processes per network path")
+    ap.add_argument("--paths", default=",".join(KINDS), help=f"comma-separated, of {KINDS}")
+    ap.add_argument("--workers-list", default="0,2",
+                    help="front-end worker counts to measure (0: in the engine process)")
     ap.add_argument("--max-delay-ms", type=float, default=2.0)
     ap.add_argument("--seconds", type=float, default=5.0, help="measured time per figure")
     ap.add_argument("--warmup", type=float, default=1.0)
     ap.add_argument("--cost-ms", type=float, default=20.0, help="synthetic: sleep per batch")
     ap.add_argument("--per-row-ms", type=float, default=0.0, help="synthetic: extra sleep per image")
-    ap.add_argument("--image-size", type=int, default=299, help="synthetic: input is 3 x N x N fp32")
+    ap.add_argument("--image-size", type=int, default=299, help="synthetic: input is 3 x N x N")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "uint8"],
+                    help="synthetic: the input's dtype (uint8: pixels, 4x fewer bytes)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = ap.parse_args(argv)
 
     model = make_model(args)
     feeds = one_image(model, 1)
     raw = bench_raw(model, args.batch, args.seconds)
+    paths = {}
     with Batcher(model, max_batch_size=args.batch, max_delay_ms=args.max_delay_ms) as b:
         batched = bench_batcher(b, feeds, args.clients, args.seconds, args.warmup)
         batched_h = bench_batcher(b, feeds, args.http_clients, args.seconds, args.warmup)
-        served = bench_http(model, b, feeds, args.http_clients, args.http_procs, args.seconds,
-                            args.warmup)
+        for workers in [int(w) for w in args.workers_list.split(",") if w.strip()]:
+            with _Server(model, b, workers) as server:
+                for kind in [k for k in args.paths.split(",") if k]:
+                    v = bench_path(kind, server, model, feeds, args.http_clients,
+                                   args.http_procs, args.seconds, args.warmup)
+                    paths[f"{kind}_w{workers}"] = v
         sizes = dict(sorted(b.batch_size_counts.items()))
     result = {
         "model": model.name,
-        "input": {k: [*v.shape[1:]] for k, v in feeds.items()},
+        "input": {k: [*v.shape[1:], v.dtype.name] for k, v in feeds.items()},
         "synthetic_cost_ms": args.cost_ms if args.synthetic else None,
         "raw_batch": args.batch,
         "raw_img_s": round(raw, 1),
         "batcher_clients": args.clients,
         "batcher_img_s": round(batched, 1),
         "batcher_over_raw": round(batched / raw, 3),
-        "http_clients": args.http_clients,
+        "net_clients": args.http_clients,
         "batcher_same_clients_img_s": round(batched_h, 1),
-        "http_img_s": round(served, 1),
-        "http_over_batcher": round(served / batched_h, 3),
+        "paths_img_s": {k: (round(v, 1) if not isinstance(v, str) else v) for k, v in paths.items()},
+        "paths_over_batcher": {k: round(v / batched_h, 3) for k, v in paths.items()
+                               if not isinstance(v, str)},
         "batch_size_counts": sizes,
         "cpus": os.cpu_count(),
     }
@@ -210,12 +419,18 @@ def main(argv=None) -> dict:
     else:
         print(f"model {result['model']}  input {result['input']}  cpus {result['cpus']}"
               + (f"  synthetic cost {args.cost_ms} ms/batch" if args.synthetic else ""))
-        print(f"raw model.infer, batch {args.batch:<3}                 {raw:10.1f} img/s")
-        print(f"batcher, {args.clients} clients x 1 image            {batched:10.1f} img/s"
+        print(f"raw model.infer, batch {args.batch:<3}                  {raw:10.1f} img/s")
+        print(f"batcher, {args.clients} clients x 1 image             {batched:10.1f} img/s"
               f"   {batched / raw:.3f} x raw      (target >= 0.90)")
-        print(f"batcher, {args.http_clients} clients x 1 image            {batched_h:10.1f} img/s")
-        print(f"HTTP binary tensors, {args.http_clients} clients, loopback {served:10.1f} img/s"
-              f"   {served / batched_h:.3f} x batcher  (target >= 0.85)")
+        print(f"batcher, {args.http_clients} clients x 1 image             {batched_h:10.1f} img/s")
+        for key, v in paths.items():
+            kind, workers = key.rsplit("_w", 1)
+            label = f"{kind:<8} {args.http_clients} clients, workers={workers}"
+            if isinstance(v, str):
+                print(f"{label:<40} FAILED: {v}")
+            else:
+                print(f"{label:<40} {v:10.1f} img/s   {v / batched_h:.3f} x batcher"
+                      f"  (target >= {TARGETS[kind]:.2f})")
         print(f"batch sizes seen by the batcher: {sizes}")
     return result
 

@@ -470,23 +470,39 @@ def rebuild(bundle_path, backend, out_dir, timing_cache, hardware_compat, versio
               help="Serve only bundles signed by these keys / CAs: a folder of PEM public keys, "
                    "CA certificates and CRLs (or a key file); repeatable. Each BUNDLE.sig is "
                    "checked before its engine starts.")
+@click.option("--grpc-port", type=click.IntRange(0, 65535), default=None,
+              help="Also serve KServe v2 gRPC (tritonclient.grpc) on this port (0: any free "
+                   "port). Off when not given.")
+@click.option("--workers", type=click.IntRange(0, 64), default=None,
+              help="Front-end processes that parse HTTP/gRPC and hand tensors to the one "
+                   "engine process through shared memory; 0 parses in the engine process. "
+                   "Default: from the CPU count.")
+@click.option("--max-body-mb", type=click.IntRange(1, 4096), default=64, show_default=True,
+              help="Largest HTTP body / gRPC message accepted (413 / RESOURCE_EXHAUSTED).")
 @handle_errors
 def serve(bundle_paths, host, port, max_batch, max_delay_ms, max_queue, backend, threads,
-          trusted_dirs) -> None:
-    """Serve bundles over HTTP: the KServe v2 inference protocol.
+          trusted_dirs, grpc_port, workers, max_body_mb) -> None:
+    """Serve bundles: the KServe v2 inference protocol over HTTP (and gRPC).
 
     \b
     GET  /v2/health/live, /v2/health/ready, /v2, /v2/models/{name}[/ready]
-    POST /v2/models/{name}/infer      JSON tensors or the binary tensor data extension
+    GET  /v2/models/{name}/config, /v2/models[/{name}]/stats   (Triton extensions)
+    POST /v2/repository/index
+    POST /v2/models/{name}/infer      JSON tensors, binary tensors or shared memory
     POST /v2/models/{name}/classify   an encoded image as the body -> top-k labels
+    *    /v2/systemsharedmemory/...   register / status / unregister regions
     GET  /metrics                     Prometheus metrics
+    gRPC inference.GRPCInferenceService on --grpc-port (tritonclient.grpc).
     Each bundle is verified and loaded first; a model's name is its bundle name without
-    the target part (e.g. timm_xception-fp8-1.0.0).
+    the target part (e.g. timm_xception-fp8-1.0.0). "serving on ..." is printed once
+    every port is bound; a port in use exits with 7.
     """
     from runtime_py.extras import require_extra
 
     require_extra("serve", "`bundle serve`")
     import runtime_py
+    from runtime_py.server.engine import is_random_weights
+    from runtime_py.server.run import capped_max_batch, default_workers
     from runtime_py.server.run import serve as run_server
 
     trust = None
@@ -502,9 +518,28 @@ def serve(bundle_paths, host, port, max_batch, max_delay_ms, max_queue, backend,
             models.append(model)
             click.echo(f"loaded {model.name} ({model.backend}, {model.id[:16]}) from {path}",
                        err=True)
-        click.echo(f"serving on http://{host}:{port} (Ctrl-C stops)", err=True)
+            if is_random_weights(model):
+                click.echo(f"warning: {model.name} has RANDOM WEIGHTS (made with "
+                           f"--random-weights): its predictions mean nothing; its metadata "
+                           f"says random_weights", err=True)
+            capped = capped_max_batch(max_batch, model)
+            if capped is not None and capped < max_batch:
+                click.echo(f"note: --max-batch {max_batch} capped to {capped} for "
+                           f"{model.name} (the engine's max batch size)", err=True)
+        n_workers = default_workers() if workers is None else workers
+
+        def ready(addresses: dict) -> None:
+            where = addresses["http"] + (f" and gRPC {addresses['grpc']}"
+                                         if "grpc" in addresses else "")
+            mode = f"{n_workers} front-end workers" if n_workers else "in-process front-end"
+            click.echo(f"serving on {where} ({mode}; Ctrl-C stops)", err=True)
+
         run_server(models, host=host, port=port, max_batch=max_batch,
-                   max_delay_ms=max_delay_ms, max_queue=max_queue)
+                   max_delay_ms=max_delay_ms, max_queue=max_queue, grpc_port=grpc_port,
+                   workers=n_workers, max_body_bytes=max_body_mb * 1024 * 1024,
+                   on_ready=ready)
+    except KeyboardInterrupt:
+        pass
     finally:
         for model in models:
             model.close()

@@ -193,6 +193,16 @@ class BatcherClosedError(BatcherError):
     """The batcher was closed; no new requests are accepted."""
 
 
+class ServingError(BundleError):
+    """The server cannot start or keep running (a front-end worker died, ...)."""
+
+    exit_code = 7
+
+
+class AddressInUseError(ServingError):
+    """The HTTP or gRPC port cannot be bound (in use, or not allowed)."""
+
+
 EXIT_CODES_HELP = """\
 Exit codes: 0 success; 1 verify found problems (one line each); 2 bad command line;
 3 malformed or corrupt bundle; 4 path not found or not a file; 5 bundle cannot run on

@@ -48,12 +48,14 @@ class ToyModel:
         per_row_ms: float = 0.0,
         version: str = "1",
         seed: int = 0,
+        dtype: str = "float32",
     ) -> None:
         self.name = name
         self.version = version
         self.size = size
         self.max_batch_size = max_batch_size
-        self.inputs = [TensorSpec("input", "float32", ("batch", channels, size, size))]
+        # dtype="uint8" stands in for a bundle whose engine takes uint8 pixels.
+        self.inputs = [TensorSpec("input", dtype, ("batch", channels, size, size))]
         self.outputs = [TensorSpec("logits", "float32", ("batch", num_classes))]
         self.labels = [f"class_{i}" for i in range(num_classes)]
         self.weight = np.random.default_rng(seed).standard_normal(
@@ -85,7 +87,7 @@ class ToyModel:
 
         Row by row without BLAS, so a row's result is bit-identical whatever batch it ran in.
         """
-        m = x.mean(axis=(2, 3), dtype=np.float32)
+        m = x.mean(axis=(2, 3), dtype=np.float32).astype(np.float32, copy=False)
         return (m[:, :, None] * self.weight[None]).sum(axis=1, dtype=np.float32)
 
     def preprocess(self, images: list[bytes]) -> np.ndarray:

@@ -4,10 +4,11 @@ Needs the ``serve`` extra (starlette, uvicorn, prometheus-client); nothing outsi
 package imports them, so ``runtime_py`` stays importable without them.
 """
 
-from .app import DEFAULT_MAX_BODY_BYTES, create_app
+from .app import DEFAULT_MAX_BODY_BYTES, create_app, create_engine_app
+from .engine import Engine
 from .metrics import ServerMetrics
 from .protocol import RequestError
 from .run import ServerThread, serve
 
-__all__ = ["create_app", "serve", "ServerThread", "ServerMetrics", "RequestError",
+__all__ = ["create_app", "create_engine_app", "Engine", "serve", "ServerThread", "ServerMetrics", "RequestError",
            "DEFAULT_MAX_BODY_BYTES"]

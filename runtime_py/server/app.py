@@ -1,9 +1,11 @@
-"""The starlette app: KServe v2 routes over the batchers, a classify route, /metrics.
+"""The starlette app: KServe v2 routes, Triton's extensions (model config, repository
+index, statistics, system shared memory), a classify route and /metrics, over an engine.
 
-Handlers stay thin: read the body within the size limit, hand bytes to ``protocol``,
-await the batcher (``submit_async``, so the event loop never blocks on an engine), and
-turn every refusal into the protocol's error JSON ``{"error": "..."}`` with a 4xx/5xx
-status. No exception leaves a handler, so one bad request never affects the next.
+Handlers stay thin: read the body within the size limit, hand bytes to ``protocol`` /
+``infer_call``, await the engine (``Engine`` in this process, or ``RemoteEngine`` in a
+front-end worker process), and turn every refusal into the protocol's error JSON
+``{"error": "..."}`` with a 4xx/5xx status. No exception leaves a handler, so one bad
+request never affects the next.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import time
 import traceback
 from typing import Any, Awaitable, Callable, Mapping
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -22,14 +24,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..batcher import Batcher
-from ..errors import (
-    BatcherClosedError,
-    BundleError,
-    PreprocessError,
-    QueueFullError,
-    UsageError,
-)
-from . import protocol
+from ..errors import BatcherClosedError, BundleError, PreprocessError, QueueFullError
+from . import protocol, triton_ext
+from .engine import Engine, status_of
+from .infer_call import encode_http_response, parse_http_call
 from .metrics import ServerMetrics
 from .protocol import RequestError
 
@@ -43,11 +41,6 @@ _UNKNOWN = "_unknown"                 # metrics label for names that are not ser
 def error_response(status: int, message: str) -> JSONResponse:
     """The protocol's error body."""
     return JSONResponse({"error": message}, status_code=status)
-
-
-def _error_kind(status: int) -> str:
-    return {400: "bad_request", 404: "not_found", 413: "too_large", 415: "unsupported_media",
-            503: "unavailable"}.get(status, "internal" if status >= 500 else "client")
 
 
 def _forget_frames(exc: BaseException) -> BaseException:
@@ -70,37 +63,28 @@ def _forget_frames(exc: BaseException) -> BaseException:
     return exc
 
 
-def _parse_infer(body: bytes, header_length: str | None, model: Any,
-                 max_batch: int | None) -> protocol.InferRequest:
-    """The body of an infer request -> arrays, with the model's JSON limits."""
-    header_bytes, binary = protocol.split_body(body, header_length)
-    header = protocol.load_json(header_bytes, protocol.json_limits(model.inputs, max_batch))
-    return protocol.parse_infer_request(header, binary, model.inputs, model.outputs,
-                                        max_batch=max_batch)
+def _refused(exc: BaseException) -> BaseException:
+    """A refused request's exception with its frames forgotten (``_forget_frames``); a
+    server-side failure (5xx) keeps its traceback for the log."""
+    if isinstance(exc, Exception) and status_of(exc) < 500:
+        return _forget_frames(exc)
+    return exc
 
 
-def _status_of(exc: Exception) -> int:
-    if isinstance(exc, RequestError):
-        return exc.status
-    if isinstance(exc, (QueueFullError, BatcherClosedError)):
-        return 503
-    if isinstance(exc, UsageError):   # InferenceInputError, PreprocessError, ...
-        return 400
-    return 500
+def error_message(e: Exception, status: int) -> str:
+    """What a client is told: the message of our own errors, the type of any other."""
+    if status >= 500 and not isinstance(e, (QueueFullError, BatcherClosedError)):
+        return f"inference failed: {type(e).__name__}: {e}"
+    return str(e) if isinstance(e, BundleError) else f"{type(e).__name__}: {e}"
 
 
 class _App:
-    """Routes bound to the served models; ``create_app`` wraps it in Starlette."""
+    """Routes bound to an engine; ``create_app`` wraps it in Starlette."""
 
-    def __init__(self, models: Mapping[str, Any], batchers: Mapping[str, Batcher],
-                 max_body_bytes: int, metrics: ServerMetrics) -> None:
-        missing = [n for n in models if n not in batchers]
-        if missing:
-            raise UsageError(f"no batcher for model(s) {missing}")
-        self.models = dict(models)
-        self.batchers = dict(batchers)
+    def __init__(self, engine: Any, max_body_bytes: int) -> None:
+        self.engine = engine
+        self.infos = engine.infos
         self.max_body_bytes = max_body_bytes
-        self.metrics = metrics
 
     # --- plumbing -----------------------------------------------------------------------
 
@@ -109,38 +93,25 @@ class _App:
         async def handle(request: Request) -> Response:
             t0 = time.perf_counter()
             name = request.path_params.get("name")
-            label = name if name in self.models else (_UNKNOWN if name else "")
+            label = name if name in self.infos else (UNKNOWN if name else "")
             try:
                 response = await fn(request)
             except ClientDisconnect:
                 response = error_response(400, "client disconnected while sending the body")
             except Exception as e:
-                status = _status_of(e)
+                status = status_of(e)
                 if status >= 500 and not isinstance(e, (QueueFullError, BatcherClosedError)):
                     log.error("%s %s failed", request.method, request.url.path, exc_info=e)
-                    message = f"inference failed: {type(e).__name__}: {e}"
-                else:
-                    message = str(e) if isinstance(e, BundleError) else f"{type(e).__name__}: {e}"
-                response = error_response(status, message)
-            status = response.status_code
-            self.metrics.requests.labels(label, endpoint, str(status)).inc()
-            if status >= 400:
-                self.metrics.errors.labels(label, endpoint, _error_kind(status)).inc()
-            self.metrics.latency.labels(label, endpoint).observe(time.perf_counter() - t0)
+                response = error_response(status, error_message(e, status))
+            self.engine.record_request(label, endpoint, response.status_code,
+                                       time.perf_counter() - t0)
             return response
         return handle
 
-    def lookup(self, request: Request) -> tuple[Any, Batcher]:
+    def lookup(self, request: Request):
         """The model named in the path (and its version, when given), or a 404."""
-        name = request.path_params["name"]
-        model = self.models.get(name)
-        if model is None:
-            raise RequestError(f"unknown model {name!r}; served: {sorted(self.models)}", 404)
-        version = request.path_params.get("version")
-        if version is not None and version != str(model.version):
-            raise RequestError(
-                f"model {name!r} has no version {version!r}; available: [{model.version!r}]", 404)
-        return model, self.batchers[name]
+        return self.engine.lookup(request.path_params["name"],
+                                  request.path_params.get("version"))
 
     async def read_body(self, request: Request) -> bytes:
         """The body, refused with 413 by its declared length or as soon as it grows too big."""
@@ -164,49 +135,60 @@ class _App:
                 chunks.append(chunk)
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-    # --- routes -------------------------------------------------------------------------
+    async def read_json(self, request: Request, default: Any = None) -> Any:
+        body = await self.read_body(request)
+        return protocol.load_json(body) if body.strip() else default
+
+    # --- KServe v2 core -----------------------------------------------------------------
 
     async def live(self, request: Request) -> Response:
         return JSONResponse({"live": True})
 
     async def ready(self, request: Request) -> Response:
         # The protocol answers health with 200 for true and a 4xx for false.
-        ok = all(not b.closed for b in self.batchers.values())
+        ok = await self.engine.ready()
         return JSONResponse({"ready": ok}, status_code=200 if ok else 400)
 
     async def server_metadata(self, request: Request) -> Response:
-        return JSONResponse(protocol.server_metadata())
+        return JSONResponse(triton_ext.server_metadata())
 
     async def model_metadata(self, request: Request) -> Response:
-        model, _ = self.lookup(request)
-        return JSONResponse(protocol.model_metadata(model))
+        return JSONResponse(triton_ext.model_metadata(self.lookup(request)))
 
     async def model_ready(self, request: Request) -> Response:
-        model, batcher = self.lookup(request)
-        ok = not batcher.closed
-        return JSONResponse({"name": model.name, "ready": ok}, status_code=200 if ok else 400)
+        info = self.lookup(request)
+        ok = await self.engine.ready(info.name)
+        return JSONResponse({"name": info.name, "ready": ok}, status_code=200 if ok else 400)
 
     async def infer(self, request: Request) -> Response:
-        model, batcher = self.lookup(request)
-        max_batch = getattr(model, "max_batch_size", None)
+        info = self.lookup(request)
+        max_batch = info.max_batch_size
+        limits = protocol.json_limits(info.inputs, max_batch)
         error: BaseException | None = None
         try:
             body = await self.read_body(request)
-            args = (body, request.headers.get(protocol.HEADER_LENGTH), model, max_batch)
-            if len(body) > _THREADPOOL_JSON_BYTES:
-                parsed = await run_in_threadpool(_parse_infer, *args)
+            header_bytes, binary = protocol.split_body(
+                body, request.headers.get(protocol.HEADER_LENGTH))
+
+            def parse():
+                header = protocol.load_json(header_bytes, limits)
+                return parse_http_call(info.name, None, header, binary, info.inputs,
+                                       info.outputs, max_batch=max_batch)
+
+            if len(header_bytes) > _THREADPOOL_JSON_BYTES:
+                call = await run_in_threadpool(parse)
             else:
-                parsed = _parse_infer(*args)
+                call = parse()
         except Exception as exc:
-            error = _forget_frames(exc)
+            error = _refused(exc)
         if error is not None:
             # raised here, outside the except clause, so nothing chains the body to it
-            body = args = None
+            body = header_bytes = binary = parse = None
             raise error
-        results = await batcher.submit_async(parsed.feeds)
-        encode = (protocol.encode_infer_response, model.name, str(model.version), parsed.id,
-                  results, parsed.outputs)
-        json_elems = sum(results[o.name].size for o in parsed.outputs if not o.binary)
+        results = await self.engine.infer(call)
+        encode = (encode_http_response, info.name, info.version, call, results)
+        json_elems = sum(getattr(results[o.name], "size", 0)
+                         for o in call.outputs if not o.binary)
         if json_elems * 8 > _THREADPOOL_JSON_BYTES:
             content, headers, media = await run_in_threadpool(*encode)
         else:
@@ -214,7 +196,7 @@ class _App:
         return Response(content, headers=headers, media_type=media)
 
     async def classify(self, request: Request) -> Response:
-        model, batcher = self.lookup(request)
+        info = self.lookup(request)
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype and not (ctype.startswith("image/") or ctype == "application/octet-stream"):
             raise RequestError(
@@ -227,32 +209,71 @@ class _App:
             k = 0
         if k < 1:
             raise RequestError(f"top_k must be a positive integer, got {raw_k!r}")
-        if len(model.inputs) != 1:
-            raise RequestError(f"model {model.name!r} takes {len(model.inputs)} inputs; "
+        if len(info.inputs) != 1:
+            raise RequestError(f"model {info.name!r} takes {len(info.inputs)} inputs; "
                                f"classify needs a single image input")
         error: BaseException | None = None
         try:
             body = await self.read_body(request)
             if not body:
                 raise PreprocessError("empty body: send one encoded image (JPEG, PNG, ...)")
-            batch = await run_in_threadpool(model.preprocess, [body])
+            top = await self.engine.classify(info.name, body, k)
         except Exception as exc:
-            error = _forget_frames(exc)   # as in infer: a refused image must not stay resident
+            error = _refused(exc)   # as in infer: a refused image must not stay resident
         if error is not None:
             body = None
             raise error
-        del body
-        results = await batcher.submit_async({model.inputs[0].name: batch})
-        top = model.top_k(results[model.outputs[0].name], k)[0]
         return JSONResponse({
-            "model_name": model.name,
-            "model_version": str(model.version),
+            "model_name": info.name,
+            "model_version": info.version,
             "predictions": [{"label": label, "index": int(index), "score": float(score)}
                             for index, label, score in top],
         })
 
     async def metrics_endpoint(self, request: Request) -> Response:
-        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        # Not counted in the metrics it serves (a scrape every few seconds is noise there).
+        try:
+            text = await self.engine.metrics_text()
+        except Exception as e:
+            status = status_of(e)
+            log.error("GET /metrics failed", exc_info=e)
+            return error_response(status, error_message(e, status))
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
+
+    # --- Triton extensions --------------------------------------------------------------
+
+    async def model_config(self, request: Request) -> Response:
+        return JSONResponse(triton_ext.model_config(self.lookup(request)))
+
+    async def repository_index(self, request: Request) -> Response:
+        await self.read_json(request, {})   # {"ready": bool} is allowed; all are ready
+        return JSONResponse(triton_ext.repository_index(list(self.infos.values())))
+
+    async def stats(self, request: Request) -> Response:
+        name = request.path_params.get("name")
+        return JSONResponse(await self.engine.stats(name, request.path_params.get("version")))
+
+    async def shm_status(self, request: Request) -> Response:
+        return JSONResponse(await self.engine.shm_status(request.path_params.get("region")))
+
+    async def shm_register(self, request: Request) -> Response:
+        doc = await self.read_json(request)
+        if not isinstance(doc, dict):
+            raise RequestError("register takes a JSON object {key, offset, byte_size}")
+        await self.engine.shm_register(request.path_params["region"], doc.get("key"),
+                                       doc.get("offset", 0), doc.get("byte_size"))
+        return JSONResponse({})
+
+    async def shm_unregister(self, request: Request) -> Response:
+        await self.engine.shm_unregister(request.path_params.get("region"))
+        return JSONResponse({})
+
+    async def cuda_shm(self, request: Request) -> Response:
+        raise RequestError("CUDA shared memory is not supported by this server; use system "
+                           "shared memory (/v2/systemsharedmemory)")
+
+
+UNKNOWN = "_unknown"   # metrics label for model names that are not served
 
 
 def create_app(
@@ -265,25 +286,40 @@ def create_app(
     """The ASGI app serving ``models`` (served name -> model) through ``batchers``.
 
     The caller owns the batchers (creates and closes them); the app only submits to them
-    and registers a metrics listener on each.
+    and registers metrics listeners on each.
     """
-    metrics = metrics or ServerMetrics()
-    app = _App(models, batchers, max_body_bytes, metrics)
-    for name, batcher in app.batchers.items():
-        metrics.watch(name, batcher)
+    return create_engine_app(Engine(models, batchers, metrics), max_body_bytes=max_body_bytes)
+
+
+def create_engine_app(engine: Any, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Starlette:
+    """The ASGI app over an engine: ``Engine`` here, or a worker's ``RemoteEngine``."""
+    app = _App(engine, max_body_bytes)
     h = app.handler
     model_routes = []
     for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
         model_routes += [
             Route(prefix, h("metadata", app.model_metadata), methods=["GET"]),
             Route(prefix + "/ready", h("ready", app.model_ready), methods=["GET"]),
+            Route(prefix + "/config", h("config", app.model_config), methods=["GET"]),
+            Route(prefix + "/stats", h("stats", app.stats), methods=["GET"]),
             Route(prefix + "/infer", h("infer", app.infer), methods=["POST"]),
             Route(prefix + "/classify", h("classify", app.classify), methods=["POST"]),
         ]
+    shm = "/v2/systemsharedmemory"
     routes = [
         Route("/v2/health/live", h("live", app.live), methods=["GET"]),
         Route("/v2/health/ready", h("ready", app.ready), methods=["GET"]),
         Route("/v2", h("server_metadata", app.server_metadata), methods=["GET"]),
+        Route("/v2/models/stats", h("stats", app.stats), methods=["GET"]),
+        Route("/v2/repository/index", h("repository", app.repository_index), methods=["POST"]),
+        Route(shm + "/status", h("shm", app.shm_status), methods=["GET"]),
+        Route(shm + "/region/{region}/status", h("shm", app.shm_status), methods=["GET"]),
+        Route(shm + "/region/{region}/register", h("shm", app.shm_register), methods=["POST"]),
+        Route(shm + "/region/{region}/unregister", h("shm", app.shm_unregister),
+              methods=["POST"]),
+        Route(shm + "/unregister", h("shm", app.shm_unregister), methods=["POST"]),
+        Route("/v2/cudasharedmemory/{rest:path}", h("shm", app.cuda_shm),
+              methods=["GET", "POST"]),
         *model_routes,
         Route("/metrics", app.metrics_endpoint, methods=["GET"]),
     ]

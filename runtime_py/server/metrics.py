@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from ..batcher import Batcher, BatchStats
 
@@ -24,7 +24,7 @@ class ServerMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.requests = Counter(
-            "trt_bundle_requests", "HTTP requests answered, by model, endpoint and status.",
+            "trt_bundle_requests", "Requests answered (HTTP and gRPC), by model, endpoint and HTTP status.",
             ["model", "endpoint", "status"], registry=r)
         self.errors = Counter(
             "trt_bundle_errors", "Requests answered with an error, by kind.",
@@ -47,6 +47,17 @@ class ServerMetrics:
         self.queue_length = Gauge(
             "trt_bundle_queue_length", "Requests waiting in the batcher.", ["model"], registry=r)
 
+    def record_request(self, model: str, endpoint: str, status: int, seconds: float) -> None:
+        """Count one answered request (HTTP status; gRPC codes are mapped to one)."""
+        self.requests.labels(model, endpoint, str(status)).inc()
+        if status >= 400:
+            self.errors.labels(model, endpoint, error_kind(status)).inc()
+        self.latency.labels(model, endpoint).observe(seconds)
+
+    def exposition(self) -> bytes:
+        """The text ``/metrics`` answers with."""
+        return generate_latest(self.registry)
+
     def watch(self, model: str, batcher: Batcher) -> Callable[[BatchStats], None]:
         """Feed this batcher's batches into the histograms; returns the listener."""
         size = self.batch_size.labels(model)
@@ -65,3 +76,9 @@ class ServerMetrics:
 
         batcher.add_listener(listener)
         return listener
+
+
+def error_kind(status: int) -> str:
+    return {400: "bad_request", 404: "not_found", 409: "conflict", 413: "too_large",
+            415: "unsupported_media", 503: "unavailable"}.get(
+        status, "internal" if status >= 500 else "client")

@@ -1,22 +1,29 @@
-"""Running the app with uvicorn: ``serve`` (blocking, for ``bundle serve``) and
-``ServerThread`` (a loopback server in a background thread, for tests and benchmarks).
+"""Running the server: ``serve`` (blocking, for ``bundle serve``: HTTP with uvicorn, gRPC
+with grpcio, in this process or in front-end worker processes) and ``ServerThread`` (a
+loopback HTTP server in a background thread, for tests and benchmarks).
 
-``serve`` owns the batchers it creates: uvicorn stops accepting on SIGINT/SIGTERM and
-finishes the requests in flight, then the batchers are closed with ``drain=True`` so no
-accepted request is dropped.
+``serve`` binds every port before it reports being ready, and owns the batchers it
+creates: on SIGINT/SIGTERM the front-ends stop accepting and finish the requests in
+flight, then the batchers are closed with ``drain=True`` so no accepted request is dropped.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
+import signal
+import socket
 import threading
 import time
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import uvicorn
 
 from ..batcher import Batcher
-from ..errors import UsageError
-from .app import DEFAULT_MAX_BODY_BYTES, create_app
+from ..errors import AddressInUseError, UsageError
+from .app import DEFAULT_MAX_BODY_BYTES, create_engine_app
+from .engine import Engine
 
 
 def _by_name(models: Mapping[str, Any] | Iterable[Any]) -> dict[str, Any]:
@@ -37,34 +44,174 @@ def serve(
     max_batch: int | None = None,
     max_delay_ms: float = 2.0,
     *,
+    grpc_port: int | None = None,
+    workers: int = 0,
     max_queue: int = 1024,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     log_level: str = "info",
     access_log: bool = False,
+    on_ready: Callable[[dict[str, str]], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> None:
     """Serve ``models`` (a name -> model mapping, or models keyed by ``model.name``) until
-    interrupted. ``max_batch`` defaults to each model's max batch size."""
+    SIGINT/SIGTERM. ``max_batch`` defaults to each model's max batch size (and is capped
+    to it). HTTP always; gRPC too when ``grpc_port`` is given. ``workers`` > 0 runs that
+    many front-end processes over this process's engine (``workers.serve_with_workers``);
+    0 runs the front-ends in this process.
+
+    ``on_ready`` is called once every port is bound, with the addresses actually bound
+    (``{"http": "http://host:port", "grpc": "host:port"}``), so ``--port 0`` can be told.
+    A port that cannot be bound raises ``AddressInUseError`` before anything is served.
+    ``stop``, when given, ends serving once set (for callers that run this on a thread,
+    where signals cannot be caught).
+    """
     named = _by_name(models)
     if not named:
         raise UsageError("no model to serve")
     batchers: dict[str, Batcher] = {}
     try:
         for name, model in named.items():
-            batchers[name] = Batcher(model, max_batch_size=_cap(max_batch, model),
+            batchers[name] = Batcher(model, max_batch_size=capped_max_batch(max_batch, model),
                                      max_delay_ms=max_delay_ms, max_queue=max_queue)
-        app = create_app(named, batchers, max_body_bytes=max_body_bytes)
-        config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                                access_log=access_log, lifespan="off")
-        uvicorn.Server(config).run()
+        engine = Engine(named, batchers)
+        http_sock = bind_http(host, port)
+        try:
+            if workers > 0:
+                from .workers import serve_with_workers
+
+                serve_with_workers(engine, http_sock, host, grpc_port, workers,
+                                   max_body_bytes=max_body_bytes, log_level=log_level,
+                                   access_log=access_log, on_ready=on_ready, stop=stop)
+            else:
+                run_async(_serve_here(engine, http_sock, host, grpc_port,
+                                        max_body_bytes=max_body_bytes, log_level=log_level,
+                                        access_log=access_log, on_ready=on_ready,
+                                        stop=stop))
+        finally:
+            http_sock.close()
+            engine.close()
     finally:
         for b in batchers.values():
             b.close(drain=True)
 
 
-def _cap(max_batch: int | None, model: Any) -> int | None:
-    # A --max-batch above what one model's engine takes is capped for that model rather
-    # than refused: serving several bundles with one flag must not fail on the smallest.
+def run_async(coro: Any) -> Any:
+    """``asyncio.run`` on uvloop when it is installed (the ``serve`` extra has it): its
+    event loop costs a fraction of asyncio's per request, which is most of a front-end's
+    time with small tensors."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def capped_max_batch(max_batch: int | None, model: Any) -> int | None:
+    """``max_batch`` limited to what the model's engine takes.
+
+    A --max-batch above one model's max is capped for that model rather than refused:
+    serving several bundles with one flag must not fail on the smallest (the CLI says so).
+    """
     return None if max_batch is None else min(int(max_batch), int(model.max_batch_size))
+
+
+def bind_http(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port``, or ``AddressInUseError`` saying why not."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        raise AddressInUseError(
+            f"cannot listen for HTTP on {host}:{port}: {e.strerror or e}; stop what uses "
+            f"the port or pick another with --port (0 picks a free one)") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def bound_port(sock: socket.socket) -> int:
+    return sock.getsockname()[1]
+
+
+def http_url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+async def run_front_ends(engine: Any, http_sock: socket.socket, host: str,
+                         grpc_port: int | None, *, max_body_bytes: int, log_level: str,
+                         access_log: bool, on_bound: Callable[[dict[str, str]], None]
+                         | None = None, stop: threading.Event | None = None,
+                         grpc_reuse_port: bool = False) -> None:
+    """HTTP (uvicorn, on the given socket) and gRPC on one event loop, until a signal
+    (uvicorn's handlers, on the main thread) or ``stop``."""
+    from .grpc_service import start_grpc_server
+
+    app = create_engine_app(engine, max_body_bytes=max_body_bytes)
+    config = uvicorn.Config(app, log_level=log_level, access_log=access_log, lifespan="off")
+    server = _QuietServer(config)
+    loop = asyncio.get_running_loop()
+    signals = (signal.SIGINT, signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread():
+        signals = ()   # a caller on another thread stops us through ``stop``
+
+    def on_signal() -> None:
+        server.force_exit = server.should_exit   # a second signal: stop waiting
+        server.should_exit = True
+
+    for sig in signals:
+        loop.add_signal_handler(sig, on_signal)
+    grpc_server = None
+    addresses = {"http": http_url(host, bound_port(http_sock))}
+    if grpc_port is not None:
+        try:
+            grpc_server, bound = await start_grpc_server(engine, host, grpc_port,
+                                                         max_body_bytes, grpc_reuse_port)
+        except OSError as e:
+            raise AddressInUseError(f"{e}; stop what uses the port or pick another with "
+                                    f"--grpc-port (0 picks a free one)") from None
+        addresses["grpc"] = f"{host}:{bound}"
+    async def watch_stop() -> None:
+        while not stop.is_set():
+            await asyncio.sleep(0.05)
+        server.should_exit = True
+
+    watcher = asyncio.create_task(watch_stop()) if stop is not None else None
+    try:
+        serving = asyncio.create_task(server.serve(sockets=[http_sock]))
+        while not server.started and not serving.done():
+            await asyncio.sleep(0.01)
+        if server.started and on_bound is not None:
+            on_bound(addresses)
+        await serving
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+        if grpc_server is not None:
+            await grpc_server.stop(grace=5.0)
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+
+
+class _QuietServer(uvicorn.Server):
+    """uvicorn without its signal handling: ``run_front_ends`` catches SIGINT/SIGTERM on
+    its loop. uvicorn's own handlers re-raise the signal once it has stopped, which kills
+    the process (exit 143 on SIGTERM) before the batchers drain and the models close."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):   # uvicorn >= 0.29
+        yield
+
+    def install_signal_handlers(self) -> None:   # older uvicorn
+        pass
+
+
+async def _serve_here(engine: Engine, http_sock: socket.socket, host: str,
+                      grpc_port: int | None, *, on_ready, stop, **options: Any) -> None:
+    await run_front_ends(engine, http_sock, host, grpc_port, on_bound=on_ready, stop=stop,
+                         **options)
 
 
 class ServerThread:
@@ -111,3 +258,10 @@ class ServerThread:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def default_workers() -> int:
+    """Front-end worker processes for this host: 0 (parse in the engine process) on hosts
+    with few cores, where extra processes only compete with the engine for them."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return 0 if (cores or 1) <= 2 else min(8, (cores or 1) // 2)

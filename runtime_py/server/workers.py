@@ -1,0 +1,610 @@
+"""Front-end worker processes over one engine process: HTTP and gRPC parsing on several
+cores, one model and one batcher per model on the engine.
+
+Why processes: parsing KServe requests (HTTP framing, JSON headers, protobuf) is Python
+work that holds the GIL; in the engine's process it competes with the batcher's thread
+and caps the service at one core of parsing. Each worker runs the same front-ends as the
+in-process server (``run.run_front_ends``: uvicorn and grpc.aio on one event loop) over a
+``RemoteEngine`` that forwards to the engine process.
+
+The data path, and why it is shaped so:
+- Each worker shares an anonymous memory arena (``memfd_create``, inherited by fd, never a
+  name in ``/dev/shm``, so nothing can leak there even on a crash) with the engine. A
+  worker copies a request's tensors into slots of its arena (one copy: the bytes arrived
+  in the worker's socket buffer) and sends their place; the engine hands the batcher numpy
+  views of them. The arena holds the largest request the front-ends accept; when it is
+  full the request waits for slots (back-pressure), and only a request larger than the
+  whole arena (a huge JSON body, once parsed) travels inline in the message.
+- Client shared-memory regions are passed by reference: the engine owns the one registry,
+  so a region registered through one worker is usable through every other.
+- Messages are msgpack over a socketpair (``multiprocessing.connection.Connection``'s
+  framing, never its pickling). Workers are started with ``subprocess`` (no pickled
+  arguments): the listening HTTP socket, the IPC socket and the arena go by fd.
+- Metrics and statistics stay in the engine process: workers report each answered request
+  in a one-way message, and ``/metrics`` asks the engine, so one scrape sees every worker.
+- The engine ends on SIGINT/SIGTERM: workers get SIGTERM, finish their requests in flight
+  (the engine still answers them), exit; then the batchers drain. A worker exits when the
+  engine goes away (EOF on its socket); a worker that dies stops the server (exit 7).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import mmap
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+from typing import Any, Callable
+
+import msgpack
+import numpy as np
+
+from ..errors import AddressInUseError, ServingError
+from ..tensors import TensorSpec
+from .engine import (Engine, InferCall, ModelInfo, ShmInput, ShmOutput, lookup_info,
+                     status_of)
+from .protocol import OutputRequest, RequestError
+from .shm import ShmRef
+
+log = logging.getLogger(__name__)
+
+SLOTS = 64
+MIN_SLOT_BYTES = 64 * 1024
+_PAGE = 4096
+
+
+def _pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def _unpack(data: bytes) -> Any:
+    return msgpack.unpackb(data, raw=False)
+
+
+def slot_bytes(infos: list[ModelInfo]) -> int:
+    """One slot holds one row of every input of the largest model (fixed dims), so a
+    single-image request takes one slot."""
+    row = 0
+    for info in infos:
+        n = 0
+        for s in info.inputs:
+            dims = [d for d in s.shape[1:]]
+            if all(isinstance(d, int) and d >= 0 for d in dims):
+                n += int(np.prod(dims, dtype=np.int64)) * np.dtype(s.dtype).itemsize
+        row = max(row, n)
+    return max(MIN_SLOT_BYTES, -(-row // _PAGE) * _PAGE)
+
+
+class SlotArena:
+    """First-fit allocation of consecutive fixed-size slots; used by one event loop."""
+
+    def __init__(self, buf: mmap.mmap, slot: int, slots: int) -> None:
+        self.buf = buf
+        self.slot = slot
+        self.size = slot * slots
+        self.free = [True] * slots
+        self.hint = 0
+
+    def alloc(self, nbytes: int) -> int | None:
+        """Offset of ``nbytes`` of free consecutive slots, or None. The search starts after
+        the last allocation: requests finish roughly in order, so the next free run is
+        usually right there."""
+        k = max(1, -(-nbytes // self.slot))
+        n = len(self.free)
+        for start in (self.hint, 0):
+            run = 0
+            for i in range(start, n):
+                run = run + 1 if self.free[i] else 0
+                if run == k:
+                    first = i - k + 1
+                    for j in range(first, i + 1):
+                        self.free[j] = False
+                    self.hint = (i + 1) % n
+                    return first * self.slot
+        return None
+
+    def release(self, offset: int, nbytes: int) -> None:
+        start = offset // self.slot
+        for j in range(start, start + max(1, -(-nbytes // self.slot))):
+            self.free[j] = True
+
+
+def _info_to_wire(info: ModelInfo) -> dict:
+    d = info._asdict()
+    d["inputs"] = [list(s) for s in info.inputs]
+    d["outputs"] = [list(s) for s in info.outputs]
+    return d
+
+
+def _info_from_wire(d: dict) -> ModelInfo:
+    d = dict(d)
+    d["inputs"] = [TensorSpec(n, t, tuple(s)) for n, t, s in d["inputs"]]
+    d["outputs"] = [TensorSpec(n, t, tuple(s)) for n, t, s in d["outputs"]]
+    return ModelInfo(**d)
+
+
+# --- the worker side ----------------------------------------------------------------------
+
+class RemoteEngine:
+    """The ``Engine`` interface of a worker process, answered by the engine process."""
+
+    def __init__(self, conn: Connection, arena: SlotArena, infos: dict[str, ModelInfo]) -> None:
+        self.conn = conn
+        self.arena = arena
+        self.infos = infos
+        self._next = 0
+        # id -> (future, what to do when the reply arrives, even if nobody awaits it)
+        self._pending: dict[int, tuple[asyncio.Future, Callable[[], None] | None]] = {}
+        self._send_lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.lost = threading.Event()
+        self._space = asyncio.Event()   # set when arena slots are released
+
+    def start(self, loop: asyncio.AbstractEventLoop, on_lost: Callable[[], None]) -> None:
+        """Read replies on the event loop itself (no reader thread: one hop less per
+        request). The engine writes each message whole, so a readable socket never
+        blocks ``recv_bytes`` for long."""
+        self._loop = loop
+        self._on_lost = on_lost
+        loop.add_reader(self.conn.fileno(), self._on_readable)
+        os.set_blocking(self.conn.fileno(), True)   # uvloop's add_reader made it non-blocking
+
+    def _on_readable(self) -> None:
+        while True:
+            try:
+                msg = _unpack(self.conn.recv_bytes())
+            except (EOFError, OSError):
+                self._loop.remove_reader(self.conn.fileno())
+                self.lost.set()
+                self._fail_all()
+                self._on_lost()
+                return
+            self._resolve(msg)
+            if not self.conn.poll(0):
+                return
+
+    def _resolve(self, msg: dict) -> None:
+        fut, on_reply = self._pending.pop(msg["id"], (None, None))
+        if on_reply is not None:
+            on_reply()
+        if fut is not None and not fut.done():
+            fut.set_result(msg)
+
+    def _fail_all(self) -> None:
+        for fut, on_reply in self._pending.values():
+            if on_reply is not None:
+                on_reply()
+            if not fut.done():
+                fut.set_exception(RequestError("the engine process is gone", 503))
+        self._pending.clear()
+
+    def _send(self, msg: dict) -> None:
+        data = _pack(msg)
+        with self._send_lock:
+            self.conn.send_bytes(data)
+
+    async def _call(self, msg: dict, on_reply: Callable[[], None] | None = None) -> dict:
+        """Send ``msg`` and await the reply. ``on_reply`` runs when the reply arrives (or
+        the engine is gone), also when the awaiting request was cancelled meanwhile: the
+        engine may still be reading the arena slots it releases until then."""
+        if self.lost.is_set():
+            if on_reply is not None:
+                on_reply()
+            raise RequestError("the engine process is gone", 503)
+        self._next += 1
+        msg["id"] = self._next
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[self._next] = (fut, on_reply)
+        try:
+            self._send(msg)
+        except OSError:
+            self._pending.pop(msg["id"], None)
+            if on_reply is not None:
+                on_reply()
+            raise RequestError("the engine process is gone", 503) from None
+        reply = await fut
+        if not reply["ok"]:
+            raise RequestError(reply["message"], reply["status"])
+        return reply
+
+    # --- the Engine interface -----------------------------------------------------------
+
+    def lookup(self, name: str, version: str | None = None) -> ModelInfo:
+        return lookup_info(self.infos, name, version)
+
+    async def infer(self, call: InferCall) -> dict[str, np.ndarray | ShmOutput]:
+        self.lookup(call.model, call.version)
+        arrays = {name: np.ascontiguousarray(arr) for name, arr in call.feeds.items()}
+        places, total = {}, 0
+        for name, arr in arrays.items():
+            places[name] = total
+            total += -(-arr.nbytes // 64) * 64
+        held: list[tuple[int, int]] = []
+
+        def release() -> None:
+            for offset, n in held:
+                self.arena.release(offset, n)
+            if held:
+                self._space.set()
+            held.clear()
+
+        base = None
+        if total and total <= self.arena.size:
+            # One block per request (no partial holds); wait while the arena is full:
+            # back-pressure on the worker, never a second path for the same bytes.
+            while (base := self.arena.alloc(total)) is None:
+                self._space.clear()
+                await self._space.wait()
+            held.append((base, total))
+        feeds = []
+        try:
+            for name, arr in arrays.items():
+                if base is None:   # larger than the whole arena (a huge JSON request)
+                    where = ["inline", arr.tobytes()]
+                else:
+                    offset = base + places[name]
+                    dst = np.frombuffer(self.arena.buf, np.uint8, arr.nbytes, offset)
+                    dst[:] = arr.reshape(-1).view(np.uint8)
+                    where = ["arena", offset]
+                feeds.append([name, arr.dtype.name, list(arr.shape), where])
+        except BaseException:
+            release()
+            raise
+        reply = await self._call({
+            "op": "infer", "model": call.model, "version": call.version,
+            "feeds": feeds,
+            "shm_in": [[n, *s.ref, s.dtype.name, s.shape] for n, s in call.shm_inputs.items()],
+            "outputs": [[o.name, o.binary] for o in call.outputs],
+            "shm_out": [[n, *r] for n, r in call.shm_outputs.items()],
+        }, on_reply=release)
+        out: dict[str, np.ndarray | ShmOutput] = {}
+        for name, dtype, shape, data, ref in reply["outputs"]:
+            dt = np.dtype(dtype)
+            if ref is None:
+                out[name] = np.frombuffer(data, dt).reshape(shape)
+            else:
+                out[name] = ShmOutput(tuple(shape), dt, ShmRef(*ref))
+        return out
+
+    async def ready(self, name: str | None = None) -> bool:
+        return (await self._call({"op": "ready", "name": name}))["value"]
+
+    async def classify(self, name: str, image: bytes, k: int) -> list:
+        top = (await self._call({"op": "classify", "name": name, "image": image, "k": k}))["value"]
+        return [tuple(t) for t in top]
+
+    async def stats(self, name: str | None = None, version: str | None = None) -> dict:
+        return (await self._call({"op": "stats", "name": name, "version": version}))["value"]
+
+    async def metrics_text(self) -> bytes:
+        return (await self._call({"op": "metrics"}))["value"]
+
+    async def shm_register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        await self._call({"op": "shm_register", "args": [name, key, offset, byte_size]})
+
+    async def shm_unregister(self, name: str | None = None) -> None:
+        await self._call({"op": "shm_unregister", "name": name})
+
+    async def shm_status(self, name: str | None = None) -> list[dict]:
+        return (await self._call({"op": "shm_status", "name": name}))["value"]
+
+    def record_request(self, model: str, endpoint: str, status: int, seconds: float) -> None:
+        if not self.lost.is_set():
+            try:
+                self._send({"op": "record", "args": [model, endpoint, status, seconds]})
+            except OSError:
+                pass
+
+
+def worker_main(argv: list[str] | None = None) -> int:
+    """Entry point of one front-end process (``python -m runtime_py.server.workers``)."""
+    from .run import run_async, run_front_ends
+
+    ap = argparse.ArgumentParser()
+    for flag in ("--ipc-fd", "--http-fd", "--arena-fd", "--arena-bytes", "--slot-bytes",
+                 "--max-body-bytes"):
+        ap.add_argument(flag, type=int, required=True)
+    ap.add_argument("--host", required=True)
+    ap.add_argument("--grpc-port", type=int, default=None)
+    ap.add_argument("--log-level", default="warning")
+    ap.add_argument("--access-log", action="store_true")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper())
+    conn = Connection(args.ipc_fd)
+    buf = mmap.mmap(args.arena_fd, args.arena_bytes)
+    os.close(args.arena_fd)
+    hello = _unpack(conn.recv_bytes())
+    infos = {d["name"]: _info_from_wire(d) for d in hello["models"]}
+    engine = RemoteEngine(conn, SlotArena(buf, args.slot_bytes, args.arena_bytes // args.slot_bytes),
+                          infos)
+    http_sock = socket.socket(fileno=args.http_fd)
+
+    def bound(addresses: dict) -> None:
+        engine._send({"op": "hello", "ok": True, "addresses": addresses})
+
+    async def main() -> None:
+        engine.start(asyncio.get_running_loop(), lambda: os.kill(os.getpid(), signal.SIGTERM))
+        await run_front_ends(engine, http_sock, args.host, args.grpc_port,
+                             max_body_bytes=args.max_body_bytes, log_level=args.log_level,
+                             access_log=args.access_log, on_bound=bound, grpc_reuse_port=True)
+
+    try:
+        run_async(main())
+    except AddressInUseError as e:
+        engine._send({"op": "hello", "ok": False, "message": str(e)})
+        return 7
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+# --- the engine side ----------------------------------------------------------------------
+
+class _Worker:
+    def __init__(self, index: int, proc: subprocess.Popen, conn: Connection,
+                 arena: mmap.mmap) -> None:
+        self.index, self.proc, self.conn, self.arena = index, proc, conn, arena
+        self.lock = threading.Lock()
+        self.hello: dict | None = None
+
+    def send(self, msg: dict) -> None:
+        data = _pack(msg)
+        with self.lock:
+            self.conn.send_bytes(data)
+
+
+class EngineHost:
+    """Answers the workers' messages on the engine process's event loop."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def handle(self, w: _Worker, msg: dict) -> None:
+        op = msg["op"]
+        if op == "record":
+            self.engine.record_request(*msg["args"])
+            return
+        try:
+            reply = {"id": msg["id"], "ok": True}
+            reply.update(await self._answer(w, op, msg))
+        except Exception as e:
+            status = status_of(e)
+            if status >= 500 and not isinstance(e, RequestError):
+                log.error("engine: %s failed", op, exc_info=e)
+            from .app import error_message
+            reply = {"id": msg["id"], "ok": False, "status": status,
+                     "message": error_message(e, status)}
+        try:
+            w.send(reply)
+        except OSError:
+            pass   # the worker is gone; its requests with it
+
+    async def _answer(self, w: _Worker, op: str, msg: dict) -> dict:
+        e = self.engine
+        if op == "infer":
+            return {"outputs": await self._infer(w, msg)}
+        if op == "ready":
+            name = msg["name"]
+            return {"value": await e.ready(e.lookup(name).name if name else None)}
+        if op == "classify":
+            top = await e.classify(msg["name"], msg["image"], msg["k"])
+            return {"value": [list(t) for t in top]}
+        if op == "stats":
+            return {"value": await e.stats(msg["name"], msg["version"])}
+        if op == "metrics":
+            return {"value": await e.metrics_text()}
+        if op == "shm_register":
+            await e.shm_register(*msg["args"])
+            return {}
+        if op == "shm_unregister":
+            await e.shm_unregister(msg["name"])
+            return {}
+        if op == "shm_status":
+            return {"value": await e.shm_status(msg["name"])}
+        raise RequestError(f"unknown engine operation {op!r}", 500)
+
+    async def _infer(self, w: _Worker, msg: dict) -> list:
+        feeds = {}
+        for name, dtype, shape, (kind, where) in msg["feeds"]:
+            dt = np.dtype(dtype)
+            count = int(np.prod(shape, dtype=np.int64))
+            if kind == "arena":
+                feeds[name] = np.frombuffer(w.arena, dt, count, where).reshape(shape)
+            else:
+                feeds[name] = np.frombuffer(where, dt, count).reshape(shape)
+        shm_in = {n: ShmInput(ShmRef(r, o, s), np.dtype(dt), shape)
+                  for n, r, o, s, dt, shape in msg["shm_in"]}
+        call = InferCall(msg["model"], msg["version"], None, feeds, shm_in,
+                         [OutputRequest(n, b) for n, b in msg["outputs"]],
+                         {n: ShmRef(r, o, s) for n, r, o, s in msg["shm_out"]})
+        results = await self.engine.infer(call)
+        out = []
+        for name, r in results.items():
+            if isinstance(r, ShmOutput):
+                out.append([name, r.dtype.name, list(r.shape), None, list(r.ref)])
+            else:
+                le = np.ascontiguousarray(r, dtype=r.dtype.newbyteorder("<"))
+                out.append([name, r.dtype.name, list(r.shape), le.tobytes(), None])
+        return out
+
+
+def _reserve_grpc_port(host: str, port: int) -> socket.socket:
+    """A bound, non-listening SO_REUSEPORT socket holding the gRPC port while the workers'
+    servers (SO_REUSEPORT too) bind it. A plain bind first proves the port free: with
+    SO_REUSEPORT alone, another server of the same user would silently share it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    probe = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        probe.bind((host, port))
+        port = probe.getsockname()[1]
+        probe.close()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except OSError as e:
+        probe.close()
+        sock.close()
+        raise AddressInUseError(
+            f"cannot listen for gRPC on {host}:{port}: {e.strerror or e}; stop what uses the "
+            f"port or pick another with --grpc-port (0 picks a free one)") from None
+    return sock
+
+
+def serve_with_workers(engine: Engine, http_sock: socket.socket, host: str,
+                       grpc_port: int | None, workers: int, *, max_body_bytes: int,
+                       log_level: str, access_log: bool,
+                       on_ready: Callable[[dict[str, str]], None] | None = None,
+                       stop: threading.Event | None = None) -> None:
+    """Run ``workers`` front-end processes over ``engine`` until SIGINT/SIGTERM (or
+    ``stop`` is set, for callers on another thread); every child is reaped on return."""
+    from .run import run_async
+
+    run_async(_serve_with_workers(engine, http_sock, host, grpc_port, workers,
+                                    max_body_bytes=max_body_bytes, log_level=log_level,
+                                    access_log=access_log, on_ready=on_ready, stop=stop))
+
+
+async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, max_body_bytes,
+                              log_level, access_log, on_ready, stop) -> None:
+    from .run import bound_port, http_url
+
+    loop = asyncio.get_running_loop()
+    reserved = _reserve_grpc_port(host, grpc_port) if grpc_port is not None else None
+    gport = reserved.getsockname()[1] if reserved is not None else None
+    infos = list(engine.infos.values())
+    slot = slot_bytes(infos)
+    # Room for the largest request the front-ends accept (pages are only backed once used).
+    slots = max(SLOTS, -(-max_body_bytes // slot))
+    hello = {"op": "hello", "models": [_info_to_wire(i) for i in infos]}
+    host_ = EngineHost(engine)
+    # The workers import runtime_py from wherever this process did (an uninstalled
+    # checkout, a script's sys.path), not only from site-packages.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    procs: list[_Worker] = []
+    stopping = asyncio.Event()
+    failure: list[str] = []
+    tasks: set[asyncio.Task] = set()
+
+    def on_message(w: _Worker) -> None:
+        # Every message already here, in order: a worker's one-way metric reports must not
+        # lag behind another worker's /metrics request.
+        while True:
+            try:
+                msg = _unpack(w.conn.recv_bytes())
+            except (EOFError, OSError):
+                loop.remove_reader(w.conn.fileno())
+                if not stopping.is_set():
+                    failure.append(f"front-end worker {w.index} exited (code {w.proc.poll()})")
+                    stopping.set()
+                return
+            if msg.get("op") == "hello":
+                w.hello = msg
+            else:
+                task = loop.create_task(host_.handle(w, msg))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if not w.conn.poll(0):
+                return
+
+    try:
+        for i in range(workers):
+            ours, theirs = socket.socketpair()
+            for sock in (ours, theirs):   # deep buffers: neither side waits on a busy peer
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            fd = os.memfd_create(f"trt-bundle-arena-{i}", os.MFD_CLOEXEC)
+            os.ftruncate(fd, slot * slots)
+            arena = mmap.mmap(fd, slot * slots)
+            child_fd = os.dup(fd)    # inheritable (memfd's own fd is close-on-exec)
+            os.close(fd)
+            cmd = [sys.executable, "-m", "runtime_py.server.workers",
+                   "--ipc-fd", str(theirs.fileno()), "--http-fd", str(http_sock.fileno()),
+                   "--arena-fd", str(child_fd), "--arena-bytes", str(slot * slots),
+                   "--slot-bytes", str(slot), "--max-body-bytes", str(max_body_bytes),
+                   "--host", host, "--log-level", log_level]
+            if gport is not None:
+                cmd += ["--grpc-port", str(gport)]
+            if access_log:
+                cmd.append("--access-log")
+            proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(), http_sock.fileno(), child_fd),
+                                    start_new_session=True,   # Ctrl-C reaches the engine only
+                                    env=env)
+            os.close(child_fd)
+            theirs.close()
+            conn = Connection(os.dup(ours.fileno()))
+            ours.close()
+            w = _Worker(i, proc, conn, arena)
+            procs.append(w)
+            w.send(hello)
+            loop.add_reader(conn.fileno(), on_message, w)
+            # uvloop (libuv) makes a watched fd non-blocking; messages are read and written
+            # whole, which needs blocking calls (the reader only reads when data is there).
+            os.set_blocking(conn.fileno(), True)
+        deadline = time.monotonic() + 60
+        while any(w.hello is None for w in procs) and not stopping.is_set():
+            if time.monotonic() > deadline:
+                raise ServingError("front-end workers did not start within 60 s")
+            await asyncio.sleep(0.02)
+        bad = [w.hello["message"] for w in procs if w.hello and not w.hello["ok"]]
+        if bad:
+            raise AddressInUseError(bad[0])
+        if failure:
+            raise ServingError(failure[0])
+        if reserved is not None:
+            reserved.close()
+            reserved = None
+        signals = (signal.SIGINT, signal.SIGTERM)
+        if threading.current_thread() is not threading.main_thread():
+            signals = ()   # a caller on another thread stops us through ``stop``
+        for sig in signals:
+            loop.add_signal_handler(sig, stopping.set)
+        if on_ready is not None:
+            addresses = {"http": http_url(host, bound_port(http_sock))}
+            if gport is not None:
+                addresses["grpc"] = f"{host}:{gport}"
+            on_ready(addresses)
+        while not stopping.is_set():
+            if stop is not None and stop.is_set():
+                break
+            try:
+                await asyncio.wait_for(stopping.wait(), 0.2)
+            except asyncio.TimeoutError:
+                pass
+    finally:
+        stopping.set()   # from here on a worker's exit is expected
+        if reserved is not None:
+            reserved.close()
+        for w in procs:
+            if w.proc.poll() is None:
+                w.proc.send_signal(signal.SIGTERM)
+        # Keep answering the workers while they finish their requests in flight.
+        deadline = time.monotonic() + 15
+        while any(w.proc.poll() is None for w in procs) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for w in procs:
+            if w.proc.poll() is None:
+                w.proc.kill()
+            w.proc.wait()
+            try:
+                loop.remove_reader(w.conn.fileno())
+            except (ValueError, OSError):
+                pass
+            w.conn.close()
+        if tasks:
+            await asyncio.gather(*list(tasks), return_exceptions=True)
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+    if failure:
+        raise ServingError(failure[0])
+
+
+if __name__ == "__main__":
+    sys.exit(worker_main())
