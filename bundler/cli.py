@@ -543,6 +543,83 @@ def study(family, precisions, variants, batch_sizes, backend, out_dir, random_we
     click.echo(f"wrote {', '.join(files[k] for k in ('md', 'json', 'png') if k in files)}")
 
 
+# --- export (deployment files for other serving engines) ----------------------------------
+
+@cli.group("export", context_settings=CONTEXT, epilog=EXIT_CODES_HELP)
+def export_group() -> None:
+    """Write the files another serving engine needs to serve bundles (docs/deploy.md).
+
+    \b
+    bundle export triton BUNDLE... --repo DIR        a Triton model repository
+    bundle export kserve BUNDLE --storage-uri URI    KServe InferenceService + ServingRuntime
+    Nothing is half-written: a failure leaves the output as it was.
+    """
+
+
+@export_group.command("triton", context_settings=CONTEXT, epilog=EXIT_CODES_HELP)
+@click.argument("bundle_paths", metavar="BUNDLE...", nargs=-1, required=True,
+                type=click.Path(path_type=str))
+@click.option("--repo", "repo", required=True, type=click.Path(path_type=Path),
+              help="The model repository folder (created if missing).")
+@click.option("--max-delay-ms", default=2.0, show_default=True,
+              help="Dynamic batching queue delay (the manifest records none; this is "
+                   "`bundle serve`'s default).")
+@click.option("--instances", default=1, show_default=True, help="Instances per model.")
+@click.option("--device", default="auto", show_default=True,
+              type=click.Choice(["auto", "cpu", "gpu"]),
+              help="Instance kind of ONNX Runtime models (plans and AOTInductor packages "
+                   "run on the GPU they were built for).")
+@click.option("--tensorrt-version", default=None,
+              help="TensorRT version of the Triton server (needed for TensorRT bundles: the "
+                   "plan's compatibility record is checked against it).")
+@click.option("--compute-capability", default=None,
+              help="Compute capability of the Triton server's GPU, e.g. 9.0 (TensorRT "
+                   "bundles).")
+@click.option("--runtime-backend", default=None,
+              type=click.Choice(["auto", "onnxruntime", "tensorrt", "torch-aoti"]),
+              help="python-backend models (torch-aoti bundles): the engine runtime_py runs "
+                   "(default: the bundle's own, never a silent fallback).")
+@click.option("--no-ensemble", is_flag=True,
+              help="Do not add the preprocessing model and the image-in ensemble.")
+@click.option("--overwrite", is_flag=True, help="Replace models of the same name.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
+@handle_errors
+def export_triton_cmd(bundle_paths, repo, max_delay_ms, instances, device, tensorrt_version,
+                      compute_capability, runtime_backend, no_ensemble, overwrite,
+                      as_json) -> None:
+    """Write BUNDLEs into a Triton model repository.
+
+    \b
+    onnxruntime bundle  <name>/1/model.onnx on the onnxruntime backend
+    tensorrt bundle     <name>/1/model.plan on the tensorrt backend (compatibility checked)
+    torch-aoti bundle   <name>/1/model.py on the python backend, loading the bundle
+    with a preprocessing spec, also <name>-preprocess (python backend, encoded images in)
+    and <name>-ensemble (images in, the bundle's outputs out).
+    Each config.pbtxt is parsed with Triton's model_config.proto where tritonclient is
+    installed.
+    """
+    from bundler.deploy.triton import TritonOptions, export_triton
+
+    options = TritonOptions(max_delay_ms=max_delay_ms, instances=instances, device=device,
+                            tensorrt_version=tensorrt_version,
+                            compute_capability=compute_capability,
+                            runtime_backend=runtime_backend, ensemble=not no_ensemble,
+                            overwrite=overwrite)
+    models, checked = export_triton(bundle_paths, repo, options)
+    if as_json:
+        echo_json({"repo": str(repo), "checked_with_triton_schema": checked,
+                   "models": [{"name": m.name, "backend": m.backend, "bundle_id": m.bundle_id,
+                               "path": str(m.path), "files": m.files} for m in models]})
+        return
+    for m in models:
+        click.echo(f"{m.name:<40} {m.backend:<12} {m.path}")
+    if len(checked) == len(models):
+        click.echo("every config.pbtxt parsed with Triton's model_config.proto", err=True)
+    else:
+        click.echo("config.pbtxt not checked against Triton's schema: pip install "
+                   "'tritonclient[grpc]' to check", err=True)
+
+
 def main() -> None:
     cli(prog_name="bundle")
 
