@@ -620,6 +620,65 @@ def export_triton_cmd(bundle_paths, repo, max_delay_ms, instances, device, tenso
                    "'tritonclient[grpc]' to check", err=True)
 
 
+@export_group.command("kserve", context_settings=CONTEXT, epilog=EXIT_CODES_HELP)
+@click.argument("bundle_path", metavar="BUNDLE", type=click.Path(path_type=str))
+@click.option("--storage-uri", required=True,
+              help="Where KServe fetches the bundle from (s3://, gs://, pvc://, https://...).")
+@click.option("--out", "out_dir", default=".", show_default=True,
+              type=click.Path(path_type=Path), help="Folder for the two YAML files.")
+@click.option("--name", default=None,
+              help="InferenceService name (default: the served model name as a DNS label).")
+@click.option("--namespace", default=None)
+@click.option("--image", default="trt-bundle-serve:0.1.0", show_default=True,
+              help="The serving image (docker/Dockerfile).")
+@click.option("--gpus", type=int, default=None,
+              help="nvidia.com/gpu per replica (default: 1 for TensorRT/AOTInductor bundles, "
+                   "0 for ONNX Runtime).")
+@click.option("--cpu", default="1", show_default=True, help="CPU request and limit.")
+@click.option("--memory", default="2Gi", show_default=True, help="Memory request and limit.")
+@click.option("--min-replicas", type=int, default=None)
+@click.option("--max-replicas", type=int, default=None)
+@click.option("--max-batch", type=int, default=None, help="`bundle serve --max-batch`.")
+@click.option("--max-delay-ms", default=2.0, show_default=True,
+              help="`bundle serve --max-delay-ms`.")
+@click.option("--backend", default="auto", show_default=True,
+              type=click.Choice(["auto", "onnxruntime", "tensorrt", "torch-aoti"]),
+              help="`bundle serve --backend`.")
+@click.option("--overwrite", is_flag=True, help="Replace existing files of the same names.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
+@handle_errors
+def export_kserve_cmd(bundle_path, storage_uri, out_dir, name, namespace, image, gpus, cpu,
+                      memory, min_replicas, max_replicas, max_batch, max_delay_ms, backend,
+                      overwrite, as_json) -> None:
+    """Write a KServe ServingRuntime and InferenceService (v2 protocol) for BUNDLE.
+
+    The container fetches the bundle from --storage-uri (KServe's storage initializer),
+    verifies it and checks its id against the one pinned in the manifest, then runs
+    `bundle serve`. Probes: startup and liveness on /v2/health/live, readiness on
+    /v2/health/ready. Apply with `kubectl apply -f OUT/`.
+    """
+    from bundler.deploy.kserve import KServeOptions, export_kserve
+
+    options = KServeOptions(storage_uri=storage_uri, name=name, namespace=namespace,
+                            image=image, gpus=gpus, cpu=cpu, memory=memory,
+                            max_batch=max_batch, max_delay_ms=max_delay_ms, backend=backend,
+                            min_replicas=min_replicas, max_replicas=max_replicas,
+                            overwrite=overwrite)
+    result = export_kserve(bundle_path, out_dir, options)
+    if as_json:
+        echo_json({"files": [str(f) for f in result.files], "bundle_id": result.bundle_id,
+                   "name": result.name, "served_model_name": result.served_model_name,
+                   "checked_with_kserve_sdk": result.checked_with_sdk})
+        return
+    for f in result.files:
+        click.echo(f)
+    click.echo(f"model {result.served_model_name}: POST /v2/models/{result.served_model_name}"
+               "/infer", err=True)
+    if not result.checked_with_sdk:
+        click.echo("manifests not checked against the KServe SDK's models: pip install "
+                   "kserve to check", err=True)
+
+
 def main() -> None:
     cli(prog_name="bundle")
 
