@@ -177,3 +177,17 @@ def test_a_replica_killed_under_load_is_replaced(cluster):
     # Requests in flight on the killed replica may fail, with an error status, never silently.
     assert all(s == 200 or s >= 500 or s == -1 for s in statuses), set(statuses)
     assert victim not in new
+
+
+def test_replicas_and_gpus_reach_the_deployment_options():
+    """Scaling is Ray's: the options land where Ray's scheduler reads them (no cluster
+    needed to check that; a GPU replica cannot be started on this CPU-only host)."""
+    deployment = bundle_app("/models/x.bundle", num_replicas=3, num_gpus=1, num_cpus=2)._bound_deployment
+    assert deployment.num_replicas == 3
+    assert deployment.ray_actor_options == {"num_cpus": 2, "num_gpus": 1}
+    auto = bundle_app("/models/x.bundle", num_gpus=0.5,
+                      autoscaling_config={"min_replicas": 1, "max_replicas": 4})._bound_deployment
+    assert auto.ray_actor_options["num_gpus"] == 0.5
+    assert auto._deployment_config.autoscaling_config.max_replicas == 4
+    with pytest.raises(runtime_py.BundleError, match=">= 0"):
+        bundle_app("/models/x.bundle", num_gpus=-1)
