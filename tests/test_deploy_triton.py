@@ -17,13 +17,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 from deploy_bundles import aoti_bundle, ort_bundle, png, trt_bundle  # noqa: E402
 
 import runtime_py  # noqa: E402
-from bundler.deploy.triton import TritonOptions, export_triton  # noqa: E402
+from bundler.deploy.triton import TritonOptions, export_triton, model_config_module  # noqa: E402
 from runtime_py.errors import CompatibilityError, UsageError  # noqa: E402
 from runtime_py.format import open_bundle  # noqa: E402
 
-model_config_pb2 = pytest.importorskip(
-    "tritonclient.grpc.model_config_pb2",
-    reason="needs tritonclient[grpc] (Triton's model_config.proto): pip install 'trt-bundle[deploy]'")
+model_config_pb2 = model_config_module()
+if model_config_pb2 is None:
+    pytest.skip("needs tritonclient[grpc] (Triton's model_config.proto): "
+                "pip install 'trt-bundle[deploy]'", allow_module_level=True)
 from google.protobuf import json_format, text_format  # noqa: E402
 
 STUBS = Path(__file__).parent / "stubs"

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from runtime_py.compat import GpuInfo, HostInfo, check_tensorrt_target
+from runtime_py.compat import GpuInfo, HostInfo, check_tensorrt_target, parse_compute_capability
 from runtime_py.errors import UsageError
 from runtime_py.format import Bundle, open_bundle
 from runtime_py.model import served_name
@@ -154,8 +154,6 @@ def check_plan_target(manifest: dict, options: TritonOptions) -> None:
 
 
 def _cc(text: str) -> tuple[int, int]:
-    from runtime_py.compat import parse_compute_capability
-
     try:
         return parse_compute_capability(text)
     except ValueError as exc:
@@ -240,16 +238,49 @@ def ensemble_config(bundle: Bundle, name: str, model_name: str, preprocess_name:
     }
 
 
+def model_config_module():
+    """tritonclient's generated `model_config_pb2` (Triton's model_config.proto), or None.
+
+    Loaded on its own, not through `tritonclient.grpc`: that package also registers the
+    KServe v2 gRPC messages (`inference.ServerLiveRequest`...) in protobuf's default pool,
+    and so does the kserve SDK, so importing both in one process fails.
+    """
+    import importlib.util
+    import sys
+
+    name = "tritonclient.grpc.model_config_pb2"
+    if name in sys.modules:
+        return sys.modules[name]
+    try:
+        spec = importlib.util.find_spec("tritonclient")
+    except ImportError:
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(spec.submodule_search_locations[0]) / "grpc" / "model_config_pb2.py"
+    if not path.is_file():
+        return None
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception:
+        del sys.modules[name]
+        raise
+    return module
+
+
 def check_model_config(text: str, where: str = "config.pbtxt"):
     """Parse a config with Triton's own `model_config.proto` (tritonclient's generated
     module); returns the ModelConfig message, or None when tritonclient is not installed."""
-    try:
-        from google.protobuf import text_format
-        from tritonclient.grpc import model_config_pb2
-    except ImportError:
+    pb2 = model_config_module()
+    if pb2 is None:
         return None
+    from google.protobuf import text_format
+
     try:
-        return text_format.Parse(text, model_config_pb2.ModelConfig())
+        return text_format.Parse(text, pb2.ModelConfig())
     except text_format.ParseError as exc:
         raise UsageError(f"{where} is not a valid Triton model config: {exc}") from None
 
