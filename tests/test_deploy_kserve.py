@@ -21,7 +21,7 @@ from runtime_py.errors import UsageError  # noqa: E402
 from runtime_py.format import open_bundle  # noqa: E402
 
 yaml = pytest.importorskip("yaml", reason="needs pyyaml: pip install 'trt-bundle[deploy]'")
-# The SDK pins protobuf<7, which Ray does not allow: .ci/run checks these in a venv of its own.
+# The SDK is not in dev (many dependencies): .ci/run checks these in a venv of its own.
 needs_sdk = pytest.mark.skipif(importlib.util.find_spec("kserve") is None,
                                reason="needs the KServe SDK to check the manifests: "
                                       "pip install kserve (.ci/run does, in its own venv)")
