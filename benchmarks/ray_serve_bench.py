@@ -32,7 +32,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 def synthetic_bundle(folder: Path, size: int = 64, width: int = 64) -> Path:
     """conv3x3(3->width) relu conv3x3(width->width) relu GAP -> [batch, width] logits: enough
     work per image (~2*9*size^2*width^2 FLOPs) that the engine, not HTTP, is the bulk."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     from bundler.writer import write_bundle
