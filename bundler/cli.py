@@ -749,6 +749,142 @@ def study(family, precisions, variants, batch_sizes, backend, out_dir, random_we
     click.echo(f"wrote {', '.join(files[k] for k in ('md', 'json', 'png') if k in files)}")
 
 
+# --- export (deployment files for other serving engines) ----------------------------------
+
+@cli.group("export", context_settings=CONTEXT, epilog=EXIT_CODES_HELP)
+def export_group() -> None:
+    """Write the files another serving engine needs to serve bundles (docs/deploy.md).
+
+    \b
+    bundle export triton BUNDLE... --repo DIR        a Triton model repository
+    bundle export kserve BUNDLE --storage-uri URI    KServe InferenceService + ServingRuntime
+    Nothing is half-written: a failure leaves the output as it was.
+    """
+
+
+@export_group.command("triton", context_settings=CONTEXT, epilog=EXIT_CODES_HELP)
+@click.argument("bundle_paths", metavar="BUNDLE...", nargs=-1, required=True,
+                type=click.Path(path_type=str))
+@click.option("--repo", "repo", required=True, type=click.Path(path_type=Path),
+              help="The model repository folder (created if missing).")
+@click.option("--max-delay-ms", default=2.0, show_default=True,
+              help="Dynamic batching queue delay (the manifest records none; this is "
+                   "`bundle serve`'s default).")
+@click.option("--instances", default=1, show_default=True, help="Instances per model.")
+@click.option("--device", default="auto", show_default=True,
+              type=click.Choice(["auto", "cpu", "gpu"]),
+              help="Instance kind of ONNX Runtime models (plans and AOTInductor packages "
+                   "run on the GPU they were built for).")
+@click.option("--tensorrt-version", default=None,
+              help="TensorRT version of the Triton server (needed for TensorRT bundles: the "
+                   "plan's compatibility record is checked against it).")
+@click.option("--compute-capability", default=None,
+              help="Compute capability of the Triton server's GPU, e.g. 9.0 (TensorRT "
+                   "bundles).")
+@click.option("--runtime-backend", default=None,
+              type=click.Choice(["auto", "onnxruntime", "tensorrt", "torch-aoti"]),
+              help="python-backend models (torch-aoti bundles): the engine runtime_py runs "
+                   "(default: the bundle's own, never a silent fallback).")
+@click.option("--no-ensemble", is_flag=True,
+              help="Do not add the preprocessing model and the image-in ensemble.")
+@click.option("--overwrite", is_flag=True, help="Replace models of the same name.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
+@handle_errors
+def export_triton_cmd(bundle_paths, repo, max_delay_ms, instances, device, tensorrt_version,
+                      compute_capability, runtime_backend, no_ensemble, overwrite,
+                      as_json) -> None:
+    """Write BUNDLEs into a Triton model repository.
+
+    \b
+    onnxruntime bundle  <name>/1/model.onnx on the onnxruntime backend
+    tensorrt bundle     <name>/1/model.plan on the tensorrt backend (compatibility checked)
+    torch-aoti bundle   <name>/1/model.py on the python backend, loading the bundle
+    with a preprocessing spec, also <name>-preprocess (python backend, encoded images in)
+    and <name>-ensemble (images in, the bundle's outputs out).
+    Each config.pbtxt is parsed with Triton's model_config.proto where tritonclient is
+    installed.
+    """
+    from bundler.deploy.triton import TritonOptions, export_triton
+
+    options = TritonOptions(max_delay_ms=max_delay_ms, instances=instances, device=device,
+                            tensorrt_version=tensorrt_version,
+                            compute_capability=compute_capability,
+                            runtime_backend=runtime_backend, ensemble=not no_ensemble,
+                            overwrite=overwrite)
+    models, checked = export_triton(bundle_paths, repo, options)
+    if as_json:
+        echo_json({"repo": str(repo), "checked_with_triton_schema": checked,
+                   "models": [{"name": m.name, "backend": m.backend, "bundle_id": m.bundle_id,
+                               "path": str(m.path), "files": m.files} for m in models]})
+        return
+    for m in models:
+        click.echo(f"{m.name:<40} {m.backend:<12} {m.path}")
+    if len(checked) == len(models):
+        click.echo("every config.pbtxt parsed with Triton's model_config.proto", err=True)
+    else:
+        click.echo("config.pbtxt not checked against Triton's schema: pip install "
+                   "'tritonclient[grpc]' to check", err=True)
+
+
+@export_group.command("kserve", context_settings=CONTEXT, epilog=EXIT_CODES_HELP)
+@click.argument("bundle_path", metavar="BUNDLE", type=click.Path(path_type=str))
+@click.option("--storage-uri", required=True,
+              help="Where KServe fetches the bundle from (s3://, gs://, pvc://, https://...).")
+@click.option("--out", "out_dir", default=".", show_default=True,
+              type=click.Path(path_type=Path), help="Folder for the two YAML files.")
+@click.option("--name", default=None,
+              help="InferenceService name (default: the served model name as a DNS label).")
+@click.option("--namespace", default=None)
+@click.option("--image", default="trt-bundle-serve:0.1.0", show_default=True,
+              help="The serving image (docker/Dockerfile).")
+@click.option("--gpus", type=int, default=None,
+              help="nvidia.com/gpu per replica (default: 1 for TensorRT/AOTInductor bundles, "
+                   "0 for ONNX Runtime).")
+@click.option("--cpu", default="1", show_default=True, help="CPU request and limit.")
+@click.option("--memory", default="2Gi", show_default=True, help="Memory request and limit.")
+@click.option("--min-replicas", type=int, default=None)
+@click.option("--max-replicas", type=int, default=None)
+@click.option("--max-batch", type=int, default=None, help="`bundle serve --max-batch`.")
+@click.option("--max-delay-ms", default=2.0, show_default=True,
+              help="`bundle serve --max-delay-ms`.")
+@click.option("--backend", default="auto", show_default=True,
+              type=click.Choice(["auto", "onnxruntime", "tensorrt", "torch-aoti"]),
+              help="`bundle serve --backend`.")
+@click.option("--overwrite", is_flag=True, help="Replace existing files of the same names.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
+@handle_errors
+def export_kserve_cmd(bundle_path, storage_uri, out_dir, name, namespace, image, gpus, cpu,
+                      memory, min_replicas, max_replicas, max_batch, max_delay_ms, backend,
+                      overwrite, as_json) -> None:
+    """Write a KServe ServingRuntime and InferenceService (v2 protocol) for BUNDLE.
+
+    The container fetches the bundle from --storage-uri (KServe's storage initializer),
+    verifies it and checks its id against the one pinned in the manifest, then runs
+    `bundle serve`. Probes: startup and liveness on /v2/health/live, readiness on
+    /v2/health/ready. Apply with `kubectl apply -f OUT/`.
+    """
+    from bundler.deploy.kserve import KServeOptions, export_kserve
+
+    options = KServeOptions(storage_uri=storage_uri, name=name, namespace=namespace,
+                            image=image, gpus=gpus, cpu=cpu, memory=memory,
+                            max_batch=max_batch, max_delay_ms=max_delay_ms, backend=backend,
+                            min_replicas=min_replicas, max_replicas=max_replicas,
+                            overwrite=overwrite)
+    result = export_kserve(bundle_path, out_dir, options)
+    if as_json:
+        echo_json({"files": [str(f) for f in result.files], "bundle_id": result.bundle_id,
+                   "name": result.name, "served_model_name": result.served_model_name,
+                   "checked_with_kserve_sdk": result.checked_with_sdk})
+        return
+    for f in result.files:
+        click.echo(f)
+    click.echo(f"model {result.served_model_name}: POST /v2/models/{result.served_model_name}"
+               "/infer", err=True)
+    if not result.checked_with_sdk:
+        click.echo("manifests not checked against the KServe SDK's models: pip install "
+                   "kserve to check", err=True)
+
+
 def main() -> None:
     cli(prog_name="bundle")
 
