@@ -181,3 +181,31 @@ def test_cli_export_kserve(tmp_path):
     result = runner.invoke(cli, args)
     assert result.exit_code == 6 and "--overwrite" in result.stderr
     assert runner.invoke(cli, args + ["--overwrite"]).exit_code == 0
+
+
+def test_entrypoint_checks_signatures_against_mounted_trusted_keys(tmp_path, capsys):
+    """TRT_BUNDLE_TRUSTED_KEYS: an unsigned bundle is refused before anything serves; a
+    bundle signed by a trusted key is served with `bundle serve --trusted-keys`."""
+    from test_signing import new_key, write_private, write_public
+
+    from bundler.sign import BundleSigner
+
+    models = tmp_path / "mnt-models"
+    models.mkdir()
+    bundle = ort_bundle(models)
+    key = new_key()
+    trusted = tmp_path / "trusted"
+    write_public(trusted / "release.pub.pem", key)
+    env = {"TRT_BUNDLE_TRUSTED_KEYS": str(trusted), "TRT_BUNDLE_GRPC_PORT": "8081"}
+    calls = []
+    rc = kserve_entrypoint.main(["--model-dir", str(models)], env=env,
+                                execute=lambda prog, argv: calls.append(argv))
+    assert rc == 8 and not calls                       # unsigned: refused, nothing served
+    assert "signature" in capsys.readouterr().err.lower()
+    BundleSigner.from_files(write_private(tmp_path / "release.key.pem", key)).sign_bundle(bundle)
+    rc = kserve_entrypoint.main(["--model-dir", str(models)], env=env,
+                                execute=lambda prog, argv: calls.append(argv))
+    assert rc == 0 and len(calls) == 1
+    argv = calls[0]
+    assert argv[argv.index("--trusted-keys") + 1] == str(trusted)
+    assert argv[argv.index("--grpc-port") + 1] == "8081"

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Mapping
 
-from runtime_py.errors import BundleNotFoundError, VerificationError
+from runtime_py.errors import BundleNotFoundError, SignatureError, VerificationError
 
 
 def find_bundles(model_dir: Path) -> list[Path]:
@@ -38,16 +38,19 @@ def find_bundles(model_dir: Path) -> list[Path]:
     return found
 
 
-def verify_bundles(paths: list[Path], expected_ids: list[str]) -> list[str]:
-    """Verify each bundle; returns the ids. Raises VerificationError listing every problem."""
+def verify_bundles(paths: list[Path], expected_ids: list[str], trust=None) -> list[str]:
+    """Verify each bundle (and, with ``trust``, its signature ``BUNDLE.sig``); returns the
+    ids. Raises VerificationError listing every problem."""
     from bundler.inspect import verify_report
 
     problems: list[str] = []
     ids: list[str] = []
+    codes: set[int] = set()
     for path in paths:
-        report = verify_report(path)
+        report = verify_report(path, trust=trust)
         if not report["ok"]:
             problems += [f"{path}: {p}" for p in report["problems"]]
+            codes.add(report["exit_code"])
         elif report["id"]:
             ids.append(report["id"])
     if expected_ids:
@@ -60,7 +63,10 @@ def verify_bundles(paths: list[Path], expected_ids: list[str]) -> list[str]:
             if bundle_id not in expected_ids:
                 problems.append(f"{path} (id {bundle_id[:16]}) is not one of TRT_BUNDLE_IDS")
     if problems:
-        raise VerificationError("; ".join(problems), problems=problems)
+        error = VerificationError("; ".join(problems), problems=problems)
+        if codes == {SignatureError.exit_code}:   # intact bundles, refused signatures: 8
+            error = SignatureError("; ".join(problems), problems=problems)
+        raise error
     return ids
 
 
@@ -71,6 +77,10 @@ def serve_command(paths: list[Path], port: int, env: Mapping[str, str]) -> list[
            "--max-delay-ms", env.get("TRT_BUNDLE_MAX_DELAY_MS", "2")]
     if env.get("TRT_BUNDLE_MAX_BATCH"):
         cmd += ["--max-batch", env["TRT_BUNDLE_MAX_BATCH"]]
+    if env.get("TRT_BUNDLE_GRPC_PORT"):
+        cmd += ["--grpc-port", env["TRT_BUNDLE_GRPC_PORT"]]
+    if env.get("TRT_BUNDLE_TRUSTED_KEYS"):
+        cmd += ["--trusted-keys", env["TRT_BUNDLE_TRUSTED_KEYS"]]
     return cmd
 
 
@@ -85,12 +95,18 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None,
     from runtime_py.errors import BundleError
 
     try:
+        trust = None
+        if env.get("TRT_BUNDLE_TRUSTED_KEYS"):   # a mounted folder of keys / CAs (a Secret)
+            from runtime_py.signing.trust import load_trust
+
+            trust = load_trust([Path(env["TRT_BUNDLE_TRUSTED_KEYS"])])
         paths = find_bundles(args.model_dir)
-        ids = verify_bundles(paths, expected)
+        ids = verify_bundles(paths, expected, trust)
     except BundleError as exc:
         for problem in exc.problems:
             print(f"error: {problem}", file=sys.stderr, flush=True)
-        return 1 if isinstance(exc, VerificationError) else exc.exit_code   # as `bundle verify`
+        # as `bundle verify`: 1 for problems found, 8 when only signatures were refused
+        return 1 if isinstance(exc, VerificationError) else exc.exit_code
     for path, bundle_id in zip(paths, ids):
         print(f"verified {path} ({bundle_id})", file=sys.stderr, flush=True)
     cmd = serve_command(paths, args.port, env)
