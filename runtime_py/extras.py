@@ -21,9 +21,13 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "ort": ("onnxruntime",),
     "export": ("torch", "timm", "onnx", "onnx_graphsurgeon", "onnxscript", "ml_dtypes",
                "onnxruntime"),
-    "serve": ("onnxruntime", "starlette", "uvicorn", "prometheus_client"),
+    "serve": ("onnxruntime", "starlette", "uvicorn", "httptools", "uvloop", "prometheus_client",
+              "grpc", "google", "tritonclient"),
     "study": ("matplotlib",),
     "trt": ("tensorrt", "cuda"),
+    "sign": ("cryptography",),
+    "deploy": ("tritonclient", "yaml"),
+    "ray": ("ray", "onnxruntime", "starlette"),
 }
 
 
@@ -44,7 +48,7 @@ def missing_modules(extra: str) -> list[str]:
 def extra_for_module(module: str) -> str | None:
     """The extra that installs the top-level module of `module` (None: not an extra's)."""
     top = module.split(".", 1)[0]
-    for extra in ("ort", "export", "serve", "study", "trt"):
+    for extra in EXTRA_MODULES:        # the first extra that has it: ort before serve
         if top in EXTRA_MODULES[extra]:
             return extra
     return None

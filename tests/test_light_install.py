@@ -157,7 +157,8 @@ def test_extra_modules_match_pyproject():
     root = Path(__file__).resolve().parents[1]
     extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     import_names = {"onnx-graphsurgeon": "onnx_graphsurgeon", "prometheus-client": "prometheus_client",
-                    "ml_dtypes": "ml_dtypes", "cuda-python": "cuda"}
+                    "ml_dtypes": "ml_dtypes", "cuda-python": "cuda", "grpcio": "grpc",
+                    "protobuf": "google", "pyyaml": "yaml"}
     for extra, modules in EXTRA_MODULES.items():
         dists = [req.split(">")[0].split("=")[0].split("[")[0].strip() for req in extras[extra]]
         assert sorted(modules) == sorted(import_names.get(d, d) for d in dists), extra
