@@ -19,6 +19,14 @@ from runtime_py.errors import EXIT_CODES_HELP, BundleError, MissingExtraError, U
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
+def backend_choice(*, auto: bool) -> click.Choice:
+    """``--backend``'s choices: the engine-target registry's names (``runtime_py.targets``),
+    after ``auto`` where the command can pick one."""
+    from runtime_py.targets import NAMES
+
+    return click.Choice((["auto"] if auto else []) + list(NAMES))
+
+
 def _human_size(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -180,7 +188,7 @@ def trust_from_options(keys, trusted_dirs, chains, crls, signature_path):
 @click.option("--numerics", is_flag=True,
               help="Also run the reference inputs through the bundle's engine and compare "
                    "with the stored outputs (needs the engine on this host).")
-@click.option("--backend", default=None,
+@click.option("--backend", default=None, type=backend_choice(auto=False),
               help="With --numerics: run on this backend instead of the bundle's own "
                    "(onnxruntime runs the portable model.onnx of any bundle).")
 @trust_options
@@ -325,8 +333,7 @@ def print_progress(stage: str, message: str) -> None:
 @click.option("--precision", required=True, metavar="{fp32,fp16,fp8}",
               help="Precision of the graph (nvfp4 and int8 are refused with the reason).")
 @click.option("--variant", default=None, help="Recipe variant, e.g. fp8-depthwise.")
-@click.option("--backend", default="auto", show_default=True,
-              type=click.Choice(["auto", "onnxruntime", "tensorrt", "torch-aoti"]),
+@click.option("--backend", default="auto", show_default=True, type=backend_choice(auto=True),
               help="Engine target. auto: tensorrt where it is importable and a GPU is "
                    "visible, else onnxruntime.")
 @click.option("--out", "out_dir", default=".", show_default=True,
@@ -417,7 +424,7 @@ def make(family: str, precision: str, variant, backend, out_dir, checkpoint, ran
 
 @cli.command(context_settings=CONTEXT, epilog=EXIT_CODES_HELP)
 @click.argument("bundle_path", metavar="BUNDLE", type=click.Path(path_type=str))
-@click.option("--backend", required=True, type=click.Choice(["onnxruntime", "tensorrt", "torch-aoti"]),
+@click.option("--backend", required=True, type=backend_choice(auto=False),
               help="The new engine target, built on this host.")
 @click.option("--out", "out_dir", default=".", show_default=True,
               type=click.Path(path_type=Path),
@@ -463,7 +470,7 @@ def rebuild(bundle_path, backend, out_dir, timing_cache, hardware_compat, versio
               help="How long a batch waits for more requests.")
 @click.option("--max-queue", default=1024, show_default=True,
               help="Queued requests per model before 503 (back-pressure).")
-@click.option("--backend", default="auto", show_default=True,
+@click.option("--backend", default="auto", show_default=True, type=backend_choice(auto=True),
               help="Engine for every bundle (auto: its own target when this host can).")
 @click.option("--threads", type=int, default=None, help="onnxruntime intra-op threads.")
 @click.option("--trusted-keys", "trusted_dirs", multiple=True, type=click.Path(path_type=Path),
@@ -527,7 +534,7 @@ def _int_list(text: str) -> list[int]:
 @click.option("--batch-sizes", default="1,8,32", show_default=True, help="Comma-separated.")
 @click.option("--concurrency", type=int, default=None,
               help="Also measure N concurrent single-image clients through the batcher.")
-@click.option("--backend", default="auto", show_default=True,
+@click.option("--backend", default="auto", show_default=True, type=backend_choice(auto=True),
               help="Engine to run (auto: the bundle's own target when this host can).")
 @click.option("--threads", type=int, default=None, help="onnxruntime intra-op threads.")
 @click.option("--min-seconds", default=1.0, show_default=True, help="Per figure.")
@@ -593,7 +600,7 @@ def _format_quality(q: dict) -> str:
 @click.option("--checkpoint", type=click.Path(path_type=str), default=None,
               help="Without --reference: the .safetensors checkpoint the bundle was made from "
                    "(default: the Hugging Face cache).")
-@click.option("--backend", default="auto", show_default=True,
+@click.option("--backend", default="auto", show_default=True, type=backend_choice(auto=True),
               help="Engine to run the bundle on (auto: its own target when this host can).")
 @click.option("--allow-calibration-images", is_flag=True,
               help="Evaluate even on images the bundle was calibrated on (flattering figures).")
@@ -653,7 +660,7 @@ def _str_list(text: str) -> list[str]:
 @click.option("--variants", default="", help="Comma-separated recipe variants, e.g. fp8-depthwise.")
 @click.option("--batch-sizes", default="1,32", show_default=True, help="Comma-separated.")
 @click.option("--backend", default="onnxruntime", show_default=True,
-              type=click.Choice(["auto", "onnxruntime", "tensorrt", "torch-aoti"]),
+              type=backend_choice(auto=True),
               help="Engine target of the bundles.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Folder for the bundles, study.json, study.md and study.png.")

@@ -21,6 +21,7 @@ from bundler.quality import compare_logits, decimal, manifest_quality
 from bundler.weights import Weights, resolve_weights
 from bundler.writer import prepare_out_dir, refuse_existing_bundle, source_date_epoch
 from runtime_py.errors import CalibrationError, UsageError
+from runtime_py.targets import get_target
 
 Progress = Callable[[str, str], None]
 
@@ -35,7 +36,6 @@ PACKAGES = ("numpy", "onnx", "onnxruntime", "onnx-graphsurgeon", "torch", "timm"
             "msgpack", "zstandard", "ml_dtypes")
 REFERENCE_SEED = 1_000_003
 SYNTHETIC_CALIBRATION_SEED = 0
-ENGINE_PACKAGES = {"tensorrt": ("tensorrt",), "torch-aoti": ("torch",)}
 INPUT_DTYPES = ("float32", "uint8")
 
 
@@ -370,7 +370,7 @@ def manifest_body(family: Family, req: MakeRequest, name: str, weights: Weights,
         "batch": manifest_batch(family),
         "engine": {"backend": engine.backend, "member": engine.member, "details": engine.details},
         "build": {"tool": "trt-bundle", "tool_version": __version__,
-                  "packages": package_versions(ENGINE_PACKAGES.get(target, ())),
+                  "packages": package_versions(get_target(target).packages),
                   "source_date_epoch": source_date_epoch(),
                   "opset": family.opset},
         "quality": quality,

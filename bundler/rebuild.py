@@ -20,8 +20,8 @@ from bundler.targets import bundle_name, target_builder
 from bundler.writer import prepare_out_dir, source_date_epoch, write_bundle
 from runtime_py.errors import OtherCommandError, UsageError
 from runtime_py.format import open_bundle
+from runtime_py.targets import engine_members
 
-ENGINE_MEMBERS = ("engine.plan", "engine.pt2")
 #: Targets compiled from the family's torch model, which a bundle does not hold.
 MADE_FROM_TORCH = ("torch-aoti",)
 
@@ -113,7 +113,7 @@ def rebuild_bundle(src_path: str | os.PathLike, backend: str, out_dir: str | os.
     build = builder.build_target(members["model.onnx"], batch=manifest["batch"], log=log,
                                  **build_options)
     body = rebuilt_manifest_body(manifest, source_id, build)
-    new_members = {k: v for k, v in members.items() if k not in ENGINE_MEMBERS}
+    new_members = {k: v for k, v in members.items() if k not in engine_members()}
     if build.engine_bytes is not None:
         new_members[build.member] = build.engine_bytes
     out_path = out_dir / f"{body['name']}.bundle"
