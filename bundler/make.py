@@ -205,6 +205,7 @@ def fp8_graph(family: Family, req: MakeRequest, fp32_model, fp16_model, preproce
         fp32_model, tensors, data.iter_batches(req.calib_batch), method=req.calib_method,
         percentile=req.percentile,
         progress=lambda done: progress("calibrate", f"{done}/{total} images"))
+    result, weight_scales = used_scales(result, weight_scales)
     digest = "sha256:" + family.recipe_digest(req.variant)
     metadata = {"data_digest": data.digest, "data_source": data.source, "recipe_digest": digest}
     if data.item_digests:  # per-image identity, so that `bundle eval` can refuse these images
@@ -220,6 +221,19 @@ def fp8_graph(family: Family, req: MakeRequest, fp32_model, fp16_model, preproce
     if result.percentile is not None:
         calib_record["percentile"] = decimal(result.percentile)
     return serialize(model), calibration, recipe_record, calib_record
+
+
+def used_scales(result, weight_scales: dict) -> tuple:
+    """The calibration result and weight scales as the graph and every engine use them
+    (``bundler.fp8.stored_scale``): applied once here, so that ``calibration.safetensors``
+    records exactly what runs."""
+    import dataclasses
+
+    from bundler.fp8 import stored_scale
+
+    act = {name: float(stored_scale(s)) for name, s in result.scale.items()}
+    return (dataclasses.replace(result, scale=act),
+            {node: stored_scale(s) for node, s in weight_scales.items()})
 
 
 def choose_target(requested: str) -> str:

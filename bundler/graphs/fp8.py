@@ -41,6 +41,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from bundler.fp8 import E4M3_MAX, quantize as quantize_fp8, scale_of, stored_scale
 from runtime_py.errors import FamilyError, UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -59,12 +60,7 @@ __all__ = [
     "module_path",
 ]
 
-E4M3_MAX = 448.0
 MIN_OPSET = 19
-# fp16's smallest normal number: scales are stored in fp16 and must stay positive and
-# normal. Clamping a tiny scale up to it loses nothing: values then use a lower part of the
-# FP8 range with the same relative precision.
-_FP16_MIN_NORMAL = 2.0**-14
 
 
 # --- selection ---------------------------------------------------------------------
@@ -203,31 +199,8 @@ def compute_weight_scales(model: onnx.ModelProto, selected: Iterable[str]) -> di
         if node is None or len(node.input) < 2 or node.input[1] not in inits:
             raise UsageError(f"node {name!r} is not in the graph or has no initializer weight")
         w = numpy_helper.to_array(inits[node.input[1]]).astype(np.float32)
-        amax = np.abs(w.reshape(w.shape[0], -1)).max(axis=1)
-        scales[name] = np.where(amax > 0, amax / np.float32(E4M3_MAX), np.float32(1.0)).astype(np.float32)
+        scales[name] = scale_of(np.abs(w.reshape(w.shape[0], -1)).max(axis=1))
     return scales
-
-
-def quantize_fp8(values: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """``fp8_e4m3fn(values / scale)``, saturated to +-448, round to nearest even.
-
-    ``scale`` broadcasts against ``values`` (per-channel: shape [C, 1, 1, 1]). Division in
-    float32, as ONNX ``QuantizeLinear`` does.
-    """
-    import ml_dtypes
-    import numpy as np
-
-    q = np.asarray(values, np.float32) / np.asarray(scale, np.float32)
-    return np.clip(q, -E4M3_MAX, E4M3_MAX).astype(ml_dtypes.float8_e4m3fn)
-
-
-def _fp16_scale(values: Any) -> np.ndarray:
-    import numpy as np
-
-    s = np.asarray(values, dtype=np.float64)
-    if not np.all(np.isfinite(s)) or np.any(s < 0):
-        raise UsageError("fp8 scales must be finite and non-negative; recalibrate")
-    return np.maximum(s, _FP16_MIN_NORMAL).astype(np.float16)
 
 
 # --- the graph ----------------------------------------------------------------------
@@ -243,9 +216,10 @@ def to_fp8(
 
     ``act_scales``: per-tensor scale (``amax / 448``) for every name of
     ``quantized_activation_tensors``; ``weight_scales``: per-output-channel scales
-    (``compute_weight_scales``, on the fp32 graph). Scales are stored as fp16 (clamped up to
-    fp16's smallest normal number) and the weights are quantized with exactly those stored
-    scales, from the fp16 graph's weights.
+    (``compute_weight_scales``, on the fp32 graph). Scales are stored as fp16 by the one rule
+    ``bundler.fp8.stored_scale`` (``bundle make`` has applied it already, so this is exact)
+    and the weights are quantized with exactly those stored scales, from the fp16 graph's
+    weights.
     """
     import numpy as np
     import onnx
@@ -286,7 +260,7 @@ def to_fp8(
         w = numpy_helper.to_array(w_init)
         if w.dtype != np.float16:
             raise UsageError(f"to_fp8 expects the fp16 graph; weight {w_init.name!r} is {w.dtype}")
-        scale = _fp16_scale(weight_scales[name]).reshape(-1)
+        scale = stored_scale(weight_scales[name]).astype(np.float16).reshape(-1)
         if scale.shape[0] != w.shape[0]:
             raise UsageError(f"weight scales for {name!r} have {scale.shape[0]} channels, the kernel {w.shape[0]}")
         q = quantize_fp8(w, scale.astype(np.float32).reshape(-1, *([1] * (w.ndim - 1))))
@@ -307,7 +281,7 @@ def to_fp8(
         x = node.input[0]
         if x not in shared:
             key = aliases.get(x, x)
-            a_scale = _fp16_scale(act_scales[key]).reshape(())
+            a_scale = stored_scale(act_scales[key]).astype(np.float16).reshape(())
             base = key
             s_name, z_name = f"{base}_fp8_scale", f"{base}_fp8_zero_point"
             new_inits += [
