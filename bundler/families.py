@@ -53,11 +53,14 @@ _REVISION_RE = re.compile(r"^[0-9a-f]{40}$")
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """Where the pretrained weights come from (pinned: a revision, never a branch)."""
+    """Where the pretrained weights come from, pinned: the hub revision (a commit, never a
+    branch) where it is known; else the checkpoint file's sha256 (``sha256``, or recorded
+    at the first make and checked on every later one: ``bundler.weights``)."""
 
     hf_id: str
-    revision: str
+    revision: str | None
     timm_model: str
+    sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -242,10 +245,15 @@ def parse_family(data: Any, *, folder: Path, expected_name: str | None = None) -
     version = v.string("version")
     if version is not None and not _VERSION_RE.match(version):
         problems.append(f"version: {version!r} must be MAJOR.MINOR.PATCH")
-    revision = v.string("checkpoint.revision")
+    ckpt = data.get("checkpoint") if isinstance(data.get("checkpoint"), dict) else {}
+    revision = v.string("checkpoint.revision") if ckpt.get("revision") is not None else None
     if revision is not None and not _REVISION_RE.match(revision):
         problems.append("checkpoint.revision: must be a full 40-hex commit id (pinned, not a branch)")
-    checkpoint = Checkpoint(v.string("checkpoint.hf_id"), revision, v.string("checkpoint.timm_model"))
+    sha256 = ckpt.get("sha256")
+    if sha256 is not None and not (isinstance(sha256, str) and re.fullmatch(r"[0-9a-f]{64}", sha256)):
+        problems.append("checkpoint.sha256: must be 64 lowercase hex digits")
+    checkpoint = Checkpoint(v.string("checkpoint.hf_id"), revision, v.string("checkpoint.timm_model"),
+                            sha256)
     batch = BatchRange(v.pos_int("input.batch.min"), v.pos_int("input.batch.opt"), v.pos_int("input.batch.max"))
     if None not in (batch.min, batch.opt, batch.max) and not batch.min <= batch.opt <= batch.max:
         problems.append(f"input.batch: need min <= opt <= max, got {batch.min}, {batch.opt}, {batch.max}")

@@ -127,13 +127,36 @@ def package_versions(extra: tuple[str, ...] = ()) -> dict[str, str]:
 # --- stages ----------------------------------------------------------------------------------
 
 def preprocess_spec(family: Family, torch_model) -> dict:
-    """The runtime's spec, derived from timm's pretrained config of the model."""
+    """The runtime's spec: ``family.json``'s ``preprocessing`` (the one source), checked
+    against timm's pretrained config of the model, so that a family whose numbers drifted
+    from the checkpoint's training recipe is refused rather than silently mis-preprocessed."""
     import timm.data
 
+    from runtime_py.errors import FamilyError
     from runtime_py.preprocess import spec_from_timm_config
 
-    cfg = timm.data.resolve_data_config({}, model=torch_model)
-    return spec_from_timm_config(cfg, family.input.name)
+    spec = family.preprocessing_spec()
+    timm_spec = spec_from_timm_config(timm.data.resolve_data_config({}, model=torch_model),
+                                      family.input.name)
+    problems = [f"{key}: family.json has {spec.get(key)!r}, timm's config gives {value!r}"
+                for key, value in timm_spec.items() if not _same(spec.get(key), value)]
+    if problems:
+        raise FamilyError(f"family {family.name}: its preprocessing differs from timm's "
+                          f"pretrained config of {family.checkpoint.timm_model}: "
+                          + "; ".join(problems) + f". Fix {family.path / 'family.json'}",
+                          problems=problems)
+    return spec
+
+
+def _same(a, b) -> bool:
+    """Equal as JSON, floats to 1e-9 relative (family.json writes 1/255 in decimal)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return abs(a - b) <= 1e-9 * max(abs(a), abs(b), 1.0)
+    return a == b
 
 
 def labels_for(family: Family) -> list[str] | None:
@@ -194,7 +217,7 @@ def fp8_graph(family: Family, req: MakeRequest, fp32_model, fp16_model, preproce
     from bundler.graphs import fp8
 
     recipe = family.recipe(req.variant)
-    selected = fp8.select_fp8_convs(fp16_model, recipe, req.variant)
+    selected = fp8.select_fp8_layers(fp16_model, recipe, req.variant)
     tensors = fp8.quantized_activation_tensors(fp16_model, selected)
     weight_scales = fp8.compute_weight_scales(fp32_model, selected)
     data = calibration_set(family, req, preprocess)

@@ -185,12 +185,12 @@ def test_host_details_without_a_gpu():
 # --- which layers ---------------------------------------------------------------------------
 
 def test_every_selected_conv_maps_to_a_module(graphs_fp32, graphs_family, graphs_torch_model):
-    from bundler.graphs.fp8 import select_fp8_convs
+    from bundler.graphs.fp8 import select_fp8_layers
     from bundler.torch_nhwc import map_nodes_to_modules
 
     modules = dict(graphs_torch_model.named_modules())
     for variant, count in ((None, 43), ("fp8-depthwise", 82)):
-        selected = select_fp8_convs(graphs_fp32, graphs_family, variant)
+        selected = select_fp8_layers(graphs_fp32, graphs_family, variant)
         paths = map_nodes_to_modules(graphs_torch_model, selected)
         assert len(paths) == len(selected) == count
         for node, path in paths.items():

@@ -13,7 +13,7 @@ module; IO stays fp32, like the typed ONNX graphs):
 * fp16: ``bundler.torch_nhwc.rewrite_nhwc`` in fp16 (``default_nhwc``: 1.69x faster than
   ``.half()`` of the model at batch 32 on an H200);
 * fp8: the same NHWC rewrite, with exactly the convolutions
-  ``bundler.graphs.fp8.select_fp8_convs`` selects in the bundle's graph as FP8 GEMMs (and,
+  ``bundler.graphs.fp8.select_fp8_layers`` selects in the bundle's graph as FP8 GEMMs (and,
   in the fp8-depthwise variant, the depthwise ones quantized-dequantized), with the
   activation and weight scales of the bundle's ``calibration.safetensors``.
 
@@ -118,7 +118,7 @@ def _weights_as_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``model`` whose Convs read their weight initializers directly.
 
     In the fp8 graph a selected Conv reads ``DequantizeLinear(<node>.weight_fp8)``, and
-    ``select_fp8_convs`` only considers Convs whose weight is an initializer: rewired this
+    ``select_fp8_layers`` only considers Convs whose weight is an initializer: rewired this
     way, the fp8 graph selects what its fp16 graph selected (same shapes, same names).
     """
     import onnx
@@ -139,14 +139,14 @@ def fp8_layers(onnx_bytes: bytes, family: Family, calibration, variant: str | No
                *, variant_given: bool = False) -> tuple[str | None, dict[str, tuple[float, Any]]]:
     """(variant, {ONNX node: (activation scale, weight scales)}) of the bundle's fp8 graph.
 
-    The nodes are ``select_fp8_convs`` on the bundle's graph with the family's recipe.
+    The nodes are ``select_fp8_layers`` on the bundle's graph with the family's recipe.
     ``make`` does not pass the variant, so unless ``variant_given`` it is the one (base
     recipe first) whose selection is exactly the calibration file's weight-scale set; a
     calibration that matches no recipe of the family is refused.
     """
     import onnx
 
-    from bundler.graphs.fp8 import select_fp8_convs
+    from bundler.graphs.fp8 import select_fp8_layers
     from runtime_py.errors import FamilyError
 
     model = _weights_as_initializers(onnx.load_model_from_string(onnx_bytes))
@@ -155,7 +155,7 @@ def fp8_layers(onnx_bytes: bytes, family: Family, calibration, variant: str | No
     tried = []
     for v in candidates:
         try:
-            selected = select_fp8_convs(model, family, v)
+            selected = select_fp8_layers(model, family, v)
         except FamilyError as exc:
             tried.append(f"{v or 'base recipe'}: {exc}")
             continue
@@ -486,7 +486,7 @@ def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] |
     """The bundle's engine: its torch model in its precision, compiled (module docstring).
 
     ``onnx_bytes`` is the bundle's typed graph: for fp8, the layers are selected on it
-    (``select_fp8_convs``) and their scales read from ``calibration`` (the bundle's
+    (``select_fp8_layers``) and their scales read from ``calibration`` (the bundle's
     ``calibration.safetensors`` bytes). ``variant`` defaults to the recipe the calibration
     file matches (make does not pass it). ``smoke_check`` is off by default (a load in the
     build process; see ``build_engine``): ``bundle verify --numerics`` loads the package in
