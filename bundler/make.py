@@ -16,6 +16,7 @@ from typing import Callable
 import numpy as np
 
 from bundler import __version__
+from bundler.build_context import BuildContext
 from bundler.families import Family, load_family
 from bundler.quality import compare_logits, decimal, manifest_quality
 from bundler.weights import Weights, resolve_weights
@@ -209,8 +210,10 @@ def reference_inputs(family: Family, req: MakeRequest, preprocess) -> tuple[np.n
 
 
 def fp8_graph(family: Family, req: MakeRequest, fp32_model, fp16_model, preprocess,
-              progress: Progress) -> tuple[bytes, bytes, dict, dict]:
-    """The fp8 graph, its calibration member, the manifest's recipe and calibration records."""
+              progress: Progress) -> tuple[bytes, bytes, dict, dict, dict]:
+    """The fp8 graph, its calibration member, the manifest's recipe and calibration records,
+    and the fp8 layers with the scales every engine uses (``BuildContext.fp8``)."""
+    from bundler.build_context import fp8_layers
     from bundler.calibration.collect import calibrate
     from bundler.calibration.store import calibration_to_safetensors
     from bundler.export import serialize
@@ -243,7 +246,8 @@ def fp8_graph(family: Family, req: MakeRequest, fp32_model, fp16_model, preproce
                     "member": "calibration.safetensors"}
     if result.percentile is not None:
         calib_record["percentile"] = decimal(result.percentile)
-    return serialize(model), calibration, recipe_record, calib_record
+    layers = fp8_layers(fp16_model, selected, result.scale, weight_scales)
+    return serialize(model), calibration, recipe_record, calib_record, layers
 
 
 def used_scales(result, weight_scales: dict) -> tuple:
@@ -282,7 +286,7 @@ def make_bundle(req: MakeRequest, progress: Progress | None = None) -> MakeResul
     target = choose_target(req.backend)
     builder = targets.target_builder(target)
     if hasattr(builder, "check_host"):                # refuse a target this host lacks, early
-        builder.check_host(**req.target_options)
+        builder.check_host(**{"precision": req.precision, **req.target_options})
     out_dir = prepare_out_dir(req.out_dir)
     if not req.replace_existing and target != "tensorrt":   # a plan's name is known once built
         refuse_existing_bundle(out_dir / (targets.bundle_name(
@@ -309,6 +313,7 @@ def make_bundle(req: MakeRequest, progress: Progress | None = None) -> MakeResul
     reference_preprocess = Preprocessor(spec) if pixels else preprocess
 
     recipe = calibration_record = None
+    layers: dict = {}
     members: dict[str, bytes] = {}
     if req.precision == "fp32":
         model_bytes = fp32_bytes
@@ -318,8 +323,8 @@ def make_bundle(req: MakeRequest, progress: Progress | None = None) -> MakeResul
         if req.precision == "fp16":
             model_bytes = serialize(fp16_model)
         else:
-            model_bytes, members["calibration.safetensors"], recipe, calibration_record = \
-                fp8_graph(family, req, fp32_model, fp16_model, preprocess, progress)
+            (model_bytes, members["calibration.safetensors"], recipe, calibration_record,
+             layers) = fp8_graph(family, req, fp32_model, fp16_model, preprocess, progress)
 
     if pixels:
         progress("graph", "uint8 pixel input: rescale, normalize, layout and cast at the "
@@ -338,15 +343,12 @@ def make_bundle(req: MakeRequest, progress: Progress | None = None) -> MakeResul
     members["reference.safetensors"] = reference_member(family, inputs, fp32_out, own_out)
 
     progress("engine", f"building the {target} engine")
-    options = dict(req.target_options)
-    if target == "tensorrt":
-        options.setdefault("optimization_level", family.tensorrt.get("optimization_level", 3))
-    if target == "torch-aoti":
-        options.update(torch_model=torch_model, precision=req.precision, family=family,
-                       variant=req.variant, calibration=members.get("calibration.safetensors"),
-                       pixel_head=preprocess.pixel_scale_bias if pixels else None)
+    context = BuildContext(family, req.precision, req.variant, layers,
+                           preprocess.pixel_scale_bias if pixels else None,
+                           build_torch_model=lambda: torch_model)
     engine = builder.build_target(model_bytes, batch=manifest_batch(family),
-                                  log=lambda msg: progress("engine", msg), **options)
+                                  log=lambda msg: progress("engine", msg), context=context,
+                                  **req.target_options)
     members["model.onnx"] = model_bytes
     if engine.engine_bytes is not None:
         members[engine.member] = engine.engine_bytes
