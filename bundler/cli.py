@@ -426,20 +426,24 @@ def make(family: str, precision: str, variant, backend, out_dir, checkpoint, ran
 @click.argument("bundle_path", metavar="BUNDLE", type=click.Path(path_type=str))
 @click.option("--backend", required=True, type=backend_choice(auto=False),
               help="The new engine target, built on this host.")
+@click.option("--checkpoint", type=click.Path(path_type=Path), default=None,
+              help="torch-aoti: the .safetensors checkpoint the bundle was made from (default: "
+                   "the Hugging Face cache; random-weights bundles use their recorded seed).")
 @click.option("--out", "out_dir", default=".", show_default=True,
               type=click.Path(path_type=Path),
               help="Output folder (created when the bundle is written).")
 @tensorrt_options
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @handle_errors
-def rebuild(bundle_path, backend, out_dir, timing_cache, hardware_compat, version_compatible,
-            workspace_mib, as_json) -> None:
+def rebuild(bundle_path, backend, checkpoint, out_dir, timing_cache, hardware_compat,
+            version_compatible, workspace_mib, as_json) -> None:
     """A new bundle for this host from the portable ONNX of an existing one.
 
     Same family, precision, recipe, calibration and references; new engine target and id;
     the source bundle's id is recorded as `rebuilt_from`. A torch-aoti engine is compiled
-    from the family's torch model, which a bundle does not hold: for --backend torch-aoti
-    this prints the `bundle make` command that builds it (exit 2).
+    from the family's torch model: the weights the bundle was made from must be at hand
+    (its recorded seed, the Hugging Face cache, or --checkpoint; checked against the
+    manifest's sha256), else it is refused naming what to pass (exit 6).
     """
     from runtime_py.extras import require_extra
 
@@ -449,7 +453,7 @@ def rebuild(bundle_path, backend, out_dir, timing_cache, hardware_compat, versio
     options = target_options(timing_cache, hardware_compat, version_compatible, workspace_mib)
     path, bundle_id = rebuild_bundle(bundle_path, backend, out_dir,
                                      log=None if as_json else (lambda m: print_progress("rebuild", m)),
-                                     **options)
+                                     checkpoint=checkpoint, **options)
     if as_json:
         echo_json({"path": str(path), "id": bundle_id})
     else:

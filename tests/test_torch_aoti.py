@@ -543,6 +543,26 @@ def test_make_and_verify_a_cpu_fp32_bundle(tmp_path):
     assert report.ran and report.passed, report.reasons
 
 
+def test_rebuild_an_onnxruntime_bundle_as_a_cpu_torch_aoti_bundle(xception_bundles, tmp_path):
+    """bundle rebuild --backend torch-aoti: the torch model rebuilt from the manifest's
+    family and recorded seed, compiled, and checked against the bundle's reference."""
+    from bundler.rebuild import rebuild_bundle
+    from runtime_py.format import open_bundle
+    from runtime_py.numerics import check_numerics
+
+    source = xception_bundles["fp32"]
+    path, bundle_id = rebuild_bundle(source, "torch-aoti", tmp_path, device="cpu")
+    assert path.name == "timm_xception-fp32-1.0.0-torch-aoti.bundle"
+    with open_bundle(source) as src, open_bundle(path) as bundle:
+        bundle.verify()
+        assert bundle.manifest["rebuilt_from"] == src.id
+        assert bundle.manifest["source"] == src.manifest["source"]
+        assert bundle.manifest["build"]["packages"]["torch"] == torch.__version__.split("+")[0] \
+            or bundle.manifest["build"]["packages"]["torch"] == str(torch.__version__)
+        report = check_numerics(bundle)
+    assert report.ran and report.passed, report.reasons
+
+
 # --- on a GPU ---------------------------------------------------------------------------------
 
 @pytest.mark.gpu
