@@ -121,19 +121,19 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
     """The module to export (fp32 NCHW in, fp32 out) and its fp8 padding record.
 
     ``input_shape`` and ``max_batch`` (both or neither): rowwise FP8 GEMMs then share one
-    column of ones sized for that batch (``torch_nhwc.fp8_gemm_rows``) instead of building
+    column of ones sized for that batch (``rewrite.fp8_gemm_rows``) instead of building
     a row-scale column each, and the module refuses larger batches.
 
     ``fp8``: module path -> (activation scale, weight scales) (paths from
-    ``torch_nhwc.map_nodes_to_modules``); 1x1 ones become FP8 GEMMs, depthwise ones are
+    ``rewrite.map_nodes_to_modules``); 1x1 ones become FP8 GEMMs, depthwise ones are
     quantized-dequantized. ``nhwc`` (default: ``default_nhwc``) selects the NHWC rewrite;
-    ``fp8_gemm``: ``torch_nhwc.FP8_GEMMS``; ``pad_channels``: ``torch_nhwc.rewrite_nhwc``'s.
+    ``fp8_gemm``: ``rewrite.FP8_GEMMS``; ``pad_channels``: ``rewrite.rewrite_nhwc``'s.
     ``layout``: the family's layout rule (``family.json`` ``torch_aoti.layout``): "nhwc"
     (images: the NHWC rewrite) or "as_is" (tokens: ``rewrite_as_is``, FP8 Linear layers);
     ``hook``: the family's ``nhwc_module`` (``rewrite_nhwc``).
     """
     torch = import_torch()
-    from bundler.targets.torch_aoti import model as torch_nhwc
+    from bundler.targets.torch_aoti import model as rewrite
 
     if precision not in PRECISIONS:
         raise UsageError(f"torch-aoti builds {', '.join(PRECISIONS)}, not {precision!r}")
@@ -146,11 +146,11 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
                              "no NHWC rewrite, no channel padding")
         rows = None
         if fp8 and input_shape is not None and max_batch is not None:
-            rows = torch_nhwc.fp8_gemm_rows(torch_model, list(fp8), tuple(input_shape),
+            rows = rewrite.fp8_gemm_rows(torch_model, list(fp8), tuple(input_shape),
                                             int(max_batch))
-        body = torch_nhwc.rewrite_as_is(torch_model, dtype, fp8=fp8, fast_accum=fast_accum,
+        body = rewrite.rewrite_as_is(torch_model, dtype, fp8=fp8, fast_accum=fast_accum,
                                         fp8_gemm=fp8_gemm, fp8_rows=rows)
-        return torch_nhwc.EngineModule(body, dtype, False), {}
+        return rewrite.EngineModule(body, dtype, False), {}
     if layout != "nhwc":
         raise UsageError(f"torch_aoti.layout {layout!r}: choose nhwc or as_is")
     nhwc = default_nhwc(precision, nhwc)
@@ -165,7 +165,7 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
         import copy
 
         body = copy.deepcopy(torch_model).to(dtype).eval()
-        return torch_nhwc.EngineModule(body, dtype, False), padding
+        return rewrite.EngineModule(body, dtype, False), padding
     modules = dict(torch_model.named_modules())
     pointwise, depthwise = {}, {}
     for path, scales in (fp8 or {}).items():
@@ -176,17 +176,17 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
         pointwise[path] = scales
         if conv.kernel_size != (1, 1):
             continue                       # Fp8ConvNHWC reads its input unpadded
-        kpad, npad = torch_nhwc.padded(conv.in_channels), torch_nhwc.padded(conv.out_channels)
+        kpad, npad = rewrite.padded(conv.in_channels), rewrite.padded(conv.out_channels)
         if (kpad, npad) != (conv.in_channels, conv.out_channels):
             padding[path] = {"in": [conv.in_channels, kpad], "out": [conv.out_channels, npad]}
     rows = None
     if pointwise and input_shape is not None and max_batch is not None:
-        rows = torch_nhwc.fp8_gemm_rows(torch_model, list(pointwise), tuple(input_shape),
+        rows = rewrite.fp8_gemm_rows(torch_model, list(pointwise), tuple(input_shape),
                                         int(max_batch))
-    body = torch_nhwc.rewrite_nhwc(torch_model, dtype, fp8=pointwise, fp8_depthwise=depthwise,
+    body = rewrite.rewrite_nhwc(torch_model, dtype, fp8=pointwise, fp8_depthwise=depthwise,
                                    fast_accum=fast_accum, fp8_gemm=fp8_gemm,
                                    pad_channels=pad_channels, fp8_rows=rows, hook=hook)
-    return torch_nhwc.EngineModule(body, dtype, True), padding
+    return rewrite.EngineModule(body, dtype, True), padding
 
 
 def compile_package(module: torch.nn.Module, input_shape: tuple[int, ...], batch: dict,
