@@ -173,3 +173,28 @@ def test_family_hooks_build_and_fold_the_model(tmp_path):
     x = torch.randn(2, 3, 16, 16)
     with torch.no_grad():
         assert torch.allclose(model(x), unfolded.eval()(x), atol=1e-5)
+
+
+@pytest.mark.slow
+def test_fp8_layers_of_the_bundle_are_modules_the_torch_aoti_engine_replaces(fp8_bundle):
+    """What make hands the torch-aoti target (BuildContext.fp8, from the bundle here as
+    rebuild does) names modules of the torch model of the kind the rewrite quantizes."""
+    import torch
+
+    from bundler.build_context import context_from_bundle
+    from bundler.targets.torch_aoti.model import map_nodes_to_modules
+    from bundler.torch_model import build_torch_model
+    from runtime_py.format import open_bundle
+
+    name, path = fp8_bundle
+    family = load_family(name)
+    with open_bundle(path) as bundle:
+        members = {m: bundle.read_member(m) for m in bundle.member_names}
+        context = context_from_bundle(bundle.manifest, members, family,
+                                      lambda: build_torch_model(family, seed=0))
+    count, op_type = FP8_LAYERS[name]
+    assert len(context.fp8) == count and {layer.op_type for layer in context.fp8.values()} == {op_type}
+    paths = map_nodes_to_modules(context.torch_model, list(context.fp8))
+    modules = dict(context.torch_model.named_modules())
+    kind = torch.nn.Conv2d if op_type == "Conv" else torch.nn.Linear
+    assert all(isinstance(modules[p], kind) for p in paths.values())

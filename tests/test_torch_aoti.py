@@ -208,7 +208,7 @@ def test_nodes_map_by_weights_when_names_differ(graphs_fp32, graphs_selected, gr
     node = graphs_selected[5]
     renamed = {f"Conv_{i}": inits[f"{n}.weight"] for i, n in enumerate([node])}
     assert map_nodes_to_modules(graphs_torch_model, list(renamed), renamed) == {"Conv_0": node}
-    with pytest.raises(UsageError, match="match no convolution"):
+    with pytest.raises(UsageError, match="match no layer"):
         map_nodes_to_modules(graphs_torch_model, ["nowhere"])
 
 

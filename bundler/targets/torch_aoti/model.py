@@ -93,14 +93,14 @@ def padded(n: int, align: int = FP8_ALIGN) -> int:
 
 def map_nodes_to_modules(model: torch.nn.Module, nodes: list[str],
                          weights: Mapping[str, np.ndarray] | None = None) -> dict[str, str]:
-    """ONNX node name -> torch module path, for the selected convolutions.
+    """ONNX node name -> torch module path, for the selected layers (Conv2d, Linear).
 
     The exporter names a parameter node by its module path (``bundler.export``), so the
     name is looked up first. Should a node name not be a module path (another exporter),
     ``weights`` (node -> fp32 kernel from the fp32 graph) is matched against every
     convolution's kernel. Raises UsageError naming the nodes that match no module.
     """
-    convs = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Conv2d)}
+    convs = {n: m for n, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))}
     found: dict[str, str] = {}
     missing = []
     for node in nodes:
@@ -118,7 +118,7 @@ def map_nodes_to_modules(model: torch.nn.Module, nodes: list[str],
                 continue
         missing.append(node)
     if missing:
-        raise UsageError(f"{len(missing)} fp8-selected ONNX node(s) match no convolution of the "
+        raise UsageError(f"{len(missing)} fp8-selected ONNX node(s) match no layer of the "
                          f"torch model (first: {missing[0]!r}); the exporter's naming changed",
                          problems=missing)
     return found
