@@ -55,7 +55,7 @@ def prepare(bundle_dir: Path, out: Path, seed: int) -> None:
     from bundler.calibration.store import calibration_from_safetensors
     from bundler.export import weights_digest
     from bundler.families import load_family
-    from bundler.targets.torch_aoti import activation_tensor, fp8_layers
+    from bundler.build_context import fp8_layers
     from bundler.torch_model import build_torch_model
     from runtime_py.format import open_bundle
 
@@ -69,12 +69,12 @@ def prepare(bundle_dir: Path, out: Path, seed: int) -> None:
         calib_bytes = bundle.read_member("calibration.safetensors")
         graph_bytes = bundle.read_member("model.onnx")
         calib = calibration_from_safetensors(calib_bytes)
-        chosen, layers = fp8_layers(graph_bytes, family, calib, variant, variant_given=True)
-        graph = onnx.load_model_from_string(graph_bytes).graph
-        nodes = {n.name: n for n in graph.node}
+        graph = onnx.load_model_from_string(graph_bytes)
+        layers = fp8_layers(graph, list(calib.weight_scales), calib.result.scale,
+                            calib.weight_scales)
         (out / f"{name}.calibration.safetensors").write_bytes(calib_bytes)
-        meta["variants"][name] = {"bundle": path.name, "variant": chosen,
-                                  "tensors": {n: activation_tensor(graph, nodes[n]) for n in layers}}
+        meta["variants"][name] = {"bundle": path.name, "variant": variant,
+                                  "tensors": {n: layer.tensor for n, layer in layers.items()}}
         log(f"{name}: {len(layers)} layers from {path.name}")
     (out / "bench.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
 
@@ -103,7 +103,7 @@ class MemoryBundle:
 
 def fp8_modules(model, data: Path, name: str) -> dict:
     from bundler.calibration.store import calibration_from_safetensors
-    from bundler.torch_nhwc import map_nodes_to_modules
+    from bundler.targets.torch_aoti.model import map_nodes_to_modules
 
     meta = json.loads((data / "bench.json").read_text())["variants"][name]
     calib = calibration_from_safetensors((data / f"{name}.calibration.safetensors").read_bytes())

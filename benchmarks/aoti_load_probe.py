@@ -27,7 +27,7 @@ SHIM_SOURCE = os.path.join(HERE, "native_backtrace.c")
 SHIM = "/tmp/native_backtrace.so"
 
 # label -> (device, inductor configs); all with torch's own C++ toolchain except "*fixed",
-# which link as `bundle make` does (bundler/targets/aoti_toolchain.py)
+# which link as `bundle make` does (bundler/targets/torch_aoti/toolchain.py)
 VARIANTS = {
     "default": ("cuda", {}),
     "nobin": ("cuda", {"aot_inductor.package_constants_in_so": False}),
@@ -59,7 +59,7 @@ def compile_tiny(directory: str, label: str) -> None:
     program = torch.export.export(model, (x,))
     toolchain = contextlib.nullcontext(None)
     if label.endswith("fixed"):
-        from bundler.targets.aoti_toolchain import aoti_toolchain
+        from bundler.targets.torch_aoti.toolchain import aoti_toolchain
         toolchain = aoti_toolchain()
     with toolchain as chosen:
         path = torch._inductor.aoti_compile_and_package(

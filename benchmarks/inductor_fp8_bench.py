@@ -6,7 +6,7 @@ bundle's calibration scales), compiled with `torch.compile` (Inductor, default m
 max-autotune, dynamic batch) instead of AOTInductor: the kernels Inductor generates are the
 same code generator's, and a run needs no package build. Written when AOTInductor packages
 could not be loaded on the H200 (its compiler linked libstdc++ statically; fixed by
-bundler/targets/aoti_toolchain.py); still the quickest engine-only comparison of variants.
+bundler/targets/torch_aoti/toolchain.py); still the quickest engine-only comparison of variants.
 
 Boundary: CUDA graph replay of the compiled module on a device-resident input, one
 synchronization per replay, copies excluded; median of --iters replays (CUDA events).
@@ -20,8 +20,8 @@ Variants: fp16 (the fp16 target's module: the NHWC rewrite in fp16, the fp8 modu
 structure without FP8; ``fp16-nhwc`` is the same), fp16-nchw (``.half()`` of the model;
 Inductor picks its layouts), fp8, fp8-depthwise, and the suffixes ``-fastacc``
 (``use_fast_accum``), ``-tensorwise`` (per-channel scale and bias in a pointwise pass
-after the GEMM instead of its epilogue; ``torch_nhwc.FP8_GEMMS``) and ``-rowcols`` (rowwise
-with a row-scale column built per GEMM, as before ``torch_nhwc.OnesColumn``) of either fp8, and
+after the GEMM instead of its epilogue; ``bundler.targets.torch_aoti.model.FP8_GEMMS``) and ``-rowcols`` (rowwise
+with a row-scale column built per GEMM, as before ``bundler.targets.torch_aoti.model.OnesColumn``) of either fp8, and
 ``-padded`` of any NHWC one (channels padded to multiples of 16 through the model,
 ``rewrite_nhwc(pad_channels=True)``). Only the batch dimension is dynamic, as in the AOTI package
 (``dynamic=True`` would make H and W symbolic too: minutes of symbolic reasoning over the

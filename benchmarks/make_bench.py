@@ -38,7 +38,7 @@ def calibration_ratio(images: int, rounds: int, batch: int) -> None:
 
     family = load_family("timm_xception")
     fp32 = export_fp32_onnx(build_torch_model(family, seed=0), family)
-    selected = fp8.select_fp8_convs(fp32, family)
+    selected = fp8.select_fp8_layers(fp32, family)
     tensors = fp8.quantized_activation_tensors(fp32, selected)
     data = synthetic_calibration_set(family.input.shape, images, seed=0)
     batches = [b for b, _l, _k in data.iter_batches(batch)]

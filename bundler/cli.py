@@ -19,6 +19,14 @@ from runtime_py.errors import EXIT_CODES_HELP, BundleError, MissingExtraError, U
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
+def backend_choice(*, auto: bool) -> click.Choice:
+    """``--backend``'s choices: the engine-target registry's names (``runtime_py.targets``),
+    after ``auto`` where the command can pick one."""
+    from runtime_py.targets import NAMES
+
+    return click.Choice((["auto"] if auto else []) + list(NAMES))
+
+
 def _human_size(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -180,7 +188,7 @@ def trust_from_options(keys, trusted_dirs, chains, crls, signature_path):
 @click.option("--numerics", is_flag=True,
               help="Also run the reference inputs through the bundle's engine and compare "
                    "with the stored outputs (needs the engine on this host).")
-@click.option("--backend", default=None,
+@click.option("--backend", default=None, type=backend_choice(auto=False),
               help="With --numerics: run on this backend instead of the bundle's own "
                    "(onnxruntime runs the portable model.onnx of any bundle).")
 @trust_options
@@ -325,8 +333,7 @@ def print_progress(stage: str, message: str) -> None:
 @click.option("--precision", required=True, metavar="{fp32,fp16,fp8}",
               help="Precision of the graph (nvfp4 and int8 are refused with the reason).")
 @click.option("--variant", default=None, help="Recipe variant, e.g. fp8-depthwise.")
-@click.option("--backend", default="auto", show_default=True,
-              type=click.Choice(["auto", "onnxruntime", "tensorrt", "torch-aoti"]),
+@click.option("--backend", default="auto", show_default=True, type=backend_choice(auto=True),
               help="Engine target. auto: tensorrt where it is importable and a GPU is "
                    "visible, else onnxruntime.")
 @click.option("--out", "out_dir", default=".", show_default=True,
@@ -417,22 +424,26 @@ def make(family: str, precision: str, variant, backend, out_dir, checkpoint, ran
 
 @cli.command(context_settings=CONTEXT, epilog=EXIT_CODES_HELP)
 @click.argument("bundle_path", metavar="BUNDLE", type=click.Path(path_type=str))
-@click.option("--backend", required=True, type=click.Choice(["onnxruntime", "tensorrt", "torch-aoti"]),
+@click.option("--backend", required=True, type=backend_choice(auto=False),
               help="The new engine target, built on this host.")
+@click.option("--checkpoint", type=click.Path(path_type=Path), default=None,
+              help="torch-aoti: the .safetensors checkpoint the bundle was made from (default: "
+                   "the Hugging Face cache; random-weights bundles use their recorded seed).")
 @click.option("--out", "out_dir", default=".", show_default=True,
               type=click.Path(path_type=Path),
               help="Output folder (created when the bundle is written).")
 @tensorrt_options
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @handle_errors
-def rebuild(bundle_path, backend, out_dir, timing_cache, hardware_compat, version_compatible,
-            workspace_mib, as_json) -> None:
+def rebuild(bundle_path, backend, checkpoint, out_dir, timing_cache, hardware_compat,
+            version_compatible, workspace_mib, as_json) -> None:
     """A new bundle for this host from the portable ONNX of an existing one.
 
     Same family, precision, recipe, calibration and references; new engine target and id;
     the source bundle's id is recorded as `rebuilt_from`. A torch-aoti engine is compiled
-    from the family's torch model, which a bundle does not hold: for --backend torch-aoti
-    this prints the `bundle make` command that builds it (exit 2).
+    from the family's torch model: the weights the bundle was made from must be at hand
+    (its recorded seed, the Hugging Face cache, or --checkpoint; checked against the
+    manifest's sha256), else it is refused naming what to pass (exit 6).
     """
     from runtime_py.extras import require_extra
 
@@ -442,7 +453,7 @@ def rebuild(bundle_path, backend, out_dir, timing_cache, hardware_compat, versio
     options = target_options(timing_cache, hardware_compat, version_compatible, workspace_mib)
     path, bundle_id = rebuild_bundle(bundle_path, backend, out_dir,
                                      log=None if as_json else (lambda m: print_progress("rebuild", m)),
-                                     **options)
+                                     checkpoint=checkpoint, **options)
     if as_json:
         echo_json({"path": str(path), "id": bundle_id})
     else:
@@ -463,7 +474,7 @@ def rebuild(bundle_path, backend, out_dir, timing_cache, hardware_compat, versio
               help="How long a batch waits for more requests.")
 @click.option("--max-queue", default=1024, show_default=True,
               help="Queued requests per model before 503 (back-pressure).")
-@click.option("--backend", default="auto", show_default=True,
+@click.option("--backend", default="auto", show_default=True, type=backend_choice(auto=True),
               help="Engine for every bundle (auto: its own target when this host can).")
 @click.option("--threads", type=int, default=None, help="onnxruntime intra-op threads.")
 @click.option("--trusted-keys", "trusted_dirs", multiple=True, type=click.Path(path_type=Path),
@@ -562,7 +573,7 @@ def _int_list(text: str) -> list[int]:
 @click.option("--batch-sizes", default="1,8,32", show_default=True, help="Comma-separated.")
 @click.option("--concurrency", type=int, default=None,
               help="Also measure N concurrent single-image clients through the batcher.")
-@click.option("--backend", default="auto", show_default=True,
+@click.option("--backend", default="auto", show_default=True, type=backend_choice(auto=True),
               help="Engine to run (auto: the bundle's own target when this host can).")
 @click.option("--threads", type=int, default=None, help="onnxruntime intra-op threads.")
 @click.option("--min-seconds", default=1.0, show_default=True, help="Per figure.")
@@ -628,7 +639,7 @@ def _format_quality(q: dict) -> str:
 @click.option("--checkpoint", type=click.Path(path_type=str), default=None,
               help="Without --reference: the .safetensors checkpoint the bundle was made from "
                    "(default: the Hugging Face cache).")
-@click.option("--backend", default="auto", show_default=True,
+@click.option("--backend", default="auto", show_default=True, type=backend_choice(auto=True),
               help="Engine to run the bundle on (auto: its own target when this host can).")
 @click.option("--allow-calibration-images", is_flag=True,
               help="Evaluate even on images the bundle was calibrated on (flattering figures).")
@@ -688,7 +699,7 @@ def _str_list(text: str) -> list[str]:
 @click.option("--variants", default="", help="Comma-separated recipe variants, e.g. fp8-depthwise.")
 @click.option("--batch-sizes", default="1,32", show_default=True, help="Comma-separated.")
 @click.option("--backend", default="onnxruntime", show_default=True,
-              type=click.Choice(["auto", "onnxruntime", "tensorrt", "torch-aoti"]),
+              type=backend_choice(auto=True),
               help="Engine target of the bundles.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Folder for the bundles, study.json, study.md and study.png.")

@@ -9,10 +9,14 @@ cache can be trusted.
 Naming contract (the fp16 and fp8 graphs and calibration rely on it):
 - the graph input and output are named as in the family (``input``/``logits``), with the
   dynamic batch axis named ``batch``;
-- every node holding a parameter (Conv, Gemm) is named by the torch module path it comes
-  from (``blocks.0.stack.conv1.conv_pw``), and its weight initializer is
+- every node holding a parameter (Conv, Gemm, MatMul) is named by the torch module path
+  it comes from (``blocks.0.stack.conv1.conv_pw``), and its weight initializer is
   ``<module path>.weight``; the FP8 recipe's ``module_prefix`` rules and the calibration
-  file's ``weight.<node>.scale`` keys use these names;
+  file's ``weight.<node>.scale`` keys use these names. A ``Linear`` applied to a 3-D
+  tensor (a transformer's tokens) is exported as ``MatMul`` on its transposed kernel
+  ([in, out]) under an anonymous name, then ``Add`` of ``<module path>.bias``: the kernel
+  is renamed ``<module path>.weight`` (still [in, out]: MatMul's output channels are its
+  axis 1) and the MatMul ``<module path>``;
 - other tensor and node names are the exporter's scoped names, which are stable for a given
   torch version (and the torch version is part of the cache key).
 
@@ -41,7 +45,7 @@ __all__ = ["export_fp32_onnx", "weights_digest", "default_cache_dir", "export_ca
 
 BATCH_DIM = "batch"
 #: Bump when the post-processing of the exported graph changes: old cache entries then miss.
-_EXPORT_REVISION = 1
+_EXPORT_REVISION = 2
 _CACHE_ENV = "TRT_BUNDLE_CACHE"
 _PARAM_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 
@@ -189,6 +193,7 @@ def _postprocess(model: onnx.ModelProto, family: Family) -> None:
         graph.initializer.append(copy)
         inits[copy.name] = copy
         graph.node.remove(node)
+    _name_linear_matmuls(graph, inits)
     used = {n.name for n in graph.node}
     for node in graph.node:
         if node.op_type in _PARAM_OPS and len(node.input) > 1 and node.input[1].endswith(".weight"):
@@ -209,6 +214,34 @@ def _postprocess(model: onnx.ModelProto, family: Family) -> None:
     model.producer_name = "trt-bundle"
     model.doc_string = ""
     del model.metadata_props[:]
+
+
+def _name_linear_matmuls(graph, inits) -> None:
+    """``MatMul(x, <anonymous kernel>) -> Add(<path>.bias)``: name the kernel
+    ``<path>.weight`` (module docstring), so that the MatMul is named ``<path>`` next."""
+    consumers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    taken = set(inits)
+    for node in graph.node:
+        if node.op_type != "MatMul" or len(node.input) != 2 or node.input[1] not in inits:
+            continue
+        if node.input[1].endswith(".weight"):
+            continue
+        uses = consumers.get(node.output[0], [])
+        adds = [n for n in uses if n.op_type == "Add" and len(uses) == 1]
+        bias = next((i for n in adds for i in n.input if i in inits and i.endswith(".bias")), None)
+        if bias is None or len(consumers.get(node.input[1], [])) != 1:
+            continue
+        new = bias.removesuffix(".bias") + ".weight"
+        if new in taken:
+            continue
+        init = inits.pop(node.input[1])
+        init.name = new
+        inits[new] = init
+        taken.add(new)
+        node.input[1] = new
 
 
 def _check_graph(model: onnx.ModelProto, family: Family) -> None:

@@ -1,10 +1,20 @@
 """Families: what to build, found by name in the ``families/`` folder.
 
 A family is data (``families/<name>/family.json``): the checkpoint, the input, the
-preprocessing, the precisions, the build settings and the FP8 recipe with its variants.
+preprocessing (the one source: make checks it against timm's pretrained config), the
+precisions, the build settings, the torch-aoti layout rule (``torch_aoti.layout``) and the
+FP8 recipe with its variants (which ops: Conv, MatMul, Gemm; ``bundler.graphs.fp8``).
 Numbers live in the spec, behaviour in ``bundler``; so adding a family is adding a folder,
 and nothing here changes. Where data cannot say something, a family may add
-``families/<name>/family.py``, imported only when asked for (``Family.extension()``).
+``families/<name>/family.py`` with any of the functions in ``HOOKS``, imported only when
+asked for (``Family.hook``):
+
+* ``create_model(family) -> torch.nn.Module``: the unfolded model (default:
+  ``timm.create_model(checkpoint.timm_model)``);
+* ``fold_batchnorm(model) -> int``: fold what the generic Conv+BatchNorm rule does not
+  (runs before it; returns how many it folded);
+* ``nhwc_module(name, module, dtype) -> torch.nn.Module | None``: the torch-aoti NHWC
+  replacement of a module the generic layout rules do not know.
 
 The folder ships as package data ``bundler.family_data``; in a source checkout it is the
 repository's ``families/``. This module imports neither torch nor onnx: ``bundle
@@ -44,6 +54,9 @@ DATA_PACKAGE = "bundler.family_data"
 EXTENSION_FILE = "family.py"
 MIN_OPSET = 19
 KNOWN_PRECISIONS = ("fp32", "fp16", "fp8")
+#: The functions a family's ``family.py`` may define (module docstring).
+HOOKS = ("create_model", "fold_batchnorm", "nhwc_module")
+TORCH_AOTI_LAYOUTS = ("nhwc", "as_is")
 #: Keys a layer-selection rule may use (their meaning: ``bundler.graphs.fp8``).
 RULE_KEYS = frozenset({"op_type", "kernel_shape", "group", "depthwise", "module_prefix", "name_regex"})
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -53,11 +66,14 @@ _REVISION_RE = re.compile(r"^[0-9a-f]{40}$")
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """Where the pretrained weights come from (pinned: a revision, never a branch)."""
+    """Where the pretrained weights come from, pinned: the hub revision (a commit, never a
+    branch) where it is known; else the checkpoint file's sha256 (``sha256``, or recorded
+    at the first make and checked on every later one: ``bundler.weights``)."""
 
     hf_id: str
-    revision: str
+    revision: str | None
     timm_model: str
+    sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -161,6 +177,17 @@ class Family:
                               f"class ids, one a line (found {len(ids)}, {len(set(ids))} distinct)")
         return ids
 
+    @property
+    def torch_aoti_layout(self) -> str:
+        """The torch-aoti layout rule: "nhwc" (images, the default) or "as_is" (tokens)."""
+        return str((self.spec.get("torch_aoti") or {}).get("layout", "nhwc"))
+
+    def hook(self, name: str) -> Any:
+        """The function ``name`` of the family's ``family.py`` (``HOOKS``), or None."""
+        if name not in HOOKS:
+            raise FamilyError(f"{name!r} is not a family hook; hooks: {', '.join(HOOKS)}")
+        return getattr(self.extension(), name, None)
+
     def extension(self) -> ModuleType | None:
         """The family's optional ``family.py``, imported on first use; ``None`` if absent."""
         cached = self.__dict__.get("_extension", _UNSET)
@@ -242,10 +269,15 @@ def parse_family(data: Any, *, folder: Path, expected_name: str | None = None) -
     version = v.string("version")
     if version is not None and not _VERSION_RE.match(version):
         problems.append(f"version: {version!r} must be MAJOR.MINOR.PATCH")
-    revision = v.string("checkpoint.revision")
+    ckpt = data.get("checkpoint") if isinstance(data.get("checkpoint"), dict) else {}
+    revision = v.string("checkpoint.revision") if ckpt.get("revision") is not None else None
     if revision is not None and not _REVISION_RE.match(revision):
         problems.append("checkpoint.revision: must be a full 40-hex commit id (pinned, not a branch)")
-    checkpoint = Checkpoint(v.string("checkpoint.hf_id"), revision, v.string("checkpoint.timm_model"))
+    sha256 = ckpt.get("sha256")
+    if sha256 is not None and not (isinstance(sha256, str) and re.fullmatch(r"[0-9a-f]{64}", sha256)):
+        problems.append("checkpoint.sha256: must be 64 lowercase hex digits")
+    checkpoint = Checkpoint(v.string("checkpoint.hf_id"), revision, v.string("checkpoint.timm_model"),
+                            sha256)
     batch = BatchRange(v.pos_int("input.batch.min"), v.pos_int("input.batch.opt"), v.pos_int("input.batch.max"))
     if None not in (batch.min, batch.opt, batch.max) and not batch.min <= batch.opt <= batch.max:
         problems.append(f"input.batch: need min <= opt <= max, got {batch.min}, {batch.opt}, {batch.max}")
@@ -273,6 +305,9 @@ def parse_family(data: Any, *, folder: Path, expected_name: str | None = None) -
                 problems.append(f"preprocessing.normalize.{key}: must list one number per channel ({inp.channels})")
         if inp.name is not None and preprocessing.get("input") != inp.name:
             problems.append(f"preprocessing.input: must name the model input {inp.name!r}")
+    aoti = data.get("torch_aoti", {})
+    if not (isinstance(aoti, dict) and aoti.get("layout", "nhwc") in TORCH_AOTI_LAYOUTS):
+        problems.append(f"torch_aoti.layout: must be one of {list(TORCH_AOTI_LAYOUTS)}")
     class_ids = data.get("class_ids")
     if class_ids is not None and not (isinstance(class_ids, str) and re.fullmatch(r"[\w.-]+", class_ids)):
         problems.append("class_ids: must name a file in the family's folder")

@@ -16,11 +16,13 @@ from typing import Callable
 import numpy as np
 
 from bundler import __version__
+from bundler.build_context import BuildContext
 from bundler.families import Family, load_family
 from bundler.quality import compare_logits, decimal, manifest_quality
 from bundler.weights import Weights, resolve_weights
 from bundler.writer import prepare_out_dir, refuse_existing_bundle, source_date_epoch
 from runtime_py.errors import CalibrationError, UsageError
+from runtime_py.targets import get_target
 
 Progress = Callable[[str, str], None]
 
@@ -35,7 +37,6 @@ PACKAGES = ("numpy", "onnx", "onnxruntime", "onnx-graphsurgeon", "torch", "timm"
             "msgpack", "zstandard", "ml_dtypes")
 REFERENCE_SEED = 1_000_003
 SYNTHETIC_CALIBRATION_SEED = 0
-ENGINE_PACKAGES = {"tensorrt": ("tensorrt",), "torch-aoti": ("torch",)}
 INPUT_DTYPES = ("float32", "uint8")
 
 
@@ -127,13 +128,36 @@ def package_versions(extra: tuple[str, ...] = ()) -> dict[str, str]:
 # --- stages ----------------------------------------------------------------------------------
 
 def preprocess_spec(family: Family, torch_model) -> dict:
-    """The runtime's spec, derived from timm's pretrained config of the model."""
+    """The runtime's spec: ``family.json``'s ``preprocessing`` (the one source), checked
+    against timm's pretrained config of the model, so that a family whose numbers drifted
+    from the checkpoint's training recipe is refused rather than silently mis-preprocessed."""
     import timm.data
 
+    from runtime_py.errors import FamilyError
     from runtime_py.preprocess import spec_from_timm_config
 
-    cfg = timm.data.resolve_data_config({}, model=torch_model)
-    return spec_from_timm_config(cfg, family.input.name)
+    spec = family.preprocessing_spec()
+    timm_spec = spec_from_timm_config(timm.data.resolve_data_config({}, model=torch_model),
+                                      family.input.name)
+    problems = [f"{key}: family.json has {spec.get(key)!r}, timm's config gives {value!r}"
+                for key, value in timm_spec.items() if not _same(spec.get(key), value)]
+    if problems:
+        raise FamilyError(f"family {family.name}: its preprocessing differs from timm's "
+                          f"pretrained config of {family.checkpoint.timm_model}: "
+                          + "; ".join(problems) + f". Fix {family.path / 'family.json'}",
+                          problems=problems)
+    return spec
+
+
+def _same(a, b) -> bool:
+    """Equal as JSON, floats to 1e-9 relative (family.json writes 1/255 in decimal)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return abs(a - b) <= 1e-9 * max(abs(a), abs(b), 1.0)
+    return a == b
 
 
 def labels_for(family: Family) -> list[str] | None:
@@ -186,15 +210,17 @@ def reference_inputs(family: Family, req: MakeRequest, preprocess) -> tuple[np.n
 
 
 def fp8_graph(family: Family, req: MakeRequest, fp32_model, fp16_model, preprocess,
-              progress: Progress) -> tuple[bytes, bytes, dict, dict]:
-    """The fp8 graph, its calibration member, the manifest's recipe and calibration records."""
+              progress: Progress) -> tuple[bytes, bytes, dict, dict, dict]:
+    """The fp8 graph, its calibration member, the manifest's recipe and calibration records,
+    and the fp8 layers with the scales every engine uses (``BuildContext.fp8``)."""
+    from bundler.build_context import fp8_layers
     from bundler.calibration.collect import calibrate
     from bundler.calibration.store import calibration_to_safetensors
     from bundler.export import serialize
     from bundler.graphs import fp8
 
     recipe = family.recipe(req.variant)
-    selected = fp8.select_fp8_convs(fp16_model, recipe, req.variant)
+    selected = fp8.select_fp8_layers(fp16_model, recipe, req.variant)
     tensors = fp8.quantized_activation_tensors(fp16_model, selected)
     weight_scales = fp8.compute_weight_scales(fp32_model, selected)
     data = calibration_set(family, req, preprocess)
@@ -205,6 +231,7 @@ def fp8_graph(family: Family, req: MakeRequest, fp32_model, fp16_model, preproce
         fp32_model, tensors, data.iter_batches(req.calib_batch), method=req.calib_method,
         percentile=req.percentile,
         progress=lambda done: progress("calibrate", f"{done}/{total} images"))
+    result, weight_scales = used_scales(result, weight_scales)
     digest = "sha256:" + family.recipe_digest(req.variant)
     metadata = {"data_digest": data.digest, "data_source": data.source, "recipe_digest": digest}
     if data.item_digests:  # per-image identity, so that `bundle eval` can refuse these images
@@ -219,7 +246,21 @@ def fp8_graph(family: Family, req: MakeRequest, fp32_model, fp16_model, preproce
                     "member": "calibration.safetensors"}
     if result.percentile is not None:
         calib_record["percentile"] = decimal(result.percentile)
-    return serialize(model), calibration, recipe_record, calib_record
+    layers = fp8_layers(fp16_model, selected, result.scale, weight_scales)
+    return serialize(model), calibration, recipe_record, calib_record, layers
+
+
+def used_scales(result, weight_scales: dict) -> tuple:
+    """The calibration result and weight scales as the graph and every engine use them
+    (``bundler.fp8.stored_scale``): applied once here, so that ``calibration.safetensors``
+    records exactly what runs."""
+    import dataclasses
+
+    from bundler.fp8 import stored_scale
+
+    act = {name: float(stored_scale(s)) for name, s in result.scale.items()}
+    return (dataclasses.replace(result, scale=act),
+            {node: stored_scale(s) for node, s in weight_scales.items()})
 
 
 def choose_target(requested: str) -> str:
@@ -245,7 +286,7 @@ def make_bundle(req: MakeRequest, progress: Progress | None = None) -> MakeResul
     target = choose_target(req.backend)
     builder = targets.target_builder(target)
     if hasattr(builder, "check_host"):                # refuse a target this host lacks, early
-        builder.check_host(**req.target_options)
+        builder.check_host(**{"precision": req.precision, **req.target_options})
     out_dir = prepare_out_dir(req.out_dir)
     if not req.replace_existing and target != "tensorrt":   # a plan's name is known once built
         refuse_existing_bundle(out_dir / (targets.bundle_name(
@@ -272,6 +313,7 @@ def make_bundle(req: MakeRequest, progress: Progress | None = None) -> MakeResul
     reference_preprocess = Preprocessor(spec) if pixels else preprocess
 
     recipe = calibration_record = None
+    layers: dict = {}
     members: dict[str, bytes] = {}
     if req.precision == "fp32":
         model_bytes = fp32_bytes
@@ -281,8 +323,8 @@ def make_bundle(req: MakeRequest, progress: Progress | None = None) -> MakeResul
         if req.precision == "fp16":
             model_bytes = serialize(fp16_model)
         else:
-            model_bytes, members["calibration.safetensors"], recipe, calibration_record = \
-                fp8_graph(family, req, fp32_model, fp16_model, preprocess, progress)
+            (model_bytes, members["calibration.safetensors"], recipe, calibration_record,
+             layers) = fp8_graph(family, req, fp32_model, fp16_model, preprocess, progress)
 
     if pixels:
         progress("graph", "uint8 pixel input: rescale, normalize, layout and cast at the "
@@ -301,15 +343,12 @@ def make_bundle(req: MakeRequest, progress: Progress | None = None) -> MakeResul
     members["reference.safetensors"] = reference_member(family, inputs, fp32_out, own_out)
 
     progress("engine", f"building the {target} engine")
-    options = dict(req.target_options)
-    if target == "tensorrt":
-        options.setdefault("optimization_level", family.tensorrt.get("optimization_level", 3))
-    if target == "torch-aoti":
-        options.update(torch_model=torch_model, precision=req.precision, family=family,
-                       variant=req.variant, calibration=members.get("calibration.safetensors"),
-                       pixel_head=preprocess.pixel_scale_bias if pixels else None)
+    context = BuildContext(family, req.precision, req.variant, layers,
+                           preprocess.pixel_scale_bias if pixels else None,
+                           build_torch_model=lambda: torch_model)
     engine = builder.build_target(model_bytes, batch=manifest_batch(family),
-                                  log=lambda msg: progress("engine", msg), **options)
+                                  log=lambda msg: progress("engine", msg), context=context,
+                                  **req.target_options)
     members["model.onnx"] = model_bytes
     if engine.engine_bytes is not None:
         members[engine.member] = engine.engine_bytes
@@ -370,7 +409,7 @@ def manifest_body(family: Family, req: MakeRequest, name: str, weights: Weights,
         "batch": manifest_batch(family),
         "engine": {"backend": engine.backend, "member": engine.member, "details": engine.details},
         "build": {"tool": "trt-bundle", "tool_version": __version__,
-                  "packages": package_versions(ENGINE_PACKAGES.get(target, ())),
+                  "packages": package_versions(get_target(target).packages),
                   "source_date_epoch": source_date_epoch(),
                   "opset": family.opset},
         "quality": quality,

@@ -127,8 +127,9 @@ def target_host(target: str):
     against the CUDA build of torch, which only importing torch tells (without it every
     torch-aoti bundle read as "cannot run here, CPU-only torch" and was rebuilt)."""
     from runtime_py.compat import probe_host
+    from runtime_py.targets import get_target
 
-    return probe_host(probe_torch=target == "torch-aoti")
+    return probe_host(probe_torch="torch" in get_target(target).packages)
 
 
 def reuse_mismatch(path: Path, family, req, target: str, source: dict,

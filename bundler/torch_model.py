@@ -55,7 +55,7 @@ def build_torch_model(
     _load_strict(model, state_dict, family)
     model.eval()
     with torch.no_grad():
-        fold_batchnorm(model)
+        fold_batchnorm(model, family)
     model.requires_grad_(False)
     return model
 
@@ -95,7 +95,7 @@ def unfolded_model(family: Family, state_dict: Mapping[str, Any]) -> torch.nn.Mo
     return model.eval().requires_grad_(False)
 
 
-def fold_batchnorm(model: torch.nn.Module) -> int:
+def fold_batchnorm(model: torch.nn.Module, family: Family | None = None) -> int:
     """Fold every BatchNorm that directly follows a convolution into it, in place.
 
     A pair is a ``Conv2d`` child immediately followed, in registration order, by a
@@ -105,14 +105,17 @@ def fold_batchnorm(model: torch.nn.Module) -> int:
     BatchNorm is replaced by what it applied after the normalisation (timm's
     ``BatchNormAct2d`` carries its dropout and activation), else by ``Identity``.
 
-    Returns how many were folded. Raises ``FamilyError`` if a BatchNorm is left over (the
-    architecture needs a fold rule this function does not know: the exported graph would
-    otherwise carry BatchNormalization nodes).
+    ``family``: its ``fold_batchnorm`` hook (``family.py``) runs first, for pairs this rule
+    does not see. Returns how many were folded. Raises ``FamilyError`` if a BatchNorm is
+    left over (the architecture needs a fold rule this function does not know: the
+    exported graph would otherwise carry BatchNormalization nodes).
     """
     import torch
     from torch import nn
 
     folded = 0
+    if family is not None and (own := family.hook("fold_batchnorm")) is not None:
+        folded += int(own(model))
     for parent in list(model.modules()):
         names = list(parent._modules)
         for conv_name, bn_name in zip(names, names[1:]):
@@ -129,7 +132,8 @@ def fold_batchnorm(model: torch.nn.Module) -> int:
     if left:
         raise FamilyError(
             f"cannot fold {len(left)} BatchNorm layer(s) into a preceding convolution "
-            f"(first: {left[0]!r}); this architecture needs a fold rule in its family.py"
+            f"(first: {left[0]!r}); this architecture needs a fold rule: define "
+            "fold_batchnorm(model) in its family's family.py (bundler.families)"
         )
     return folded
 
@@ -158,6 +162,9 @@ def _create_unfolded(family: Family) -> torch.nn.Module:
         raise UsageError(
             "building the model needs torch and timm: install trt-bundle[export]"
         ) from exc
+    create = family.hook("create_model")
+    if create is not None:
+        return create(family).eval()
     name = family.checkpoint.timm_model
     try:
         model = timm.create_model(name, pretrained=False, num_classes=family.num_classes)

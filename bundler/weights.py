@@ -41,10 +41,12 @@ def file_sha256(path: Path) -> str:
 
 
 def hf_cache_file(family: Family) -> Path | None:
-    """The pinned revision's checkpoint in the local Hugging Face cache, if it is there.
+    """The pinned checkpoint in the local Hugging Face cache, if it is there.
 
     Reads the cache layout directly (models--<org>--<name>/snapshots/<revision>/), which is
-    what huggingface_hub's offline lookup does, so that no hub client is needed.
+    what huggingface_hub's offline lookup does, so that no hub client is needed. A family
+    pinned by sha256 instead of a revision takes the snapshot ``refs/main`` names (the
+    digest check then says whether it is the pinned file).
     """
     ckpt = family.checkpoint
     roots = []
@@ -55,16 +57,62 @@ def hf_cache_file(family: Family) -> Path | None:
     roots.append(Path.home() / ".cache" / "huggingface" / "hub")
     folder = "models--" + ckpt.hf_id.replace("/", "--")
     for root in roots:
-        candidate = root / folder / "snapshots" / ckpt.revision / CHECKPOINT_FILENAME
+        revision = ckpt.revision
+        if revision is None:
+            try:
+                revision = (root / folder / "refs" / "main").read_text(encoding="utf-8").strip()
+            except (OSError, UnicodeDecodeError):
+                continue
+        candidate = root / folder / "snapshots" / revision / CHECKPOINT_FILENAME
         if candidate.is_file():
             return candidate
     return None
 
 
+def pins_dir() -> Path:
+    """Where the sha256 pins of families without a hub revision are recorded:
+    ``$TRT_BUNDLE_CACHE/pins`` if set, else ``~/.cache/trt-bundle/pins``."""
+    base = os.environ.get("TRT_BUNDLE_CACHE")
+    return (Path(base).expanduser() if base else Path.home() / ".cache" / "trt-bundle") / "pins"
+
+
+def check_pin(family: Family, sha256: str) -> None:
+    """Refuse a checkpoint whose sha256 is not the family's pin.
+
+    A family with a hub revision is pinned by it (the cache path says which file it is);
+    one with ``checkpoint.sha256`` is pinned by that digest; one with neither is pinned by
+    the digest recorded at its first make (``pins_dir()/<family>.sha256``), checked on
+    every later one.
+    """
+    ckpt = family.checkpoint
+    if ckpt.revision is not None and ckpt.sha256 is None:
+        return
+    pinned, where = ckpt.sha256, f"{family.path / 'family.json'} (checkpoint.sha256)"
+    record = pins_dir() / f"{family.name}.sha256"
+    if pinned is None:
+        where = str(record)
+        try:
+            pinned = record.read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            from bundler.writer import atomic_write
+
+            record.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(record, [(sha256 + "\n").encode("ascii")])
+            return
+        except (OSError, UnicodeDecodeError) as exc:
+            raise WeightsError(f"cannot read the weights pin {record}: {exc}") from None
+    if pinned != sha256:
+        raise WeightsError(
+            f"the checkpoint's sha256 {sha256[:16]}... is not the one {family.name} is pinned "
+            f"to ({pinned[:16]}..., in {where}): pass the checkpoint of {ckpt.hf_id} that was "
+            f"used before, or delete {record} to pin this one")
+
+
 def download_command(family: Family) -> str:
     """The huggingface_hub command that puts the pinned checkpoint into the cache."""
     ckpt = family.checkpoint
-    return f"hf download {ckpt.hf_id} {CHECKPOINT_FILENAME} --revision {ckpt.revision}"
+    revision = f" --revision {ckpt.revision}" if ckpt.revision else ""
+    return f"hf download {ckpt.hf_id} {CHECKPOINT_FILENAME}{revision}"
 
 
 def _load_safetensors(path: Path) -> dict[str, Any]:
@@ -91,18 +139,25 @@ def resolve_weights(family: Family, checkpoint: str | os.PathLike | None = None,
             raise WeightsError(
                 f"checkpoint {path.name}: only .safetensors checkpoints are read (pickle-based "
                 "files can run code when loaded); convert it with safetensors first")
-        return Weights(source={"kind": "checkpoint", "id": ckpt.hf_id, "revision": ckpt.revision,
-                               "file": path.name, "sha256": "sha256:" + file_sha256(path)},
-                       state_dict=_load_safetensors(path))
+        return _checkpoint(family, path, path.name)
     if random_weights:
         return Weights(source={"kind": "random-weights", "seed": int(seed)}, seed=int(seed))
     cached = hf_cache_file(family)
     if cached is None:
         raise WeightsError(
-            f"no weights for {family.name}: {ckpt.hf_id}@{ckpt.revision[:12]} is not in the "
+            f"no weights for {family.name}: {ckpt.hf_id}"
+            f"{'@' + ckpt.revision[:12] if ckpt.revision else ''} is not in the "
             "Hugging Face cache (nothing is downloaded). Either put it there "
             f"(`{download_command(family)}`, the `hf` command of huggingface_hub), pass "
             "--checkpoint FILE.safetensors, or pass --random-weights for a smoke-test bundle")
-    return Weights(source={"kind": "checkpoint", "id": ckpt.hf_id, "revision": ckpt.revision,
-                           "file": CHECKPOINT_FILENAME, "sha256": "sha256:" + file_sha256(cached)},
-                   state_dict=_load_safetensors(cached))
+    return _checkpoint(family, cached, CHECKPOINT_FILENAME)
+
+
+def _checkpoint(family: Family, path: Path, file: str) -> Weights:
+    digest = file_sha256(path)
+    check_pin(family, digest)
+    source = {"kind": "checkpoint", "id": family.checkpoint.hf_id, "file": file,
+              "sha256": "sha256:" + digest}
+    if family.checkpoint.revision is not None:
+        source["revision"] = family.checkpoint.revision
+    return Weights(source=source, state_dict=_load_safetensors(path))

@@ -17,8 +17,9 @@ another TensorRT version or for another GPU architecture. The runtime checks the
 manifest's record of how the plan was built *before* deserializing it, so that the user
 gets one sentence naming the mismatch and the remedy instead of a TensorRT log line.
 
-Adding a backend: write ``check_<backend>_target(details, host, device=0)`` and add it to
-``_CHECKS``; give ``HostInfo`` the fields it needs and ``probe_host`` the probe.
+Adding a backend: write ``check_<backend>_target(details, host, device=0)`` and name it in
+the backend's ``EngineTarget`` (``runtime_py.targets``); give ``HostInfo`` the fields it
+needs and ``probe_host`` the probe.
 """
 
 from __future__ import annotations
@@ -228,20 +229,16 @@ def check_onnxruntime_target(details: dict, host: HostInfo, device: int = 0) -> 
             f"{host.onnxruntime_version}: pip install -U 'onnxruntime>={wanted}'")
 
 
-_CHECKS: dict[str, Callable[[dict, HostInfo, int], None]] = {
-    "tensorrt": check_tensorrt_target,
-    "onnxruntime": check_onnxruntime_target,
-}
-
-
 def check_target(engine: dict, host: HostInfo, device: int = 0) -> None:
-    """Check a manifest's ``engine`` entry ({backend, member, details}) against ``host``."""
+    """Check a manifest's ``engine`` entry ({backend, member, details}) against ``host``
+    with the backend's check from the registry (``runtime_py.targets``)."""
+    from runtime_py.targets import NAMES, get_target
+
     backend = engine["backend"]
-    try:
-        check = _CHECKS[backend]
-    except KeyError:
+    if backend not in NAMES:
         raise EngineUnavailableError(
-            f"this runtime cannot yet check or run {backend!r} bundles") from None
+            f"this runtime cannot yet check or run {backend!r} bundles")
+    check: Callable[[dict, HostInfo, int], None] = get_target(backend).host_check()
     check(engine.get("details") or {}, host, device)
 
 
@@ -253,7 +250,7 @@ def choose_backend(requested: str, host: HostInfo) -> str:
     checking it names a backend), so that an explicit request fails later with the
     backend's own message rather than being silently replaced.
     """
-    from runtime_py.engines import BACKENDS
+    from runtime_py.targets import NAMES as BACKENDS
 
     if requested == "auto":
         return "tensorrt" if host.tensorrt_version and host.gpus else "onnxruntime"
@@ -466,5 +463,3 @@ def check_torch_aoti_target(details: dict, host: HostInfo, device: int = 0) -> N
         "torch-aoti`), or run the bundle's ONNX with `--backend onnxruntime`",
         problems=problems)
 
-
-_CHECKS["torch-aoti"] = check_torch_aoti_target

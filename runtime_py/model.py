@@ -18,12 +18,13 @@ from runtime_py.engines.base import Pending
 from runtime_py.errors import CompatibilityError, InferenceInputError, UsageError
 from runtime_py.format import Bundle, open_bundle
 from runtime_py.signing import check_trust
+from runtime_py.targets import TARGETS
 from runtime_py.tensors import TensorSpec, check_feeds
 
 log = logging.getLogger(__name__)
 
-PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "tensorrt": "tensorrt_plan",
-             "torch-aoti": "pytorch_aoti"}
+#: backend -> serving platform name (KServe/Triton), from the registry (``runtime_py.targets``)
+PLATFORMS = {t.name: t.platform for t in TARGETS}
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

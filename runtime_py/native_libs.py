@@ -3,7 +3,7 @@ AOTInductor package's libraries use the shared C++ runtime.
 
 Why the runtime reads this: an AOTInductor model library that links libstdc++ statically
 crashes the process that loads it next to torch (SIGSEGV in its constructor's
-``std::regex``, seen on the H200 image; ``bundler/targets/aoti_toolchain.py`` has the
+``std::regex``, seen on the H200 image; ``bundler/targets/torch_aoti/toolchain.py`` has the
 story). Reading ``DT_NEEDED`` from the package's bytes names that cause before any load,
 without binutils and without loading anything.
 """

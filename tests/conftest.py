@@ -117,9 +117,9 @@ def graphs_inputs():
 
 @_graphs_pytest.fixture(scope="session")
 def graphs_selected(graphs_fp32, graphs_family):
-    from bundler.graphs.fp8 import select_fp8_convs
+    from bundler.graphs.fp8 import select_fp8_layers
 
-    return select_fp8_convs(graphs_fp32, graphs_family)
+    return select_fp8_layers(graphs_fp32, graphs_family)
 
 
 @_graphs_pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""bundler.targets.aoti_toolchain: AOTInductor libraries link the shared libstdc++.
+"""bundler.targets.torch_aoti.toolchain: AOTInductor libraries link the shared libstdc++.
 
 The H200 image's compiler linked libstdc++ statically into every AOTInductor library, and
 every package then crashed the process that loaded it. Here a compiler that does the same
@@ -38,7 +38,7 @@ def static_gxx(tmp_path_factory) -> str:
 
 
 def _library(tmp_path: Path, compiler: str, name: str) -> bytes:
-    from bundler.targets.aoti_toolchain import PROBE_SOURCE
+    from bundler.targets.torch_aoti.toolchain import PROBE_SOURCE
 
     source = tmp_path / f"{name}.cpp"
     source.write_text(PROBE_SOURCE)
@@ -71,7 +71,7 @@ def test_needed_libraries_reads_dt_needed(tmp_path, static_gxx):
 
 
 def test_the_compiler_check_tells_static_from_shared(tmp_path, static_gxx):
-    from bundler.targets.aoti_toolchain import links_shared_libstdcxx
+    from bundler.targets.torch_aoti.toolchain import links_shared_libstdcxx
 
     assert links_shared_libstdcxx(GXX, tmp_path)
     assert not links_shared_libstdcxx(static_gxx, tmp_path)
@@ -84,7 +84,7 @@ def test_the_compiler_check_tells_static_from_shared(tmp_path, static_gxx):
 def test_a_static_compiler_gets_the_wrapper_a_shared_one_is_kept(tmp_path, static_gxx):
     from torch._inductor import config
 
-    from bundler.targets.aoti_toolchain import (LINK_SHARED_LIBSTDCXX, aoti_toolchain,
+    from bundler.targets.torch_aoti.toolchain import (LINK_SHARED_LIBSTDCXX, aoti_toolchain,
                                                 links_shared_libstdcxx)
 
     before = config.cpp.cxx
@@ -116,7 +116,7 @@ def _zip(members: dict[str, bytes]) -> bytes:
 
 
 def test_a_package_with_a_static_cxx_runtime_is_refused(tmp_path, static_gxx):
-    from bundler.targets.aoti_toolchain import check_package_libraries
+    from bundler.targets.torch_aoti.toolchain import check_package_libraries
 
     good, bad = _library(tmp_path, GXX, "good"), _library(tmp_path, static_gxx, "bad")
     folder = "model/data/aotinductor/model/"

@@ -16,7 +16,7 @@ import pytest
 from bundler.calibration import calibrators as cal
 from bundler.calibration.collect import calibrate, collect_statistics, result_from_statistics
 from bundler.calibration.data import open_calibration_data, synthetic_calibration_set
-from bundler.calibration.fp8 import fake_quantize, fp8_e4m3_round
+from bundler.fp8 import fake_quantize, fp8_e4m3_round
 from bundler.calibration.histogram import TensorStats
 from bundler.calibration.store import calibration_from_safetensors, calibration_to_safetensors
 from runtime_py.errors import BundleFormatError, CalibrationError, UsageError

@@ -60,8 +60,9 @@ def calibrated_fp8(xception_bundles, image_data, tmp_path_factory):
         preprocess = Preprocessor(b.preprocess)
     req = MakeRequest(family="timm_xception", precision="fp8", random_weights=True,
                       calib_data=image_data / "calib", calib_count=3, calib_batch=3)
-    model, calibration, recipe, record = fp8_graph(family, req, graphs["fp32"], graphs["fp16"],
-                                                   preprocess, lambda stage, msg: None)
+    model, calibration, recipe, record, _layers = fp8_graph(
+        family, req, graphs["fp32"], graphs["fp16"],
+        preprocess, lambda stage, msg: None)
     members.update({"model.onnx": model, "calibration.safetensors": calibration})
     body.update(recipe=recipe, calibration=record)
     out = tmp_path_factory.mktemp("calibrated_fp8")

@@ -46,13 +46,17 @@ def test_timm_xception_is_found_and_loads():
     assert f.recipe("fp8-depthwise")["expected_count"] == 82
 
 
-def test_preprocessing_matches_timm_pretrained_config():
+@pytest.mark.parametrize("name, resize", [("timm_xception", 331), ("timm_resnet50", 235),
+                                          ("timm_vit_base", 248)])
+def test_preprocessing_matches_timm_pretrained_config(name, resize):
     timm = pytest.importorskip("timm")
     from timm.data import resolve_data_config
 
-    cfg = resolve_data_config({}, model=timm.create_model("xception41.tf_in1k", pretrained=False))
-    spec = load_family("timm_xception").preprocessing_spec()
-    assert spec["resize"]["size"] == int(cfg["input_size"][1] / cfg["crop_pct"]) == 331
+    family = load_family(name)
+    cfg = resolve_data_config({}, model=timm.create_model(family.checkpoint.timm_model,
+                                                          pretrained=False))
+    spec = family.preprocessing_spec()
+    assert spec["resize"]["size"] == int(cfg["input_size"][1] / cfg["crop_pct"]) == resize
     assert spec["resize"]["interpolation"] == cfg["interpolation"] == "bicubic"
     assert cfg["crop_mode"] == "center"
     assert (spec["center_crop"]["height"], spec["center_crop"]["width"]) == cfg["input_size"][1:]
@@ -66,8 +70,9 @@ def test_preprocessing_matches_timm_pretrained_config():
     assert spec == spec_from_timm_config(cfg, "input")
 
 
-def test_family_is_frozen():
-    f = load_family("timm_xception")
+@pytest.mark.parametrize("name", ["timm_xception", "timm_resnet50", "timm_vit_base"])
+def test_family_is_frozen(name):
+    f = load_family(name)
     with pytest.raises(AttributeError):
         f.version = "2.0.0"  # type: ignore[misc]
     with pytest.raises(TypeError):
@@ -75,6 +80,12 @@ def test_family_is_frozen():
     recipe = f.recipe()
     recipe["select"]["include"].clear()  # a copy: the family is untouched
     assert f.recipe()["select"]["include"]
+
+
+@pytest.mark.parametrize("name, count", [("timm_xception", 43), ("timm_resnet50", 52),
+                                         ("timm_vit_base", 48)])
+def test_every_family_states_its_fp8_layer_count(name, count):
+    assert load_family(name).recipe()["expected_count"] == count
 
 
 def test_recipe_digest_is_stable_and_depends_on_the_variant():

@@ -231,9 +231,9 @@ def test_fp8_weights_are_per_channel_rne_saturated(graphs_fp8, graphs_fp16, grap
 
 
 def test_variant_depthwise_quantizes_more(graphs_fp32, graphs_fp16, graphs_family, graphs_selected):
-    from bundler.graphs.fp8 import quantized_activation_tensors, select_fp8_convs, to_fp8
+    from bundler.graphs.fp8 import quantized_activation_tensors, select_fp8_layers, to_fp8
 
-    depthwise = select_fp8_convs(graphs_fp32, graphs_family, "fp8-depthwise")
+    depthwise = select_fp8_layers(graphs_fp32, graphs_family, "fp8-depthwise")
     assert len(depthwise) == 82 and set(graphs_selected) < set(depthwise)
     assert all(n.endswith("conv_dw") for n in set(depthwise) - set(graphs_selected))
     tensors = quantized_activation_tensors(graphs_fp16, depthwise)
@@ -252,15 +252,18 @@ def _out_channels(model: onnx.ModelProto, node_name: str) -> int:
 
 
 def test_expected_count_guards_the_recipe(graphs_fp32, graphs_family):
-    from bundler.graphs.fp8 import select_fp8_convs
+    from bundler.graphs.fp8 import select_fp8_layers
 
     recipe = graphs_family.recipe()
     recipe["expected_count"] = 42
     with pytest.raises(FamilyError, match="selects 43"):
-        select_fp8_convs(graphs_fp32, recipe)
+        select_fp8_layers(graphs_fp32, recipe)
     recipe = {"select": {"include": [{"op_type": "Gemm"}]}}  # the family's rules exclude head.*
-    with pytest.raises(UsageError, match="only Conv"):
-        select_fp8_convs(graphs_fp32, recipe)
+    assert select_fp8_layers(graphs_fp32, recipe) == ["head.fc"]   # Gemm: quantizable
+    recipe = {"select": {"include": [{"name_regex": "."}]}}          # Adds with weights? none
+    picked = select_fp8_layers(graphs_fp32, recipe)
+    assert picked and all(n in {x.name for x in graphs_fp32.graph.node
+                                if x.op_type in ("Conv", "Gemm", "MatMul")} for n in picked)
 
 
 def test_missing_scales_are_refused(graphs_fp16, graphs_selected, graphs_act_scales, graphs_weight_scales):
@@ -297,12 +300,12 @@ def _two_convs_on_one_tensor() -> onnx.ModelProto:
 
 
 def test_two_consumers_share_one_quantize(graphs_run):
-    from bundler.graphs.fp8 import E4M3_MAX, compute_weight_scales, quantized_activation_tensors, select_fp8_convs, to_fp8
+    from bundler.graphs.fp8 import E4M3_MAX, compute_weight_scales, quantized_activation_tensors, select_fp8_layers, to_fp8
     from bundler.graphs.fp16 import to_fp16
 
     m32 = _two_convs_on_one_tensor()
     recipe = {"select": {"include": [{"op_type": "Conv", "kernel_shape": [1, 1], "group": 1}]}, "expected_count": 2}
-    selected = select_fp8_convs(m32, recipe)
+    selected = select_fp8_layers(m32, recipe)
     assert selected == ["a", "b"]
     assert quantized_activation_tensors(m32, selected) == ["r"]
     x = np.random.default_rng(1).normal(size=(2, 4, 5, 5)).astype(np.float32)

@@ -123,6 +123,29 @@ def test_fp8_bundle_has_the_recipe_graph(xception_bundles):
     assert manifest["source"] == {"kind": "random-weights", "seed": 0}
 
 
+def test_calibration_member_equals_the_scales_the_graph_uses(xception_bundles):
+    """One rule for scales (bundler.fp8.stored_scale): the calibration member records the
+    fp16-stored, clamped values the graph holds, bit for bit, tiny channels included."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    from bundler.calibration.store import calibration_from_safetensors
+    from bundler.fp8 import FP16_MIN_NORMAL
+
+    with open_bundle(xception_bundles["fp8"]) as b:
+        model = onnx.load_from_string(b.read_member("model.onnx"))
+        calib = calibration_from_safetensors(b.read_member("calibration.safetensors"))
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    clamped = 0
+    for node, scales in calib.weight_scales.items():
+        in_graph = inits[f"{node}.weight_scale"].astype(np.float32)
+        assert np.array_equal(in_graph, scales), node
+        clamped += int((scales == np.float32(np.float16(FP16_MIN_NORMAL))).sum())
+    assert clamped > 0       # random weights: some channels' amax/448 is below fp16's normals
+    for tensor, scale in calib.result.scale.items():
+        assert float(inits[f"{tensor}_fp8_scale"].astype(np.float32)) == scale, tensor
+
+
 def test_fp16_graph_is_typed_with_fp32_io(xception_bundles):
     model, _ = _graph(xception_bundles["fp16"])
     io = list(model.graph.input) + list(model.graph.output)

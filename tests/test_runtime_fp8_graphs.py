@@ -16,9 +16,9 @@ from corrupt import sample_body
 def test_fp8_depthwise_bundle_runs_as_written(tmp_path, graphs_fp32, graphs_fp16, graphs_family,
                                              graphs_inputs, graphs_fp32_outputs,
                                              graphs_max_scales):
-    from bundler.graphs.fp8 import compute_weight_scales, select_fp8_convs, to_fp8
+    from bundler.graphs.fp8 import compute_weight_scales, select_fp8_layers, to_fp8
 
-    selected = select_fp8_convs(graphs_fp16, graphs_family, "fp8-depthwise")
+    selected = select_fp8_layers(graphs_fp16, graphs_family, "fp8-depthwise")
     model = to_fp8(graphs_fp16, selected, graphs_max_scales(selected),
                    compute_weight_scales(graphs_fp32, selected))
     body = sample_body(precision="fp8", name="x-fp8-depthwise-1-onnxruntime",

@@ -42,14 +42,14 @@ def host(torch_version="2.11.1", cuda="13.0", gpus=(H200,)) -> HostInfo:
 
 def test_target_is_registered_and_named():
     from bundler.families import load_family
-    from bundler.targets import TARGETS, bundle_name, target_builder
+    from bundler.targets import TARGETS, TargetBuild, bundle_name, target_builder
 
     assert "torch-aoti" in TARGETS
     builder = target_builder("torch-aoti")
     assert callable(builder.build_target) and callable(builder.check_host)
     family = load_family("timm_xception")
     assert bundle_name(family.name, family.version, "fp8", "fp8-depthwise",
-                       builder.TargetBuild("torch-aoti", "engine.pt2", b"", {}, "torch-aoti").tag) == \
+                       TargetBuild("torch-aoti", "engine.pt2", b"", {}, "torch-aoti").tag) == \
         "timm_xception-fp8-depthwise-1.0.0-torch-aoti"
 
 
@@ -185,12 +185,12 @@ def test_host_details_without_a_gpu():
 # --- which layers ---------------------------------------------------------------------------
 
 def test_every_selected_conv_maps_to_a_module(graphs_fp32, graphs_family, graphs_torch_model):
-    from bundler.graphs.fp8 import select_fp8_convs
-    from bundler.torch_nhwc import map_nodes_to_modules
+    from bundler.graphs.fp8 import select_fp8_layers
+    from bundler.targets.torch_aoti.model import map_nodes_to_modules
 
     modules = dict(graphs_torch_model.named_modules())
     for variant, count in ((None, 43), ("fp8-depthwise", 82)):
-        selected = select_fp8_convs(graphs_fp32, graphs_family, variant)
+        selected = select_fp8_layers(graphs_fp32, graphs_family, variant)
         paths = map_nodes_to_modules(graphs_torch_model, selected)
         assert len(paths) == len(selected) == count
         for node, path in paths.items():
@@ -202,41 +202,45 @@ def test_every_selected_conv_maps_to_a_module(graphs_fp32, graphs_family, graphs
 def test_nodes_map_by_weights_when_names_differ(graphs_fp32, graphs_selected, graphs_torch_model):
     from onnx import numpy_helper
 
-    from bundler.torch_nhwc import map_nodes_to_modules
+    from bundler.targets.torch_aoti.model import map_nodes_to_modules
 
     inits = {i.name: numpy_helper.to_array(i) for i in graphs_fp32.graph.initializer}
     node = graphs_selected[5]
     renamed = {f"Conv_{i}": inits[f"{n}.weight"] for i, n in enumerate([node])}
     assert map_nodes_to_modules(graphs_torch_model, list(renamed), renamed) == {"Conv_0": node}
-    with pytest.raises(UsageError, match="match no convolution"):
+    with pytest.raises(UsageError, match="match no layer"):
         map_nodes_to_modules(graphs_torch_model, ["nowhere"])
 
 
-def _calibration(act_scales, weight_scales):
-    return SimpleNamespace(result=SimpleNamespace(scale=dict(act_scales)),
-                           weight_scales=dict(weight_scales))
+def _layers(graph, act_scales, weight_scales):
+    """node -> (activation scale, weight scales), as make hands them to the target."""
+    from bundler.build_context import fp8_layers
+
+    layers = fp8_layers(graph, list(weight_scales), act_scales, weight_scales)
+    return {n: (layer.act_scale, layer.weight_scales) for n, layer in layers.items()}
 
 
-def test_fp8_layers_read_the_fp8_graph(graphs_fp8, graphs_family, graphs_act_scales,
-                                       graphs_weight_scales):
-    from bundler.export import serialize
-    from bundler.targets.torch_aoti import fp8_layers
+def test_fp8_layers_name_the_same_tensors_in_the_fp16_and_fp8_graphs(
+        graphs_fp8, graphs_fp16, graphs_act_scales, graphs_weight_scales):
+    from bundler.build_context import fp8_layers
 
-    calib = _calibration(graphs_act_scales, graphs_weight_scales)
-    variant, layers = fp8_layers(serialize(graphs_fp8), graphs_family, calib)
-    assert variant is None and len(layers) == 43
-    assert set(layers) == set(graphs_weight_scales)
-    assert {a for a, _w in layers.values()} <= set(graphs_act_scales.values())
-    fewer = _calibration(graphs_act_scales, dict(list(graphs_weight_scales.items())[:40]))
-    with pytest.raises(UsageError, match="matches no fp8 recipe"):
-        fp8_layers(serialize(graphs_fp8), graphs_family, fewer)
+    selected = list(graphs_weight_scales)
+    in_fp8 = fp8_layers(graphs_fp8, selected, graphs_act_scales, graphs_weight_scales)
+    in_fp16 = fp8_layers(graphs_fp16, selected, graphs_act_scales, graphs_weight_scales)
+    assert len(in_fp8) == 43 and in_fp8.keys() == in_fp16.keys()
+    assert all(in_fp8[n].tensor == in_fp16[n].tensor for n in selected)
+    assert {layer.tensor for layer in in_fp8.values()} == set(graphs_act_scales)
+    fewer = dict(list(graphs_act_scales.items())[1:])
+    with pytest.raises(UsageError, match="no fp8 scale"):
+        fp8_layers(graphs_fp8, selected, fewer, graphs_weight_scales)
 
 
 # --- the FP8 module's math ------------------------------------------------------------------
 
 @pytest.mark.parametrize("cin,cout,stride", [(728, 728, 1), (256, 728, 2), (64, 128, 1)])
 def test_fp8_pointwise_is_dequantized_fp8_math(cin, cout, stride):
-    from bundler.torch_nhwc import _classes, fake_quant_reference, padded
+    from bundler.targets.torch_aoti import model as tam
+    from bundler.targets.torch_aoti.model import fake_quant_reference, padded
 
     gen = torch.Generator().manual_seed(cin + cout)
     conv = torch.nn.Conv2d(cin, cout, 1, stride=stride, bias=True)
@@ -246,7 +250,7 @@ def test_fp8_pointwise_is_dequantized_fp8_math(cin, cout, stride):
     x = torch.randn(2, 9, 9, cin, generator=gen).relu().half()
     act_scale = float(x.float().abs().max()) / 448
     w_scale = conv.weight.detach().reshape(cout, -1).abs().amax(1).numpy() / 448
-    module = _classes()["Fp8Pointwise"](conv, act_scale, w_scale, torch.float16, emulate=True)
+    module = tam.Fp8Pointwise(conv, act_scale, w_scale, torch.float16, emulate=True)
     assert tuple(module.weight_fp8.shape) == (padded(cout), padded(cin))
     assert module.weight_fp8.view(torch.uint8)[cout:].sum() == 0    # zero padding rows
     assert module.weight_fp8.view(torch.uint8)[:, cin:].sum() == 0  # and columns
@@ -277,7 +281,8 @@ def test_fp8_pointwise_real_scaled_mm_matches_the_reference(gemm):
     GPU): scales and bias in the epilogue or after it give the dequantized FP8 product;
     rowwise also with the activation scale folded into the weight-scale row and a slice of
     a shared column of ones as the row scale."""
-    from bundler.torch_nhwc import _classes, fake_quant_reference
+    from bundler.targets.torch_aoti import model as tam
+    from bundler.targets.torch_aoti.model import fake_quant_reference
 
     gen = torch.Generator().manual_seed(7)
     conv = torch.nn.Conv2d(728, 728, 1, bias=True)
@@ -287,8 +292,8 @@ def test_fp8_pointwise_real_scaled_mm_matches_the_reference(gemm):
     x = torch.randn(2, 5, 5, 728, generator=gen).relu().half()
     act_scale = float(x.float().abs().max()) / 448
     w_scale = conv.weight.detach().reshape(728, -1).abs().amax(1).numpy() / 448
-    ones = _classes()["OnesColumn"](64) if gemm.endswith("-shared-ones") else None
-    module = _classes()["Fp8Pointwise"](conv, act_scale, w_scale, torch.float16,
+    ones = tam.OnesColumn(64) if gemm.endswith("-shared-ones") else None
+    module = tam.Fp8Pointwise(conv, act_scale, w_scale, torch.float16,
                                         gemm=gemm.removesuffix("-shared-ones"), ones=ones)
     assert (module.ones_col is not None) == (ones is not None)
     got = module(x).float()
@@ -300,11 +305,11 @@ def test_fp8_pointwise_real_scaled_mm_matches_the_reference(gemm):
 
 
 def test_fp8_pointwise_refuses_an_unknown_gemm_mode():
-    from bundler.torch_nhwc import _classes
+    from bundler.targets.torch_aoti import model as tam
 
     conv = torch.nn.Conv2d(16, 16, 1)
     with pytest.raises(UsageError, match="fp8 GEMM mode 'blockwise'"):
-        _classes()["Fp8Pointwise"](conv, 0.01, np.full(16, 0.01), torch.float16, gemm="blockwise")
+        tam.Fp8Pointwise(conv, 0.01, np.full(16, 0.01), torch.float16, gemm="blockwise")
 
 
 @pytest.mark.parametrize("gemm", ["rowwise", "tensorwise"])
@@ -315,11 +320,11 @@ def test_fp8_pointwise_gives_scaled_mm_row_major_operands(batch, stride, gemm):
     _scaled_mm run without a GPU. The input is an NHWC view of NCHW memory, as the engine
     module hands it over; at batch 1 a plain reshape of it is column-major, which
     _scaled_mm refuses (found compiling on an H200)."""
-    from bundler.torch_nhwc import _classes
+    from bundler.targets.torch_aoti import model as tam
 
     conv = torch.nn.Conv2d(64, 128, 1, stride=stride, bias=True)
     w_scale = conv.weight.detach().reshape(128, -1).abs().amax(1).numpy() / 448
-    module = _classes()["Fp8Pointwise"](conv, 0.01, w_scale, torch.float16, gemm=gemm).to("meta")
+    module = tam.Fp8Pointwise(conv, 0.01, w_scale, torch.float16, gemm=gemm).to("meta")
     x = torch.empty(batch, 64, 16, 16, device="meta", dtype=torch.float16).permute(0, 2, 3, 1)
     y = module(x)
     assert tuple(y.shape) == (batch, 16 // stride, 16 // stride, 128)
@@ -337,7 +342,7 @@ def _three_convs():
 
 
 def test_fp8_gemm_rows_is_the_largest_gemm_for_the_largest_batch():
-    from bundler.torch_nhwc import fp8_gemm_rows
+    from bundler.targets.torch_aoti.model import fp8_gemm_rows
 
     model = _three_convs()
     assert fp8_gemm_rows(model, ["2", "4"], (3, 33, 33), 4) == 4 * 16 * 16
@@ -354,7 +359,7 @@ def test_fp8_gemms_share_one_ones_column_through_to_export_and_aoti(tmp_path):
     """One column for all GEMMs: the same tensor in every module, still one after
     ``module.to``, lifted once by torch.export, compiled into a package that runs at the
     dynamic batch sizes; the same numbers as a column per GEMM; a larger batch refused."""
-    from bundler.torch_nhwc import EngineModule, fp8_gemm_rows, rewrite_nhwc
+    from bundler.targets.torch_aoti.model import EngineModule, fp8_gemm_rows, rewrite_nhwc
 
     model = _three_convs()
     fp8 = {"2": (0.01, np.full(48, 0.002)), "4": (0.01, np.full(40, 0.002))}
@@ -397,19 +402,19 @@ def test_fp8_gemms_share_one_ones_column_through_to_export_and_aoti(tmp_path):
 
 
 def test_depthwise_taps_equal_convolution():
-    from bundler.torch_nhwc import _classes
+    from bundler.targets.torch_aoti import model as tam
 
     gen = torch.Generator().manual_seed(3)
     for stride in (1, 2):
         conv = torch.nn.Conv2d(16, 16, 3, stride=stride, padding=1, groups=16, bias=True)
         x = torch.randn(2, 16, 11, 11, generator=gen)
-        module = _classes()["DepthwiseNHWC"](conv, torch.float32)
+        module = tam.DepthwiseNHWC(conv, torch.float32)
         got = module(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
         assert torch.allclose(got, conv(x).detach(), atol=1e-5)
 
 
 def test_rewrite_refuses_modules_it_cannot_lay_out():
-    from bundler.torch_nhwc import rewrite_nhwc
+    from bundler.targets.torch_aoti.model import rewrite_nhwc
 
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8))
     with pytest.raises(UsageError, match="BatchNorm2d has no NHWC form"):
@@ -421,12 +426,9 @@ def test_rewritten_fp8_model_matches_onnxruntime(graphs_fp8, graphs_family, grap
                                                  graphs_inputs, graphs_run):
     """The whole fp8 engine model (FP8 GEMMs emulated in fp32 on the CPU) against ONNX
     Runtime on the bundle's fp8 graph: same selection, same scales, same FP8 operands."""
-    from bundler.export import serialize
-    from bundler.targets.torch_aoti import fp8_layers
-    from bundler.torch_nhwc import EngineModule, map_nodes_to_modules, rewrite_nhwc
+    from bundler.targets.torch_aoti.model import EngineModule, map_nodes_to_modules, rewrite_nhwc
 
-    calib = _calibration(graphs_act_scales, graphs_weight_scales)
-    _variant, layers = fp8_layers(serialize(graphs_fp8), graphs_family, calib)
+    layers = _layers(graphs_fp8, graphs_act_scales, graphs_weight_scales)
     paths = map_nodes_to_modules(graphs_torch_model, list(layers))
     body = rewrite_nhwc(graphs_torch_model, torch.float16,
                         fp8={paths[n]: s for n, s in layers.items()}, emulate=True)
@@ -444,17 +446,15 @@ def test_padded_channels_compute_the_same_model(graphs_fp8, graphs_family, graph
                                                 graphs_inputs):
     """728 channels carried as 736 (zeros) through the blocks: the fp32 rewrite still equals
     the model, and the fp8 engine model gives what the unpadded one gives."""
-    from bundler.export import serialize
-    from bundler.targets.torch_aoti import engine_model, fp8_layers
-    from bundler.torch_nhwc import EngineModule, check_rewrite, map_nodes_to_modules, rewrite_nhwc
+    from bundler.targets.torch_aoti import engine_model
+    from bundler.targets.torch_aoti.model import EngineModule, check_rewrite, map_nodes_to_modules, rewrite_nhwc
 
     x = torch.from_numpy(graphs_inputs["eval"][:2])
     assert check_rewrite(graphs_torch_model, x, pad_channels=True) < 1e-5
     body = rewrite_nhwc(graphs_torch_model, torch.float32, pad_channels=True)
     widths = {int(m.weight.shape[-1]) for m in body.modules() if type(m).__name__ == "DepthwiseNHWC"}
     assert 736 in widths and 728 not in widths
-    calib = _calibration(graphs_act_scales, graphs_weight_scales)
-    _variant, layers = fp8_layers(serialize(graphs_fp8), graphs_family, calib)
+    layers = _layers(graphs_fp8, graphs_act_scales, graphs_weight_scales)
     paths = map_nodes_to_modules(graphs_torch_model, list(layers))
     fp8 = {paths[n]: s for n, s in layers.items()}
     outs = []
@@ -518,7 +518,7 @@ def test_fp32_package_on_the_cpu_runs_in_the_runner():
         assert runner.device_timings(1, 1, 0) == {}   # no device side: study times infer
     ref = model(torch.from_numpy(x)).numpy()
     assert np.abs(got - ref).max() < 1e-4
-    from bundler.targets.aoti_toolchain import torch_compiler
+    from bundler.targets.torch_aoti.toolchain import torch_compiler
     assert details["compile_options"]["cxx"].startswith(torch_compiler())  # recorded
 
 
@@ -540,6 +540,26 @@ def test_make_and_verify_a_cpu_fp32_bundle(tmp_path):
     details = bundle.manifest["engine"]["details"]
     assert details["device"] == "cpu" and details["compile_options"]["layout"] == "nchw"
     report = check_numerics(bundle)
+    assert report.ran and report.passed, report.reasons
+
+
+def test_rebuild_an_onnxruntime_bundle_as_a_cpu_torch_aoti_bundle(xception_bundles, tmp_path):
+    """bundle rebuild --backend torch-aoti: the torch model rebuilt from the manifest's
+    family and recorded seed, compiled, and checked against the bundle's reference."""
+    from bundler.rebuild import rebuild_bundle
+    from runtime_py.format import open_bundle
+    from runtime_py.numerics import check_numerics
+
+    source = xception_bundles["fp32"]
+    path, bundle_id = rebuild_bundle(source, "torch-aoti", tmp_path, device="cpu")
+    assert path.name == "timm_xception-fp32-1.0.0-torch-aoti.bundle"
+    with open_bundle(source) as src, open_bundle(path) as bundle:
+        bundle.verify()
+        assert bundle.manifest["rebuilt_from"] == src.id
+        assert bundle.manifest["source"] == src.manifest["source"]
+        assert bundle.manifest["build"]["packages"]["torch"] == torch.__version__.split("+")[0] \
+            or bundle.manifest["build"]["packages"]["torch"] == str(torch.__version__)
+        report = check_numerics(bundle)
     assert report.ran and report.passed, report.reasons
 
 

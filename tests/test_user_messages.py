@@ -24,7 +24,6 @@ from bundler.class_labels import class_folder_rule  # noqa: E402
 from bundler.cli import cli  # noqa: E402
 from bundler.evaluate import open_eval_data  # noqa: E402
 from bundler.families import load_family  # noqa: E402
-from bundler.rebuild import make_command  # noqa: E402
 from runtime_py.errors import CalibrationError, CompatibilityError, WeightsError  # noqa: E402
 
 FAMILY = load_family("timm_xception")
@@ -51,25 +50,31 @@ def tiny(tmp_path_factory) -> Path:
 
 # --- rebuild --backend torch-aoti ----------------------------------------------------------
 
-def test_rebuild_for_torch_aoti_prints_the_make_command(tiny, tmp_path):
+def test_rebuild_for_torch_aoti_of_an_unknown_family_is_refused(tiny, tmp_path):
     out = tmp_path / "out"
     res = invoke("rebuild", str(tiny), "--backend", "torch-aoti", "--out", str(out))
-    assert res.exit_code == 2, res.output
-    assert "bundle make tiny --precision fp32 --backend torch-aoti --random-weights --seed 0" \
-        in res.output
-    assert "needs torch_model" not in res.output and not out.exists()
+    assert res.exit_code == 6, res.output
+    assert "unknown family 'tiny'" in res.output and "Traceback" not in res.output
+    assert not out.exists()
 
 
-def test_make_command_carries_variant_checkpoint_and_calibration():
-    manifest = {"family": {"name": "timm_xception", "version": "1.0.0"}, "precision": "fp8",
-                "variant": "fp8-depthwise",
-                "source": {"kind": "checkpoint", "file": "model.safetensors", "sha256": "x"},
-                "calibration": {"method": "percentile", "percentile": "99.99", "images": 500,
-                                "data_source": "folder:imagenet-calib"}}
-    assert make_command(manifest, "torch-aoti") == (
-        "bundle make timm_xception --precision fp8 --variant fp8-depthwise --backend torch-aoti "
-        "--checkpoint PATH/model.safetensors --calib-data PATH(folder:imagenet-calib) "
-        "--calib-count 500 --calibrator percentile --percentile 99.99")
+def test_rebuild_for_torch_aoti_without_the_weights_names_what_to_pass(tmp_path, monkeypatch):
+    from bundler.rebuild import rebuild_weights
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-home"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    source = {"kind": "checkpoint", "id": FAMILY.checkpoint.hf_id, "file": "model.safetensors",
+              "sha256": "sha256:" + "ab" * 32}
+    with pytest.raises(WeightsError, match="pass --checkpoint FILE.safetensors") as info:
+        rebuild_weights(FAMILY, source)
+    assert "abababababababab" in str(info.value)
+    other = tmp_path / "other.safetensors"
+    other.write_bytes(b"not the checkpoint")
+    with pytest.raises(WeightsError, match="not the checkpoint this bundle was made from"):
+        rebuild_weights(FAMILY, source, other)
+    seeded = rebuild_weights(FAMILY, {"kind": "random-weights", "seed": 7})
+    assert seeded.seed == 7 and seeded.state_dict is None
 
 
 # --- a GPU backend asked for on another target's bundle -----------------------------------

@@ -54,7 +54,7 @@ import numpy as np
 
 from runtime_py.errors import UsageError
 
-from .fp8 import E4M3_MAX, E4M3_POSITIVE_LEVELS, fp8_e4m3_codes, fp8_e4m3_round
+from bundler.fp8 import E4M3_MAX, E4M3_POSITIVE_LEVELS, fp8_e4m3_codes, fp8_e4m3_round
 from .histogram import TensorStats
 
 METHODS = ("max", "percentile", "entropy", "mse")

@@ -3,9 +3,11 @@
 Tensors (all float32, little-endian):
 
 * ``act.<tensor>.amax`` and ``act.<tensor>.scale``: shape ``[]`` (a 0-d scalar; the
-  safetensors format allows it and it is what a per-tensor scale is), ``scale =
-  amax / 448`` (1/448 for an all-zero tensor).
-* ``weight.<node>.scale``: shape ``[Cout]``, the per-output-channel weight scales.
+  safetensors format allows it and it is what a per-tensor scale is): the measured amax,
+  and the scale the graph and every engine use, ``bundler.fp8.stored_scale(amax / 448)``
+  (1/448 for an all-zero tensor).
+* ``weight.<node>.scale``: shape ``[Cout]``, the per-output-channel weight scales, by the
+  same rule (``stored_scale`` of the folded kernel's ``amax / 448``).
 
 Metadata (strings only), validated against ``schemas/calibration.schema.json`` on write
 and on read: ``format`` (``trt-bundle-calibration/1``), ``method``, ``images``,

@@ -1,23 +1,27 @@
-"""fp16 graph -> fp8 graph: FP8 E4M3 Q/DQ on the convolutions the family's recipe selects.
+"""fp16 graph -> fp8 graph: FP8 E4M3 Q/DQ on the layers the family's recipe selects.
 
 What the fp8 graph is (what TensorRT's strongly typed network and ONNX Runtime both run):
-for each selected Conv,
+for each selected Conv, MatMul or Gemm with an initializer kernel,
 - the weight is an FLOAT8E4M3FN initializer ``<node>.weight_fp8`` (per output channel:
   ``q = fp8(w / s)``, round to nearest even, saturated to +-448) feeding a
-  ``DequantizeLinear(axis=0)`` with an fp16 scale ``s[c] = amax_c / 448`` of the
-  BatchNorm-folded kernel, giving the fp16 weight the Conv reads;
-- the Conv's data input X goes through ``QuantizeLinear`` (per-tensor fp16 scale, zero
+  ``DequantizeLinear`` along the kernel's output-channel axis (``output_axis``: 0 for
+  Conv and ``Gemm(transB=1)``, 1 for MatMul's [in, out] kernel) with an fp16 scale
+  ``s[c] = amax_c / 448`` of the BatchNorm-folded kernel, giving the fp16 weight the
+  layer reads;
+- the layer's data input X goes through ``QuantizeLinear`` (per-tensor fp16 scale, zero
   point of type FLOAT8E4M3FN, which makes the output FP8) and ``DequantizeLinear`` back to
-  fp16. There is ONE Q/DQ pair per activation tensor: selected Convs reading the same
+  fp16. There is ONE Q/DQ pair per activation tensor: selected layers reading the same
   tensor share it (TensorRT fuses a Q into every consumer; duplicates would only add work).
 Everything else stays fp16 (``bundler.graphs.fp16``). Opset 19 (the first with FP8 Q/DQ
 and per-axis fp16 scales) is enough, and ONNX Runtime's CPU provider runs these graphs.
+Scales follow the one rule of ``bundler.fp8.stored_scale``.
 
 Selection rules (family data, ``family.json`` ``fp8.select`` and its variants): a node is
-selected when it matches at least one ``include`` rule and no ``exclude`` rule; a rule
-matches when every key it has matches:
-- ``op_type``: the node's op type (only ``Conv`` can be quantized by this pass);
-- ``kernel_shape``: ``[kh, kw]``, from the attribute or the weight's shape;
+selected when it matches at least one ``include`` rule and no ``exclude`` rule; only
+nodes whose kernel is an initializer are candidates; a rule matches when every key it has
+matches:
+- ``op_type``: the node's op type (``QUANTIZABLE_OPS``: Conv, MatMul, Gemm);
+- ``kernel_shape``: ``[kh, kw]``, from the attribute or the weight's shape (Conv);
 - ``group``: the ``group`` attribute (default 1);
 - ``depthwise``: true for convolutions with ``group > 1`` and one input channel per group;
 - ``module_prefix``: the torch module path (the weight initializer's name without
@@ -28,11 +32,11 @@ an exporter or architecture change cannot silently quantize something else.
 
 Tensor-name contract with calibration: the fp32, fp16 and fp8 graphs share node and tensor
 names (``bundler.graphs.fp16`` keeps them), so activation scales calibrated on the fp32
-graph apply to the fp16 and fp8 ones. ``quantized_activation_tensors`` names the tensors
-calibration must measure, and ``to_fp8`` looks its ``act_scales`` up by those names. The
-one place where the graphs differ is a graph input read through the fp16 boundary cast
-(``<input>_fp16``): such a tensor is always named by the graph input's name. Scales are
-scales (``amax / 448``), not amax values.
+graph apply to the fp16 and fp8 ones. ``activation_tensors`` names, per selected node, the
+tensor calibration measures (the one naming rule), and ``to_fp8`` looks its
+``act_scales`` up by those names. The one place where the graphs differ is a graph input
+read through the fp16 boundary cast (``<input>_fp16``): such a tensor is always named by
+the graph input's name. Scales are scales (``amax / 448``), not amax values.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from bundler.fp8 import E4M3_MAX, quantize as quantize_fp8, scale_of, stored_scale
 from runtime_py.errors import FamilyError, UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -52,25 +57,35 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "E4M3_MAX",
     "MIN_OPSET",
-    "select_fp8_convs",
+    "select_fp8_layers",
+    "activation_tensors",
+    "output_axis",
+    "QUANTIZABLE_OPS",
     "quantized_activation_tensors",
     "compute_weight_scales",
     "to_fp8",
     "module_path",
 ]
 
-E4M3_MAX = 448.0
 MIN_OPSET = 19
-# fp16's smallest normal number: scales are stored in fp16 and must stay positive and
-# normal. Clamping a tiny scale up to it loses nothing: values then use a lower part of the
-# FP8 range with the same relative precision.
-_FP16_MIN_NORMAL = 2.0**-14
+#: The ops whose kernel (an initializer) and data input this pass can quantize.
+QUANTIZABLE_OPS = ("Conv", "MatMul", "Gemm")
+
+
+def output_axis(node: onnx.NodeProto) -> int:
+    """The axis of ``node``'s kernel that indexes output channels (the per-channel scales')."""
+    if node.op_type == "MatMul":
+        return 1
+    if node.op_type == "Gemm":
+        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
+        return 0 if trans_b else 1
+    return 0
 
 
 # --- selection ---------------------------------------------------------------------
 
 
-def select_fp8_convs(
+def select_fp8_layers(
     model: onnx.ModelProto, recipe: Family | Mapping[str, Any], variant: str | None = None
 ) -> list[str]:
     """Names of the nodes the recipe quantizes, in graph order.
@@ -98,14 +113,15 @@ def select_fp8_convs(
         if facts is None:
             continue
         if any(_matches(r, facts) for r in include) and not any(_matches(r, facts) for r in exclude):
-            if node.op_type != "Conv":
-                raise UsageError(f"fp8 recipe selects {node.name!r} ({node.op_type}); only Conv nodes can be quantized")
+            if node.op_type not in QUANTIZABLE_OPS:
+                raise UsageError(f"fp8 recipe selects {node.name!r} ({node.op_type}); only "
+                                 f"{', '.join(QUANTIZABLE_OPS)} nodes can be quantized")
             chosen.append(node.name)
     expected = recipe.get("expected_count")
     if expected is not None and len(chosen) != expected:
         which = f" (variant {recipe.get('variant')})" if recipe.get("variant") else ""
         raise FamilyError(
-            f"the fp8 recipe{which} selects {len(chosen)} convolutions in this graph, "
+            f"the fp8 recipe{which} selects {len(chosen)} layers in this graph, "
             f"the family expects {expected}: the exported graph or the rules changed; "
             "check the family's fp8.select rules against the graph"
         )
@@ -120,10 +136,11 @@ def module_path(node: onnx.NodeProto) -> str:
 
 
 def _node_facts(node: onnx.NodeProto, inits: Mapping[str, Any]) -> dict[str, Any] | None:
-    """What rules can test about a node; None for nodes without an initializer weight."""
+    """What rules can test about a node; None for nodes without an initializer weight
+    (activation x activation MatMuls, elementwise ops: never candidates)."""
     facts: dict[str, Any] = {"op_type": node.op_type, "name": node.name, "module": module_path(node)}
     if len(node.input) < 2 or node.input[1] not in inits:
-        return facts if node.op_type != "Conv" else None
+        return None
     dims = list(inits[node.input[1]].dims)
     attrs = {a.name: a for a in node.attribute}
     group = attrs["group"].i if "group" in attrs else 1
@@ -160,6 +177,17 @@ def quantized_activation_tensors(model: onnx.ModelProto, selected: Iterable[str]
     The same names for the fp32 and the fp16 graph (module docstring): these are the keys
     of ``to_fp8``'s ``act_scales`` and of ``act.<tensor>.*`` in calibration files.
     """
+    return list(dict.fromkeys(activation_tensors(model, selected).values()))
+
+
+def activation_tensors(model: onnx.ModelProto, selected: Iterable[str]) -> dict[str, str]:
+    """Selected node -> the name calibration gives its data input, in graph order.
+
+    The one naming rule (module docstring), for the fp32, fp16 and fp8 graphs: in the fp8
+    graph a node reads ``<t>_dequantized`` (QuantizeLinear -> DequantizeLinear over ``t``),
+    in the fp16 graph a graph input ``<input>`` through its boundary cast; both are named
+    by what calibration measured on the fp32 graph.
+    """
     graph = model.graph
     wanted = set(selected)
     by_name = {n.name: n for n in graph.node}
@@ -167,13 +195,19 @@ def quantized_activation_tensors(model: onnx.ModelProto, selected: Iterable[str]
     if missing:
         raise UsageError(f"selected node(s) not in the graph: {missing[:5]}")
     aliases = _input_cast_aliases(graph)
-    tensors: list[str] = []
+    producers = {out: n for n in graph.node for out in n.output}
+    found: dict[str, str] = {}
     for node in graph.node:
-        if node.name in wanted:
-            name = aliases.get(node.input[0], node.input[0])
-            if name not in tensors:
-                tensors.append(name)
-    return tensors
+        if node.name not in wanted:
+            continue
+        name = node.input[0]
+        dq = producers.get(name)
+        if dq is not None and dq.op_type == "DequantizeLinear":
+            q = producers.get(dq.input[0])
+            if q is not None and q.op_type == "QuantizeLinear":
+                name = q.input[0]
+        found[node.name] = aliases.get(name, name)
+    return found
 
 
 def _input_cast_aliases(graph: onnx.GraphProto) -> dict[str, str]:
@@ -202,32 +236,10 @@ def compute_weight_scales(model: onnx.ModelProto, selected: Iterable[str]) -> di
         node = by_name.get(name)
         if node is None or len(node.input) < 2 or node.input[1] not in inits:
             raise UsageError(f"node {name!r} is not in the graph or has no initializer weight")
-        w = numpy_helper.to_array(inits[node.input[1]]).astype(np.float32)
-        amax = np.abs(w.reshape(w.shape[0], -1)).max(axis=1)
-        scales[name] = np.where(amax > 0, amax / np.float32(E4M3_MAX), np.float32(1.0)).astype(np.float32)
+        w = np.moveaxis(numpy_helper.to_array(inits[node.input[1]]).astype(np.float32),
+                        output_axis(node), 0)
+        scales[name] = scale_of(np.abs(w.reshape(w.shape[0], -1)).max(axis=1))
     return scales
-
-
-def quantize_fp8(values: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """``fp8_e4m3fn(values / scale)``, saturated to +-448, round to nearest even.
-
-    ``scale`` broadcasts against ``values`` (per-channel: shape [C, 1, 1, 1]). Division in
-    float32, as ONNX ``QuantizeLinear`` does.
-    """
-    import ml_dtypes
-    import numpy as np
-
-    q = np.asarray(values, np.float32) / np.asarray(scale, np.float32)
-    return np.clip(q, -E4M3_MAX, E4M3_MAX).astype(ml_dtypes.float8_e4m3fn)
-
-
-def _fp16_scale(values: Any) -> np.ndarray:
-    import numpy as np
-
-    s = np.asarray(values, dtype=np.float64)
-    if not np.all(np.isfinite(s)) or np.any(s < 0):
-        raise UsageError("fp8 scales must be finite and non-negative; recalibrate")
-    return np.maximum(s, _FP16_MIN_NORMAL).astype(np.float16)
 
 
 # --- the graph ----------------------------------------------------------------------
@@ -239,13 +251,14 @@ def to_fp8(
     act_scales: Mapping[str, float],
     weight_scales: Mapping[str, np.ndarray],
 ) -> onnx.ModelProto:
-    """A new model: ``model_fp16`` with FP8 Q/DQ on the ``selected`` Conv nodes.
+    """A new model: ``model_fp16`` with FP8 Q/DQ on the ``selected`` nodes.
 
     ``act_scales``: per-tensor scale (``amax / 448``) for every name of
     ``quantized_activation_tensors``; ``weight_scales``: per-output-channel scales
-    (``compute_weight_scales``, on the fp32 graph). Scales are stored as fp16 (clamped up to
-    fp16's smallest normal number) and the weights are quantized with exactly those stored
-    scales, from the fp16 graph's weights.
+    (``compute_weight_scales``, on the fp32 graph). Scales are stored as fp16 by the one rule
+    ``bundler.fp8.stored_scale`` (``bundle make`` has applied it already, so this is exact)
+    and the weights are quantized with exactly those stored scales, from the fp16 graph's
+    weights.
     """
     import numpy as np
     import onnx
@@ -264,8 +277,9 @@ def to_fp8(
         node = by_name.get(name)
         if node is None:
             problems.append(f"node {name!r} is not in the graph")
-        elif node.op_type != "Conv" or len(node.input) < 2 or node.input[1] not in inits:
-            problems.append(f"node {name!r} is not a Conv with an initializer weight")
+        elif node.op_type not in QUANTIZABLE_OPS or len(node.input) < 2 or node.input[1] not in inits:
+            problems.append(f"node {name!r} is not a {'/'.join(QUANTIZABLE_OPS)} with an "
+                            "initializer weight")
         elif name not in weight_scales:
             problems.append(f"no weight scales for {name!r}")
     needed = quantized_activation_tensors(model, [n for n in selected if n in by_name])
@@ -286,19 +300,22 @@ def to_fp8(
         w = numpy_helper.to_array(w_init)
         if w.dtype != np.float16:
             raise UsageError(f"to_fp8 expects the fp16 graph; weight {w_init.name!r} is {w.dtype}")
-        scale = _fp16_scale(weight_scales[name]).reshape(-1)
-        if scale.shape[0] != w.shape[0]:
-            raise UsageError(f"weight scales for {name!r} have {scale.shape[0]} channels, the kernel {w.shape[0]}")
-        q = quantize_fp8(w, scale.astype(np.float32).reshape(-1, *([1] * (w.ndim - 1))))
+        axis = output_axis(node)
+        scale = stored_scale(weight_scales[name]).astype(np.float16).reshape(-1)
+        if scale.shape[0] != w.shape[axis]:
+            raise UsageError(f"weight scales for {name!r} have {scale.shape[0]} channels, the kernel {w.shape[axis]}")
+        shape = [1] * w.ndim
+        shape[axis] = -1
+        q = quantize_fp8(w, scale.astype(np.float32).reshape(shape))
         q_name, s_name, z_name = f"{name}.weight_fp8", f"{name}.weight_scale", f"{name}.weight_zero_point"
         new_inits += [
             numpy_helper.from_array(q, q_name),
             numpy_helper.from_array(scale, s_name),
-            helper.make_tensor(z_name, TensorProto.FLOAT8E4M3FN, [w.shape[0]], np.zeros(w.shape[0], np.float32)),
+            helper.make_tensor(z_name, TensorProto.FLOAT8E4M3FN, [w.shape[axis]], np.zeros(w.shape[axis], np.float32)),
         ]
         dq_out = f"{name}.weight_dequantized"
         before.setdefault(name, []).append(
-            helper.make_node("DequantizeLinear", [q_name, s_name, z_name], [dq_out], name=f"{name}.weight_DequantizeLinear", axis=0)
+            helper.make_node("DequantizeLinear", [q_name, s_name, z_name], [dq_out], name=f"{name}.weight_DequantizeLinear", axis=axis)
         )
         unused_weights.add(node.input[1])
         node.input[1] = dq_out
@@ -307,7 +324,7 @@ def to_fp8(
         x = node.input[0]
         if x not in shared:
             key = aliases.get(x, x)
-            a_scale = _fp16_scale(act_scales[key]).reshape(())
+            a_scale = stored_scale(act_scales[key]).astype(np.float16).reshape(())
             base = key
             s_name, z_name = f"{base}_fp8_scale", f"{base}_fp8_zero_point"
             new_inits += [

@@ -3,32 +3,30 @@
 `bundle make` and `bundle rebuild` both end with "build the engine for this target"; the
 target decides what the engine member is (`model.onnx` itself for onnxruntime, a plan for
 tensorrt, an AOTInductor package for torch-aoti) and what the manifest's
-`engine.details` say. Modules are imported only when their target is asked for, so that
-`bundle rebuild --backend onnxruntime` never needs TensorRT.
+`engine.details` say. The list of targets is the registry `runtime_py.targets` (one
+`EngineTarget` per backend); builder modules are imported only when their target is asked
+for, so that `bundle rebuild --backend onnxruntime` never needs TensorRT.
 
-Every target module exposes::
+Every builder module exposes::
 
-    build_target(onnx_bytes: bytes, *, batch: dict, log=None, **options) -> TargetBuild
+    build_target(onnx_bytes: bytes, *, batch: dict, log=None,
+                 context: BuildContext | None = None, **options) -> TargetBuild
 
-Adding a target (torch-aoti): write `bundler/targets/torch_aoti.py` with `build_target`
-and add one line to `_TARGETS`.
+`context` (`bundler.build_context.BuildContext`) is what `bundle make` (or `bundle
+rebuild`) knows about the bundle: family, precision, variant, the fp8 layer selection and
+scales, the torch model (built lazily), the pixel head. A target reads what it needs from
+it and re-derives nothing.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from types import ModuleType
 
 from runtime_py.errors import UsageError
 
-_TARGETS = {
-    "onnxruntime": "bundler.targets.onnxruntime",
-    "tensorrt": "bundler.targets.tensorrt",
-    "torch-aoti": "bundler.targets.torch_aoti",
-}
-
-TARGETS = tuple(_TARGETS)
+from runtime_py.targets import NAMES as TARGETS
+from runtime_py.targets import get_target
 
 
 @dataclass(frozen=True)
@@ -48,12 +46,10 @@ class TargetBuild:
 
 def target_builder(backend: str) -> ModuleType:
     """The builder module of `backend` (imported now; its engine package is not)."""
-    try:
-        module_name = _TARGETS[backend]
-    except KeyError:
+    if backend not in TARGETS:
         raise UsageError(f"cannot build engines for backend {backend!r}; "
-                         f"choose one of {', '.join(TARGETS)}") from None
-    return importlib.import_module(module_name)
+                         f"choose one of {', '.join(TARGETS)}")
+    return get_target(backend).builder()
 
 
 def bundle_name(family: str, family_version: str, precision: str, variant: str | None,

@@ -27,8 +27,10 @@ def onnx_opset(onnx_bytes: bytes) -> int:
 
 
 def build_target(onnx_bytes: bytes, *, batch: dict | None = None,
-                 log: Callable[[str], None] | None = None, **options: object) -> TargetBuild:
-    """No build: record the opset. Options other than none are refused (say so early)."""
+                 log: Callable[[str], None] | None = None, context: object = None,
+                 **options: object) -> TargetBuild:
+    """No build: record the opset (the graph is all it needs of ``context``). Options other
+    than none are refused (say so early)."""
     if options:
         from runtime_py.errors import UsageError
 

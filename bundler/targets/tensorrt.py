@@ -407,12 +407,16 @@ def count_layers(trt, plan: bytes, logger, version_compatible: bool) -> int:
 
 
 def build_target(onnx_bytes: bytes, *, batch: dict, log: Log | None = None,
-                 **options: object) -> TargetBuild:
+                 context: object = None, **options: object) -> TargetBuild:
     """Registry entry (bundler.targets): build a plan over the bundle's batch range.
 
-    Options: optimization_level, timing_cache, hardware_compat, version_compatible,
+    Options: optimization_level (default: the family's ``tensorrt.optimization_level``
+    from ``context``, else 3), timing_cache, hardware_compat, version_compatible,
     workspace_bytes, device.
     """
+    family = getattr(context, "family", None)
+    if family is not None:
+        options.setdefault("optimization_level", family.tensorrt.get("optimization_level", 3))
     allowed = {"optimization_level", "timing_cache", "hardware_compat", "version_compatible",
                "workspace_bytes", "device"}
     unknown = sorted(set(options) - allowed)

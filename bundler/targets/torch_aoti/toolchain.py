@@ -39,7 +39,7 @@ PROBE_SOURCE = """#include <locale>
 extern "C" int trt_bundle_probe() { return (int) std::locale::classic().name().size(); }
 """
 WRAPPER_SCRIPT = """#!/bin/sh
-# trt-bundle: {real} with libstdc++ linked as a shared library (bundler/targets/aoti_toolchain.py)
+# trt-bundle: {real} with libstdc++ linked as a shared library (bundler/targets/torch_aoti/toolchain.py)
 case " $* " in
   *" -shared "*) exec {real} "$@" {flag} ;;
 esac
@@ -128,6 +128,6 @@ def check_package_libraries(package: Path) -> list[str]:
         raise BundleError(
             f"the package's library {name} does not link the shared libstdc++ (needs: "
             f"{', '.join(needed) or 'nothing'}): loading it next to torch crashes "
-            "(bundler/targets/aoti_toolchain.py). Rebuild with a compiler that links "
+            "(bundler/targets/torch_aoti/toolchain.py). Rebuild with a compiler that links "
             "libstdc++ as a shared library")
     return list(package_libraries(package))

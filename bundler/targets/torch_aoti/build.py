@@ -10,12 +10,16 @@ What is compiled, per precision (the torch model is ``bundler.torch_model``'s BN
 module; IO stays fp32, like the typed ONNX graphs):
 
 * fp32: the model as it is (Inductor picks channels-last for cuDNN);
-* fp16: ``bundler.torch_nhwc.rewrite_nhwc`` in fp16 (``default_nhwc``: 1.69x faster than
-  ``.half()`` of the model at batch 32 on an H200);
-* fp8: the same NHWC rewrite, with exactly the convolutions
-  ``bundler.graphs.fp8.select_fp8_convs`` selects in the bundle's graph as FP8 GEMMs (and,
-  in the fp8-depthwise variant, the depthwise ones quantized-dequantized), with the
-  activation and weight scales of the bundle's ``calibration.safetensors``.
+* fp16: ``bundler.targets.torch_aoti.model.rewrite_nhwc`` in fp16 (``default_nhwc``:
+  1.69x faster than ``.half()`` of the model at batch 32 on an H200);
+* fp8: the same NHWC rewrite, with exactly the layers of the bundle's graph (make's
+  selection, handed over in the ``BuildContext``) as FP8 GEMMs (and, in the fp8-depthwise
+  variant, the depthwise ones quantized-dequantized), with the activation and weight
+  scales of the bundle's ``calibration.safetensors``.
+
+Families whose layout rule is ``"as_is"`` (``family.json`` ``torch_aoti.layout``: a ViT's
+tokens) skip the NHWC rewrite: the model in fp16, and for fp8 its selected Linear layers as
+FP8 GEMMs (``model.rewrite_as_is``).
 
 Exported with ``torch.export`` (batch dynamic over the family's range) and compiled with
 the Inductor options in ``DEFAULT_COMPILE_OPTIONS`` (never max-autotune: on xception41 it
@@ -41,7 +45,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import onnx
     import torch
 
-    from bundler.families import Family
+    from bundler.build_context import BuildContext
 
 BACKEND = "torch-aoti"
 MEMBER = "engine.pt2"
@@ -87,106 +91,15 @@ def check_host(device: str = "cuda", precision: str | None = None, **_options: A
             f"sm_{cc[0]}{cc[1]}")
 
 
-# --- which layers, which scales ---------------------------------------------------------
-
-def _producers(graph: onnx.GraphProto) -> dict[str, Any]:
-    return {out: n for n in graph.node for out in n.output}
-
-
-def activation_tensor(graph: onnx.GraphProto, node: onnx.NodeProto) -> str:
-    """The calibration name of ``node``'s data input, in the fp32, fp16 or fp8 graph.
-
-    The fp8 graph reads ``<t>_dequantized`` (QuantizeLinear -> DequantizeLinear over
-    ``t``); the fp16 graph reads a graph input through a boundary Cast. Both lead back
-    to the name calibration measured (``bundler.graphs.fp8`` module docstring).
-    """
-    producers = _producers(graph)
-    inputs = {i.name for i in graph.input}
-    name = node.input[0]
-    dq = producers.get(name)
-    if dq is not None and dq.op_type == "DequantizeLinear":
-        q = producers.get(dq.input[0])
-        if q is not None and q.op_type == "QuantizeLinear":
-            name = q.input[0]
-    cast = producers.get(name)
-    if cast is not None and cast.op_type == "Cast" and cast.input[0] in inputs:
-        name = cast.input[0]
-    return name
-
-
-def _weights_as_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``model`` whose Convs read their weight initializers directly.
-
-    In the fp8 graph a selected Conv reads ``DequantizeLinear(<node>.weight_fp8)``, and
-    ``select_fp8_convs`` only considers Convs whose weight is an initializer: rewired this
-    way, the fp8 graph selects what its fp16 graph selected (same shapes, same names).
-    """
-    import onnx
-
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    inits = {i.name for i in copy.graph.initializer}
-    producers = _producers(copy.graph)
-    for node in copy.graph.node:
-        if node.op_type == "Conv" and len(node.input) > 1 and node.input[1] not in inits:
-            dq = producers.get(node.input[1])
-            if dq is not None and dq.op_type == "DequantizeLinear" and dq.input[0] in inits:
-                node.input[1] = dq.input[0]
-    return copy
-
-
-def fp8_layers(onnx_bytes: bytes, family: Family, calibration, variant: str | None = None,
-               *, variant_given: bool = False) -> tuple[str | None, dict[str, tuple[float, Any]]]:
-    """(variant, {ONNX node: (activation scale, weight scales)}) of the bundle's fp8 graph.
-
-    The nodes are ``select_fp8_convs`` on the bundle's graph with the family's recipe.
-    ``make`` does not pass the variant, so unless ``variant_given`` it is the one (base
-    recipe first) whose selection is exactly the calibration file's weight-scale set; a
-    calibration that matches no recipe of the family is refused.
-    """
-    import onnx
-
-    from bundler.graphs.fp8 import select_fp8_convs
-    from runtime_py.errors import FamilyError
-
-    model = _weights_as_initializers(onnx.load_model_from_string(onnx_bytes))
-    weight_keys = set(calibration.weight_scales)
-    candidates = [variant] if variant_given else [None, *family.variants]
-    tried = []
-    for v in candidates:
-        try:
-            selected = select_fp8_convs(model, family, v)
-        except FamilyError as exc:
-            tried.append(f"{v or 'base recipe'}: {exc}")
-            continue
-        if set(selected) == weight_keys:
-            break
-        tried.append(f"{v or 'base recipe'}: selects {len(selected)}, calibration has "
-                     f"{len(weight_keys)} weight scales")
-    else:
-        raise UsageError("the bundle's calibration matches no fp8 recipe of family "
-                         f"{family.name} in this graph: " + "; ".join(tried), problems=tried)
-    by_name = {n.name: n for n in model.graph.node}
-    layers, missing = {}, []
-    for node in selected:
-        tensor = activation_tensor(model.graph, by_name[node])
-        if tensor not in calibration.result.scale:
-            missing.append(tensor)
-            continue
-        layers[node] = (calibration.result.scale[tensor], calibration.weight_scales[node])
-    if missing:
-        raise UsageError(f"calibration.safetensors has no scale for {len(missing)} activation "
-                         f"tensor(s) (first: {missing[0]!r})", problems=missing)
-    return v, layers
-
-
 # --- the model that is compiled ---------------------------------------------------------
 
-def default_nhwc(precision: str, nhwc: bool | None = None) -> bool:
+def default_nhwc(precision: str, nhwc: bool | None = None, layout: str = "nhwc") -> bool:
     """Whether the engine model is the NHWC rewrite: fp8 always; fp16 by default, because
     on an H200 (torch 2.11, Inductor) the fp16 rewrite ran 1.69x faster than the NCHW
     model at batch 32 and 1.04x at batch 1 (families/timm_xception/README.md); fp32 keeps
     the model as it is unless asked (not measured)."""
+    if layout == "as_is":           # the family's layout rule: tokens, not images
+        return False
     return precision in ("fp8", "fp16") if nhwc is None else bool(nhwc)
 
 
@@ -203,24 +116,43 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
                  fp8: dict[str, tuple[float, Any]] | None = None, *, nhwc: bool | None = None,
                  fast_accum: bool = False, fp8_gemm: str = "rowwise",
                  pad_channels: bool = False, input_shape: tuple[int, ...] | None = None,
-                 max_batch: int | None = None) -> tuple[torch.nn.Module, dict]:
+                 max_batch: int | None = None, layout: str = "nhwc",
+                 hook=None) -> tuple[torch.nn.Module, dict]:
     """The module to export (fp32 NCHW in, fp32 out) and its fp8 padding record.
 
     ``input_shape`` and ``max_batch`` (both or neither): rowwise FP8 GEMMs then share one
-    column of ones sized for that batch (``torch_nhwc.fp8_gemm_rows``) instead of building
+    column of ones sized for that batch (``rewrite.fp8_gemm_rows``) instead of building
     a row-scale column each, and the module refuses larger batches.
 
     ``fp8``: module path -> (activation scale, weight scales) (paths from
-    ``torch_nhwc.map_nodes_to_modules``); 1x1 ones become FP8 GEMMs, depthwise ones are
+    ``rewrite.map_nodes_to_modules``); 1x1 ones become FP8 GEMMs, depthwise ones are
     quantized-dequantized. ``nhwc`` (default: ``default_nhwc``) selects the NHWC rewrite;
-    ``fp8_gemm``: ``torch_nhwc.FP8_GEMMS``; ``pad_channels``: ``torch_nhwc.rewrite_nhwc``'s.
+    ``fp8_gemm``: ``rewrite.FP8_GEMMS``; ``pad_channels``: ``rewrite.rewrite_nhwc``'s.
+    ``layout``: the family's layout rule (``family.json`` ``torch_aoti.layout``): "nhwc"
+    (images: the NHWC rewrite) or "as_is" (tokens: ``rewrite_as_is``, FP8 Linear layers);
+    ``hook``: the family's ``nhwc_module`` (``rewrite_nhwc``).
     """
     torch = import_torch()
-    from bundler import torch_nhwc
+    from bundler.targets.torch_aoti import model as rewrite
 
     if precision not in PRECISIONS:
         raise UsageError(f"torch-aoti builds {', '.join(PRECISIONS)}, not {precision!r}")
     dtype = getattr(torch, PRECISIONS[precision])
+    if precision != "fp8" and fp8:
+        raise UsageError(f"fp8 layers given for a {precision} build")
+    if layout == "as_is":
+        if nhwc or pad_channels:
+            raise UsageError("this family keeps its layout (torch_aoti.layout \"as_is\"): "
+                             "no NHWC rewrite, no channel padding")
+        rows = None
+        if fp8 and input_shape is not None and max_batch is not None:
+            rows = rewrite.fp8_gemm_rows(torch_model, list(fp8), tuple(input_shape),
+                                            int(max_batch))
+        body = rewrite.rewrite_as_is(torch_model, dtype, fp8=fp8, fast_accum=fast_accum,
+                                        fp8_gemm=fp8_gemm, fp8_rows=rows)
+        return rewrite.EngineModule(body, dtype, False), {}
+    if layout != "nhwc":
+        raise UsageError(f"torch_aoti.layout {layout!r}: choose nhwc or as_is")
     nhwc = default_nhwc(precision, nhwc)
     if precision == "fp8" and not nhwc:
         raise UsageError("the fp8 torch-aoti model is NHWC by construction")
@@ -233,7 +165,7 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
         import copy
 
         body = copy.deepcopy(torch_model).to(dtype).eval()
-        return torch_nhwc.EngineModule(body, dtype, False), padding
+        return rewrite.EngineModule(body, dtype, False), padding
     modules = dict(torch_model.named_modules())
     pointwise, depthwise = {}, {}
     for path, scales in (fp8 or {}).items():
@@ -242,17 +174,19 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
             depthwise[path] = scales
             continue
         pointwise[path] = scales
-        kpad, npad = torch_nhwc.padded(conv.in_channels), torch_nhwc.padded(conv.out_channels)
+        if conv.kernel_size != (1, 1):
+            continue                       # Fp8ConvNHWC reads its input unpadded
+        kpad, npad = rewrite.padded(conv.in_channels), rewrite.padded(conv.out_channels)
         if (kpad, npad) != (conv.in_channels, conv.out_channels):
             padding[path] = {"in": [conv.in_channels, kpad], "out": [conv.out_channels, npad]}
     rows = None
     if pointwise and input_shape is not None and max_batch is not None:
-        rows = torch_nhwc.fp8_gemm_rows(torch_model, list(pointwise), tuple(input_shape),
+        rows = rewrite.fp8_gemm_rows(torch_model, list(pointwise), tuple(input_shape),
                                         int(max_batch))
-    body = torch_nhwc.rewrite_nhwc(torch_model, dtype, fp8=pointwise, fp8_depthwise=depthwise,
+    body = rewrite.rewrite_nhwc(torch_model, dtype, fp8=pointwise, fp8_depthwise=depthwise,
                                    fast_accum=fast_accum, fp8_gemm=fp8_gemm,
-                                   pad_channels=pad_channels, fp8_rows=rows)
-    return torch_nhwc.EngineModule(body, dtype, True), padding
+                                   pad_channels=pad_channels, fp8_rows=rows, hook=hook)
+    return rewrite.EngineModule(body, dtype, True), padding
 
 
 def compile_package(module: torch.nn.Module, input_shape: tuple[int, ...], batch: dict,
@@ -261,10 +195,10 @@ def compile_package(module: torch.nn.Module, input_shape: tuple[int, ...], batch
     toolchain it was linked with).
 
     Linked against the shared libstdc++ whatever the host's compiler does by default, and
-    checked for it (``bundler.targets.aoti_toolchain``: a statically linked C++ runtime
+    checked for it (``bundler.targets.torch_aoti.toolchain``: a statically linked C++ runtime
     crashed every package's loader on the H200 image).
     """
-    from bundler.targets.aoti_toolchain import aoti_toolchain, check_package_libraries
+    from bundler.targets.torch_aoti.toolchain import aoti_toolchain, check_package_libraries
 
     torch = import_torch()
     lo, hi = int(batch["min"]), int(batch["max"])
@@ -335,7 +269,8 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
                  fast_accum: bool = False, fp8_gemm: str = "rowwise",
                  pad_channels: bool | None = None, smoke: bool = True,
                  log: Callable[[str], None] | None = None,
-                 pixel_scale_bias: tuple[Any, Any] | None = None) -> tuple[bytes, dict]:
+                 pixel_scale_bias: tuple[Any, Any] | None = None, layout: str = "nhwc",
+                 hook=None) -> tuple[bytes, dict]:
     """Compile one package from a torch model; returns (package bytes, engine details).
 
     ``fp8`` maps *module paths* to (activation scale, weight scales); ``build_target``
@@ -350,13 +285,14 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
     check_host(device=device, precision=precision)
     started = time.monotonic()
     options = compile_options_for(compile_options)
-    nhwc = default_nhwc(precision, nhwc)
+    nhwc = default_nhwc(precision, nhwc, layout)
     pad_channels = (default_pad_channels(precision, pad_channels) if nhwc
                     else bool(pad_channels))  # engine_model refuses padding without NHWC
     lo, hi = int(batch["min"]), int(batch["max"])
     module, padding = engine_model(torch_model, precision, fp8, nhwc=nhwc, fast_accum=fast_accum,
                                    fp8_gemm=fp8_gemm, pad_channels=pad_channels,
-                                   input_shape=input_shape, max_batch=hi)
+                                   input_shape=input_shape, max_batch=hi, layout=layout,
+                                   hook=hook)
     export_shape = tuple(input_shape)
     if pixel_scale_bias is not None:
         module = pixel_head(module, *pixel_scale_bias)
@@ -368,10 +304,10 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
     if nhwc:
         import copy
 
-        from bundler.torch_nhwc import check_rewrite
+        from bundler.targets.torch_aoti.model import check_rewrite
 
         err = check_rewrite(copy.deepcopy(torch_model).to(device), _example(input_shape, device),
-                            pad_channels=pad_channels)
+                            pad_channels=pad_channels, hook=hook)
         log(f"NHWC rewrite matches the model (relative max difference {err:.2g})")
     with tempfile.TemporaryDirectory(prefix="trt-bundle-aoti-") as tmp:
         log(f"exporting and compiling the {precision} package for {device} "
@@ -387,7 +323,7 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
     details = engine_details(host_details(device), precision, options,
                              nhwc=nhwc, fast_accum=fast_accum, fp8_gemm=fp8_gemm,
                              pad_channels=pad_channels, padding=padding, batch_sizes=sizes,
-                             seconds=time.monotonic() - started, cxx=cxx)
+                             seconds=time.monotonic() - started, cxx=cxx, layout=layout)
     if pixel_scale_bias is not None:
         details["compile_options"]["input"] = "uint8 NHWC pixels; rescale, normalize, layout " \
                                               "and cast in the graph"
@@ -398,18 +334,19 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
 def engine_details(host: dict, precision: str, options: dict, *, nhwc: bool,
                    fast_accum: bool, padding: dict, batch_sizes: list[int],
                    seconds: float | None, fp8_gemm: str = "rowwise",
-                   pad_channels: bool = False, cxx: str | None = None) -> dict:
+                   pad_channels: bool = False, cxx: str | None = None,
+                   layout: str = "nhwc") -> dict:
     """The manifest's ``engine.details`` (schema ``$defs/torch_aoti_details``): the build
     host (``host_details``), what was compiled and how, the fp8 padding per layer, and the
     batch sizes the package was checked at. No floats (manifest rule)."""
     from bundler.quality import decimal
-    from bundler.torch_nhwc import FP8_ALIGN
+    from bundler.targets.torch_aoti.model import FP8_ALIGN
 
     details = dict(host)
     details["compile_options"] = {
         "inductor": dict(options), "export": "torch.export, dynamic batch",
         "layout": ("nhwc, channels padded to multiples of 16" if pad_channels else "nhwc")
-                  if nhwc else "nchw",
+                  if nhwc else ("as is (tokens)" if layout == "as_is" else "nchw"),
         "dtype": PRECISIONS[precision],
         **({"fp8_gemm": FP8_GEMM_DESCRIPTIONS[fp8_gemm],
             "fp8_fast_accum": bool(fast_accum)} if precision == "fp8" else {}),
@@ -475,45 +412,41 @@ def pixel_head(module, scale, bias):
 
 
 def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] | None = None,
-                 torch_model: torch.nn.Module | None = None, precision: str | None = None,
-                 family: Family | None = None, calibration: bytes | None = None,
-                 device: str = "cuda", batch_sizes: list[int] | None = None,
-                 compile_options: dict | None = None, variant: str | None = None,
+                 context: BuildContext | None = None, device: str = "cuda",
+                 batch_sizes: list[int] | None = None, compile_options: dict | None = None,
                  nhwc: bool | None = None, fp8_fast_accum: bool = False,
                  fp8_gemm: str = "rowwise", pad_channels: bool | None = None,
-                 smoke_check: bool = False, pixel_head: tuple[Any, Any] | None = None
-                 ) -> TargetBuild:
+                 smoke_check: bool = False) -> TargetBuild:
     """The bundle's engine: its torch model in its precision, compiled (module docstring).
 
-    ``onnx_bytes`` is the bundle's typed graph: for fp8, the layers are selected on it
-    (``select_fp8_convs``) and their scales read from ``calibration`` (the bundle's
-    ``calibration.safetensors`` bytes). ``variant`` defaults to the recipe the calibration
-    file matches (make does not pass it). ``smoke_check`` is off by default (a load in the
-    build process; see ``build_engine``): ``bundle verify --numerics`` loads the package in
-    the runtime and checks it against the ONNX Runtime reference instead.
+    Everything the bundle's graph was made with comes from ``context`` (``bundler.
+    build_context``: family, precision, the fp8 layers with the scales of its
+    ``calibration.safetensors``, the torch model, the pixel head); ``onnx_bytes`` is not
+    re-read. ``smoke_check`` is off by default (a load in the build process; see
+    ``build_engine``): ``bundle verify --numerics`` loads the package in the runtime and
+    checks it against the ONNX Runtime reference instead.
     """
-    if torch_model is None or precision is None or family is None:
-        raise UsageError("the torch-aoti target needs torch_model, precision and family "
-                         "(bundle make passes them)")
+    if context is None:
+        raise UsageError("the torch-aoti target compiles the family's torch model: it needs "
+                         "the build context (bundle make and bundle rebuild pass it)")
+    family, precision = context.family, context.precision
     fp8 = None
     if precision == "fp8":
-        if calibration is None:
-            raise UsageError("an fp8 torch-aoti engine needs the bundle's calibration.safetensors")
-        from bundler.calibration.store import calibration_from_safetensors
-        from bundler.torch_nhwc import map_nodes_to_modules
+        from bundler.targets.torch_aoti.model import map_nodes_to_modules
 
-        calib = calibration_from_safetensors(calibration)
-        chosen, layers = fp8_layers(onnx_bytes, family, calib, variant,
-                                    variant_given=variant is not None)
-        paths = map_nodes_to_modules(torch_model, list(layers))
-        fp8 = {paths[node]: scales for node, scales in layers.items()}
+        paths = map_nodes_to_modules(context.torch_model, list(context.fp8))
+        fp8 = {paths[node]: (layer.act_scale, layer.weight_scales)
+               for node, layer in context.fp8.items()}
         if log:
-            log(f"fp8 recipe {chosen or 'base'}: {len(fp8)} convolutions from the bundle's graph")
-    data, details = build_engine(torch_model, precision, tuple(family.input.shape), batch,
+            log(f"fp8 recipe {context.variant or 'base'}: {len(fp8)} layers from the bundle")
+    ext = family.extension()
+    data, details = build_engine(context.torch_model, precision, tuple(family.input.shape), batch,
                                  fp8=fp8, device=device, batch_sizes=batch_sizes,
                                  compile_options=compile_options, nhwc=nhwc,
                                  fast_accum=fp8_fast_accum, fp8_gemm=fp8_gemm,
                                  pad_channels=pad_channels, smoke=smoke_check, log=log,
-                                 pixel_scale_bias=pixel_head)
+                                 pixel_scale_bias=context.pixel_scale_bias,
+                                 layout=family.torch_aoti_layout,
+                                 hook=getattr(ext, "nhwc_module", None))
     return TargetBuild(backend=BACKEND, member=MEMBER, engine_bytes=data, details=details,
                        tag=BACKEND)

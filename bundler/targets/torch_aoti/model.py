@@ -1,0 +1,658 @@
+"""The family's torch model rewritten for the torch-aoti engine: channels-last, FP8 GEMMs.
+
+Why a rewrite and not ``torch.compile`` of the model as it is: the FP8 recipe quantizes
+1x1 convolutions, and the fast FP8 kernels on Hopper are matrix multiplications
+(``torch._scaled_mm``, cuBLASLt) on row-major ``[pixels, channels]`` operands. A 1x1
+convolution on an NHWC tensor *is* such a product with no data movement, so this module
+keeps every activation NHWC (logically, not as a strided NCHW view) from the stem to the
+head:
+
+* 1x1 convolutions the recipe selects -> ``Fp8Pointwise``: quantize (fp32 division by the
+  calibrated per-tensor scale, saturate to +-448, round to nearest even, as ONNX
+  ``QuantizeLinear`` does), ``_scaled_mm`` against the per-output-channel quantized weight
+  with the activation scale, the per-channel weight scales and the bias applied in the
+  GEMM's own epilogue (rowwise scaling, bf16 out: the only output type cuBLASLt gives
+  with rowwise scales; ``FP8_GEMMS``). The activation scale is folded into the
+  per-channel row, so the row-scale operand is a slice of one column of ones shared by
+  all GEMMs (``OnesColumn``): no kernel builds it.
+  Channel counts are padded to multiples of ``FP8_ALIGN`` inside the module (728 -> 736):
+  the pad is fused into the quantize (zeros), the weight's padded rows are zero, and the
+  output's padded columns are dropped by a free slice (or, with ``rewrite_nhwc``'s
+  ``pad_channels``, the padded width is carried from module to module instead);
+* depthwise convolutions -> ``DepthwiseNHWC``: the k x k taps written as shifted slices,
+  multiplied and summed. Inductor turns that (with the zero padding, the preceding ReLU
+  and the *following quantize*) into one Triton kernel, which is the point: cuDNN's
+  depthwise kernel is opaque to Inductor, so the quantize after it would be a separate
+  pass over the activations. In the ``fp8-depthwise`` variant its input and weights are
+  quantized-dequantized as the ONNX graph does (there is no FP8 depthwise kernel);
+* dense k x k convolutions the recipe selects (timm_resnet50's 3x3) -> ``Fp8ConvNHWC``:
+  im2col by shifted slices, then the same FP8 GEMM;
+* other convolutions (the stem) -> ``ConvNHWC`` (cuDNN through a permuted view), other
+  1x1 convolutions -> ``PointwiseNHWC`` (a plain matmul), the global average pool ->
+  ``GlobalAvgPoolNHWC``, max/average pools -> ``NCHWView`` (the pool on the NCHW view).
+
+Families whose activations are not images (timm_vit_base: tokens) keep their layout
+(``rewrite_as_is``, family layout rule ``"as_is"``): their selected Linear layers become
+``Fp8Linear``, the same FP8 GEMM over the last axis.
+
+Other modules are kept as they are (activations, dropout, containers); channel norms are
+refused by name (``rewrite_nhwc``); and ``check_rewrite`` compares the rewritten fp32 model
+with the original on one input, so a module whose ``forward`` is not layout-agnostic is
+caught. A family may replace modules itself (``family.py``'s ``nhwc_module`` hook).
+
+Scales: exactly those of the bundle's ``calibration.safetensors``, which are the ones the
+ONNX graph stores (the one rule ``bundler.fp8.stored_scale``), and the weights are
+quantized with ``bundler.fp8.quantize`` from the fp16 kernels: the FP8 operands are
+bit-identical to the graph's.
+
+This module imports torch: it is imported only when a torch-aoti engine is built.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bundler.fp8 import E4M3_MAX, quantize as quantize_fp8, stored_scale
+from runtime_py.errors import UsageError
+
+__all__ = ["FP8_ALIGN", "FP8_GEMMS", "padded", "map_nodes_to_modules", "rewrite_nhwc",
+           "rewrite_as_is", "fp8_gemm_rows", "EngineModule", "check_rewrite",
+           "fake_quant_reference"]
+
+#: FP8 GEMM operands need both dimensions of the weight to be multiples of 16 (cuBLASLt).
+FP8_ALIGN = 16
+#: How ``Fp8Pointwise`` scales its GEMM. "rowwise": activation scale per row, weight scale
+#: per output channel and the bias, all in the GEMM's epilogue (bf16 out); "tensorwise":
+#: unit weight scale in the GEMM, per-channel scale and bias in a pointwise pass after it.
+#: On an H200 (torch 2.11, Inductor) rowwise cut the fp8 kernel time at batch 32 from
+#: 6.20 to 5.50 ms; the shared ones column then took batch 1 from 0.66 to 0.47 ms
+#: (families/timm_xception/README.md).
+FP8_GEMMS = ("rowwise", "tensorwise")
+
+#: Spatial layers with no channel arithmetic: run on the NCHW view of NHWC data (``NCHWView``).
+_SPATIAL = (nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveMaxPool2d, nn.AdaptiveAvgPool2d)
+#: Layers that mix along the channel axis of NCHW data and that the rewrite cannot lay out.
+_CHANNEL_NORMS = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm,
+                  nn.modules.instancenorm._InstanceNorm, nn.LocalResponseNorm)
+
+
+def padded(n: int, align: int = FP8_ALIGN) -> int:
+    """``n`` rounded up to a multiple of ``align`` (728 -> 736)."""
+    return -(-int(n) // align) * align
+
+
+# --- ONNX node -> torch module -----------------------------------------------------------
+
+def map_nodes_to_modules(model: torch.nn.Module, nodes: list[str],
+                         weights: Mapping[str, np.ndarray] | None = None) -> dict[str, str]:
+    """ONNX node name -> torch module path, for the selected layers (Conv2d, Linear).
+
+    The exporter names a parameter node by its module path (``bundler.export``), so the
+    name is looked up first. Should a node name not be a module path (another exporter),
+    ``weights`` (node -> fp32 kernel from the fp32 graph) is matched against every
+    convolution's kernel. Raises UsageError naming the nodes that match no module.
+    """
+    convs = {n: m for n, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))}
+    found: dict[str, str] = {}
+    missing = []
+    for node in nodes:
+        path = node.removesuffix(".weight")
+        if path in convs:
+            found[node] = path
+            continue
+        if weights is not None and node in weights:
+            w = np.asarray(weights[node], np.float32)
+            hits = [n for n, m in convs.items()
+                    if tuple(m.weight.shape) == w.shape
+                    and np.allclose(m.weight.detach().float().cpu().numpy(), w, rtol=0, atol=1e-6)]
+            if len(hits) == 1:
+                found[node] = hits[0]
+                continue
+        missing.append(node)
+    if missing:
+        raise UsageError(f"{len(missing)} fp8-selected ONNX node(s) match no layer of the "
+                         f"torch model (first: {missing[0]!r}); the exporter's naming changed",
+                         problems=missing)
+    return found
+
+
+# --- the modules -------------------------------------------------------------------------
+
+
+def quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """fp8(x / scale): fp32 division, saturation, round to nearest even (QuantizeLinear)."""
+    return torch.clamp(x.float() / scale, -E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+def fake_quant(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Quantize-dequantize, back in x's dtype (QuantizeLinear -> DequantizeLinear)."""
+    return (quantize(x, scale).float() * scale).to(x.dtype)
+
+class OnesColumn:
+    """One fp32 column of ``rows`` ones, shared by every ``Fp8Pointwise`` of a model.
+
+    Why: rowwise ``_scaled_mm`` wants a contiguous [M, 1] activation-scale operand.
+    Built per GEMM (``expand(M, 1).contiguous()``), that was about 50 extra kernels
+    per inference (H200 profile at batch 1), most of what FP8 added there. With the
+    activation scale folded into the per-channel row, the column is all ones, and a
+    slice of one column is a view: no kernel. It is a plain tensor attribute of the
+    modules, not a buffer, so that ``torch.export`` lifts it once (buffers registered
+    in 43 modules would be 43 constants); ``follow`` moves it with ``module.to``.
+    """
+
+    def __init__(self, rows: int) -> None:
+        self.rows = int(rows)
+        self.tensor = torch.ones(self.rows, 1, dtype=torch.float32)
+        self._applied = None
+
+    def follow(self, fn) -> torch.Tensor:
+        """The column after ``fn`` (``nn.Module._apply``'s): applied once per call of
+        ``module.to`` however many modules share it."""
+        if fn is not self._applied:
+            self._applied, self.tensor = fn, fn(self.tensor)
+        return self.tensor
+
+class Fp8Gemm(nn.Module):
+    """``x[M, K] @ W[N, K]^T + b`` as an FP8 GEMM: the quantize, ``torch._scaled_mm`` and
+    its scales (module docstring). The layers below shape their input into ``[M, K]``.
+
+    ``emulate``: compute the product in fp32 from the same FP8 operands (for hosts
+    without FP8 GEMMs, e.g. the CPU tests); the GPU path is ``torch._scaled_mm``.
+    """
+
+    def __init__(self, kernel: torch.Tensor, bias: torch.Tensor | None, act_scale: float,
+                 weight_scale: Any, dtype: torch.dtype, emulate: bool = False,
+                 fast_accum: bool = False, gemm: str = "rowwise", padded_io: bool = False,
+                 ones: OnesColumn | None = None) -> None:
+        super().__init__()
+        cout, cin = kernel.shape
+        self.cin, self.cout = cin, cout
+        self.kpad, self.npad = padded(cin), padded(cout)
+        self.dtype, self.emulate, self.fast_accum = dtype, emulate, fast_accum
+        if gemm not in FP8_GEMMS:
+            raise UsageError(f"fp8 GEMM mode {gemm!r} is not one of {', '.join(FP8_GEMMS)}")
+        self.gemm = gemm
+        # padded_io: the input already has kpad channels and the output keeps npad
+        # (zeros in the padding), so no pad before the quantize and no slice after
+        self.padded_io = padded_io
+        self.out = self.npad if padded_io else cout
+        w16 = kernel.detach().to(torch.float16).cpu().numpy()
+        ws = stored_scale(weight_scale).reshape(-1)
+        if ws.shape[0] != cout:
+            raise UsageError(f"{ws.shape[0]} weight scales for a layer of {cout} channels")
+        q = quantize_fp8(w16, ws.reshape(-1, 1))
+        wq = np.zeros((self.npad, self.kpad), np.uint8)
+        wq[:cout, :cin] = q.view(np.uint8)
+        self.register_buffer("weight_fp8", torch.from_numpy(wq).view(torch.float8_e4m3fn))
+        bias = bias.detach().float() if bias is not None else torch.zeros(cout)
+        bias = bias.to(torch.float16).float()                  # the fp16 graph's bias
+        self.register_buffer("act_scale", torch.tensor(float(stored_scale(act_scale)),
+                                                       dtype=torch.float32))
+        self.register_buffer("one", torch.tensor(1.0, dtype=torch.float32))
+        # per output channel, padded (scale 1, bias 0): rowwise GEMM operands [1, npad]
+        # and bf16 bias; the tensorwise pass uses the first `out` of them in fp32
+        scale_row = torch.ones(1, self.npad)
+        scale_row[0, :cout] = torch.from_numpy(ws.copy())
+        bias_row = torch.zeros(self.npad)
+        bias_row[:cout] = bias
+        self.register_buffer("weight_scale_row", scale_row)
+        self.register_buffer("bias_row", bias_row.to(torch.bfloat16))
+        self.register_buffer("weight_scale_out", scale_row[0, :self.out].clone())
+        self.register_buffer("bias_out", bias_row[:self.out].clone())
+        # ones (rowwise): scale_a = a slice of the shared column of ones, scale_b = the
+        # activation scale times each channel's weight scale (fp32, as the epilogue
+        # multiplies them anyway); without it, scale_a = the activation scale per row
+        self._ones = ones if gemm == "rowwise" and not emulate else None
+        self.ones_col = self._ones.tensor if self._ones is not None else None
+        if self._ones is not None:   # a constant of the package only where it is used
+            self.register_buffer("gemm_scale_row", scale_row * self.act_scale)
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        if self._ones is not None:
+            self.ones_col = self._ones.follow(fn)
+        return self
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` [..., cin or kpad] -> [M, out] in ``dtype`` (M: the product of the
+        leading dimensions)."""
+        if x.shape[-1] != self.kpad:
+            x = F.pad(x, (0, self.kpad - self.cin))     # fused into the quantize below
+        # contiguous(): at batch 1 the reshape of an NCHW-backed NHWC view is a
+        # column-major view, which _scaled_mm refuses (seen compiling on an H200).
+        q = quantize(x, self.act_scale).contiguous().reshape(-1, self.kpad)
+        if self.emulate:
+            y = (q.float() @ self.weight_fp8.float().t()) * self.act_scale
+        elif self.gemm == "rowwise":
+            if self.ones_col is not None:
+                # eager only: under Dynamo (torch 2.11) a torch._check with a message
+                # broke the model into one graph per GEMM (seen on the H200); compiled,
+                # _scaled_mm's own shape check guards the batch
+                if not torch.compiler.is_compiling() and q.shape[0] > self._ones.rows:
+                    raise UsageError(f"{q.shape[0]} rows are more than the FP8 GEMMs' "
+                                     f"{self._ones.rows}: the batch is larger than the "
+                                     "one the model was built for")
+                a, b = self.ones_col[:q.shape[0]], self.gemm_scale_row
+            else:
+                a = self.act_scale.reshape(1, 1).expand(q.shape[0], 1).contiguous()
+                b = self.weight_scale_row
+            y = torch._scaled_mm(q, self.weight_fp8.t(), scale_a=a,
+                                 scale_b=b, bias=self.bias_row,
+                                 out_dtype=torch.bfloat16, use_fast_accum=self.fast_accum)
+            return y[:, :self.out].to(self.dtype)
+        else:
+            y = torch._scaled_mm(q, self.weight_fp8.t(), scale_a=self.act_scale,
+                                 scale_b=self.one, out_dtype=torch.bfloat16,
+                                 use_fast_accum=self.fast_accum)
+        y = y[:, :self.out].float() * self.weight_scale_out + self.bias_out
+        return y.to(self.dtype)
+
+
+class Fp8Pointwise(Fp8Gemm):
+    """1x1 convolution as an FP8 GEMM on NHWC activations (module docstring)."""
+
+    def __init__(self, conv: nn.Conv2d, act_scale: float, weight_scale: Any,
+                 dtype: torch.dtype, **options: Any) -> None:
+        if conv.kernel_size != (1, 1) or conv.groups != 1 or conv.padding not in ((0, 0), "valid"):
+            raise UsageError(f"Fp8Pointwise takes 1x1 dense convolutions without padding, "
+                             f"got {conv}")
+        super().__init__(conv.weight.reshape(conv.out_channels, conv.in_channels), conv.bias,
+                         act_scale, weight_scale, dtype, **options)
+        self.stride = tuple(conv.stride)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        sh, sw = self.stride
+        if (sh, sw) != (1, 1):
+            x = x[:, ::sh, ::sw, :]
+        n, h, w, _ = x.shape
+        return self.matmul(x).reshape(n, h, w, self.out)
+
+
+class Fp8Linear(Fp8Gemm):
+    """``nn.Linear`` as an FP8 GEMM over its input's last dimension (a transformer's
+    tokens: [N, T, in] -> [N, T, out]); what the ONNX graph's Q/DQ on MatMul computes."""
+
+    def __init__(self, linear: nn.Linear, act_scale: float, weight_scale: Any,
+                 dtype: torch.dtype, **options: Any) -> None:
+        super().__init__(linear.weight, linear.bias, act_scale, weight_scale, dtype, **options)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matmul(x).reshape(*x.shape[:-1], self.out)
+
+
+class Fp8ConvNHWC(Fp8Gemm):
+    """A dense k x k convolution as an FP8 GEMM on NHWC activations: the taps are
+    gathered as shifted slices (im2col, in (kh, kw, C) order, zero padded), quantized and
+    multiplied with the kernel laid out [Cout, kh*kw*Cin]. Element for element the same
+    FP8 operands as the ONNX graph's Q/DQ Conv (quantizing zeros gives zeros). A first
+    form for the H200 study: an implicit-GEMM kernel would avoid the kh*kw-times copy."""
+
+    def __init__(self, conv: nn.Conv2d, act_scale: float, weight_scale: Any,
+                 dtype: torch.dtype, **options: Any) -> None:
+        if conv.groups != 1 or isinstance(conv.padding, str) or conv.padding_mode != "zeros":
+            raise UsageError(f"Fp8ConvNHWC takes dense convolutions with explicit zero "
+                             f"padding, got {conv}")
+        kernel = conv.weight.detach().permute(0, 2, 3, 1).reshape(conv.out_channels, -1)
+        options.pop("padded_io", None)        # k x k inputs are read unpadded (rewrite_nhwc)
+        super().__init__(kernel, conv.bias, act_scale, weight_scale, dtype, **options)
+        self.channels = conv.in_channels
+        self.kernel, self.stride = tuple(conv.kernel_size), tuple(conv.stride)
+        self.padding, self.dilation = tuple(conv.padding), tuple(conv.dilation)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x[..., :self.channels]
+        n, h, w, _ = x.shape
+        (kh, kw), (sh, sw) = self.kernel, self.stride
+        (ph, pw), (dh, dw) = self.padding, self.dilation
+        ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+        wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+        xp = F.pad(x, (0, 0, pw, pw, ph, ph)) if ph or pw else x
+        taps = [xp[:, i * dh: i * dh + sh * (ho - 1) + 1: sh,
+                   j * dw: j * dw + sw * (wo - 1) + 1: sw, :]
+                for i in range(kh) for j in range(kw)]
+        return self.matmul(torch.cat(taps, dim=-1)).reshape(n, ho, wo, self.out)
+
+
+class DepthwiseNHWC(nn.Module):
+    """k x k depthwise convolution on NHWC as a sum of shifted slices (module docstring).
+
+    ``act_scale``/``weight_scale`` (fp8-depthwise): input and kernel are
+    quantized-dequantized with them first, like the graph's Q/DQ pairs.
+    """
+
+    def __init__(self, conv: nn.Conv2d, dtype: torch.dtype, act_scale: float | None = None,
+                 weight_scale: Any = None, channels: int | None = None) -> None:
+        super().__init__()
+        c = conv.out_channels
+        if not (conv.groups == conv.in_channels == c):
+            raise UsageError(f"DepthwiseNHWC takes depthwise convolutions, got {conv}")
+        if isinstance(conv.padding, str) or conv.padding_mode != "zeros":
+            raise UsageError(f"DepthwiseNHWC needs explicit zero padding, got {conv}")
+        self.kernel, self.stride = tuple(conv.kernel_size), tuple(conv.stride)
+        self.padding, self.dilation = tuple(conv.padding), tuple(conv.dilation)
+        w = conv.weight.detach()                               # [C, 1, kh, kw]
+        if weight_scale is not None:  # quantized from the fp16 kernel, as the graph does
+            w = w.to(torch.float16)
+            ws = stored_scale(weight_scale).reshape(-1, 1, 1, 1)
+            q = quantize_fp8(w.cpu().numpy(), ws).astype(np.float32)
+            w = torch.from_numpy((q * ws).astype(np.float16))
+        cp = channels or c        # > c: padded channels, zero kernel and bias
+        kernel = torch.zeros(cp, *self.kernel, dtype=w.dtype)
+        kernel[:c] = w.reshape(c, *self.kernel)
+        self.register_buffer("weight", kernel.permute(1, 2, 0).contiguous().to(dtype))  # [kh, kw, C]
+        bias = torch.zeros(cp, dtype=w.dtype)
+        if conv.bias is not None:
+            bias[:c] = conv.bias.detach()
+        self.register_buffer("bias", bias.to(dtype))
+        self.register_buffer("act_scale", None if act_scale is None else torch.tensor(
+            float(stored_scale(act_scale)), dtype=torch.float32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.act_scale is not None:
+            x = fake_quant(x, self.act_scale)
+        _, h, w, _ = x.shape
+        (kh, kw), (sh, sw) = self.kernel, self.stride
+        (ph, pw), (dh, dw) = self.padding, self.dilation
+        ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+        wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+        xp = F.pad(x, (0, 0, pw, pw, ph, ph)) if ph or pw else x
+        acc = None
+        for i in range(kh):
+            for j in range(kw):
+                tap = xp[:, i * dh: i * dh + sh * (ho - 1) + 1: sh,
+                         j * dw: j * dw + sw * (wo - 1) + 1: sw, :]
+                term = tap.float() * self.weight[i, j].float()
+                acc = term if acc is None else acc + term
+        return (acc + self.bias.float()).to(x.dtype)
+
+class PointwiseNHWC(nn.Module):
+    """A 1x1 convolution the recipe does not quantize: a matmul on NHWC."""
+
+    def __init__(self, conv: nn.Conv2d, dtype: torch.dtype, cin: int | None = None,
+                 cout: int | None = None) -> None:
+        super().__init__()
+        self.stride = tuple(conv.stride)
+        o, i = conv.out_channels, conv.in_channels
+        w = torch.zeros(cout or o, cin or i)            # padded: zero rows and columns
+        w[:o, :i] = conv.weight.detach().reshape(o, i)
+        self.register_buffer("weight", w.to(dtype))
+        bias = None
+        if conv.bias is not None:
+            bias = torch.zeros(cout or o)
+            bias[:o] = conv.bias.detach()
+            bias = bias.to(dtype)
+        self.register_buffer("bias", bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        sh, sw = self.stride
+        if (sh, sw) != (1, 1):
+            x = x[:, ::sh, ::sw, :]
+        return F.linear(x, self.weight, self.bias)
+
+class ConvNHWC(nn.Module):
+    """Any other convolution (the stem): cuDNN on the channels-last view of NHWC data."""
+
+    def __init__(self, conv: nn.Conv2d, dtype: torch.dtype, cout: int | None = None) -> None:
+        super().__init__()
+        if cout and cout != conv.out_channels:   # padded: zero filters, zero bias
+            grown = copy.deepcopy(conv)
+            grown.out_channels = cout
+            w = torch.zeros(cout, *conv.weight.shape[1:])
+            w[:conv.out_channels] = conv.weight.detach()
+            grown.weight = nn.Parameter(w, requires_grad=False)
+            if conv.bias is not None:
+                b = torch.zeros(cout)
+                b[:conv.out_channels] = conv.bias.detach()
+                grown.bias = nn.Parameter(b, requires_grad=False)
+            conv = grown
+        self.conv = conv.to(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+
+class NCHWView(nn.Module):
+    """A spatial layer (a max pool) applied to the NCHW view of NHWC data: the permutes are
+    views, and Inductor generates the pool for the channels-last strides."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+
+
+class GlobalAvgPoolNHWC(nn.Module):
+    def __init__(self, flatten: bool) -> None:
+        super().__init__()
+        self.flatten = flatten
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x.float().mean(dim=(1, 2)).to(x.dtype)
+        return y if self.flatten else y[:, :, None, None]
+
+class EngineModule(nn.Module):
+    """fp32 NCHW in, fp32 out; the body runs in ``dtype`` (NHWC when ``nhwc``)."""
+
+    def __init__(self, body: nn.Module, dtype: torch.dtype, nhwc: bool) -> None:
+        super().__init__()
+        self.body, self.dtype, self.nhwc = body, dtype, nhwc
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(self.dtype)
+        if self.nhwc:
+            x = x.permute(0, 2, 3, 1)
+        return self.body(x).float()
+
+
+
+
+def _global_pool(module) -> Any:
+    """The NHWC replacement of a global average pool, or None if ``module`` is not one."""
+    kind = type(module).__name__
+    if kind == "SelectAdaptivePool2d" and getattr(module, "pool_type", "") == "avg":
+        flatten = not isinstance(getattr(module, "flatten", nn.Identity()), nn.Identity)
+        return GlobalAvgPoolNHWC(flatten)
+    if isinstance(module, nn.AdaptiveAvgPool2d) and module.output_size in (1, (1, 1)):
+        return GlobalAvgPoolNHWC(False)
+    return None
+
+
+def rewrite_nhwc(model: torch.nn.Module, dtype: torch.dtype, *,
+                 fp8: Mapping[str, tuple[float, Any]] | None = None,
+                 fp8_depthwise: Mapping[str, tuple[float, Any]] | None = None,
+                 emulate: bool = False, fast_accum: bool = False,
+                 fp8_gemm: str = "rowwise", pad_channels: bool = False,
+                 fp8_rows: int | None = None, hook=None) -> torch.nn.Module:
+    """A copy of ``model`` (BN-folded, eval) computing NHWC in ``dtype``.
+
+    ``fp8_rows`` (rowwise GEMMs): the most rows any FP8 GEMM will see (``fp8_gemm_rows``);
+    given, the GEMMs share one column of ones as their row scale (``OnesColumn``) and the
+    model refuses larger inputs; not given, each GEMM builds its row-scale column (one
+    kernel per GEMM per inference).
+
+    ``pad_channels``: every convolution output whose channel count is not a multiple of
+    ``FP8_ALIGN`` keeps the padded count (728 -> 736, zeros in the padding) and every
+    convolution that reads one takes it as it is, so FP8 GEMMs need no pad before their
+    quantize and no slice after them. Convolutions other than 1x1 and depthwise
+    (``ConvNHWC``: the stem) read unpadded inputs, as does the classifier: a model whose
+    padded tensor reaches one of them fails ``check_rewrite``. The torch-aoti target turns
+    it on for fp8 engines (``default_pad_channels``: 1.24 ms less Triton work at batch 32
+    on the H200, families/timm_xception/README.md).
+
+    ``fp8``: module path -> (activation scale, per-channel weight scales) of the dense
+    convolutions to run as FP8 GEMMs (1x1: ``Fp8Pointwise``; k x k: ``Fp8ConvNHWC``);
+    ``fp8_depthwise``: the same for depthwise convolutions to quantize-dequantize (variant
+    fp8-depthwise). ``hook(name, module, dtype)``: the family's own NHWC replacement
+    (``family.py``'s ``nhwc_module``), asked first; None keeps the rules here.
+
+    The layout rules: convolutions and global average pools are replaced; spatial layers
+    (``_SPATIAL``: max and average pools) run on the NCHW view of the NHWC data
+    (``NCHWView``); channel norms are refused by name (a folded model has none); every
+    other leaf (activations, dropout, Linear on the last axis) is kept as it is, and
+    ``check_rewrite`` compares the result with the model, so a layer or container whose
+    ``forward`` depends on the layout is caught there.
+    """
+    fp8, fp8_depthwise = dict(fp8 or {}), dict(fp8_depthwise or {})
+    ones = OnesColumn(fp8_rows) if fp8 and fp8_rows and fp8_gemm == "rowwise" else None
+    body = copy.deepcopy(model).eval()
+    modules = dict(body.named_modules())
+    unknown = sorted(set(fp8) - set(modules)) + sorted(set(fp8_depthwise) - set(modules))
+    if unknown:
+        raise UsageError(f"fp8 modules not in the model: {unknown[:5]}")
+    replaced: dict[str, nn.Module] = {}
+    problems = []
+
+    def width(c: int) -> int:
+        return padded(c) if pad_channels else c
+
+    for name, m in modules.items():
+        if not name or any(name.startswith(r + ".") for r in replaced):
+            continue
+        new = hook(name, m, dtype) if hook is not None else None
+        if new is not None:
+            pass
+        elif isinstance(m, nn.Conv2d):
+            depthwise = m.groups == m.in_channels == m.out_channels and m.groups > 1
+            pointwise = m.kernel_size == (1, 1) and m.groups == 1 and m.padding in ((0, 0), "valid")
+            if name in fp8 and pointwise:
+                new = Fp8Pointwise(m, *fp8[name], dtype=dtype, emulate=emulate,
+                                   fast_accum=fast_accum, gemm=fp8_gemm,
+                                   padded_io=pad_channels, ones=ones)
+            elif name in fp8 and m.groups == 1:
+                new = Fp8ConvNHWC(m, *fp8[name], dtype=dtype, emulate=emulate,
+                                  fast_accum=fast_accum, gemm=fp8_gemm, ones=ones)
+            elif name in fp8:
+                problems.append(f"{name}: fp8 selects a grouped convolution (fp8-depthwise "
+                                "variants quantize depthwise ones)")
+            elif depthwise:
+                a, w = fp8_depthwise.get(name, (None, None))
+                new = DepthwiseNHWC(m, dtype, a, w, channels=width(m.out_channels))
+            elif name in fp8_depthwise:
+                problems.append(f"{name}: fp8-depthwise selects a convolution that is not depthwise")
+            elif pointwise:
+                new = PointwiseNHWC(m, dtype, width(m.in_channels), width(m.out_channels))
+            else:
+                new = ConvNHWC(m, dtype, width(m.out_channels))
+        elif (pool := _global_pool(m)) is not None:
+            new = pool
+        elif isinstance(m, _SPATIAL):
+            new = NCHWView(m)
+        elif isinstance(m, _CHANNEL_NORMS):
+            problems.append(f"{name}: {type(m).__name__} has no NHWC form in the torch-aoti rewrite")
+        elif name in fp8:
+            problems.append(f"{name}: fp8 selects a {type(m).__name__}, which the NHWC rewrite "
+                            "does not quantize")
+        if new is not None:
+            replaced[name] = new
+    if problems:
+        raise UsageError("cannot build the torch-aoti engine model: " + "; ".join(problems[:5]),
+                         problems=problems)
+    for name, new in replaced.items():
+        parent_name, _, child = name.rpartition(".")
+        parent = body.get_submodule(parent_name) if parent_name else body
+        setattr(parent, child, new)
+    for name, m in body.named_modules():  # the leaves kept as they are (fc): to dtype
+        if (not list(m.children()) and name not in replaced
+                and not any(name.startswith(r + ".") for r in replaced)):
+            m.to(dtype)
+    return body.eval().requires_grad_(False)
+
+
+def _gemm_rows(out: torch.Tensor) -> int:
+    """The GEMM rows of one image's layer output: H*W of an NCHW convolution output, the
+    tokens of a Linear's [1, T, features] output."""
+    return int(out.numel() // (out.shape[1] if out.dim() == 4 else out.shape[-1]))
+
+
+def rewrite_as_is(model: torch.nn.Module, dtype: torch.dtype, *,
+                  fp8: Mapping[str, tuple[float, Any]] | None = None, emulate: bool = False,
+                  fast_accum: bool = False, fp8_gemm: str = "rowwise",
+                  fp8_rows: int | None = None) -> torch.nn.Module:
+    """A copy of ``model`` in ``dtype``, its layout as it is (a transformer's tokens are
+    already row-major ``[tokens, features]`` GEMM operands), with the ``fp8`` Linear
+    layers (module path -> (activation scale, weight scales)) as ``Fp8Linear``. The family
+    layout rule ``"as_is"`` (``family.json`` ``torch_aoti.layout``)."""
+    fp8 = dict(fp8 or {})
+    ones = OnesColumn(fp8_rows) if fp8 and fp8_rows and fp8_gemm == "rowwise" else None
+    body = copy.deepcopy(model).eval().to(dtype)
+    modules = dict(body.named_modules())
+    problems = [f"{p}: not a Linear layer of the model" for p in fp8
+                if not isinstance(modules.get(p), nn.Linear)]
+    if problems:
+        raise UsageError("cannot build the torch-aoti engine model: " + "; ".join(problems[:5]),
+                         problems=problems)
+    for name, (act, weights) in fp8.items():
+        linear = copy.deepcopy(model.get_submodule(name))     # the fp32 kernel, as the graph
+        parent_name, _, child = name.rpartition(".")
+        parent = body.get_submodule(parent_name) if parent_name else body
+        setattr(parent, child, Fp8Linear(linear, act, weights, dtype, emulate=emulate,
+                                         fast_accum=fast_accum, gemm=fp8_gemm, ones=ones))
+    return body.requires_grad_(False)
+
+
+def fp8_gemm_rows(model: torch.nn.Module, paths: list[str], input_shape: tuple[int, ...],
+                  max_batch: int) -> int:
+    """The most rows (pixels) any of the convolutions at ``paths`` outputs for a batch of
+    ``max_batch``: what ``rewrite_nhwc``'s shared ones column must hold.
+
+    A shape-only pass (meta tensors: no memory, no arithmetic) of ``model`` on one input
+    of ``input_shape``, reading each convolution's output size.
+    """
+    if not paths:
+        return 0
+    probe = copy.deepcopy(model).to("meta").eval()
+    modules = dict(probe.named_modules())
+    missing = [p for p in paths if p not in modules]
+    if missing:
+        raise UsageError(f"fp8 modules not in the model: {missing[:5]}")
+    pixels: dict[str, int] = {}
+    hooks = [modules[p].register_forward_hook(
+        lambda _m, _i, out, p=p: pixels.__setitem__(p, _gemm_rows(out)))
+        for p in paths]
+    try:
+        with torch.no_grad():
+            probe(torch.empty(1, *input_shape, device="meta"))
+    finally:
+        for h in hooks:
+            h.remove()
+    return int(max_batch) * max(pixels.values())
+
+
+def check_rewrite(model: torch.nn.Module, x: torch.Tensor, rtol: float = 1e-3, *,
+                  pad_channels: bool = False, hook=None) -> float:
+    """Relative max difference between ``model`` and its fp32 NHWC rewrite on ``x``.
+
+    Raises UsageError above ``rtol``: then some container's ``forward`` is not
+    layout-agnostic (it concatenates, reshapes or pools along NCHW's axes).
+    """
+    nhwc = EngineModule(rewrite_nhwc(model, torch.float32, pad_channels=pad_channels, hook=hook),
+                        torch.float32, True).to(x.device)
+    with torch.no_grad():
+        ref = model(x).float()
+        got = nhwc(x)
+    err = float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-12))
+    if not math.isfinite(err) or err > rtol:
+        raise UsageError(f"the NHWC rewrite of the model differs from it (relative max "
+                         f"difference {err:.3g} > {rtol:g}): a module's forward depends on the "
+                         "NCHW layout; this family cannot use the torch-aoti fp8 engine as is")
+    return err
+
+
+def fake_quant_reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
+                         act_scale: float, weight_scale: Any) -> torch.Tensor:
+    """Reference of ``Fp8Pointwise`` on NHWC ``x`` [N,H,W,Cin] and kernel ``w`` [Cout,Cin]:
+    dequantized FP8 activations times dequantized FP8 weights, in fp32 (for tests)."""
+    a = torch.tensor(float(stored_scale(act_scale)))
+    ws = torch.from_numpy(stored_scale(weight_scale)).reshape(-1, 1)
+    xq = quantize(x.half(), a).float() * a
+    wq = torch.clamp(w.half().float() / ws, -E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float() * ws
+    y = xq @ wq.t()
+    return y if bias is None else y + bias.half().float()

@@ -1,0 +1,101 @@
+"""The engine targets: one descriptor per backend, in one registry.
+
+Everything that differs between engine targets and is not the engine itself lives in its
+``EngineTarget``: the backend name (manifests, ``--backend``), the engine member, the
+serving platform, the packages recorded in a bundle's build, the manifest schema's
+``$defs`` key for its ``engine.details``, the pure host check (``runtime_py.compat``'s
+``check_<backend>_target``), the runner class and the builder module. Code and data are
+named by dotted path and imported only when asked for, so reading the registry imports no
+engine package (and ``runtime_py`` never imports ``bundler``).
+
+The CLI's ``--backend`` choices, ``runtime_py.compat``, ``runtime_py.model``,
+``bundle make``, ``bundle rebuild`` and ``bundle study`` read the list from here.
+
+Adding a target: its builder module (``bundler/targets/<name>/``, with ``build_target``),
+its runner (``runtime_py/engines/``) and host check, one ``EngineTarget`` line below, and,
+since the format changes, the manifest schema's ``backend`` enum and ``$defs`` entry and
+``cpp_stub/src/checks.cpp``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from runtime_py.errors import UsageError
+
+__all__ = ["EngineTarget", "TARGETS", "NAMES", "get_target", "engine_members"]
+
+
+def _load(dotted: str) -> Any:
+    """``"pkg.module:attr"`` -> the attribute; ``"pkg.module"`` -> the module."""
+    module_name, _, attr = dotted.partition(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, attr) if attr else module
+
+
+@dataclass(frozen=True)
+class EngineTarget:
+    """What the project knows about one engine target (module docstring).
+
+    ``from_onnx``: the engine is built from the bundle's typed ``model.onnx`` alone, so
+    ``bundle rebuild`` needs nothing else; otherwise (torch-aoti) the builder also needs
+    the family's torch model, which ``bundle rebuild`` rebuilds from the weights.
+    """
+
+    name: str
+    member: str
+    platform: str
+    packages: tuple[str, ...]
+    details_schema: str
+    check_path: str
+    runner_path: str
+    builder_path: str
+    from_onnx: bool = True
+
+    def host_check(self) -> Callable[..., None]:
+        """``check(details, host, device=0)``: raises unless ``host`` can run the engine."""
+        return _load(self.check_path)
+
+    def runner_class(self) -> type:
+        """The runner class (its module imported now; its engine package is not)."""
+        return _load(self.runner_path)
+
+    def builder(self) -> Any:
+        """The builder module (``build_target(onnx_bytes, *, batch, log, context, **options)``).
+
+        Lives in ``bundler``: only build hosts have it."""
+        return _load(self.builder_path)
+
+
+TARGETS: tuple[EngineTarget, ...] = (
+    EngineTarget("onnxruntime", "model.onnx", "onnxruntime_onnx", ("onnxruntime",),
+                 "onnxruntime_details", "runtime_py.compat:check_onnxruntime_target",
+                 "runtime_py.engines.onnxruntime:OnnxRuntimeRunner",
+                 "bundler.targets.onnxruntime"),
+    EngineTarget("tensorrt", "engine.plan", "tensorrt_plan", ("tensorrt",),
+                 "tensorrt_details", "runtime_py.compat:check_tensorrt_target",
+                 "runtime_py.engines.tensorrt:TensorRTRunner", "bundler.targets.tensorrt"),
+    EngineTarget("torch-aoti", "engine.pt2", "pytorch_aoti", ("torch",),
+                 "torch_aoti_details", "runtime_py.compat:check_torch_aoti_target",
+                 "runtime_py.engines.torch_aoti:TorchAotiRunner", "bundler.targets.torch_aoti",
+                 from_onnx=False),
+)
+
+#: Backend names, in registry order: what ``--backend`` offers (plus ``auto`` where it applies).
+NAMES: tuple[str, ...] = tuple(t.name for t in TARGETS)
+_BY_NAME = {t.name: t for t in TARGETS}
+
+
+def get_target(name: str) -> EngineTarget:
+    """The descriptor of backend ``name``; UsageError naming the known ones otherwise."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise UsageError(f"unknown backend {name!r}; choose one of {', '.join(NAMES)}") from None
+
+
+def engine_members() -> tuple[str, ...]:
+    """The members that are an engine other than ``model.onnx`` (replaced on rebuild)."""
+    return tuple(t.member for t in TARGETS if t.member != "model.onnx")

@@ -1,0 +1,79 @@
+"""The engine-target registry (runtime_py.targets) is the one list of backends: the CLI's
+--backend choices, the manifest schema, the runtime's runners and host checks follow it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+import pytest
+
+from runtime_py.targets import NAMES, TARGETS, engine_members, get_target
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _backend_choices(command: str) -> list[str]:
+    from bundler.cli import cli
+
+    option = next(p for p in cli.commands[command].params if p.name == "backend")
+    assert isinstance(option.type, click.Choice), f"bundle {command} --backend is not a choice"
+    return list(option.type.choices)
+
+
+@pytest.mark.parametrize("command", ["make", "study", "serve", "bench", "eval"])
+def test_cli_backend_choices_are_auto_and_the_registry(command):
+    assert _backend_choices(command) == ["auto", *NAMES]
+
+
+@pytest.mark.parametrize("command", ["rebuild", "verify"])
+def test_cli_backend_choices_without_auto_are_the_registry(command):
+    assert _backend_choices(command) == list(NAMES)
+
+
+def test_cli_refuses_a_backend_not_in_the_registry():
+    from click.testing import CliRunner
+
+    from bundler.cli import cli
+
+    result = CliRunner().invoke(cli, ["rebuild", "x.bundle", "--backend", "tvm"])
+    assert result.exit_code == 2
+    assert all(name in result.output for name in NAMES)
+
+
+def test_manifest_schema_names_the_registry_backends_and_their_details():
+    schema = json.loads((ROOT / "schemas" / "manifest.schema.json").read_text())
+    engine = schema["properties"]["engine"]
+    assert sorted(engine["properties"]["backend"]["enum"]) == sorted(NAMES)
+    text = json.dumps(schema)
+    for target in TARGETS:
+        assert target.details_schema in schema["$defs"], target.name
+        assert f'"const": "{target.name}"' in text, target.name
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: t.name)
+def test_every_target_resolves_its_runner_check_and_builder(target):
+    from runtime_py.engines import runner_class
+
+    cls = runner_class(target.name)
+    assert cls is target.runner_class()
+    assert callable(target.host_check())
+    assert callable(target.builder().build_target)
+
+
+def test_runtime_and_compat_read_the_registry():
+    from runtime_py.compat import HostInfo, check_target, choose_backend
+    from runtime_py.errors import EngineUnavailableError, UsageError
+    from runtime_py.model import PLATFORMS
+
+    assert PLATFORMS == {t.name: t.platform for t in TARGETS}
+    assert set(engine_members()) == {t.member for t in TARGETS} - {"model.onnx"}
+    for name in NAMES:
+        assert choose_backend(name, HostInfo()) == name
+    with pytest.raises(UsageError, match="choose auto or one of"):
+        choose_backend("tvm", HostInfo())
+    with pytest.raises(EngineUnavailableError, match="cannot yet check or run 'tvm'"):
+        check_target({"backend": "tvm", "details": {}}, HostInfo())
+    with pytest.raises(UsageError, match="unknown backend"):
+        get_target("tvm")

@@ -1,0 +1,113 @@
+"""The torch-aoti model rewrite for the families beyond Xception, on the CPU: ResNet-50's
+NHWC rewrite (its MaxPool2d included) equals the model, FP8 k x k convolutions and FP8
+Linear layers are the dequantized FP8 math of the ONNX graph's Q/DQ, and the fp8 engine
+models of both families build from make's layer selection (the GPU runs use the same
+modules with torch._scaled_mm instead of the fp32 emulation)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from bundler.families import load_family  # noqa: E402
+from bundler.fp8 import quantize, stored_scale  # noqa: E402
+
+
+def _dequantized(w: torch.Tensor, scales: np.ndarray, axis: int = 0) -> torch.Tensor:
+    """What the ONNX graph's weight DequantizeLinear gives: fp16 kernel, stored scales."""
+    s = stored_scale(scales)
+    shape = [1] * w.dim()
+    shape[axis] = -1
+    q = quantize(w.detach().half().float().numpy(), s.reshape(shape)).astype(np.float32)
+    return torch.from_numpy(q * s.reshape(shape))
+
+
+def _fake_quant(x: torch.Tensor, scale: float) -> torch.Tensor:
+    s = float(stored_scale(scale))
+    return torch.from_numpy(quantize(x.half().float().numpy(), np.float32(s)).astype(np.float32) * s)
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    from bundler.torch_model import build_torch_model
+
+    return build_torch_model(load_family("timm_resnet50"), seed=0)
+
+
+def test_resnet_nhwc_rewrite_equals_the_model_maxpool_included(resnet):
+    from bundler.targets.torch_aoti.model import NCHWView, check_rewrite, rewrite_nhwc
+
+    x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(0))
+    assert check_rewrite(resnet, x) < 1e-4
+    body = rewrite_nhwc(resnet, torch.float32)
+    assert isinstance(body.maxpool, NCHWView)
+
+
+@pytest.mark.parametrize("stride,padding", [(1, 1), (2, 1)])
+def test_fp8_conv_nhwc_is_dequantized_fp8_math(stride, padding):
+    from bundler.targets.torch_aoti.model import Fp8ConvNHWC
+
+    gen = torch.Generator().manual_seed(stride)
+    conv = torch.nn.Conv2d(32, 48, 3, stride=stride, padding=padding).requires_grad_(False)
+    x = torch.randn(2, 32, 9, 9, generator=gen).abs().half().float()   # the fp16 graph's input
+    w_scale = conv.weight.abs().amax(dim=(1, 2, 3)).numpy() / 448
+    act_scale = float(x.abs().max()) / 448
+    module = Fp8ConvNHWC(conv, act_scale, w_scale, torch.float32, emulate=True)
+    got = module(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+    ref = torch.nn.functional.conv2d(_fake_quant(x, act_scale), _dequantized(conv.weight, w_scale),
+                                     conv.bias.half().float(), stride=stride, padding=padding)
+    assert torch.allclose(got, ref, rtol=1e-4, atol=1e-4 * float(ref.abs().max()))
+
+
+def test_fp8_linear_is_dequantized_fp8_math_over_tokens():
+    from bundler.targets.torch_aoti.model import Fp8Linear
+
+    gen = torch.Generator().manual_seed(3)
+    linear = torch.nn.Linear(64, 96).requires_grad_(False)
+    x = torch.randn(2, 5, 64, generator=gen).half().float()
+    w_scale = linear.weight.abs().amax(dim=1).numpy() / 448
+    act_scale = float(x.abs().max()) / 448
+    got = Fp8Linear(linear, act_scale, w_scale, torch.float32, emulate=True)(x)
+    ref = _fake_quant(x, act_scale) @ _dequantized(linear.weight, w_scale).t() + linear.bias.half().float()
+    assert got.shape == (2, 5, 96)
+    assert torch.allclose(got, ref, rtol=1e-4, atol=1e-4 * float(ref.abs().max()))
+
+
+def _unit_scales(model, paths):
+    """Per-layer scales from the kernels (amax/448) and a generous activation scale."""
+    modules = dict(model.named_modules())
+    return {p: (0.05, modules[p].weight.detach().reshape(modules[p].weight.shape[0], -1)
+                .abs().amax(dim=1).numpy() / 448) for p in paths}
+
+
+def test_resnet_fp8_engine_model_quantizes_every_conv_but_the_stem(resnet):
+    from bundler.targets.torch_aoti import engine_model
+    from bundler.targets.torch_aoti.model import ConvNHWC, Fp8ConvNHWC, Fp8Pointwise
+
+    paths = [n for n, m in resnet.named_modules() if isinstance(m, torch.nn.Conv2d) and n != "conv1"]
+    assert len(paths) == 52                          # the family's fp8 expected_count
+    module, _padding = engine_model(resnet, "fp8", _unit_scales(resnet, paths))
+    kinds = [type(m) for m in module.modules()]
+    assert kinds.count(Fp8ConvNHWC) == 16 and kinds.count(Fp8Pointwise) == 36
+    assert isinstance(module.body.conv1, ConvNHWC)
+
+
+def test_vit_fp8_engine_model_keeps_its_layout_and_quantizes_the_block_linears():
+    from bundler.targets.torch_aoti import engine_model
+    from bundler.targets.torch_aoti.model import Fp8Linear
+    from bundler.torch_model import build_torch_model
+
+    family = load_family("timm_vit_base")
+    assert family.torch_aoti_layout == "as_is"
+    vit = build_torch_model(family, seed=0)
+    paths = [n for n, m in vit.named_modules()
+             if isinstance(m, torch.nn.Linear) and n.startswith("blocks.")]
+    assert len(paths) == 48
+    module, padding = engine_model(vit, "fp8", _unit_scales(vit, paths), layout="as_is",
+                                   input_shape=family.input.shape, max_batch=2)
+    assert padding == {} and not module.nhwc
+    fp8 = [m for m in module.modules() if isinstance(m, Fp8Linear)]
+    assert len(fp8) == 48 and all(m._ones.rows == 2 * 197 for m in fp8)
+    assert isinstance(module.body.head, torch.nn.Linear) and module.body.head.weight.dtype == torch.float16
