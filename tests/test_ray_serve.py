@@ -203,8 +203,10 @@ def test_a_replica_killed_under_load_is_replaced(cluster, retries):
     print(f"answers: {len(answers)}, by status: "
           f"{ {s: statuses.count(s) for s in sorted(set(statuses))} }, killed {killed}; "
           f"retried {len(retried)}; errors: {errors[:2]}")
-    # Requests in flight on a killed replica may fail, with an error status, never silently.
-    assert all(s == 200 or s >= 500 or s == -1 for s in statuses), set(statuses)
+    # Requests in flight on a killed replica may fail, with an error status, never silently:
+    # a 5xx from the proxy, or 408 when Ray Serve's request timeout ends the wait for the
+    # dead replica (seen once in CI: a bounded wait with a clear status, not a hang).
+    assert all(s == 200 or s >= 500 or s in (-1, 408) for s in statuses), set(statuses)
     if retries:
         # Every request answered 200. `retried` counts those the ingress itself retried;
         # it can be 0 in a run (a kill that found nothing in flight three times, or a
