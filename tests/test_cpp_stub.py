@@ -532,3 +532,36 @@ def test_preprocess_member_is_validated(inspect_cpp, synthetic, tmp_path):
         r = run_cpp(inspect_cpp, out, "--preprocess")
         assert_clean(r, what)
         assert r.returncode == 1 and "preprocess" in r.stderr, (what, r.stderr)
+
+
+PIXEL_PREPROCESS = dict(PREPROCESS, layout="NHWC", dtype="uint8",
+                        in_engine=["rescale", "normalize", "layout", "cast"])
+
+
+def test_uint8_pixel_preprocess_specs_are_judged_as_python_judges_them(inspect_cpp, synthetic, tmp_path):
+    """`bundle make --input uint8` writes an NHWC uint8 spec with `in_engine`: both readers
+    accept it, and refuse the same broken variants."""
+    import zstandard
+
+    from runtime_py.schemas import schema_problems
+
+    cases = {
+        "pixels": PIXEL_PREPROCESS,
+        "uint8 without in_engine": {k: v for k, v in PIXEL_PREPROCESS.items() if k != "in_engine"},
+        "uint8 NCHW": dict(PIXEL_PREPROCESS, layout="NCHW"),
+        "float32 with in_engine": dict(PREPROCESS, in_engine=["rescale", "normalize", "layout", "cast"]),
+        "float32 NHWC": dict(PREPROCESS, layout="NHWC"),
+        "three steps": dict(PIXEL_PREPROCESS, in_engine=["rescale", "normalize", "cast"]),
+        "a step twice": dict(PIXEL_PREPROCESS, in_engine=["rescale", "rescale", "layout", "cast"]),
+        "unknown step": dict(PIXEL_PREPROCESS, in_engine=["rescale", "normalize", "layout", "blur"]),
+    }
+    for what, spec in cases.items():
+        raw = msgpack.packb(spec, use_bin_type=True)
+        stored = zstandard.ZstdCompressor(write_content_size=True).compress(raw)
+        out = corrupt.replace_member(synthetic["onnxruntime"], tmp_path / "p.bundle", "preprocess.msgpack",
+                                     stored, raw_size=len(raw), sha256=hashlib.sha256(raw).hexdigest())
+        r = run_cpp(inspect_cpp, out, "--preprocess")
+        assert_clean(r, what)
+        python_ok = not schema_problems("preprocess", spec)
+        assert (r.returncode == 0) == python_ok, (what, python_ok, r.stderr)
+        assert python_ok == (what == "pixels"), what

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <initializer_list>
+#include <string>
+#include <vector>
 
 namespace bundle {
 namespace detail {
@@ -486,7 +488,8 @@ void check_semantics(const Value& m, Problems& p) {
 void check_preprocess(const Value& v, Problems& p) {
     Obj top(&v, "preprocess", p);
     if (!top.ok()) return;
-    top.only({"spec_version", "decode", "resize", "center_crop", "rescale", "normalize", "layout", "dtype", "input"});
+    top.only({"spec_version", "decode", "resize", "center_crop", "rescale", "normalize", "layout", "dtype",
+              "in_engine", "input"});
     const Value* sv = top.need("spec_version");
     if (sv && !(sv->type() == Value::Type::UInt && sv->as_uint() == 1))
         p.add("preprocess.spec_version: must be 1 (this reader knows version 1 only)");
@@ -531,8 +534,37 @@ void check_preprocess(const Value& v, Problems& p) {
             }
         }
     }
-    top.oneof(top.need("layout"), "layout", {"NCHW"});
-    top.oneof(top.need("dtype"), "dtype", {"float32"});
+    // float32 NCHW (the host does every step), or uint8 NHWC pixels with the engine doing the
+    // four steps listed in in_engine (schemas/preprocess.schema.json's if/then/else).
+    const Value* dtype = top.need("dtype");
+    top.oneof(dtype, "dtype", {"float32", "uint8"});
+    const bool pixels = dtype && dtype->is_str() && dtype->as_str() == "uint8";
+    const Value* layout = top.need("layout");
+    top.oneof(layout, "layout", {"NCHW", "NHWC"});
+    if (layout && layout->is_str() && (layout->as_str() == "NHWC") != pixels)
+        p.add(pixels ? "preprocess.layout: must be NHWC when dtype is uint8"
+                     : "preprocess.layout: must be NCHW when dtype is float32");
+    const Value* steps = top.opt("in_engine");
+    if (pixels && !steps) p.add("preprocess.in_engine: required field missing (dtype uint8)");
+    if (!pixels && steps) p.add("preprocess.in_engine: only allowed when dtype is uint8");
+    if (steps) {
+        if (!steps->is_array()) {
+            p.add("preprocess.in_engine: must be an array");
+        } else {
+            const auto& items = steps->as_array();
+            std::vector<std::string> seen;
+            for (const Value& x : items) {
+                if (!x.is_str()) { p.add("preprocess.in_engine: must hold strings"); continue; }
+                const std::string& s = x.as_str();
+                if (s != "rescale" && s != "normalize" && s != "layout" && s != "cast")
+                    p.add("preprocess.in_engine: \"" + s + "\" is not one of rescale, normalize, layout, cast");
+                for (const std::string& t : seen)
+                    if (t == s) p.add("preprocess.in_engine: items must be unique");
+                seen.push_back(s);
+            }
+            if (pixels && items.size() != 4) p.add("preprocess.in_engine: must list 4 steps");
+        }
+    }
     const Value* in = top.str(top.need("input"), "input");
     if (in && in->as_str().empty()) p.add("preprocess.input: must not be empty");
 }
