@@ -54,6 +54,24 @@ class Reference:
     record: dict
     infer: Infer
     close: Callable[[], None] = field(default=lambda: None)
+    takes_pixels: bool = False     # a uint8-input graph (an fp32 bundle made with --input uint8)
+
+
+def with_pixel_input(ref: Reference, spec: dict | None) -> Reference:
+    """The reference fed a uint8-input bundle's pixels: a float-input reference first gets
+    the engine head's arithmetic on the host (``Preprocessor.normalize``, bit for bit what
+    the head computes on ONNX Runtime's CPU provider)."""
+    if not spec or spec.get("dtype") != "uint8" or ref.takes_pixels:
+        return ref
+    from runtime_py.preprocess import Preprocessor
+
+    normalize, infer = Preprocessor(spec).normalize, ref.infer
+    return Reference(dict(ref.record, input="uint8 pixels, normalized on the host"),
+                     lambda x: infer(normalize(x) if x.dtype == np.uint8 else x), ref.close)
+
+
+def _takes_pixels(session) -> bool:
+    return session.get_inputs()[0].type == "tensor(uint8)"
 
 
 def _session_infer(session) -> Infer:
@@ -92,7 +110,7 @@ def reference_from_bundle(manifest: dict, reference: str | os.PathLike) -> Refer
         session = cpu_session(ref.read_member("model.onnx"))
         record = {"kind": "fp32 bundle", "name": m["name"], "id": ref.id,
                   "engine": "onnxruntime CPUExecutionProvider on its model.onnx"}
-    return Reference(record, _session_infer(session))
+    return Reference(record, _session_infer(session), takes_pixels=_takes_pixels(session))
 
 
 def _rebuilt_weights(family, source: dict, checkpoint: str | os.PathLike | None):
@@ -251,8 +269,10 @@ def open_eval_data(data: str | os.PathLike, preprocess_spec: dict | None, *,
 # --- figures -----------------------------------------------------------------------------------
 
 def logits_over(infer: Infer, batches: Iterable[np.ndarray]) -> np.ndarray:
-    """Concatenated float32 logits of `infer` over NCHW batches."""
-    parts = [np.asarray(infer(np.ascontiguousarray(b, dtype=np.float32)), dtype=np.float32)
+    """Concatenated float32 logits of `infer` over batches (float32 NCHW, or the uint8 NHWC
+    pixels of a uint8-input bundle, passed as they are)."""
+    parts = [np.asarray(infer(np.ascontiguousarray(
+                 b, dtype=np.uint8 if b.dtype == np.uint8 else np.float32)), dtype=np.float32)
              for b in batches]
     return np.concatenate(parts)
 
@@ -309,7 +329,7 @@ def evaluate_bundle(bundle_path: str | os.PathLike, data: str | os.PathLike | No
     overlap is checked before any engine starts.
     """
     import runtime_py
-    from bundler.stress import stress_inputs
+    from bundler.stress import stress_inputs, stress_pixels
     from runtime_py.format import open_bundle
 
     progress = progress or _noop
@@ -336,9 +356,9 @@ def evaluate_bundle(bundle_path: str | os.PathLike, data: str | os.PathLike | No
                            "images": int(stored.shape[0]), "labelled": False}
         progress("reference", "preparing the fp32 reference")
         if reference is not None:
-            ref = reference_from_bundle(manifest, reference)
+            ref = with_pixel_input(reference_from_bundle(manifest, reference), spec)
         else:
-            ref = rebuilt_reference(manifest, checkpoint)
+            ref = with_pixel_input(rebuilt_reference(manifest, checkpoint), spec)
             ref.record["check"] = check_rebuilt_reference(ref, bundle)
     shape = tuple(int(d) for d in manifest["inputs"][0]["shape"][1:])
 
@@ -366,7 +386,8 @@ def evaluate_bundle(bundle_path: str | os.PathLike, data: str | os.PathLike | No
             "quality": quality_figures(ref_logits, test_logits, labels),
         }
         if stress:
-            s = stress_inputs(shape, spec)
+            s = (stress_pixels(shape) if spec and spec.get("dtype") == "uint8"
+                 else stress_inputs(shape, spec))
             progress("stress", f"{len(s)} stress inputs")
             report["stress"] = stress_figures(
                 s.names, logits_over(ref.infer, split_batches(s.inputs, batch_size)),

@@ -34,7 +34,7 @@ class StressSet:
     """Named stress inputs; `inputs[i]` is the input called `names[i]`."""
 
     names: tuple[str, ...]
-    inputs: np.ndarray  # float32 [N, C, H, W]
+    inputs: np.ndarray  # float32 [N, C, H, W], or uint8 [N, H, W, C] (stress_pixels)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -98,3 +98,30 @@ def stress_inputs(shape: tuple[int, int, int], spec: dict | None = None) -> Stre
     names = tuple(name for name, _ in items)
     inputs = np.stack([img for _, img in items]).astype(np.float32)
     return StressSet(names, inputs)
+
+
+def stress_pixels(shape: tuple[int, int, int]) -> StressSet:
+    """The stress set of a uint8-input bundle, as pixels (N, H, W, C): the engine's input
+    domain is 0..255, so only the pixel-expressible cases apply: black and white frames,
+    each channel saturated, the checkerboards, mid gray, one bright pixel, and uniform
+    noise over the whole range (seeded)."""
+    h, w, c = (int(v) for v in shape)
+    items: list[tuple[str, np.ndarray]] = [
+        ("black", np.zeros((h, w, c))),
+        ("white", np.full((h, w, c), 255.0)),
+    ]
+    for k in range(c):
+        img = np.zeros((h, w, c))
+        img[..., k] = 255
+        items.append((f"saturated_c{k}", img))
+    rng = np.random.default_rng(NOISE_SEED)
+    items.append(("noise_0_255", rng.integers(0, 256, (h, w, c)).astype(np.float64)))
+    for size in CHECKER_SIZES:
+        items.append((f"checker_{size}px", 255.0 * _checkerboard(h, w, size)[..., None]
+                      * np.ones(c)))
+    items.append(("mid_gray", np.full((h, w, c), float(MID_GRAY))))
+    bright = np.zeros((h, w, c))
+    bright[h // 2, w // 2, :] = 255
+    items.append(("bright_pixel", bright))
+    names = tuple(name for name, _ in items)
+    return StressSet(names, np.stack([img for _, img in items]).astype(np.uint8))

@@ -266,6 +266,14 @@ def test_a_uint8_input_bundle_gives_the_float_bundles_logits(xception_bundles, t
 
     out = CliRunner().invoke(cli, ["verify", str(result.path), "--numerics"])
     assert out.exit_code == 0, out.output
+    # bundle eval: the fp32 reference (float input) is fed the normalized pixels, and the
+    # stress set is pixels (black, white, saturated channels, ...), not float tensors.
+    from bundler.evaluate import evaluate_bundle
+
+    report = evaluate_bundle(result.path, None, backend="onnxruntime")
+    assert report["quality"]["top1_agreement"] == 1.0
+    assert report["reference"]["input"] == "uint8 pixels, normalized on the host"
+    assert {"black", "white", "saturated_c0", "noise_0_255"} <= set(report["stress"]["inputs"])
 
 
 def test_an_unbatched_image_is_refused_with_the_shape_to_send():
