@@ -40,9 +40,9 @@ from typing import Callable, Mapping, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
-from .engines.base import Pending
 from .errors import BatcherClosedError, BatcherError, QueueFullError, UsageError
 from .hostcopy import copy_many
+from .pending import Pending
 from .tensors import FeedChecker, TensorSpec
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from runtime_py.engines import runner_class
-from runtime_py.engines.base import Pending
+from runtime_py.pending import Pending
 from runtime_py.errors import CompatibilityError, InferenceInputError, UsageError
 from runtime_py.format import Bundle, open_bundle
 from runtime_py.signing import check_trust

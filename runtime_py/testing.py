@@ -147,7 +147,7 @@ class AsyncToyModel(ToyModel):
         return {spec.name: buf}
 
     def infer_async(self, feeds: dict[str, np.ndarray]):
-        from .engines.base import Pending
+        from .pending import Pending
 
         check_feeds(self.inputs, feeds)
         if self._registry.owner_of(feeds["input"]) is not None:

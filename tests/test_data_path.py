@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from runtime_py.batcher import Batcher
-from runtime_py.engines.base import Pending
+from runtime_py.pending import Pending
 from runtime_py.hostcopy import HostBufferRegistry, copy_many, copy_rows
 from runtime_py.testing import AsyncToyModel, ToyModel
 

@@ -52,9 +52,10 @@ from typing import Any
 import numpy as np
 
 from runtime_py.compat import GpuInfo, HostInfo, check_torch_aoti_target
-from runtime_py.engines.base import Pending, Runner, require_own_engine
+from runtime_py.engines.base import Runner, require_own_engine
 from runtime_py.errors import BundleError, CompatibilityError, EngineUnavailableError
 from runtime_py.hostcopy import HostBufferRegistry, copy_rows
+from runtime_py.pending import Pending
 from runtime_py.native_libs import static_cxx_runtime_libraries
 from runtime_py.tensors import TensorSpec
 
