@@ -438,3 +438,18 @@ def test_uvicorn_loopback(served):
             assert r.status_code == 200 and len(r.json()["predictions"]) == 2
             assert "trt_bundle_requests_total" in c.get("/metrics").text
     assert not srv._thread.is_alive()
+
+
+def test_deliberate_refusals_are_answered_not_logged_as_failures():
+    """A full queue, a closing batcher or a 503 the server raises on purpose (an engine
+    process gone at shutdown) are refusals; only unexpected exceptions are faults whose
+    tracebacks go to the log."""
+    from runtime_py.errors import BatcherClosedError, QueueFullError
+    from runtime_py.server.engine import is_server_fault, status_of
+    from runtime_py.server.protocol import RequestError
+
+    for exc in (RequestError("the engine process is gone", 503), QueueFullError("full"),
+                BatcherClosedError("closed"), RequestError("bad shape", 400)):
+        assert not is_server_fault(exc, status_of(exc)), exc
+    bug = RuntimeError("boom")
+    assert status_of(bug) == 500 and is_server_fault(bug, 500)

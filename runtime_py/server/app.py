@@ -24,9 +24,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..batcher import Batcher
-from ..errors import BatcherClosedError, BundleError, PreprocessError, QueueFullError
+from ..errors import BundleError, PreprocessError
 from . import protocol, triton_ext
-from .engine import Engine, status_of
+from .engine import Engine, is_server_fault, status_of
 from .infer_call import encode_http_response, parse_http_call
 from .metrics import ServerMetrics
 from .protocol import RequestError
@@ -73,7 +73,7 @@ def _refused(exc: BaseException) -> BaseException:
 
 def error_message(e: Exception, status: int) -> str:
     """What a client is told: the message of our own errors, the type of any other."""
-    if status >= 500 and not isinstance(e, (QueueFullError, BatcherClosedError)):
+    if is_server_fault(e, status):
         return f"inference failed: {type(e).__name__}: {e}"
     return str(e) if isinstance(e, BundleError) else f"{type(e).__name__}: {e}"
 
@@ -100,7 +100,7 @@ class _App:
                 response = error_response(400, "client disconnected while sending the body")
             except Exception as e:
                 status = status_of(e)
-                if status >= 500 and not isinstance(e, (QueueFullError, BatcherClosedError)):
+                if is_server_fault(e, status):
                     log.error("%s %s failed", request.method, request.url.path, exc_info=e)
                 response = error_response(status, error_message(e, status))
             self.engine.record_request(label, endpoint, response.status_code,

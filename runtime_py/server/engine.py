@@ -143,6 +143,14 @@ def lookup_info(infos: Mapping[str, ModelInfo], name: str, version: str | None) 
     return info
 
 
+def is_server_fault(exc: BaseException, status: int) -> bool:
+    """A 5xx that is a failure (logged with its traceback), not a deliberate refusal: a full
+    queue, a closing batcher or a RequestError the server raised on purpose (503 "the engine
+    process is gone" at shutdown) are answered and counted, not logged as errors."""
+    return status >= 500 and not isinstance(exc, (RequestError, QueueFullError,
+                                                  BatcherClosedError))
+
+
 def status_of(exc: BaseException) -> int:
     """The HTTP status for an exception (gRPC maps from it)."""
     if isinstance(exc, RequestError):

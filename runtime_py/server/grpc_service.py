@@ -29,10 +29,9 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
-from ..errors import BatcherClosedError, QueueFullError
 from . import protocol, triton_ext
 from .app import UNKNOWN, error_message
-from .engine import InferCall, ShmInput, ShmOutput, status_of
+from .engine import InferCall, ShmInput, ShmOutput, is_server_fault, status_of
 from .infer_call import SHM_OFFSET, SHM_REGION, SHM_SIZE, shm_input
 from .protocol import OutputRequest, RequestError
 from .shm import ShmRef
@@ -181,7 +180,7 @@ class InferenceService:
             return await fn()
         except Exception as e:
             status = status_of(e)
-            if status >= 500 and not isinstance(e, (QueueFullError, BatcherClosedError)):
+            if is_server_fault(e, status):
                 log.error("gRPC %s failed", endpoint, exc_info=e)
             code = _CODES.get(status, grpc.StatusCode.INTERNAL)
             message = error_message(e, status)
