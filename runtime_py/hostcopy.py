@@ -6,6 +6,7 @@ copy split along the batch axis over a few threads runs at the memory system's s
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -20,9 +21,11 @@ _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
 
+@functools.lru_cache(maxsize=None)
 def copy_threads() -> int:
     """Threads a large copy is split over: up to 8, never more than the cores this process
-    may use, and 1 on a machine of one or two cores (they are busy with the rest)."""
+    may use, and 1 on a machine of one or two cores (they are busy with the rest). Read
+    once: every batch asks."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux

@@ -135,6 +135,24 @@ def fake_quant(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Quantize-dequantize, back in x's dtype (QuantizeLinear -> DequantizeLinear)."""
     return (quantize(x, scale).float() * scale).to(x.dtype)
 
+def conv_taps(x: torch.Tensor, kernel: tuple[int, int], stride: tuple[int, int],
+              padding: tuple[int, int], dilation: tuple[int, int]
+              ) -> tuple[list[torch.Tensor], int, int]:
+    """The k x k shifted, strided views of NHWC ``x`` (zero-padded) that a convolution
+    reads, in row-major kernel order, and the output height and width: what the im2col
+    FP8 convolution concatenates and the depthwise one weights and sums."""
+    _, h, w, _ = x.shape
+    (kh, kw), (sh, sw) = kernel, stride
+    (ph, pw), (dh, dw) = padding, dilation
+    ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    xp = F.pad(x, (0, 0, pw, pw, ph, ph)) if ph or pw else x
+    taps = [xp[:, i * dh: i * dh + sh * (ho - 1) + 1: sh,
+               j * dw: j * dw + sw * (wo - 1) + 1: sw, :]
+            for i in range(kh) for j in range(kw)]
+    return taps, ho, wo
+
+
 class OnesColumn:
     """One fp32 column of ``rows`` ones, shared by every ``Fp8Pointwise`` of a model.
 
@@ -308,16 +326,8 @@ class Fp8ConvNHWC(Fp8Gemm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x[..., :self.channels]
-        n, h, w, _ = x.shape
-        (kh, kw), (sh, sw) = self.kernel, self.stride
-        (ph, pw), (dh, dw) = self.padding, self.dilation
-        ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-        wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-        xp = F.pad(x, (0, 0, pw, pw, ph, ph)) if ph or pw else x
-        taps = [xp[:, i * dh: i * dh + sh * (ho - 1) + 1: sh,
-                   j * dw: j * dw + sw * (wo - 1) + 1: sw, :]
-                for i in range(kh) for j in range(kw)]
-        return self.matmul(torch.cat(taps, dim=-1)).reshape(n, ho, wo, self.out)
+        taps, ho, wo = conv_taps(x, self.kernel, self.stride, self.padding, self.dilation)
+        return self.matmul(torch.cat(taps, dim=-1)).reshape(x.shape[0], ho, wo, self.out)
 
 
 class DepthwiseNHWC(nn.Module):
@@ -357,20 +367,14 @@ class DepthwiseNHWC(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.act_scale is not None:
             x = fake_quant(x, self.act_scale)
-        _, h, w, _ = x.shape
-        (kh, kw), (sh, sw) = self.kernel, self.stride
-        (ph, pw), (dh, dw) = self.padding, self.dilation
-        ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-        wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-        xp = F.pad(x, (0, 0, pw, pw, ph, ph)) if ph or pw else x
+        taps, _, _ = conv_taps(x, self.kernel, self.stride, self.padding, self.dilation)
+        kw = self.kernel[1]
         acc = None
-        for i in range(kh):
-            for j in range(kw):
-                tap = xp[:, i * dh: i * dh + sh * (ho - 1) + 1: sh,
-                         j * dw: j * dw + sw * (wo - 1) + 1: sw, :]
-                term = tap.float() * self.weight[i, j].float()
-                acc = term if acc is None else acc + term
+        for t, tap in enumerate(taps):
+            term = tap.float() * self.weight[t // kw, t % kw].float()
+            acc = term if acc is None else acc + term
         return (acc + self.bias.float()).to(x.dtype)
+
 
 class PointwiseNHWC(nn.Module):
     """A 1x1 convolution the recipe does not quantize: a matmul on NHWC."""
