@@ -9,25 +9,12 @@
 set -eu
 what=${1:?usage: $0 build|bench OUT_DIR}
 out=${2:?usage: $0 build|bench OUT_DIR}
-if [ -z "${BUNDLE:-}" ]; then
-  if command -v bundle >/dev/null 2>&1; then BUNDLE=bundle; else BUNDLE="python3 -m bundler.cli"; fi
-fi
-export PYTHONUNBUFFERED=1
+. "$(dirname "$0")/gpu_common.sh"
 mkdir -p "$out"
-start=$(date +%s)
-since() { echo "+$(( $(date +%s) - start )) s"; }
 if [ "$what" = build ]; then
-  common=(timm_xception --random-weights --calib-count 16 --reference-count 4 --backend torch-aoti --out "$out")
-  pids=()
-  for spec in fp16:float32 fp8:float32 fp16:uint8 fp8:uint8; do
-    $BUNDLE make "${common[@]}" --precision "${spec%%:*}" --input "${spec#*:}" \
-        >"$out/make-${spec/:/-}.log" 2>&1 &
-    pids+=("$!")
-  done
-  failed=0
-  for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
-  for log in "$out"/make-*.log; do echo "== $log"; grep -v '^[EW][0-9]' "$log" | tail -2; done
-  [ "$failed" = 0 ] || { echo "a build failed (logs above)"; exit 1; }
+  make_parallel "$out" "fp16-float32:--precision fp16 --input float32" \
+      "fp8-float32:--precision fp8 --input float32" "fp16-uint8:--precision fp16 --input uint8" \
+      "fp8-uint8:--precision fp8 --input uint8"
   echo "built $(since)"
   $BUNDLE verify --numerics "$out"/timm_xception-fp8-uint8-1.0.0-torch-aoti.bundle 2>&1 | grep -v '^[EW][0-9]' || true
   echo "verified $(since)"
