@@ -1,6 +1,7 @@
-# Sourced by the GPU study scripts (gpu_torch_aoti_study.sh, gpu_data_path.sh): the bundle
-# command, line-buffered output, elapsed time, and parallel builds of timm_xception's
-# torch-aoti bundles with the studies' --random-weights settings.
+# Sourced by the GPU study scripts (gpu_torch_aoti_study.sh, gpu_data_path.sh,
+# gpu_family_study.sh): the bundle command, line-buffered output, elapsed time, and parallel
+# builds of a family's torch-aoti bundles (FAMILY, default timm_xception) with the studies'
+# --random-weights settings.
 #
 # BUNDLE overrides the command (default: `bundle`, or `python3 -m bundler.cli` when the
 # package is on PYTHONPATH but not installed, as on the lent GPU machines).
@@ -11,20 +12,29 @@ export PYTHONUNBUFFERED=1
 start=$(date +%s)
 since() { echo "+$(( $(date +%s) - start )) s"; }
 
-# make_parallel OUT NAME:ARGS...: one `bundle make` per item, all at once (ARGS are words
-# without spaces, e.g. "fp8-depthwise:--precision fp8 --variant fp8-depthwise"); logs in
-# OUT/make-NAME.log, their tails printed; fails when any build failed.
+FAMILY=${FAMILY:-timm_xception}
+
+# make_parallel OUT NAME:ARGS...: one `bundle make $FAMILY` per item, all at once (ARGS are
+# words without spaces, e.g. "fp8-depthwise:--precision fp8 --variant fp8-depthwise"); logs in
+# OUT/make-$FAMILY-NAME.log, their tails printed; fails when any build failed. An item built
+# by an earlier call into the same OUT (marker OUT/make-$FAMILY-NAME.ok) is skipped.
 make_parallel() {
-  local out=$1 item pid log failed=0
+  local out=$1 item pid log name failed=0
   shift
   local pids=()
   for item in "$@"; do
+    name="$FAMILY-${item%%:*}"
+    if [ -e "$out/make-$name.ok" ]; then echo "$name: built earlier"; continue; fi
     # shellcheck disable=SC2086  # ARGS are meant to split into words
-    $BUNDLE make timm_xception --random-weights --calib-count 16 --reference-count 4 \
-        --backend torch-aoti --out "$out" ${item#*:} >"$out/make-${item%%:*}.log" 2>&1 &
+    ( $BUNDLE make "$FAMILY" --random-weights --calib-count 16 --reference-count 4 \
+        --backend torch-aoti --out "$out" ${item#*:} >"$out/make-$name.log" 2>&1 \
+      && touch "$out/make-$name.ok" ) &
     pids+=("$!")
   done
   for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
-  for log in "$out"/make-*.log; do echo "== $log"; grep -v '^[EW][0-9]' "$log" | tail -3; done
+  for log in "$out"/make-"$FAMILY"-*.log; do
+    [ -e "$log" ] || continue
+    echo "== $log"; grep -v '^[EW][0-9]' "$log" | tail -3
+  done
   [ "$failed" = 0 ] || { echo "a build failed (logs above)"; return 1; }
 }

@@ -717,11 +717,15 @@ def _str_list(text: str) -> list[str]:
 @click.option("--eval-stride", default=1, show_default=True)
 @click.option("--allow-calibration-images", is_flag=True)
 @click.option("--no-reuse", is_flag=True, help="Rebuild bundles even when the same ones exist.")
+@click.option("--peer", type=click.Choice(["torch-compile", "eager"]), default=None,
+              help="Also measure what a user would run instead, in the same run: on a GPU the "
+                   "timm model in fp16, channels_last, torch.compile (default mode), CUDA graph "
+                   "replay, same boundaries; without one the fp32 eager model.")
 @click.option("--json", "as_json", is_flag=True, help="Print study.json to stdout.")
 @handle_errors
 def study(family, precisions, variants, batch_sizes, backend, out_dir, random_weights, seed,
           checkpoint, calib_data, calib_count, eval_data, eval_count, eval_stride,
-          allow_calibration_images, no_reuse, as_json) -> None:
+          allow_calibration_images, no_reuse, peer, as_json) -> None:
     """Build (or reuse) FAMILY's bundles and measure speed, size and quality side by side:
 
     \b
@@ -745,7 +749,7 @@ def study(family, precisions, variants, batch_sizes, backend, out_dir, random_we
         calib_count=calib_count, eval_data=eval_data, eval_count=eval_count,
         eval_stride=eval_stride, allow_calibration_overlap=allow_calibration_images,
         reuse=not no_reuse, command=shlex.join(["bundle"] + sys.argv[1:]),
-        progress=print_progress)
+        progress=print_progress, peer=peer)
     if as_json:
         from bundler.study_report import _jsonable
 
@@ -754,6 +758,9 @@ def study(family, precisions, variants, batch_sizes, backend, out_dir, random_we
     for r in result["ratios"]:
         click.echo(f"batch {r['batch_size']:>3} {r['boundary']:<12} {r['numerator']}/"
                    f"{r['denominator']} time ratio {r['ratio']:.3f}x")
+    for r in result.get("peer_ratios", []):
+        click.echo(f"batch {r['batch_size']:>3} {r['boundary']:<12} peer/{r['bundle']} time "
+                   f"ratio {r['ratio']:.3f}x")
     files = result["files"]
     if "plot_skipped" in files:
         click.echo(f"plot skipped: {files['plot_skipped']}")

@@ -113,7 +113,9 @@ def reference_from_bundle(manifest: dict, reference: str | os.PathLike) -> Refer
     return Reference(record, _session_infer(session), takes_pixels=_takes_pixels(session))
 
 
-def _rebuilt_weights(family, source: dict, checkpoint: str | os.PathLike | None):
+def weights_for_source(family, source: dict, checkpoint: str | os.PathLike | None):
+    """The weights a manifest's ``source`` names: its random seed, or the checkpoint found
+    (``checkpoint`` or the HF cache) when its sha256 is the recorded one."""
     from bundler.weights import resolve_weights
 
     if source["kind"] == "random-weights":
@@ -145,7 +147,7 @@ def rebuilt_reference(manifest: dict, checkpoint: str | os.PathLike | None = Non
         raise UsageError(f"this install builds {family.name} {family.version}, the bundle is "
                          f"{manifest['family']['version']}: the fp32 graph cannot be rebuilt; pass "
                          "--reference FP32_BUNDLE of the bundle's family version")
-    weights = _rebuilt_weights(family, manifest["source"], checkpoint)
+    weights = weights_for_source(family, manifest["source"], checkpoint)
     torch_model = build_torch_model(family, weights.state_dict, weights.seed)
     model_bytes = serialize(export_fp32_onnx(torch_model, family, cache_dir))
     session = cpu_session(model_bytes)

@@ -394,8 +394,12 @@ def run_study(family: str, *, precisions: Sequence[str] = ("fp16", "fp8"),
               eval_data: str | os.PathLike | None = None, eval_count: int | None = None,
               eval_stride: int = 1, allow_calibration_overlap: bool = False,
               reuse: bool = True, timing: dict | None = None, eval_batch: int = 8,
-              command: str | None = None, progress: Progress | None = None) -> dict:
+              command: str | None = None, progress: Progress | None = None,
+              peer: str | None = None) -> dict:
     """Build or reuse the bundles, measure them, write study.json, study.md (and study.png).
+
+    ``peer`` (one of `bundler.peer.PEERS`) also measures what a user would run instead, in
+    the same process after the bundles (`bundler.peer`), with its ratios in ``peer_ratios``.
 
     Counts default small for --random-weights (calibration 16, reference 4, eval 32) and
     to make's defaults otherwise (500, 8, 500). `timing` overrides `CPU_TIMING` /
@@ -460,6 +464,14 @@ def run_study(family: str, *, precisions: Sequence[str] = ("fp16", "fp8"),
         "bundles": bundles,
         "ratios": speed_ratios(bundles, batch_sizes),
     }
+    if peer:
+        from bundler.peer import measure_peer, peer_ratios
+
+        progress("peer", f"{peer}: batch sizes {', '.join(map(str, batch_sizes))}, then "
+                         f"{inputs.description['images']} images")
+        study["peer"] = measure_peer(peer, reference.manifest, checkpoint, batch_sizes, timing,
+                                     inputs, ref_logits, ref_stress)
+        study["peer_ratios"] = peer_ratios(bundles, study["peer"])
     progress("report", f"writing study.json, study.md and the plot into {out}")
     study["files"] = write_report(study, out)
     return study

@@ -76,10 +76,18 @@ def render_markdown(study: dict) -> str:
                        for r in study["ratios"]])
     else:
         out.append("(no fp16 and fp8 pair in this study)")
+    peer = study.get("peer")
+    if peer:
+        out += ["", f"## Against the peer: peer time / bundle time (> 1 means the bundle is "
+                    "faster)", "", f"Peer: {peer['note']}; ran on {peer['ran_on']}.", ""]
+        out += _table(["batch", "boundary", "bundle", "peer ms", "bundle ms", "peer/bundle"],
+                      [[str(r["batch_size"]), r["boundary"], r["bundle"], f"{r['peer_ms']:.3f}",
+                        f"{r['bundle_ms']:.3f}", f"{r['ratio']:.3f}x"]
+                       for r in study["peer_ratios"]])
     out += ["", "## Latency per bundle (median of per-call times)", ""]
     rows = [[b["label"], f["boundary"], str(f["batch_size"]), f"{f['median_ms']:.2f}",
              f"{f['p90_ms']:.2f}", f"{f['items_per_s']:.2f}", str(f["calls"])]
-            for b in bundles for f in b["timings"]]
+            for b in bundles + ([peer] if peer else []) for f in b["timings"]]
     out += _table(["bundle", "boundary", "batch", "median ms", "p90 ms", "images/s", "calls"], rows)
 
     out += ["", "## Sizes", ""]
@@ -106,6 +114,11 @@ def render_markdown(study: dict) -> str:
         if labelled:
             row += [_pct(q.get("top1_accuracy")), _pct(q.get("reference_top1_accuracy"))]
         rows.append(row)
+    if peer:
+        q = peer["quality"]
+        rows.append([peer["label"], peer["ran_on"], _pct(q["top1_agreement"]),
+                     _num(q["kl_mean"]), _num(q["max_abs_diff"]), str(q["nan_count"]),
+                     str(q["inf_count"])] + (["", ""] if labelled else []))
     out += _table(header, rows)
     out += ["", f"## Stress inputs ({len(study['stress_inputs'])}: "
                 f"{', '.join(study['stress_inputs'])})", ""]
@@ -114,7 +127,8 @@ def render_markdown(study: dict) -> str:
                   [[b["label"], _pct(t["top1_agreement"]), _num(t["kl_mean"]),
                     _num(t["max_abs_diff"]), str(t["nan_count"]), str(t["inf_count"]),
                     ", ".join(t["nonfinite_inputs"]) or "none"]
-                   for b in bundles for t in [b["stress"]["totals"]]])
+                   for b in bundles + ([peer] if peer else [])
+                   for t in [b["stress"]["totals"]]])
 
     t = s["timing"]
     out += ["", "## Measurement boundaries and repeats", ""]

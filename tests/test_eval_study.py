@@ -200,11 +200,22 @@ def test_study_on_the_fixture_bundles(xception_bundles, tmp_path):
                       out_dir=tmp_path, random_weights=True, calib_count=16, reference_count=4,
                       eval_count=6,
                       timing={"warmup": 0, "min_calls": 1, "min_seconds": 0, "max_seconds": 0},
-                      command="pytest", progress=lambda stage, msg: stages.append(stage))
+                      command="pytest", progress=lambda stage, msg: stages.append(stage),
+                      peer="eager")
     assert "build" not in stages and stages.count("reuse") == 3
     assert study["eval"]["images"] == 6   # synthetic, held out: seed 2000003, not the references
     assert "seed=2000003" in study["eval"]["source"] and "count=6" in study["eval"]["source"]
-    assert {"reuse", "reference", "time", "eval", "report"} <= set(stages)
+    assert {"reuse", "reference", "time", "eval", "peer", "report"} <= set(stages)
+    # the peer (no GPU here: fp32 eager torch with the bundles' weights) is the fp32 model
+    # the reference graph was exported from: it agrees with it
+    peer = study["peer"]
+    assert peer["ran_on"].startswith("cpu") and peer["quality"]["top1_agreement"] == 1.0
+    assert peer["quality"]["max_abs_diff"] < 1e-3
+    assert [f["boundary"] for f in peer["timings"]] == ["engine"]
+    assert [(r["bundle"], r["batch_size"]) for r in study["peer_ratios"]] == [("fp16", 1),
+                                                                               ("fp8", 1)]
+    for r in study["peer_ratios"]:
+        assert r["ratio"] == pytest.approx(r["peer_ms"] / r["bundle_ms"])
 
     saved = json.loads((tmp_path / "study.json").read_text())
     assert saved["files"] == study["files"] and saved["ratios"] == study["ratios"]
@@ -226,6 +237,7 @@ def test_study_on_the_fixture_bundles(xception_bundles, tmp_path):
 
     md = (tmp_path / "study.md").read_text()
     assert "fp16 time / fp8 time" in md and "RANDOM WEIGHTS" in md and "## Environment" in md
+    assert "## Against the peer" in md and "peer: eager" in md
     try:
         import matplotlib
     except ImportError:
