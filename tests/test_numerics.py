@@ -33,6 +33,19 @@ def test_compare_output_counts_top1_flips_and_excuses_near_ties_only_when_allowe
     assert strict.decisive_top1_mismatches == 1
 
 
+def test_allowance_grows_with_the_output_magnitude_only_above_typical_logits():
+    tol = Tolerance(0.25, True)
+    small = np.array([[9.0, -3.0, 1.0]])
+    assert compare_output("logits", small + 0.2, small, tol).allowed_max_abs == 0.25
+    # seeded random ResNet-50 weights: logits ~1,500, two correct fp8 engines ~20 apart
+    big = np.array([[1500.0, -700.0, 3.0], [200.0, 900.0, -1.0]])
+    cmp = compare_output("logits", big + 20.0, big, tol)
+    assert cmp.allowed_max_abs == pytest.approx(0.25 * 150)
+    assert cmp.max_abs_diff < cmp.allowed_max_abs
+    # still a failure when the difference is large for that magnitude
+    assert compare_output("logits", big * 1.1, big, tol).max_abs_diff > cmp.allowed_max_abs
+
+
 def test_compare_output_reports_vs_fp32():
     ref = np.zeros((2, 3))
     cmp = compare_output("logits", ref + 0.5, ref + 0.5, Tolerance(1e-3, False), fp32=ref)
