@@ -57,6 +57,9 @@ KNOWN_PRECISIONS = ("fp32", "fp16", "fp8")
 #: The functions a family's ``family.py`` may define (module docstring).
 HOOKS = ("create_model", "fold_batchnorm", "nhwc_module")
 TORCH_AOTI_LAYOUTS = ("nhwc", "as_is")
+#: ``torch_aoti.fp16_layout``: the fp16 engine as the NHWC rewrite, or as the model itself in
+#: channels_last memory format (what torch.compile users run; bundler.targets.torch_aoti).
+TORCH_AOTI_FP16_LAYOUTS = ("nhwc", "channels_last")
 #: Keys a layer-selection rule may use (their meaning: ``bundler.graphs.fp8``).
 RULE_KEYS = frozenset({"op_type", "kernel_shape", "group", "depthwise", "module_prefix", "name_regex"})
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -181,6 +184,12 @@ class Family:
     def torch_aoti_layout(self) -> str:
         """The torch-aoti layout rule: "nhwc" (images, the default) or "as_is" (tokens)."""
         return str((self.spec.get("torch_aoti") or {}).get("layout", "nhwc"))
+
+    @property
+    def torch_aoti_fp16_layout(self) -> str:
+        """How the torch-aoti fp16 engine holds images: "nhwc" (the NHWC rewrite, the
+        default) or "channels_last" (the model as it is, channels_last memory format)."""
+        return str((self.spec.get("torch_aoti") or {}).get("fp16_layout", "nhwc"))
 
     def hook(self, name: str) -> Any:
         """The function ``name`` of the family's ``family.py`` (``HOOKS``), or None."""
@@ -308,6 +317,8 @@ def parse_family(data: Any, *, folder: Path, expected_name: str | None = None) -
     aoti = data.get("torch_aoti", {})
     if not (isinstance(aoti, dict) and aoti.get("layout", "nhwc") in TORCH_AOTI_LAYOUTS):
         problems.append(f"torch_aoti.layout: must be one of {list(TORCH_AOTI_LAYOUTS)}")
+    elif aoti.get("fp16_layout", "nhwc") not in TORCH_AOTI_FP16_LAYOUTS:
+        problems.append(f"torch_aoti.fp16_layout: must be one of {list(TORCH_AOTI_FP16_LAYOUTS)}")
     class_ids = data.get("class_ids")
     if class_ids is not None and not (isinstance(class_ids, str) and re.fullmatch(r"[\w.-]+", class_ids)):
         problems.append("class_ids: must name a file in the family's folder")

@@ -116,12 +116,14 @@ def test_bad_spec_lists_every_problem(families_copy: Path):
         spec["precisions"] = ["fp32", "int3"]
         spec["opset"] = 17
         spec["fp8"]["select"]["include"] = [{"op_type": "Conv", "kernal_shape": [1, 1]}]
+        spec["torch_aoti"] = {"layout": "nhwc", "fp16_layout": "nchw"}
 
     _edit(families_copy, "timm_xception", breaks)
     with pytest.raises(FamilyError) as info:
         load_family("timm_xception", root=families_copy)
     problems = info.value.problems
-    for needle in ("version", "checkpoint.revision", "input.batch", "output.name", "precisions", "opset", "kernal_shape"):
+    for needle in ("version", "checkpoint.revision", "input.batch", "output.name", "precisions",
+                   "opset", "kernal_shape", "torch_aoti.fp16_layout"):
         assert any(needle in p for p in problems), (needle, problems)
     assert "family.json" in str(info.value)
 

@@ -111,3 +111,35 @@ def test_vit_fp8_engine_model_keeps_its_layout_and_quantizes_the_block_linears()
     fp8 = [m for m in module.modules() if isinstance(m, Fp8Linear)]
     assert len(fp8) == 48 and all(m._ones.rows == 2 * 197 for m in fp8)
     assert isinstance(module.body.head, torch.nn.Linear) and module.body.head.weight.dtype == torch.float16
+
+
+def test_resnet_fp16_engine_is_the_model_in_channels_last_memory(resnet):
+    """family.json torch_aoti.fp16_layout "channels_last": the fp16 engine is the model as it
+    is, channels_last, the form a torch.compile user runs (no NHWC rewrite)."""
+    from bundler.families import load_family
+    from bundler.targets.torch_aoti import engine_model
+
+    assert load_family("timm_resnet50").torch_aoti_fp16_layout == "channels_last"
+    assert load_family("timm_xception").torch_aoti_fp16_layout == "nhwc"
+    module, padding = engine_model(resnet, "fp32", nhwc=False, channels_last=True)
+    assert padding == {} and module.channels_last and not module.nhwc
+    assert module.body.conv1.weight.is_contiguous(memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert torch.allclose(module(x), resnet(x), rtol=1e-4, atol=1e-3)
+
+
+def test_resnet_fp8_pointwise_variant_keeps_the_3x3_convolutions_fp16(resnet):
+    from bundler.families import load_family
+    from bundler.targets.torch_aoti import engine_model
+    from bundler.targets.torch_aoti.model import ConvNHWC, Fp8ConvNHWC, Fp8Pointwise
+
+    recipe = load_family("timm_resnet50").recipe("fp8-pointwise")
+    assert recipe["expected_count"] == 36
+    paths = [n for n, m in resnet.named_modules() if isinstance(m, torch.nn.Conv2d)
+             and n != "conv1" and m.kernel_size == (1, 1)]
+    module, _padding = engine_model(resnet, "fp8", _unit_scales(resnet, paths))
+    kinds = [type(m) for m in module.modules()]
+    assert kinds.count(Fp8ConvNHWC) == 0 and kinds.count(Fp8Pointwise) == 36
+    assert kinds.count(ConvNHWC) == 17                # the stem and the 16 3x3 convolutions
+

@@ -117,7 +117,7 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
                  fast_accum: bool = False, fp8_gemm: str = "rowwise",
                  pad_channels: bool = False, input_shape: tuple[int, ...] | None = None,
                  max_batch: int | None = None, layout: str = "nhwc",
-                 hook=None) -> tuple[torch.nn.Module, dict]:
+                 hook=None, channels_last: bool = False) -> tuple[torch.nn.Module, dict]:
     """The module to export (fp32 NCHW in, fp32 out) and its fp8 padding record.
 
     ``input_shape`` and ``max_batch`` (both or neither): rowwise FP8 GEMMs then share one
@@ -130,7 +130,9 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
     ``fp8_gemm``: ``rewrite.FP8_GEMMS``; ``pad_channels``: ``rewrite.rewrite_nhwc``'s.
     ``layout``: the family's layout rule (``family.json`` ``torch_aoti.layout``): "nhwc"
     (images: the NHWC rewrite) or "as_is" (tokens: ``rewrite_as_is``, FP8 Linear layers);
-    ``hook``: the family's ``nhwc_module`` (``rewrite_nhwc``).
+    ``hook``: the family's ``nhwc_module`` (``rewrite_nhwc``). ``channels_last`` (without
+    ``nhwc``): the model as it is in channels_last memory format, the torch.compile
+    user's form (family.json ``torch_aoti.fp16_layout``).
     """
     torch = import_torch()
     from bundler.targets.torch_aoti import model as rewrite
@@ -165,7 +167,9 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
         import copy
 
         body = copy.deepcopy(torch_model).to(dtype).eval()
-        return rewrite.EngineModule(body, dtype, False), padding
+        if channels_last:
+            body = body.to(memory_format=torch.channels_last)
+        return rewrite.EngineModule(body, dtype, False, channels_last), padding
     modules = dict(torch_model.named_modules())
     pointwise, depthwise = {}, {}
     for path, scales in (fp8 or {}).items():
@@ -270,7 +274,7 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
                  pad_channels: bool | None = None, smoke: bool = True,
                  log: Callable[[str], None] | None = None,
                  pixel_scale_bias: tuple[Any, Any] | None = None, layout: str = "nhwc",
-                 hook=None) -> tuple[bytes, dict]:
+                 hook=None, channels_last: bool = False) -> tuple[bytes, dict]:
     """Compile one package from a torch model; returns (package bytes, engine details).
 
     ``fp8`` maps *module paths* to (activation scale, weight scales); ``build_target``
@@ -279,7 +283,8 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
     ``batch_sizes`` (``smoke=False`` skips that load: seconds, and on a host whose compiler
     linked libstdc++ statically it was what crashed, before ``aoti_toolchain``).
     ``pixel_scale_bias``: (scale, bias) of a uint8 pixel head (``pixel_head``); the package
-    then takes uint8 [N, H, W, 3] where ``input_shape`` is (3, H, W).
+    then takes uint8 [N, H, W, 3] where ``input_shape`` is (3, H, W). ``channels_last``:
+    ``engine_model``'s (used when the model is not the NHWC rewrite).
     """
     log = log or (lambda _msg: None)
     check_host(device=device, precision=precision)
@@ -292,7 +297,7 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
     module, padding = engine_model(torch_model, precision, fp8, nhwc=nhwc, fast_accum=fast_accum,
                                    fp8_gemm=fp8_gemm, pad_channels=pad_channels,
                                    input_shape=input_shape, max_batch=hi, layout=layout,
-                                   hook=hook)
+                                   hook=hook, channels_last=channels_last and not nhwc)
     export_shape = tuple(input_shape)
     if pixel_scale_bias is not None:
         module = pixel_head(module, *pixel_scale_bias)
@@ -323,7 +328,8 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
     details = engine_details(host_details(device), precision, options,
                              nhwc=nhwc, fast_accum=fast_accum, fp8_gemm=fp8_gemm,
                              pad_channels=pad_channels, padding=padding, batch_sizes=sizes,
-                             seconds=time.monotonic() - started, cxx=cxx, layout=layout)
+                             seconds=time.monotonic() - started, cxx=cxx, layout=layout,
+                             channels_last=channels_last and not nhwc)
     if pixel_scale_bias is not None:
         details["compile_options"]["input"] = "uint8 NHWC pixels; rescale, normalize, layout " \
                                               "and cast in the graph"
@@ -335,7 +341,7 @@ def engine_details(host: dict, precision: str, options: dict, *, nhwc: bool,
                    fast_accum: bool, padding: dict, batch_sizes: list[int],
                    seconds: float | None, fp8_gemm: str = "rowwise",
                    pad_channels: bool = False, cxx: str | None = None,
-                   layout: str = "nhwc") -> dict:
+                   layout: str = "nhwc", channels_last: bool = False) -> dict:
     """The manifest's ``engine.details`` (schema ``$defs/torch_aoti_details``): the build
     host (``host_details``), what was compiled and how, the fp8 padding per layer, and the
     batch sizes the package was checked at. No floats (manifest rule)."""
@@ -346,7 +352,8 @@ def engine_details(host: dict, precision: str, options: dict, *, nhwc: bool,
     details["compile_options"] = {
         "inductor": dict(options), "export": "torch.export, dynamic batch",
         "layout": ("nhwc, channels padded to multiples of 16" if pad_channels else "nhwc")
-                  if nhwc else ("as is (tokens)" if layout == "as_is" else "nchw"),
+                  if nhwc else ("as is (tokens)" if layout == "as_is" else
+                                "channels_last (the model as it is)" if channels_last else "nchw"),
         "dtype": PRECISIONS[precision],
         **({"fp8_gemm": FP8_GEMM_DESCRIPTIONS[fp8_gemm],
             "fp8_fast_accum": bool(fast_accum)} if precision == "fp8" else {}),
@@ -440,6 +447,11 @@ def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] |
         if log:
             log(f"fp8 recipe {context.variant or 'base'}: {len(fp8)} layers from the bundle")
     ext = family.extension()
+    # the family's fp16 form (family.json torch_aoti.fp16_layout) unless nhwc is asked
+    channels_last = (precision == "fp16" and nhwc is None
+                     and family.torch_aoti_fp16_layout == "channels_last")
+    if channels_last:
+        nhwc = False
     data, details = build_engine(context.torch_model, precision, tuple(family.input.shape), batch,
                                  fp8=fp8, device=device, batch_sizes=batch_sizes,
                                  compile_options=compile_options, nhwc=nhwc,
@@ -447,6 +459,7 @@ def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] |
                                  pad_channels=pad_channels, smoke=smoke_check, log=log,
                                  pixel_scale_bias=context.pixel_scale_bias,
                                  layout=family.torch_aoti_layout,
-                                 hook=getattr(ext, "nhwc_module", None))
+                                 hook=getattr(ext, "nhwc_module", None),
+                                 channels_last=channels_last)
     return TargetBuild(backend=BACKEND, member=MEMBER, engine_bytes=data, details=details,
                        tag=BACKEND)

@@ -443,16 +443,21 @@ class GlobalAvgPoolNHWC(nn.Module):
         return y if self.flatten else y[:, :, None, None]
 
 class EngineModule(nn.Module):
-    """fp32 NCHW in, fp32 out; the body runs in ``dtype`` (NHWC when ``nhwc``)."""
+    """fp32 NCHW in, fp32 out; the body runs in ``dtype`` (NHWC when ``nhwc``; NCHW
+    semantics in channels_last memory when ``channels_last``)."""
 
-    def __init__(self, body: nn.Module, dtype: torch.dtype, nhwc: bool) -> None:
+    def __init__(self, body: nn.Module, dtype: torch.dtype, nhwc: bool,
+                 channels_last: bool = False) -> None:
         super().__init__()
         self.body, self.dtype, self.nhwc = body, dtype, nhwc
+        self.channels_last = channels_last and not nhwc
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(self.dtype)
         if self.nhwc:
             x = x.permute(0, 2, 3, 1)
+        elif self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
         return self.body(x).float()
 
 
