@@ -23,6 +23,11 @@ def import_onnxruntime():
     return onnxruntime
 
 
+#: ONNX Runtime 1.30 refuses timm_vit_base's fp8 graph (FP8 Q/DQ on MatMul) at every
+#: optimization level but BASIC, 1.31 at ENABLE_ALL; 1.32 runs every family's graphs.
+UPGRADE_HINT = "trt-bundle needs onnxruntime>=1.32: pip install -U 'onnxruntime>=1.32'"
+
+
 def optimization_level(ort, precision: str):
     """ENABLE_ALL, except for FP8 Q/DQ graphs, which run as written.
 
@@ -43,7 +48,11 @@ def cpu_session(model_bytes: bytes, precision: str = "fp32"):
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     opts.graph_optimization_level = optimization_level(ort, precision)
-    return ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
+    try:
+        return ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # ORT raises its own exception types for graphs it cannot load
+        raise CompatibilityError(f"onnxruntime {ort.__version__} cannot load the {precision} "
+                                 f"graph: {exc}. {UPGRADE_HINT}") from None
 
 
 def default_providers(ort, device: int = 0) -> list:
@@ -75,7 +84,7 @@ class OnnxRuntimeRunner(Runner):
         except Exception as exc:  # ORT raises its own exception types for bad graphs
             raise CompatibilityError(
                 f"onnxruntime {ort.__version__} cannot load {self.bundle.path.name}'s "
-                f"model.onnx: {exc}") from None
+                f"model.onnx: {exc}. {UPGRADE_HINT}") from None
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.providers = self.session.get_providers()
 
