@@ -12,15 +12,18 @@ bundle after bundle in one process), at batch 1 and --batch:
   infer_pinned  Model.infer on a batch written into Model.input_buffers() (pinned:
                 read in place, no host copy)                                   [median]
   raw img/s     Model.infer of plain batches of --batch, back to back, one thread
-  batcher img/s --clients threads, each submitting one image and waiting for it
+  batcher img/s --clients threads, each submitting one image (Batcher.infer) and waiting
+  async img/s   --clients asyncio tasks on one event loop, each awaiting submit_async of
+                one image (what the HTTP/gRPC front-ends do)
 Ratios printed: infer / with_copies, infer_pinned / with_copies, batcher / raw,
-batcher / engine img/s; and between the first two bundles (e.g. fp8 over fp16) the
-engine and batcher img/s ratios. One JSON line per bundle at the end.
+batcher / engine and async / engine img/s; and between the first two bundles (e.g. fp8
+over fp16) the engine, batcher and async img/s ratios. One JSON line per bundle at the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import statistics
@@ -68,7 +71,7 @@ def batcher_rate(model, clients: int, seconds: float, delay_ms: float) -> tuple[
 
         def client(i: int) -> None:
             while not stop.is_set():
-                batcher.submit(one).result()
+                batcher.infer(one)
                 counts[i] += 1
 
         threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
@@ -83,6 +86,31 @@ def batcher_rate(model, clients: int, seconds: float, delay_ms: float) -> tuple[
             t.join(10)
         sizes = dict(sorted(batcher.batch_size_counts.items()))
     return done / elapsed, sizes
+
+
+def async_rate(model, clients: int, seconds: float, delay_ms: float) -> float:
+    one = random_feeds(model.inputs, 1, seed=2)
+
+    async def run(batcher: Batcher) -> float:
+        counts = [0] * clients
+        stop = asyncio.Event()
+
+        async def client(i: int) -> None:
+            while not stop.is_set():
+                await batcher.submit_async(one)
+                counts[i] += 1
+
+        tasks = [asyncio.create_task(client(i)) for i in range(clients)]
+        await asyncio.sleep(min(2.0, seconds / 3))   # warm up under load
+        base, t0 = sum(counts), time.perf_counter()
+        await asyncio.sleep(seconds)
+        done, elapsed = sum(counts) - base, time.perf_counter() - t0
+        stop.set()
+        await asyncio.gather(*tasks)
+        return done / elapsed
+
+    with Batcher(model, max_delay_ms=delay_ms) as batcher:
+        return asyncio.run(run(batcher))
 
 
 def measure(model, batch: int, clients: int, seconds: float, delay_ms: float, iters: int) -> dict:
@@ -110,13 +138,17 @@ def measure(model, batch: int, clients: int, seconds: float, delay_ms: float, it
         print(line, flush=True)
     raw = raw_rate(model, batch, seconds)
     served, sizes = batcher_rate(model, clients, seconds, delay_ms)
+    served_async = async_rate(model, clients, seconds, delay_ms)
     engine_rate = batch / out[f"b{batch}"]["engine_ms"] * 1e3 if out[f"b{batch}"]["engine_ms"] else None
-    out.update(raw_img_s=raw, batcher_img_s=served, engine_img_s=engine_rate,
-               batch_sizes=sizes)
+    out.update(raw_img_s=raw, batcher_img_s=served, async_img_s=served_async,
+               engine_img_s=engine_rate, batch_sizes=sizes)
     line = (f"  raw b{batch} {raw:,.0f} img/s, batcher ({clients} clients) {served:,.0f} img/s: "
             f"batcher/raw {served / raw:.3f}")
     if engine_rate:
         line += f", engine {engine_rate:,.0f} img/s: batcher/engine {served / engine_rate:.3f}"
+    line += f"; async ({clients} tasks) {served_async:,.0f} img/s: async/raw {served_async / raw:.3f}"
+    if engine_rate:
+        line += f", async/engine {served_async / engine_rate:.3f}"
     print(line, flush=True)
     top = sorted(sizes.items(), key=lambda kv: -kv[1])[:4]
     print(f"  batch sizes (size: count, most common): {top}", flush=True)
@@ -147,6 +179,7 @@ def main() -> None:
         if a["engine_img_s"] and b["engine_img_s"]:
             print(f"  engine img/s ratio {a['engine_img_s'] / b['engine_img_s']:.3f}", flush=True)
         print(f"  batcher img/s ratio {a['batcher_img_s'] / b['batcher_img_s']:.3f}", flush=True)
+        print(f"  async img/s ratio {a['async_img_s'] / b['async_img_s']:.3f}", flush=True)
     for r in results:
         print(json.dumps(r), flush=True)
     for m in models:

@@ -35,6 +35,7 @@ import logging
 import queue
 import threading
 import time
+import weakref
 from concurrent.futures import Future, InvalidStateError
 from typing import Callable, Mapping, NamedTuple, Protocol, Sequence
 
@@ -78,19 +79,149 @@ class BatchStats(NamedTuple):
     failed: int
 
 
+class _Waiter:
+    """What ``Batcher.infer`` waits on: the part of ``concurrent.futures.Future`` the
+    batcher uses, on one lock that is held until the result is set.
+
+    Why not a Future: with 64 blocking clients the per-request Python cost caps what the
+    batcher serves, and a Future's Condition (a lock per wait, a deque of waiters,
+    ``notify_all`` in Python, callbacks) is most of what completing a request costs; one
+    C-level lock release is the least that can wake a thread (benchmarks/
+    data_path_bench.py measures both). No cancellation: a blocking caller cannot cancel.
+    """
+
+    __slots__ = ("_lock", "_result", "_error", "_done", "_running")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._result: Feeds | None = None
+        self._error: BaseException | None = None
+        self._done = self._running = False
+
+    def done(self) -> bool:
+        return self._done
+
+    def running(self) -> bool:
+        return self._running and not self._done
+
+    def set_running_or_notify_cancel(self) -> bool:
+        self._running = True
+        return True
+
+    def _finish(self) -> None:
+        if self._done:
+            raise InvalidStateError("result already set")
+        self._done = True
+        self._lock.release()
+
+    def set_result(self, result: Feeds) -> None:
+        self._result = result
+        self._finish()
+
+    def set_exception(self, exc: BaseException) -> None:
+        self._error = exc
+        self._finish()
+
+    def result(self, timeout: float | None = None) -> Feeds:
+        if not self._done:
+            if not self._lock.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
+                raise TimeoutError(f"no result within {timeout} s")
+            self._lock.release()      # done: later calls return at once
+        if self._error is not None:
+            raise self._error
+        return self._result  # type: ignore[return-value]
+
+
+class _LoopPost:
+    """Results bound for one asyncio event loop, handed over in as few wake-ups as the
+    loop allows: the first result posted schedules one ``call_soon_threadsafe`` flush,
+    and results posted before the loop ran it ride along (a batch of 32 is usually one
+    wake-up instead of 32 self-pipe writes and 32 callbacks)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._items: list[tuple[asyncio.Future, Feeds | None, BaseException | None]] = []
+        self._lock = threading.Lock()
+        self._scheduled = False
+
+    def post(self, fut: asyncio.Future, result: Feeds | None, error: BaseException | None
+             ) -> None:
+        with self._lock:
+            self._items.append((fut, result, error))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        try:
+            self.loop.call_soon_threadsafe(self._flush)
+        except RuntimeError:            # the loop is closed: nobody awaits these any more
+            with self._lock:
+                self._items.clear()
+                self._scheduled = False
+
+    def _flush(self) -> None:
+        with self._lock:
+            items, self._items, self._scheduled = self._items, [], False
+        for fut, result, error in items:
+            if fut.done():              # the awaiting task was cancelled
+                continue
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(result)
+
+
+class _AsyncWaiter:
+    """What ``Batcher.submit_async`` awaits: an asyncio future of the caller's loop, set
+    through the loop's `_LoopPost` (the Future part the batcher uses, as `_Waiter`).
+    Cancelling the awaiting task cancels the request while it has not started."""
+
+    __slots__ = ("fut", "_post", "_done", "_running")
+
+    def __init__(self, fut: asyncio.Future, post: _LoopPost) -> None:
+        self.fut, self._post = fut, post
+        self._done = self._running = False
+
+    def done(self) -> bool:
+        return self._done
+
+    def running(self) -> bool:
+        return self._running and not self._done
+
+    def set_running_or_notify_cancel(self) -> bool:
+        if self.fut.cancelled():        # a read of the future's state: safe off its loop
+            self._done = True
+            return False
+        self._running = True
+        return True
+
+    def set_result(self, result: Feeds) -> None:
+        if self._done:
+            raise InvalidStateError("result already set")
+        self._done = True
+        self._post.post(self.fut, result, None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        if self._done:
+            raise InvalidStateError("result already set")
+        self._done = True
+        self._post.post(self.fut, None, exc)
+
+
 class _Request:
     """One submitted request and the progress of its rows through batches."""
 
     __slots__ = ("feeds", "rows", "taken", "done", "parts", "future", "t_submit", "signature",
                  "started")
 
-    def __init__(self, feeds: Feeds, rows: int, signature: tuple) -> None:
+    def __init__(self, feeds: Feeds, rows: int, signature: tuple,
+                 waiter: "_Waiter | _AsyncWaiter | None" = None) -> None:
         self.feeds = feeds
         self.rows = rows
         self.taken = 0          # rows handed to batches so far
         self.done = 0           # rows whose outputs came back
         self.parts: list[dict[str, np.ndarray]] = []   # output slices, in row order
-        self.future: Future = Future()
+        self.future: Future | _Waiter | _AsyncWaiter = waiter if waiter is not None else Future()
         self.t_submit = time.perf_counter()
         self.signature = signature   # non-batch shapes: requests merge only when equal
         self.started = False
@@ -144,6 +275,8 @@ class Batcher:
         self._cond = threading.Condition(threading.Lock())
         self._closed = False
         self._listeners: list[Callable[[BatchStats], None]] = []
+        # one result post per event loop that awaits this batcher (submit_async)
+        self._posts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         # Batch input buffers per slot, reused across batches (per non-batch shape): a
         # fresh multi-megabyte array per batch costs page faults on every call, and on a
         # GPU engine pinned buffers spare the engine its staging copy.
@@ -177,12 +310,16 @@ class Batcher:
         after ``close``. The arrays are not copied: do not modify them until the future
         is done.
         """
+        return self._enqueue(feeds, None)  # type: ignore[return-value]
+
+    def _enqueue(self, feeds: Mapping[str, np.ndarray] | np.ndarray,
+                 waiter: "_Waiter | _AsyncWaiter | None") -> Future | _Waiter | _AsyncWaiter:
         if isinstance(feeds, np.ndarray) and len(self._specs) == 1:
             feeds = {self._specs[0].name: feeds}   # the one input of a single-input model
         rows = self._check(feeds)
         feeds = {s.name: feeds[s.name] for s in self._specs}
         signature = tuple(a.shape[1:] for a in feeds.values())
-        req = _Request(feeds, rows, signature)
+        req = _Request(feeds, rows, signature, waiter)
         with self._cond:
             if self._closed:
                 raise BatcherClosedError("the batcher is closed; no new requests are accepted")
@@ -204,12 +341,21 @@ class Batcher:
         """``submit`` for asyncio code: await the outputs without blocking the loop.
 
         Cancelling the awaiting task cancels the request if it has not started yet.
+        Results reach the loop in one wake-up per batch where they can (`_LoopPost`).
         """
-        return await asyncio.wrap_future(self.submit(feeds))
+        loop = asyncio.get_running_loop()
+        post = self._posts.get(loop)
+        if post is None:
+            post = self._posts.setdefault(loop, _LoopPost(loop))
+        fut = loop.create_future()
+        self._enqueue(feeds, _AsyncWaiter(fut, post))
+        return await fut
 
     def infer(self, feeds: Mapping[str, np.ndarray] | np.ndarray, timeout: float | None = None) -> Feeds:
-        """Blocking convenience: ``submit(feeds).result(timeout)``."""
-        return self.submit(feeds).result(timeout)
+        """Blocking: queue one request and wait for its outputs (``submit(feeds).result(
+        timeout)``, on a lighter waiter than a Future: `_Waiter`). Raises ``TimeoutError``
+        after ``timeout`` seconds; the request itself still runs."""
+        return self._enqueue(feeds, _Waiter()).result(timeout)  # type: ignore[union-attr]
 
     def add_listener(self, fn: Callable[[BatchStats], None]) -> None:
         """Call ``fn(BatchStats)`` on the worker thread after each batch (keep it cheap)."""
@@ -527,7 +673,7 @@ def _fail(req: _Request, exc: BaseException) -> None:
         pass
 
 
-def _set(future: Future, result: Feeds) -> None:
+def _set(future: Future | _Waiter | _AsyncWaiter, result: Feeds) -> None:
     try:
         future.set_result(result)
     except InvalidStateError:   # already failed by close(drain=False)

@@ -250,6 +250,92 @@ def test_submit_async_from_many_tasks():
     assert max(model.calls) > 1
 
 
+def test_blocking_infer_times_out_and_the_request_still_runs(gated):
+    with Batcher(gated, max_delay_ms=1.0) as b:
+        x = image(3)
+        with pytest.raises(TimeoutError):
+            b.infer({"input": x}, timeout=0.05)
+        gated.gate.set()
+        wait_until(lambda: gated.calls == [1])
+        np.testing.assert_array_equal(b.infer({"input": x}, TIMEOUT)["logits"], gated.reference(x))
+
+
+def test_async_request_that_makes_the_model_raise_fails_alone(gated):
+    xs = [image(i) for i in range(32)]
+    xs[5][0, 0, 0, 0] = FAIL_VALUE
+
+    async def main(b: Batcher) -> list:
+        first = asyncio.ensure_future(b.submit_async({"input": image(100)}))
+        await asyncio.to_thread(wait_until, lambda: len(gated.calls) == 1)
+        tasks = [asyncio.ensure_future(b.submit_async({"input": x})) for x in xs]
+        await asyncio.sleep(0.01)                  # all queued behind the blocked batch
+        gated.gate.set()
+        outs = await asyncio.gather(*tasks, return_exceptions=True)
+        await first
+        return outs
+
+    with Batcher(gated, max_delay_ms=1.0) as b:
+        outs = asyncio.run(main(b))
+    assert isinstance(outs[5], ToyModelError)
+    for i, (x, out) in enumerate(zip(xs, outs)):
+        if i != 5:
+            np.testing.assert_array_equal(out["logits"], gated.reference(x))
+    assert gated.calls[:2] == [1, 32]      # the merged batch failed, then each ran alone
+
+
+def test_async_batch_is_delivered_with_fewer_wake_ups_than_requests(gated):
+    xs = [image(i) for i in range(32)]
+
+    async def main(b: Batcher) -> tuple[list, int]:
+        loop = asyncio.get_running_loop()
+        wakeups = []
+        original = loop.call_soon_threadsafe
+
+        def counting(callback, *args, **kwargs):
+            wakeups.append(callback)
+            return original(callback, *args, **kwargs)
+
+        loop.call_soon_threadsafe = counting
+        first = asyncio.ensure_future(b.submit_async({"input": image(100)}))
+        await asyncio.to_thread(wait_until, lambda: len(gated.calls) == 1)
+        tasks = [asyncio.ensure_future(b.submit_async({"input": x})) for x in xs]
+        await asyncio.sleep(0.01)
+        before = len(wakeups)
+        gated.gate.set()
+        outs = await asyncio.gather(*tasks)
+        await first
+        return outs, len(wakeups) - before
+
+    with Batcher(gated, max_delay_ms=1.0) as b:
+        outs, wakeups = asyncio.run(main(b))
+    for x, out in zip(xs, outs):
+        np.testing.assert_array_equal(out["logits"], gated.reference(x))
+    assert gated.calls == [1, 32]
+    assert 1 <= wakeups <= 4       # one post per batch (plus the first request's)
+
+
+def test_cancelled_async_request_is_skipped(gated):
+    async def main(b: Batcher):
+        first = asyncio.ensure_future(b.submit_async({"input": image(100)}))
+        await asyncio.to_thread(wait_until, lambda: len(gated.calls) == 1)
+        dropped = asyncio.ensure_future(b.submit_async({"input": image(1)}))
+        kept = asyncio.ensure_future(b.submit_async({"input": image(2)}))
+        await asyncio.sleep(0.01)
+        dropped.cancel()
+        await asyncio.sleep(0)
+        gated.gate.set()
+        out = await kept
+        await first
+        with pytest.raises(asyncio.CancelledError):
+            await dropped
+        return out
+
+    with Batcher(gated, max_delay_ms=1.0) as b:
+        out = asyncio.run(main(b))
+    np.testing.assert_array_equal(out["logits"], gated.reference(image(2)))
+    assert gated.calls == [1, 1]
+
+
 def test_listener_sees_every_batch():
     model = ToyModel(max_batch_size=4)
     seen: list[BatchStats] = []
