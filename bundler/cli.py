@@ -432,10 +432,13 @@ def make(family: str, precision: str, variant, backend, out_dir, checkpoint, ran
 @click.option("--out", "out_dir", default=".", show_default=True,
               type=click.Path(path_type=Path),
               help="Output folder (created when the bundle is written).")
+@click.option("--force", is_flag=True,
+              help="Replace a bundle of the same name in --out (without it: refused, exit 6, "
+                   "nothing written; the source bundle itself is never replaced).")
 @tensorrt_options
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @handle_errors
-def rebuild(bundle_path, backend, checkpoint, out_dir, timing_cache, hardware_compat,
+def rebuild(bundle_path, backend, checkpoint, out_dir, force, timing_cache, hardware_compat,
             version_compatible, workspace_mib, as_json) -> None:
     """A new bundle for this host from the portable ONNX of an existing one.
 
@@ -443,7 +446,8 @@ def rebuild(bundle_path, backend, checkpoint, out_dir, timing_cache, hardware_co
     the source bundle's id is recorded as `rebuilt_from`. A torch-aoti engine is compiled
     from the family's torch model: the weights the bundle was made from must be at hand
     (its recorded seed, the Hugging Face cache, or --checkpoint; checked against the
-    manifest's sha256), else it is refused naming what to pass (exit 6).
+    manifest's sha256), else it is refused naming what to pass (exit 6). An existing
+    bundle of the new name in --out is replaced only with --force.
     """
     from runtime_py.extras import require_extra
 
@@ -453,7 +457,7 @@ def rebuild(bundle_path, backend, checkpoint, out_dir, timing_cache, hardware_co
     options = target_options(timing_cache, hardware_compat, version_compatible, workspace_mib)
     path, bundle_id = rebuild_bundle(bundle_path, backend, out_dir,
                                      log=None if as_json else (lambda m: print_progress("rebuild", m)),
-                                     checkpoint=checkpoint, **options)
+                                     checkpoint=checkpoint, replace_existing=force, **options)
     if as_json:
         echo_json({"path": str(path), "id": bundle_id})
     else:

@@ -305,7 +305,7 @@ def make_bundle(req: MakeRequest, progress: Progress | None = None) -> MakeResul
     if hasattr(builder, "check_host"):                # refuse a target this host lacks, early
         builder.check_host(**{"precision": req.precision, **req.target_options})
     out_dir = prepare_out_dir(req.out_dir)
-    if not req.replace_existing and target != "tensorrt":   # a plan's name is known once built
+    if not req.replace_existing and get_target(target).named_before_build:
         refuse_existing_bundle(out_dir / (targets.bundle_name(
             family.name, family.version, req.precision, req.variant, target) + ".bundle"))
 

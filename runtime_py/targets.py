@@ -45,6 +45,11 @@ class EngineTarget:
     ``from_onnx``: the engine is built from the bundle's typed ``model.onnx`` alone, so
     ``bundle rebuild`` needs nothing else; otherwise (torch-aoti) the builder also needs
     the family's torch model, which ``bundle rebuild`` rebuilds from the weights.
+
+    ``named_before_build``: the bundle name's target tag is the backend name, so make and
+    rebuild refuse an existing bundle of that name before any work; false where the tag
+    records what the build found (tensorrt: the GPU and TensorRT version), checked once
+    the engine is built (still before anything is written).
     """
 
     name: str
@@ -56,6 +61,7 @@ class EngineTarget:
     runner_path: str
     builder_path: str
     from_onnx: bool = True
+    named_before_build: bool = True
 
     def host_check(self) -> Callable[..., None]:
         """``check(details, host, device=0)``: raises unless ``host`` can run the engine."""
@@ -82,7 +88,7 @@ TARGETS: tuple[EngineTarget, ...] = (
                  "tensorrt_details",
                  check_path="runtime_py.engines.tensorrt_compat:check_tensorrt_target",
                  runner_path="runtime_py.engines.tensorrt:TensorRTRunner",
-                 builder_path="bundler.targets.tensorrt"),
+                 builder_path="bundler.targets.tensorrt", named_before_build=False),
     EngineTarget("torch-aoti", "engine.pt2", "pytorch_aoti", ("torch",),
                  "torch_aoti_details",
                  check_path="runtime_py.engines.torch_aoti_compat:check_torch_aoti_target",
