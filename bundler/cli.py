@@ -754,8 +754,8 @@ def study(family, precisions, variants, batch_sizes, backend, out_dir, random_we
         random_weights=random_weights, seed=seed, checkpoint=checkpoint, calib_data=calib_data,
         calib_count=calib_count, eval_data=eval_data, eval_count=eval_count,
         eval_stride=eval_stride, labels_from=labels_from,
-        allow_calibration_overlap=allow_calibration_images, reuse=not no_reuse, command=shlex.join(["bundle"] + sys.argv[1:]),
-        progress=print_progress)
+        allow_calibration_overlap=allow_calibration_images, reuse=not no_reuse,
+        command=shlex.join(["bundle"] + sys.argv[1:]), progress=print_progress)
     if as_json:
         from bundler.study_report import _jsonable
 

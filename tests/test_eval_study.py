@@ -290,8 +290,8 @@ def test_study_labels_per_class_eval_folders_as_eval_does(xception_bundles, imag
 
 
 def test_study_and_eval_share_one_labels_from_option(tmp_path):
-    eval_option, study_option = (
-        next(p for p in cli.commands[c].params if p.name == "labels_from") for c in ("eval", "study"))
+    eval_option, study_option = (next(p for p in cli.commands[c].params if p.name == "labels_from")
+                                 for c in ("eval", "study"))
     assert eval_option.type.choices == study_option.type.choices
     assert eval_option.help == study_option.help and eval_option.default == "auto"
     out = tmp_path / "study"

@@ -26,7 +26,8 @@ def run(*args):
 # --- refusals: each before anything is exported or written ------------------------------
 
 @pytest.mark.parametrize("precision,reason", [
-    ("nvfp4", "not a precision trt-bundle builds"), ("int8", "not among timm_xception's precisions"),
+    ("nvfp4", "not a precision trt-bundle builds"),
+    ("int8", "not among timm_xception's precisions"),
     ("fp64", "is not built for family")])
 def test_refused_precisions_say_why(tmp_path, precision, reason):
     with pytest.raises(UsageError, match=reason):
