@@ -1,4 +1,5 @@
-"""Class indices of per-class image folders (`bundle eval --data DIR/<class>/<image>`).
+"""Class indices of per-class image folders (`bundle eval --data DIR/<class>/<image>`,
+`bundle study --eval-data DIR/<class>/<image>`; both take `--labels-from`).
 
 Taking labels from the sorted folder order (torchvision's ImageFolder) is right only when
 every class of the model is there and the folders sort like the classes: folders named
@@ -17,9 +18,12 @@ accuracy figure would be silently wrong. So the rule is explicit:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from bundler.calibration.data import ClassFolders
 from runtime_py.errors import CalibrationError
+
+if TYPE_CHECKING:                  # the CLI reads RULES: importing this stays light
+    from bundler.calibration.data import ClassFolders
 
 RULES = ("auto", "synsets", "folder-index", "folder-order", "none")
 _OTHER_RULES = ("--labels-from folder-index (folder names are class indices), "
@@ -32,12 +36,13 @@ def _examples(names: Sequence[str], limit: int = 3) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-def class_folder_rule(rule: str, class_ids: Sequence[str] | None, num_classes: int | None
-                      ) -> ClassFolders:
+def class_folder_rule(rule: str, class_ids: Sequence[str] | None, num_classes: int | None,
+                      option: str = "--data") -> ClassFolders:
     """The function `open_calibration_data` calls with the sorted per-class folder names.
 
     It returns {folder name: class index}, or None for ``none`` (unlabelled), and raises
-    CalibrationError (exit 6) for names the rule cannot map.
+    CalibrationError (exit 6) for names the rule cannot map, naming ``option`` (the
+    command's data option) as the folder's source.
     """
     if rule not in RULES:
         raise CalibrationError(f"unknown --labels-from {rule!r}; choose one of {', '.join(RULES)}")
@@ -45,13 +50,13 @@ def class_folder_rule(rule: str, class_ids: Sequence[str] | None, num_classes: i
     def by_class_id(names: list[str]) -> dict[str, int]:
         if class_ids is None:
             raise CalibrationError(
-                f"--data has per-class folders ({_examples(names)}) and this bundle's family "
+                f"{option} has per-class folders ({_examples(names)}) and this bundle's family "
                 f"lists no class ids to map them by: say how they map with {_OTHER_RULES}")
         index = {cid: i for i, cid in enumerate(class_ids)}
         unknown = [n for n in names if n not in index]
         if unknown:
             raise CalibrationError(
-                f"--data has per-class folders that are not class ids of this bundle's family "
+                f"{option} has per-class folders that are not class ids of this bundle's family "
                 f"(e.g. ImageNet synsets such as {class_ids[0]!r}): {_examples(unknown)}; "
                 f"rename them, or say how they map with {_OTHER_RULES}")
         return {n: index[n] for n in names}

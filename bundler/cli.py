@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 
+from bundler.class_labels import RULES as CLASS_FOLDER_RULES
 from runtime_py.errors import EXIT_CODES_HELP, BundleError, MissingExtraError, UsageError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -432,10 +433,13 @@ def make(family: str, precision: str, variant, backend, out_dir, checkpoint, ran
 @click.option("--out", "out_dir", default=".", show_default=True,
               type=click.Path(path_type=Path),
               help="Output folder (created when the bundle is written).")
+@click.option("--force", is_flag=True,
+              help="Replace a bundle of the same name in --out (without it: refused, exit 6, "
+                   "nothing written; the source bundle itself is never replaced).")
 @tensorrt_options
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @handle_errors
-def rebuild(bundle_path, backend, checkpoint, out_dir, timing_cache, hardware_compat,
+def rebuild(bundle_path, backend, checkpoint, out_dir, force, timing_cache, hardware_compat,
             version_compatible, workspace_mib, as_json) -> None:
     """A new bundle for this host from the portable ONNX of an existing one.
 
@@ -443,7 +447,8 @@ def rebuild(bundle_path, backend, checkpoint, out_dir, timing_cache, hardware_co
     the source bundle's id is recorded as `rebuilt_from`. A torch-aoti engine is compiled
     from the family's torch model: the weights the bundle was made from must be at hand
     (its recorded seed, the Hugging Face cache, or --checkpoint; checked against the
-    manifest's sha256), else it is refused naming what to pass (exit 6).
+    manifest's sha256), else it is refused naming what to pass (exit 6). An existing
+    bundle of the new name in --out is replaced only with --force.
     """
     from runtime_py.extras import require_extra
 
@@ -453,7 +458,7 @@ def rebuild(bundle_path, backend, checkpoint, out_dir, timing_cache, hardware_co
     options = target_options(timing_cache, hardware_compat, version_compatible, workspace_mib)
     path, bundle_id = rebuild_bundle(bundle_path, backend, out_dir,
                                      log=None if as_json else (lambda m: print_progress("rebuild", m)),
-                                     checkpoint=checkpoint, **options)
+                                     checkpoint=checkpoint, replace_existing=force, **options)
     if as_json:
         echo_json({"path": str(path), "id": bundle_id})
     else:
@@ -626,6 +631,15 @@ def _format_quality(q: dict) -> str:
     return text
 
 
+#: `bundle eval --data` and `bundle study --eval-data`: one option, one rule (bundler.class_labels).
+labels_from_option = click.option(
+    "--labels-from", default="auto", show_default=True, type=click.Choice(CLASS_FOLDER_RULES),
+    help="Labels of per-class folders of the data. auto/synsets: folders named by the "
+         "family's class ids (ImageNet synsets, e.g. n01440764) map to their classes, other "
+         "names are refused; folder-index: names are class indices; folder-order: sorted "
+         "folder order (torchvision ImageFolder); none: no labels.")
+
+
 @cli.command("eval", context_settings=CONTEXT, epilog=EXIT_CODES_HELP)
 @click.argument("bundle_path", metavar="BUNDLE", type=click.Path(path_type=str))
 @click.option("--data", required=True, type=click.Path(path_type=str),
@@ -643,12 +657,7 @@ def _format_quality(q: dict) -> str:
               help="Engine to run the bundle on (auto: its own target when this host can).")
 @click.option("--allow-calibration-images", is_flag=True,
               help="Evaluate even on images the bundle was calibrated on (flattering figures).")
-@click.option("--labels-from", default="auto", show_default=True,
-              type=click.Choice(["auto", "synsets", "folder-index", "folder-order", "none"]),
-              help="Labels of per-class folders. auto/synsets: folders named by the family's "
-                   "class ids (ImageNet synsets, e.g. n01440764) map to their classes, other "
-                   "names are refused; folder-index: names are class indices; folder-order: "
-                   "sorted folder order (torchvision ImageFolder); none: no labels.")
+@labels_from_option
 @click.option("--batch-size", default=8, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @handle_errors
@@ -715,6 +724,7 @@ def _str_list(text: str) -> list[str]:
 @click.option("--eval-count", type=int, default=None,
               help="[default: 32 with --random-weights, else 500]")
 @click.option("--eval-stride", default=1, show_default=True)
+@labels_from_option
 @click.option("--allow-calibration-images", is_flag=True)
 @click.option("--no-reuse", is_flag=True, help="Rebuild bundles even when the same ones exist.")
 @click.option("--peer", type=click.Choice(["torch-compile", "eager"]), default=None,
@@ -724,7 +734,7 @@ def _str_list(text: str) -> list[str]:
 @click.option("--json", "as_json", is_flag=True, help="Print study.json to stdout.")
 @handle_errors
 def study(family, precisions, variants, batch_sizes, backend, out_dir, random_weights, seed,
-          checkpoint, calib_data, calib_count, eval_data, eval_count, eval_stride,
+          checkpoint, calib_data, calib_count, eval_data, eval_count, eval_stride, labels_from,
           allow_calibration_images, no_reuse, peer, as_json) -> None:
     """Build (or reuse) FAMILY's bundles and measure speed, size and quality side by side:
 
@@ -747,9 +757,9 @@ def study(family, precisions, variants, batch_sizes, backend, out_dir, random_we
         batch_sizes=_int_list(batch_sizes), out_dir=out_dir, backend=backend,
         random_weights=random_weights, seed=seed, checkpoint=checkpoint, calib_data=calib_data,
         calib_count=calib_count, eval_data=eval_data, eval_count=eval_count,
-        eval_stride=eval_stride, allow_calibration_overlap=allow_calibration_images,
-        reuse=not no_reuse, command=shlex.join(["bundle"] + sys.argv[1:]),
-        progress=print_progress, peer=peer)
+        eval_stride=eval_stride, labels_from=labels_from,
+        allow_calibration_overlap=allow_calibration_images, reuse=not no_reuse,
+        command=shlex.join(["bundle"] + sys.argv[1:]), progress=print_progress, peer=peer)
     if as_json:
         from bundler.study_report import _jsonable
 

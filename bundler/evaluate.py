@@ -247,11 +247,12 @@ def family_class_ids(family_name: str) -> tuple[list[str] | None, int | None]:
 
 def open_eval_data(data: str | os.PathLike, preprocess_spec: dict | None, *,
                    count: int | None = None, stride: int = 1, labels_from: str = "auto",
-                   family: str | None = None, role=None):
+                   family: str | None = None, role=None, option: str = "--data"):
     """The evaluation set, selected exactly as calibration selects (count, stride, order).
 
     Per-class folders get their labels by `labels_from` (`bundler.class_labels`), with the
-    class ids of `family` (the bundle's family name).
+    class ids of `family` (the bundle's family name); `option` is what messages call the
+    data (`--data` for eval, `--eval-data` for study).
     """
     from bundler.calibration.data import EVALUATION, open_calibration_data
     from bundler.class_labels import class_folder_rule
@@ -265,7 +266,7 @@ def open_eval_data(data: str | os.PathLike, preprocess_spec: dict | None, *,
                                  count=count or DEFAULT_EVAL_COUNT, stride=stride,
                                  role=role or EVALUATION,
                                  class_folders=class_folder_rule(labels_from, class_ids,
-                                                                 num_classes))
+                                                                 num_classes, option))
 
 
 # --- figures -----------------------------------------------------------------------------------

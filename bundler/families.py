@@ -17,8 +17,12 @@ asked for (``Family.hook``):
   replacement of a module the generic layout rules do not know.
 
 The folder ships as package data ``bundler.family_data``; in a source checkout it is the
-repository's ``families/``. This module imports neither torch nor onnx: ``bundle
-families`` and the runtime-side tools stay light.
+repository's ``families/``. Families kept elsewhere (a team's own, a test's) are found
+through a search path: the folders of ``families_path(...)`` (a context manager, for
+library users and tests), then those of ``$TRT_BUNDLE_FAMILIES_PATH`` (``os.pathsep``
+separated), then the shipped folder; the first folder holding ``<name>/family.json`` wins.
+This module imports neither torch nor onnx: ``bundle families`` and the runtime-side tools
+stay light.
 """
 
 from __future__ import annotations
@@ -27,8 +31,10 @@ import hashlib
 import importlib.resources
 import importlib.util
 import json
+import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType, ModuleType
@@ -42,6 +48,8 @@ __all__ = [
     "InputSpec",
     "BatchRange",
     "families_root",
+    "families_path",
+    "family_roots",
     "list_families",
     "load_family",
     "RULE_KEYS",
@@ -49,6 +57,8 @@ __all__ = [
 ]
 
 SPEC_FILE = "family.json"
+#: Folders of families searched before the shipped ones (``os.pathsep`` separated).
+FAMILIES_PATH_ENV = "TRT_BUNDLE_FAMILIES_PATH"
 #: The package the ``families/`` folder ships as (see pyproject.toml).
 DATA_PACKAGE = "bundler.family_data"
 EXTENSION_FILE = "family.py"
@@ -234,28 +244,77 @@ def families_root() -> Path:
     )
 
 
-def list_families(root: Path | None = None) -> list[str]:
-    """Names of the families found (folders holding a ``family.json``), sorted."""
-    root = families_root() if root is None else Path(root)
+#: Folders added by ``families_path`` (innermost first); searched before the environment's.
+_added_roots: tuple[Path, ...] = ()
+
+
+@contextmanager
+def families_path(*folders: str | Path) -> Iterator[tuple[Path, ...]]:
+    """Search ``folders`` for families (before ``$TRT_BUNDLE_FAMILIES_PATH`` and the
+    shipped ones) inside the ``with`` block; yields the whole search path.
+
+    The library's way to use a family that is not shipped (the CLI's is the environment
+    variable); the previous path is restored on exit, also after an error.
+    """
+    global _added_roots
+    added = tuple(_existing_folder(f, "families_path()") for f in folders)
+    previous = _added_roots
+    _added_roots = added + previous
+    try:
+        yield family_roots()
+    finally:
+        _added_roots = previous
+
+
+def family_roots() -> tuple[Path, ...]:
+    """The folders searched for families, in order (module docstring)."""
+    from_env = tuple(_existing_folder(entry, f"${FAMILIES_PATH_ENV}")
+                     for entry in os.environ.get(FAMILIES_PATH_ENV, "").split(os.pathsep) if entry)
+    roots: list[Path] = []
+    for root in (*_added_roots, *from_env, families_root()):
+        if root not in roots:
+            roots.append(root)
+    return tuple(roots)
+
+
+def _existing_folder(entry: str | Path, where: str) -> Path:
+    """A search-path entry as an absolute folder; a missing one is refused, not skipped,
+    so that a mistyped path reads as such and not as "unknown family"."""
+    path = Path(entry).expanduser().resolve()
+    if not path.is_dir():
+        raise FamilyError(f"{where} names {entry!r}, which is not a folder: fix or remove it")
+    return path
+
+
+def _families_in(root: Path) -> list[str]:
     if not root.is_dir():
         return []
     return sorted(p.name for p in root.iterdir() if p.is_dir() and (p / SPEC_FILE).is_file())
 
 
+def list_families(root: Path | None = None) -> list[str]:
+    """Names of the families found (folders holding a ``family.json``), sorted: in ``root``
+    only, or on the whole search path (``family_roots``)."""
+    roots = family_roots() if root is None else (Path(root),)
+    return sorted({name for r in roots for name in _families_in(r)})
+
+
 def load_family(name: str, root: Path | None = None) -> Family:
-    """Read and validate ``families/<name>/family.json``.
+    """Read and validate ``<root>/<name>/family.json``, ``root`` being the given folder or
+    the first on the search path (``family_roots``) that holds the family.
 
     Raises ``FamilyError`` naming the known families for an unknown name, and listing
     every problem (in ``problems``) for an invalid spec.
     """
-    root = families_root() if root is None else Path(root)
-    known = list_families(root)
-    if name not in known:
+    roots = family_roots() if root is None else (Path(root),)
+    found = next((r for r in roots if name in _families_in(r)), None)
+    if found is None:
+        known = list_families(root)
         raise FamilyError(
             f"unknown family {name!r}; known families: {', '.join(known) or 'none'} "
-            "(see `bundle families`)"
+            f"(see `bundle families`; families kept elsewhere: ${FAMILIES_PATH_ENV})"
         )
-    folder = root / name
+    folder = found / name
     path = folder / SPEC_FILE
     try:
         data = json.loads(path.read_text(encoding="utf-8"))

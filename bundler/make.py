@@ -22,17 +22,34 @@ from bundler.quality import compare_logits, decimal, manifest_quality
 from bundler.weights import Weights, resolve_weights
 from bundler.writer import prepare_out_dir, refuse_existing_bundle, source_date_epoch
 from runtime_py.errors import CalibrationError, UsageError
-from runtime_py.targets import get_target
+from runtime_py.targets import NAMES, get_target
 
 Progress = Callable[[str, str], None]
 
-#: Precisions users ask for that no family builds, with the reason they are refused.
+#: Precisions users ask for that no family builds: why, and what to ask for instead
+#: (``refusal_of``; ``{family}``, ``{precisions}`` and ``{backends}`` are filled in).
 REFUSED_PRECISIONS = {
-    "nvfp4": "NVFP4 is refused: TensorRT has no NVFP4 convolution kernels, and this family's "
-             "compute is convolutions",
-    "int8": "int8 is not among this family's precisions (its quantized path is FP8)",
-    "bf16": "bf16 is not among this family's precisions (fp16 covers the same engines)",
+    "nvfp4": "NVFP4 is not a precision trt-bundle builds: use --precision fp8 for the quantized "
+             "path ({family}'s precisions are {precisions}). NVFP4 needs a Blackwell GPU "
+             "(compute capability 10.0 or newer) and TensorRT 10.8 or later with its FP4 "
+             "kernels; none of this project's engines ({backends}) has an NVFP4 path, and "
+             "Hopper GPUs such as the H200 have no FP4 tensor cores",
+    "int8": "int8 is not among {family}'s precisions ({precisions}): its quantized path is "
+            "FP8, use --precision fp8",
+    "bf16": "bf16 is not among {family}'s precisions ({precisions}): fp16 covers the same "
+            "engines, use --precision fp16",
 }
+
+
+def refusal_of(precision: str, family: Family) -> str | None:
+    """Why ``precision`` is refused for every family, in the user's terms, or None."""
+    reason = REFUSED_PRECISIONS.get(precision.lower())
+    if reason is None:
+        return None
+    return reason.format(family=family.name, precisions=", ".join(family.precisions),
+                         backends=", ".join(NAMES))
+
+
 PACKAGES = ("numpy", "onnx", "onnxruntime", "onnx-graphsurgeon", "torch", "timm", "safetensors",
             "msgpack", "zstandard", "ml_dtypes")
 REFERENCE_SEED = 1_000_003
@@ -83,8 +100,8 @@ def _noop(stage: str, message: str) -> None:
 
 def check_request(family: Family, req: MakeRequest) -> None:
     """Refuse what cannot be built, before exporting anything."""
-    if req.precision in REFUSED_PRECISIONS:
-        raise UsageError(REFUSED_PRECISIONS[req.precision])
+    if (refusal := refusal_of(req.precision, family)) is not None:
+        raise UsageError(refusal)
     if req.precision not in family.precisions:
         raise UsageError(f"precision {req.precision!r} is not built for family {family.name}; "
                          f"its precisions are {', '.join(family.precisions)}")
@@ -288,7 +305,7 @@ def make_bundle(req: MakeRequest, progress: Progress | None = None) -> MakeResul
     if hasattr(builder, "check_host"):                # refuse a target this host lacks, early
         builder.check_host(**{"precision": req.precision, **req.target_options})
     out_dir = prepare_out_dir(req.out_dir)
-    if not req.replace_existing and target != "tensorrt":   # a plan's name is known once built
+    if not req.replace_existing and get_target(target).named_before_build:
         refuse_existing_bundle(out_dir / (targets.bundle_name(
             family.name, family.version, req.precision, req.variant, target) + ".bundle"))
 

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Callable
 
 from bundler.targets import bundle_name, target_builder
-from bundler.writer import prepare_out_dir, source_date_epoch, write_bundle
+from bundler.writer import (prepare_out_dir, refuse_existing_bundle, source_date_epoch,
+                            write_bundle)
 from runtime_py.errors import FamilyError, UsageError, WeightsError
 from runtime_py.format import open_bundle
 from runtime_py.targets import engine_members, get_target
@@ -42,6 +43,14 @@ def _engine_package_versions(backend: str, details: dict) -> dict[str, str]:
     return {p: str(v) for p, v in versions.items() if v}
 
 
+def rebuilt_name(source_manifest: dict, tag: str) -> str:
+    """The rebuilt bundle's name: the source's family, precision, variant and input, and
+    the new target's tag."""
+    return bundle_name(source_manifest["family"]["name"], source_manifest["family"]["version"],
+                       source_manifest["precision"], source_manifest["variant"], tag,
+                       source_manifest["inputs"][0]["dtype"])
+
+
 def rebuilt_manifest_body(source_manifest: dict, source_id: str, build) -> dict:
     """The new bundle's manifest body: the source's, with a new engine, name and lineage.
 
@@ -52,10 +61,7 @@ def rebuilt_manifest_body(source_manifest: dict, source_id: str, build) -> dict:
     body = {k: v for k, v in source_manifest.items() if k not in ("format", "members")}
     body["engine"] = {"backend": build.backend, "member": build.member,
                       "details": build.details}
-    body["name"] = bundle_name(source_manifest["family"]["name"],
-                               source_manifest["family"]["version"],
-                               source_manifest["precision"], source_manifest["variant"],
-                               build.tag, source_manifest["inputs"][0]["dtype"])
+    body["name"] = rebuilt_name(source_manifest, build.tag)
     body["rebuilt_from"] = source_id
     old = source_manifest["build"]
     packages = dict(old.get("packages") or {})
@@ -124,15 +130,19 @@ def rebuild_context(manifest: dict, members: dict[str, bytes], target,
 def rebuild_bundle(src_path: str | os.PathLike, backend: str, out_dir: str | os.PathLike, *,
                    log: Callable[[str], None] | None = None,
                    checkpoint: str | os.PathLike | None = None,
+                   replace_existing: bool = False,
                    **build_options: object) -> tuple[Path, str]:
     """Rebuild the bundle at `src_path` for `backend` on this host; return (path, id).
 
     `build_options` go to the target builder (tensorrt: optimization_level, timing_cache,
     hardware_compat, version_compatible, workspace_bytes, device; torch-aoti: device,
     compile_options, ...). `checkpoint`: the weights file, for targets compiled from the
-    torch model (module docstring). Raises EngineUnavailableError when the target's
-    engine package or GPU is missing, WeightsError when the weights are not at hand
-    (nothing written), UsageError for a bad request, VerificationError for a corrupt source.
+    torch model (module docstring). An existing file of the new bundle's name is replaced
+    only with `replace_existing` (`--force`); else BundleExistsError (nothing built when
+    the target's name is known before the build, nothing written in any case). Raises
+    EngineUnavailableError when the target's engine package or GPU is missing,
+    WeightsError when the weights are not at hand (nothing written), UsageError for a bad
+    request, VerificationError for a corrupt source.
     """
     out_dir = prepare_out_dir(out_dir)
     builder = target_builder(backend)
@@ -141,6 +151,9 @@ def rebuild_bundle(src_path: str | os.PathLike, backend: str, out_dir: str | os.
         src.verify()
         manifest, source_id = src.manifest, src.id
         members = {name: src.read_member(name) for name in src.member_names}
+    if target.named_before_build:
+        _refuse_existing_output(out_dir / f"{rebuilt_name(manifest, backend)}.bundle", src_path,
+                                replace_existing)
     context = rebuild_context(manifest, members, target, checkpoint)
     build = builder.build_target(members["model.onnx"], batch=manifest["batch"], log=log,
                                  context=context, **build_options)
@@ -149,7 +162,16 @@ def rebuild_bundle(src_path: str | os.PathLike, backend: str, out_dir: str | os.
     if build.engine_bytes is not None:
         new_members[build.member] = build.engine_bytes
     out_path = out_dir / f"{body['name']}.bundle"
+    _refuse_existing_output(out_path, src_path, replace_existing)
+    return write_bundle(out_path, body, new_members)
+
+
+def _refuse_existing_output(out_path: Path, src_path: str | os.PathLike,
+                            replace_existing: bool) -> None:
+    """Never the source itself (not even with --force); another existing bundle only
+    with --force."""
     if out_path.resolve() == Path(src_path).resolve():
         raise UsageError(f"the rebuilt bundle would replace its source {out_path}: "
                          "choose another output folder")
-    return write_bundle(out_path, body, new_members)
+    if not replace_existing:
+        refuse_existing_bundle(out_path)

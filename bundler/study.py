@@ -258,7 +258,10 @@ class EvalInputs:
 
 
 def eval_inputs(reference: Planned, eval_data, eval_count: int, eval_stride: int,
-                batch_size: int) -> tuple[EvalInputs, object]:
+                batch_size: int, labels_from: str = "auto") -> tuple[EvalInputs, object]:
+    """The study's evaluation inputs: `eval_data` opened as `bundle eval` opens its data
+    (`open_eval_data`, per-class folders labelled by `labels_from`), or seeded synthetic
+    pictures without it."""
     from bundler.calibration.data import STUDY_EVALUATION, synthetic_calibration_set
     from bundler.evaluate import open_eval_data
     from bundler.stress import stress_inputs
@@ -279,7 +282,8 @@ def eval_inputs(reference: Planned, eval_data, eval_count: int, eval_stride: int
         batches = lambda: (b for b, _l, _k in data.iter_batches(batch_size))  # noqa: E731
         return EvalInputs(desc, batches, None, stress.names, stress.inputs), None
     data = open_eval_data(eval_data, spec, count=eval_count, stride=eval_stride,
-                          family=reference.manifest["family"]["name"], role=STUDY_EVALUATION)
+                          labels_from=labels_from, family=reference.manifest["family"]["name"],
+                          role=STUDY_EVALUATION, option="--eval-data")
     desc = {"source": data.source, "digest": data.digest, "images": len(data),
             "stride": eval_stride, "labelled": data.labels is not None}
     batches = lambda: (b for b, _l, _k in data.iter_batches(batch_size))  # noqa: E731
@@ -392,7 +396,8 @@ def run_study(family: str, *, precisions: Sequence[str] = ("fp16", "fp8"),
               calib_data: str | os.PathLike | None = None, calib_count: int | None = None,
               reference_count: int | None = None,
               eval_data: str | os.PathLike | None = None, eval_count: int | None = None,
-              eval_stride: int = 1, allow_calibration_overlap: bool = False,
+              eval_stride: int = 1, labels_from: str = "auto",
+              allow_calibration_overlap: bool = False,
               reuse: bool = True, timing: dict | None = None, eval_batch: int = 8,
               command: str | None = None, progress: Progress | None = None,
               peer: str | None = None) -> dict:
@@ -403,7 +408,9 @@ def run_study(family: str, *, precisions: Sequence[str] = ("fp16", "fp8"),
 
     Counts default small for --random-weights (calibration 16, reference 4, eval 32) and
     to make's defaults otherwise (500, 8, 500). `timing` overrides `CPU_TIMING` /
-    `GPU_TIMING` keys. Returns the study as data (what study.json holds).
+    `GPU_TIMING` keys. `labels_from`: how per-class folders of `eval_data` map to class
+    indices (`bundler.class_labels`, as `bundle eval --labels-from`). Returns the study as
+    data (what study.json holds).
     """
     from bundler.evaluate import check_calibration_overlap
     from bundler.families import load_family
@@ -412,6 +419,9 @@ def run_study(family: str, *, precisions: Sequence[str] = ("fp16", "fp8"),
     from runtime_py.format import open_bundle
 
     progress = progress or _noop
+    if eval_data is None and labels_from != "auto":
+        raise UsageError(f"--labels-from {labels_from} labels the per-class folders of "
+                         "--eval-data; pass --eval-data DIR, or leave --labels-from out")
     fam = load_family(family)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -430,7 +440,8 @@ def run_study(family: str, *, precisions: Sequence[str] = ("fp16", "fp8"),
 
     build_or_reuse(planned, fam, target, reuse, progress)
     reference = planned[0]
-    inputs, data = eval_inputs(reference, eval_data, eval_count, eval_stride, eval_batch)
+    inputs, data = eval_inputs(reference, eval_data, eval_count, eval_stride, eval_batch,
+                               labels_from)
     overlaps = {}
     if data is not None:
         for p in planned:

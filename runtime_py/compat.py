@@ -1,4 +1,5 @@
-"""Can this host run that engine target? Host probing and per-backend compatibility rules.
+"""Can this host run that engine target? Host probing, the shared helpers of the
+per-target checks, and the dispatch to them.
 
 Two halves, kept apart on purpose:
 
@@ -7,19 +8,19 @@ Two halves, kept apart on purpose:
   and it imports nothing heavy unless asked: package versions come from installed
   distribution metadata, GPUs from cuda-python (or ``nvidia-smi`` when cuda-python is
   absent).
-* The decisions (``check_<backend>_target``, ``choose_backend``) are pure functions of a
-  manifest's ``engine.details`` and a ``HostInfo``. That is what lets every decision and
-  every message be tested on a machine without TensorRT or a GPU, by constructing the
-  ``HostInfo`` of a hypothetical host.
+* The decisions are pure functions of a manifest's ``engine.details`` and a ``HostInfo``.
+  That is what lets every decision and every message be tested on a machine without
+  TensorRT or a GPU, by constructing the ``HostInfo`` of a hypothetical host. Each target
+  owns its decision, next to its runner (``runtime_py/engines/<backend>_compat.py``,
+  named by the target's ``EngineTarget.check_path``, imported only when a bundle of that
+  target is checked); ``check_target`` dispatches through the registry, and
+  ``choose_backend`` resolves ``--backend auto``.
 
-A plan is a compiled artifact: TensorRT refuses (or worse, mis-runs) a plan built by
-another TensorRT version or for another GPU architecture. The runtime checks the
-manifest's record of how the plan was built *before* deserializing it, so that the user
-gets one sentence naming the mismatch and the remedy instead of a TensorRT log line.
-
-Adding a backend: write ``check_<backend>_target(details, host, device=0)`` and name it in
-the backend's ``EngineTarget`` (``runtime_py.targets``); give ``HostInfo`` the fields it
-needs and ``probe_host`` the probe.
+Adding a backend: write its ``check_<backend>_target(details, host, device=0)`` in
+``runtime_py/engines/<backend>_compat.py`` with the helpers here (``require_gpu``,
+``parse_version``, ...) and name it in the backend's ``EngineTarget``
+(``runtime_py.targets``). Only a host fact that ``HostInfo`` does not yet hold (a new
+package's version, say) needs a field here and its probe in ``probe_host``.
 """
 
 from __future__ import annotations
@@ -32,18 +33,9 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
-from runtime_py.errors import CompatibilityError, EngineUnavailableError, UsageError
+from runtime_py.errors import EngineUnavailableError, UsageError
 
 TRT_INSTALL_HINT = "pip install 'trt-bundle[trt]'"
-ORT_INSTALL_HINT = "pip install 'trt-bundle[ort]'"
-
-# TensorRT documents exactly one cross-major combination for a version-compatible plan
-# built with TensorRT 10 or later: a TensorRT 10 plan runs on a TensorRT 11 runtime
-# ("Engine Portability", TensorRT 11.4 support matrix). Every other combination must
-# share the major version.
-_CROSS_MAJOR_VERSION_COMPATIBLE = {(10, 11)}
-
-AMPERE = (8, 0)
 
 
 class GpuInfo(NamedTuple):
@@ -117,38 +109,7 @@ def cc_string(cc: tuple[int, int]) -> str:
     return f"{cc[0]}.{cc[1]}"
 
 
-# --- TensorRT -------------------------------------------------------------------------
-
-def tensorrt_version_ok(built: str, host: str, version_compatible: bool) -> bool:
-    """May a plan built by TensorRT ``built`` be deserialized by TensorRT ``host``?
-
-    Without version compatibility a plan is tied to the TensorRT that built it (we
-    require the same major.minor here; TensorRT itself also refuses other patch
-    releases, and the runner reports that refusal with both versions). With it, any
-    later TensorRT of the same major runs it, plus the documented 10 -> 11 case.
-    """
-    b, h = parse_version(built), parse_version(host)
-    if not version_compatible:
-        return b[:2] == h[:2]
-    if b[0] == h[0]:
-        return h >= b
-    return (b[0], h[0]) in _CROSS_MAJOR_VERSION_COMPATIBLE
-
-
-def compute_capability_ok(built: tuple[int, int], host: tuple[int, int],
-                          hardware_compatibility: str) -> bool:
-    """May a plan built for ``built`` run on a GPU of compute capability ``host``?
-
-    "none" and "same-compute-capability" need the same compute capability; "ampere+"
-    (HardwareCompatibilityLevel.AMPERE_PLUS) runs on any GPU of compute capability 8.0
-    or later.
-    """
-    if hardware_compatibility == "ampere+":
-        return host >= AMPERE
-    if hardware_compatibility in ("none", "same-compute-capability"):
-        return host == built
-    raise UsageError(f"unknown hardware_compatibility {hardware_compatibility!r} in the manifest")
-
+# --- GPUs ----------------------------------------------------------------------------
 
 def require_gpu(host: HostInfo, device: int, engine: str) -> GpuInfo:
     """GPU `device` of this host, or EngineUnavailableError saying what to do instead."""
@@ -164,69 +125,6 @@ def require_gpu(host: HostInfo, device: int, engine: str) -> GpuInfo:
             f"GPU {device} was asked for, but this host has {len(host.gpus)} GPU(s) "
             f"(0..{len(host.gpus) - 1})")
     return host.gpus[device]
-
-
-def check_tensorrt_target(details: dict, host: HostInfo, device: int = 0) -> None:
-    """Raise unless this host can deserialize and run the plan ``details`` describes.
-
-    ``details`` is the manifest's ``engine.details`` of a tensorrt bundle. Raises
-    ``EngineUnavailableError`` when TensorRT or a GPU is missing, ``CompatibilityError``
-    naming every mismatch (TensorRT version, compute capability) otherwise.
-    """
-    if host.tensorrt_version is None:
-        raise EngineUnavailableError(
-            "this bundle's engine is a TensorRT plan, but TensorRT is not installed on this "
-            f"host: install it with `{TRT_INSTALL_HINT}` (on a host with an NVIDIA GPU), or "
-            "make a bundle for ONNX Runtime with `bundle rebuild BUNDLE --backend onnxruntime`")
-    gpu = require_gpu(host, device, "a TensorRT plan")
-    built_cc = parse_compute_capability(details["compute_capability"])
-    built_trt = details["tensorrt_version"]
-    hw = details.get("hardware_compatibility", "none")
-    vc = bool(details.get("version_compatible", False))
-
-    problems, remedies = [], []
-    if not compute_capability_ok(built_cc, gpu.compute_capability, hw):
-        if hw == "ampere+":
-            problems.append(f"the plan runs on compute capability 8.0 or later (ampere+) and "
-                            f"GPU {device} ({gpu.name}) is {sm_name(gpu.compute_capability)}")
-        else:
-            problems.append(f"compute capability {sm_name(built_cc)} != "
-                            f"{sm_name(gpu.compute_capability)} of GPU {device} ({gpu.name})")
-            if gpu.compute_capability >= AMPERE and built_cc >= AMPERE:
-                remedies.append("build it with `--hardware-compat ampere+`")
-    if not tensorrt_version_ok(built_trt, host.tensorrt_version, vc):
-        if vc:
-            problems.append(f"the plan is version-compatible from TensorRT {built_trt} on, "
-                            f"and this host has TensorRT {host.tensorrt_version}")
-        else:
-            problems.append(f"TensorRT {major_minor(built_trt)} != {major_minor(host.tensorrt_version)}")
-            remedies.append("build it with `--version-compatible`")
-    if not problems:
-        return
-    hw_note = " (hardware-compat ampere+)" if hw == "ampere+" else ""
-    vc_note = " (version-compatible)" if vc else ""
-    remedy = " or ".join(remedies)
-    message = (
-        f"plan built for {sm_name(built_cc)}{hw_note} with TensorRT {major_minor(built_trt)}"
-        f"{vc_note}; this host has {sm_name(gpu.compute_capability)} and TensorRT "
-        f"{major_minor(host.tensorrt_version)}: rebuild with `bundle rebuild BUNDLE --backend "
-        f"tensorrt` (or `bundle make ... --backend tensorrt`) here"
-        + (f", or {remedy}" if remedy else "") + f" ({'; '.join(problems)})")
-    raise CompatibilityError(message, problems=problems)
-
-
-# --- ONNX Runtime ----------------------------------------------------------------------
-
-def check_onnxruntime_target(details: dict, host: HostInfo, device: int = 0) -> None:
-    """Raise unless onnxruntime is installed (and at least ``min_onnxruntime`` if set)."""
-    if host.onnxruntime_version is None:
-        raise EngineUnavailableError(
-            f"this bundle runs on ONNX Runtime, which is not installed: `{ORT_INSTALL_HINT}`")
-    wanted = details.get("min_onnxruntime")
-    if wanted and parse_version(host.onnxruntime_version) < parse_version(wanted):
-        raise CompatibilityError(
-            f"this bundle needs onnxruntime >= {wanted}; this host has "
-            f"{host.onnxruntime_version}: pip install -U 'onnxruntime>={wanted}'")
 
 
 def check_target(engine: dict, host: HostInfo, device: int = 0) -> None:
@@ -408,58 +306,4 @@ def probe_host(*, import_tensorrt: bool = False, probe_gpus: bool = True,
         notes=tuple(notes),
     )
 
-
-# --- torch-aoti -------------------------------------------------------------------------
-
-TORCH_INSTALL_HINT = "pip install torch (the version the package was built with)"
-
-
-def check_torch_aoti_target(details: dict, host: HostInfo, device: int = 0) -> None:
-    """Raise unless this host can load and run the AOTInductor package ``details`` describes.
-
-    A package is compiled code like a plan: its kernels are built for one compute
-    capability and its shared library calls one torch's C++ ABI (AOTInductor promises no
-    compatibility across torch releases). So: the same torch major.minor, the same CUDA
-    major (the cubins and the runtime they link), the same compute capability. Packages
-    compiled for the CPU (``device: "cpu"``) need only the torch version. Raises
-    ``EngineUnavailableError`` when torch or a GPU is missing, ``CompatibilityError``
-    naming every mismatch otherwise. ``host`` needs ``probe_host(probe_torch=True)``.
-    """
-    built_torch = details["torch_version"]
-    if host.torch_version is None:
-        raise EngineUnavailableError(
-            f"this bundle's engine is an AOTInductor package built with torch "
-            f"{major_minor(built_torch)}, and torch is not installed on this host: "
-            f"`{TORCH_INSTALL_HINT}`, or run the bundle's ONNX with `--backend onnxruntime`")
-    on_cpu = details.get("device") == "cpu"
-    problems = []
-    if major_minor(built_torch) != major_minor(host.torch_version):
-        problems.append(f"torch {major_minor(built_torch)} != {major_minor(host.torch_version)}")
-    gpu = None
-    if not on_cpu:
-        gpu = require_gpu(host, device, "an AOTInductor package")
-        built_cuda = details.get("cuda_version")
-        if host.torch_cuda_version is None:
-            problems.append(f"the package needs CUDA {built_cuda} and this host's torch is a "
-                            "CPU-only build")
-        elif built_cuda and parse_version(built_cuda)[0] != parse_version(host.torch_cuda_version)[0]:
-            problems.append(f"CUDA {parse_version(built_cuda)[0]} != "
-                            f"{parse_version(host.torch_cuda_version)[0]} (torch's CUDA)")
-        built_cc = parse_compute_capability(details["compute_capability"])
-        if built_cc != gpu.compute_capability:
-            problems.append(f"compute capability {sm_name(built_cc)} != "
-                            f"{sm_name(gpu.compute_capability)} of GPU {device} ({gpu.name})")
-    if not problems:
-        return
-    built = "the CPU" if on_cpu else (
-        f"{sm_name(parse_compute_capability(details['compute_capability']))} with CUDA "
-        f"{details.get('cuda_version')}")
-    here = "" if gpu is None else (f"{sm_name(gpu.compute_capability)}, CUDA "
-                                   f"{host.torch_cuda_version or 'none (CPU-only torch)'}, ")
-    raise CompatibilityError(
-        f"AOTInductor package built for {built} with torch {major_minor(built_torch)}; this "
-        f"host has {here}torch {major_minor(host.torch_version)}: rebuild it here with "
-        "`bundle rebuild BUNDLE --backend torch-aoti` (or `bundle make ... --backend "
-        "torch-aoti`), or run the bundle's ONNX with `--backend onnxruntime`",
-        problems=problems)
 

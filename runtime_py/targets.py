@@ -3,18 +3,21 @@
 Everything that differs between engine targets and is not the engine itself lives in its
 ``EngineTarget``: the backend name (manifests, ``--backend``), the engine member, the
 serving platform, the packages recorded in a bundle's build, the manifest schema's
-``$defs`` key for its ``engine.details``, the pure host check (``runtime_py.compat``'s
-``check_<backend>_target``), the runner class and the builder module. Code and data are
-named by dotted path and imported only when asked for, so reading the registry imports no
-engine package (and ``runtime_py`` never imports ``bundler``).
+``$defs`` key for its ``engine.details``, the pure host check
+(``runtime_py/engines/<backend>_compat.py``'s ``check_<backend>_target``), the runner class
+and the builder module. Code and data are named by dotted path and imported only when asked
+for, so reading the registry imports no engine package (and ``runtime_py`` never imports
+``bundler``).
 
 The CLI's ``--backend`` choices, ``runtime_py.compat``, ``runtime_py.model``,
 ``bundle make``, ``bundle rebuild`` and ``bundle study`` read the list from here.
 
-Adding a target: its builder module (``bundler/targets/<name>/``, with ``build_target``),
-its runner (``runtime_py/engines/``) and host check, one ``EngineTarget`` line below, and,
-since the format changes, the manifest schema's ``backend`` enum and ``$defs`` entry and
-``cpp_stub/src/checks.cpp``.
+Adding a target touches its own files and one entry below: its builder
+(``bundler/targets/<name>/``, with ``build_target``), its runner
+(``runtime_py/engines/<name>.py``) and its host check (``runtime_py/engines/<name>_compat.py``),
+one ``EngineTarget`` in ``TARGETS``, and, since the format changes, the manifest schema's
+``backend`` enum and ``$defs`` entry and ``cpp_stub/src/checks.cpp`` (docs/architecture.md,
+"Adding an engine target").
 """
 
 from __future__ import annotations
@@ -42,6 +45,11 @@ class EngineTarget:
     ``from_onnx``: the engine is built from the bundle's typed ``model.onnx`` alone, so
     ``bundle rebuild`` needs nothing else; otherwise (torch-aoti) the builder also needs
     the family's torch model, which ``bundle rebuild`` rebuilds from the weights.
+
+    ``named_before_build``: the bundle name's target tag is the backend name, so make and
+    rebuild refuse an existing bundle of that name before any work; false where the tag
+    records what the build found (tensorrt: the GPU and TensorRT version), checked once
+    the engine is built (still before anything is written).
     """
 
     name: str
@@ -53,6 +61,7 @@ class EngineTarget:
     runner_path: str
     builder_path: str
     from_onnx: bool = True
+    named_before_build: bool = True
 
     def host_check(self) -> Callable[..., None]:
         """``check(details, host, device=0)``: raises unless ``host`` can run the engine."""
@@ -71,16 +80,20 @@ class EngineTarget:
 
 TARGETS: tuple[EngineTarget, ...] = (
     EngineTarget("onnxruntime", "model.onnx", "onnxruntime_onnx", ("onnxruntime",),
-                 "onnxruntime_details", "runtime_py.compat:check_onnxruntime_target",
-                 "runtime_py.engines.onnxruntime:OnnxRuntimeRunner",
-                 "bundler.targets.onnxruntime"),
+                 "onnxruntime_details",
+                 check_path="runtime_py.engines.onnxruntime_compat:check_onnxruntime_target",
+                 runner_path="runtime_py.engines.onnxruntime:OnnxRuntimeRunner",
+                 builder_path="bundler.targets.onnxruntime"),
     EngineTarget("tensorrt", "engine.plan", "tensorrt_plan", ("tensorrt",),
-                 "tensorrt_details", "runtime_py.compat:check_tensorrt_target",
-                 "runtime_py.engines.tensorrt:TensorRTRunner", "bundler.targets.tensorrt"),
+                 "tensorrt_details",
+                 check_path="runtime_py.engines.tensorrt_compat:check_tensorrt_target",
+                 runner_path="runtime_py.engines.tensorrt:TensorRTRunner",
+                 builder_path="bundler.targets.tensorrt", named_before_build=False),
     EngineTarget("torch-aoti", "engine.pt2", "pytorch_aoti", ("torch",),
-                 "torch_aoti_details", "runtime_py.compat:check_torch_aoti_target",
-                 "runtime_py.engines.torch_aoti:TorchAotiRunner", "bundler.targets.torch_aoti",
-                 from_onnx=False),
+                 "torch_aoti_details",
+                 check_path="runtime_py.engines.torch_aoti_compat:check_torch_aoti_target",
+                 runner_path="runtime_py.engines.torch_aoti:TorchAotiRunner",
+                 builder_path="bundler.targets.torch_aoti", from_onnx=False),
 )
 
 #: Backend names, in registry order: what ``--backend`` offers (plus ``auto`` where it applies).

@@ -10,14 +10,16 @@ import pytest
 from runtime_py.compat import (
     GpuInfo,
     HostInfo,
-    check_onnxruntime_target,
     check_target,
-    check_tensorrt_target,
     choose_backend,
-    compute_capability_ok,
     parse_compute_capability,
     parse_version,
     probe_host,
+)
+from runtime_py.engines.onnxruntime_compat import check_onnxruntime_target
+from runtime_py.engines.tensorrt_compat import (
+    check_tensorrt_target,
+    compute_capability_ok,
     tensorrt_version_ok,
 )
 from runtime_py.errors import CompatibilityError, EngineUnavailableError, UsageError

@@ -277,3 +277,38 @@ def test_time_model_uses_device_timings_when_the_runner_offers_them():
     ratios = speed_ratios(bundles, [1, 4])
     assert len(ratios) == 8  # 2 fp8 bundles x 2 batch sizes x 2 boundaries
     assert all(r["ratio"] == pytest.approx(1.25) for r in ratios)
+
+
+FAST_TIMING = {"warmup": 0, "min_calls": 1, "min_seconds": 0, "max_seconds": 0}
+
+
+def test_study_labels_per_class_eval_folders_as_eval_does(xception_bundles, image_data, tmp_path):
+    from bundler.study import run_study
+    from runtime_py.errors import CalibrationError
+
+    for path in xception_bundles.values():
+        shutil.copy(path, tmp_path / path.name)
+    common = dict(precisions=("fp16",), batch_sizes=(1,), out_dir=tmp_path, random_weights=True,
+                  calib_count=16, reference_count=4, eval_data=image_data / "classes",
+                  eval_count=4, timing=FAST_TIMING)
+    # a_first/b_second are not synsets: refused as eval refuses them, naming --eval-data
+    with pytest.raises(CalibrationError, match="--eval-data has per-class folders .*"
+                                               "--labels-from folder-order"):
+        run_study("timm_xception", **common)
+    study = run_study("timm_xception", labels_from="folder-order", **common)
+    assert study["eval"]["labelled"] is True and study["eval"]["images"] == 4
+    for bundle in study["bundles"]:
+        assert 0.0 <= bundle["quality"]["top1_accuracy"] <= 1.0, bundle["label"]
+
+
+def test_study_and_eval_share_one_labels_from_option(tmp_path):
+    eval_option, study_option = (next(p for p in cli.commands[c].params if p.name == "labels_from")
+                                 for c in ("eval", "study"))
+    assert eval_option.type.choices == study_option.type.choices
+    assert eval_option.help == study_option.help and eval_option.default == "auto"
+    out = tmp_path / "study"
+    result = CliRunner().invoke(cli, ["study", "timm_xception", "--random-weights",
+                                      "--labels-from", "folder-index", "--out", str(out)])
+    assert result.exit_code == 6 and "Traceback" not in result.output
+    assert "pass --eval-data DIR, or leave --labels-from out" in result.stderr
+    assert not out.exists()

@@ -26,7 +26,8 @@ def run(*args):
 # --- refusals: each before anything is exported or written ------------------------------
 
 @pytest.mark.parametrize("precision,reason", [
-    ("nvfp4", "no NVFP4 convolution"), ("int8", "not among this family's precisions"),
+    ("nvfp4", "not a precision trt-bundle builds"),
+    ("int8", "not among timm_xception's precisions"),
     ("fp64", "is not built for family")])
 def test_refused_precisions_say_why(tmp_path, precision, reason):
     with pytest.raises(UsageError, match=reason):
@@ -95,6 +96,7 @@ def test_cli_refusal_is_one_line_and_exit_6(tmp_path):
                  "--out", str(tmp_path))
     assert result.exit_code == 6
     assert result.stderr.startswith("error: NVFP4") and "Traceback" not in result.output
+    assert len(result.stderr.strip().splitlines()) == 1
     a_file = tmp_path / "a-file"
     a_file.write_text("")
     result = run("make", "timm_xception", "--precision", "fp32", "--random-weights",

@@ -136,3 +136,51 @@ def test_manifest_body_for_a_tensorrt_build(trt_source):
     assert body["build"]["packages"]["tensorrt"] == "11.4.0.106"
     assert body["rebuilt_from"] == src.id
     assert "format" not in body and "members" not in body
+
+
+# --- an existing output: refused without --force, nothing written ---------------------------
+
+def _rebuild_cli(*args: str):
+    from click.testing import CliRunner
+
+    from bundler.cli import cli
+
+    return CliRunner().invoke(cli, ["rebuild", *args])
+
+
+def test_an_existing_output_is_refused_without_force_and_replaced_with_it(trt_source, tmp_path):
+    out = _out(tmp_path)
+    first = _rebuild_cli(str(trt_source), "--backend", "onnxruntime", "--out", str(out))
+    assert first.exit_code == 0, first.output
+    existing = out / "tiny-fp32-1-onnxruntime.bundle"
+    existing.write_bytes(b"the user's own file")
+
+    refused = _rebuild_cli(str(trt_source), "--backend", "onnxruntime", "--out", str(out))
+    assert refused.exit_code == 6 and "Traceback" not in refused.output
+    assert f"{existing} already exists" in refused.stderr and "pass --force" in refused.stderr
+    assert existing.read_bytes() == b"the user's own file"
+    assert sorted(p.name for p in out.iterdir()) == [existing.name]      # no temporary left
+
+    forced = _rebuild_cli(str(trt_source), "--backend", "onnxruntime", "--out", str(out),
+                          "--force")
+    assert forced.exit_code == 0, forced.output
+    with open_bundle(existing) as new:
+        new.verify()
+        assert new.id == forced.stdout.strip()
+
+
+def test_an_existing_output_is_refused_before_the_engine_is_built(trt_source, tmp_path):
+    """torch-aoti's name is known before its (minutes long) compile: refused at once, before
+    the family or the weights are even looked at (tiny's family is not installed)."""
+    out = _out(tmp_path)
+    existing = out / "tiny-fp32-1-torch-aoti.bundle"
+    existing.write_bytes(b"x")
+    refused = _rebuild_cli(str(trt_source), "--backend", "torch-aoti", "--out", str(out))
+    assert refused.exit_code == 6, refused.output
+    assert "already exists" in refused.stderr and "unknown family" not in refused.stderr
+    assert existing.read_bytes() == b"x"
+
+
+def test_force_never_replaces_the_source(ort_source):
+    with pytest.raises(UsageError, match="would replace its source"):
+        rebuild_bundle(ort_source, "onnxruntime", ort_source.parent, replace_existing=True)

@@ -77,3 +77,43 @@ def test_runtime_and_compat_read_the_registry():
         check_target({"backend": "tvm", "details": {}}, HostInfo())
     with pytest.raises(UsageError, match="unknown backend"):
         get_target("tvm")
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: t.name)
+def test_every_host_check_lives_next_to_its_runner(target):
+    runner_module = target.runner_path.partition(":")[0]
+    check_module = target.check_path.partition(":")[0]
+    assert check_module == f"{runner_module}_compat"
+    assert target.host_check().__module__ == check_module
+
+
+def test_compat_holds_no_target_s_check():
+    import runtime_py.compat as compat
+
+    checks = [name for name in vars(compat) if name.startswith("check_")]
+    assert checks == ["check_target"]
+
+
+def test_the_host_checks_import_no_engine_package_and_no_bundler():
+    code = ("import sys; from runtime_py.targets import TARGETS; "
+            "[t.host_check() for t in TARGETS]; "
+            "print(sorted(m for m in ('torch', 'onnx', 'onnxruntime', 'tensorrt', 'bundler', "
+            "'numpy') if m in sys.modules))")
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=str(ROOT))
+    assert out.stdout.strip() == "[]"
+
+
+def test_check_target_runs_the_backend_s_own_check():
+    from runtime_py.compat import GpuInfo, HostInfo, check_target
+    from runtime_py.errors import EngineUnavailableError
+
+    with pytest.raises(EngineUnavailableError, match="ONNX Runtime, which is not installed"):
+        check_target({"backend": "onnxruntime", "details": {}}, HostInfo())
+    with pytest.raises(EngineUnavailableError, match="TensorRT is not installed"):
+        check_target({"backend": "tensorrt", "details": {}}, HostInfo(gpus=(GpuInfo("g", (9, 0)),)))
+    with pytest.raises(EngineUnavailableError, match="torch is not installed on this host"):
+        check_target({"backend": "torch-aoti", "details": {"torch_version": "2.14.1"}}, HostInfo())

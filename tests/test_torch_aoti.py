@@ -20,7 +20,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from runtime_py.compat import GpuInfo, HostInfo, check_target, check_torch_aoti_target
+from runtime_py.compat import GpuInfo, HostInfo, check_target
+from runtime_py.engines.torch_aoti_compat import check_torch_aoti_target
 from runtime_py.errors import (CompatibilityError, EngineUnavailableError,
                                InferenceInputError, UsageError)
 

@@ -96,6 +96,24 @@ def test_bench_with_backend_tensorrt_on_an_onnxruntime_bundle_exits_5(tiny):
     assert "holds an onnxruntime engine" in res.output
 
 
+# --- precisions no family builds --------------------------------------------------------------
+
+@pytest.mark.parametrize("family", ["timm_vit_base", "timm_resnet50"])
+@pytest.mark.parametrize("spelling", ["nvfp4", "NVFP4"])
+def test_nvfp4_is_refused_with_what_to_do_instead(family, spelling, tmp_path):
+    out = tmp_path / "out"
+    res = invoke("make", family, "--precision", spelling, "--random-weights", "--out", str(out))
+    assert res.exit_code == 6 and "Traceback" not in res.output
+    message = res.stderr.strip()
+    assert message.startswith("error: NVFP4 is not a precision trt-bundle builds")
+    assert "use --precision fp8" in message
+    assert f"{family}'s precisions are fp32, fp16, fp8" in message
+    assert "Blackwell GPU (compute capability 10.0 or newer)" in message
+    assert "TensorRT 10.8 or later" in message and "H200" in message
+    assert "convolution" not in message                          # not a family's kind of compute
+    assert not out.exists()
+
+
 # --- missing weights -------------------------------------------------------------------------
 
 def test_missing_weights_give_the_hf_download_command(tmp_path, monkeypatch):

@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from runtime_py.compat import GpuInfo, HostInfo, check_tensorrt_target, parse_compute_capability
+from runtime_py.compat import GpuInfo, HostInfo, parse_compute_capability
+from runtime_py.engines.tensorrt_compat import check_tensorrt_target
 from runtime_py.errors import UsageError
 from runtime_py.format import Bundle, open_bundle
 from runtime_py.model import served_name

@@ -48,7 +48,7 @@ void check_tensorrt_compatibility(const EngineTarget& engine, const std::string&
     std::vector<std::string> problems;
 
     // TensorRT: same major.minor; version-compatible plans: same major and not older, or the
-    // documented 10 -> 11 case (runtime_py.compat.tensorrt_version_ok).
+    // documented 10 -> 11 case (runtime_py.engines.tensorrt_compat.tensorrt_version_ok).
     const std::vector<long> b = parse_version(built->as_str()), r = parse_version(runtime_trt_version);
     if (b.empty()) problems.push_back("cannot parse the plan's TensorRT version \"" + built->as_str() + "\"");
     else if (r.empty()) problems.push_back("cannot parse the runtime TensorRT version \"" + runtime_trt_version + "\"");

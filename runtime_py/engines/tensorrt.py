@@ -3,8 +3,8 @@
 Design (after polygraphy's TrtRunner, minus its generality):
 
 * `activate` checks the manifest's record of the plan against this host
-  (`runtime_py.compat.check_tensorrt_target`) *before* deserializing, so a mismatch is
-  one clear sentence, then deserializes `engine.plan`.
+  (`check_tensorrt_target` in `tensorrt_compat.py`) *before* deserializing, so a mismatch
+  is one clear sentence, then deserializes `engine.plan`.
 * Device buffers for every IO tensor, sized for the plan's max batch, and pinned host
   buffers of the same sizes are allocated once with cuda-python (`cudaMalloc`,
   `cudaHostAlloc`): `infer` never allocates. One non-blocking stream per runner.
@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from runtime_py.compat import check_tensorrt_target, import_cudart, probe_host
+from runtime_py.compat import import_cudart, probe_host
+from runtime_py.engines.tensorrt_compat import check_tensorrt_target
 from runtime_py.engines.base import Runner, require_own_engine
 from runtime_py.hostcopy import copy_rows
 from runtime_py.errors import (

@@ -3,9 +3,9 @@
 Design:
 
 * ``activate`` imports torch (only here: importing ``runtime_py`` never needs it), checks
-  the manifest's record of the package against this host
-  (``runtime_py.compat.check_torch_aoti_target``: torch major.minor, CUDA major, compute
-  capability) *before* loading, then writes ``engine.pt2`` to a private temporary folder
+  the manifest's record of the package against this host (``check_torch_aoti_target``
+  in ``torch_aoti_compat.py``: torch major.minor, CUDA major, compute capability)
+  *before* loading, then writes ``engine.pt2`` to a private temporary folder
   (``aoti_load_package`` takes a path; the package unpickles nothing), loads it and
   deletes the folder.
 * Before loading in this process: the package's libraries must need the shared
@@ -51,8 +51,9 @@ from typing import Any
 
 import numpy as np
 
-from runtime_py.compat import GpuInfo, HostInfo, check_torch_aoti_target
+from runtime_py.compat import GpuInfo, HostInfo
 from runtime_py.engines.base import Runner, require_own_engine
+from runtime_py.engines.torch_aoti_compat import check_torch_aoti_target
 from runtime_py.errors import BundleError, CompatibilityError, EngineUnavailableError
 from runtime_py.hostcopy import HostBufferRegistry, copy_rows
 from runtime_py.pending import Pending
