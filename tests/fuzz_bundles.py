@@ -99,11 +99,14 @@ def _resign(data: bytes, manifest_bytes: bytes, **header: Any) -> bytes:
     return corrupt._assemble(h, region, manifest_bytes)
 
 
-def _replace_member(data: bytes, name: str, stored: bytes, **entry: Any) -> bytes:
-    """corrupt.replace_member on bytes: re-lays every member, fixes manifest, id, CRC."""
+def _replace_member(data: bytes, name: str, stored: bytes | None, **entry: Any) -> bytes:
+    """corrupt.replace_member on bytes: re-lays every member, fixes manifest, id, CRC
+    (`stored` None: the member is dropped)."""
     h, region, manifest_bytes = corrupt.split(data)
     manifest = msgpack.unpackb(manifest_bytes, raw=False)
     blobs, offset = [], corrupt.HEADER_SIZE
+    if stored is None:
+        manifest["members"] = [e for e in manifest["members"] if e["name"] != name]
     for e in sorted(manifest["members"], key=lambda m: m["offset"]):
         start = e["offset"] - corrupt.HEADER_SIZE
         blob = region[start:start + e["stored_size"]]
@@ -444,6 +447,8 @@ def regression_cases(seeds: list[Path]) -> dict[str, bytes]:
                                                       value={"min": 1, "opt": 2, "max": 8})),
         "reject-profile-max-above-batch": _edit(trt, setter("engine", "details", "profile",
                                                             value={"min": 1, "opt": 4, "max": 16})),
+        "reject-no-model-onnx": _replace_member(aoti, "model.onnx", None),
+        "reject-fp8-no-calibration-member-at-all": _replace_member(trt, "calibration.safetensors", None),
         "accept-profile-equals-batch-2-2-2": _edit(trt, lambda m: (
             m.update(batch={"min": 2, "opt": 2, "max": 2}),
             m["engine"]["details"].update(profile={"min": 2, "opt": 2, "max": 2}))),

@@ -485,9 +485,12 @@ void check_semantics(const Value& m, Problems& p) {
                   range_text(profile) + ", batch " + range_text(batch) +
                   "); rebuild the plan for the batch range or fix the manifest");
     }
-    bool has_calibration_member = false;
-    for (const Value& e : m.get("members")->as_array())
+    bool has_calibration_member = false, has_model = false;
+    for (const Value& e : m.get("members")->as_array()) {
         has_calibration_member = has_calibration_member || e.get("name")->as_str() == "calibration.safetensors";
+        has_model = has_model || e.get("name")->as_str() == "model.onnx";
+    }
+    if (!has_model) p.add("members: no model.onnx member (every bundle carries its ONNX graph, the source of every engine)");
     if (precision != "fp8") {
         for (const char* field : {"recipe", "calibration"})
             if (!m.get(field)->is_nil()) p.add(std::string(field) + ": only fp8 bundles have one (" + precision + " bundle)");

@@ -56,6 +56,9 @@ def semantic_problems(manifest: dict) -> list[str]:
                 "the plan for the batch range or fix the manifest")
     precision = manifest["precision"]
     members = {m["name"] for m in manifest["members"]}
+    if "model.onnx" not in members:
+        problems.append("members: no model.onnx member (every bundle carries its ONNX graph, the "
+                        "source of every engine)")
     if precision != "fp8":
         for field in ("recipe", "calibration"):
             if manifest[field] is not None:
