@@ -10,7 +10,8 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
-from synthetic_bundles import manifest_body, reference_member, tiny_onnx, write_source_bundle
+from synthetic_bundles import (calibration_member, manifest_body, reference_member, tiny_onnx,
+                               write_source_bundle)
 
 TRT_DETAILS = {"tensorrt_version": "10.13.0.35", "compute_capability": "9.0",
                "device_name": "NVIDIA H200", "optimization_level": 3,
@@ -37,6 +38,8 @@ def ort_bundle(folder: Path, precision: str = "fp32", preprocess: bool = False,
     body = manifest_body(precision=precision, name=name)
     members = {"model.onnx": onnx_bytes, "reference.safetensors": reference_member(onnx_bytes),
                "preprocess.msgpack": msgpack.packb(PREPROCESS)}
+    if precision == "fp8":
+        members["calibration.safetensors"] = calibration_member()
     path, _ = write_bundle(Path(folder) / f"{body['name']}.bundle", body, members)
     return path
 

@@ -99,11 +99,14 @@ def _resign(data: bytes, manifest_bytes: bytes, **header: Any) -> bytes:
     return corrupt._assemble(h, region, manifest_bytes)
 
 
-def _replace_member(data: bytes, name: str, stored: bytes, **entry: Any) -> bytes:
-    """corrupt.replace_member on bytes: re-lays every member, fixes manifest, id, CRC."""
+def _replace_member(data: bytes, name: str, stored: bytes | None, **entry: Any) -> bytes:
+    """corrupt.replace_member on bytes: re-lays every member, fixes manifest, id, CRC
+    (`stored` None: the member is dropped)."""
     h, region, manifest_bytes = corrupt.split(data)
     manifest = msgpack.unpackb(manifest_bytes, raw=False)
     blobs, offset = [], corrupt.HEADER_SIZE
+    if stored is None:
+        manifest["members"] = [e for e in manifest["members"] if e["name"] != name]
     for e in sorted(manifest["members"], key=lambda m: m["offset"]):
         start = e["offset"] - corrupt.HEADER_SIZE
         blob = region[start:start + e["stored_size"]]
@@ -435,6 +438,20 @@ def regression_cases(seeds: list[Path]) -> dict[str, bytes]:
         "reject-calibration-on-fp16": _edit(trt, setter("precision", value="fp16")),
         "reject-calibration-without-member": _edit(trt, lambda m: m.update(members=[
             e for e in m["members"] if e["name"] != "calibration.safetensors"])),
+        "reject-fp8-without-calibration": _edit(trt, lambda m: m.update(calibration=None, members=[
+            e for e in m["members"] if e["name"] != "calibration.safetensors"])),
+        "reject-fp8-calibration-record-nil": _edit(trt, setter("calibration", value=None)),
+        "reject-calibration-member-on-fp16": _edit(trt, lambda m: m.update(
+            precision="fp16", variant=None, recipe=None, calibration=None)),
+        "reject-profile-not-batch": _edit(trt, setter("engine", "details", "profile",
+                                                      value={"min": 1, "opt": 2, "max": 8})),
+        "reject-profile-max-above-batch": _edit(trt, setter("engine", "details", "profile",
+                                                            value={"min": 1, "opt": 4, "max": 16})),
+        "reject-no-model-onnx": _replace_member(aoti, "model.onnx", None),
+        "reject-fp8-no-calibration-member-at-all": _replace_member(trt, "calibration.safetensors", None),
+        "accept-profile-equals-batch-2-2-2": _edit(trt, lambda m: (
+            m.update(batch={"min": 2, "opt": 2, "max": 2}),
+            m["engine"]["details"].update(profile={"min": 2, "opt": 2, "max": 2}))),
         "reject-opset-2-64-minus-1": _edit(ort, setter("engine", "details", "opset", value=2 ** 64 - 1)),
         "reject-opset-1000": _edit(ort, setter("build", "opset", value=1000)),
         "reject-torch-aoti-cpu-fp16": _edit(aoti, setter("engine", "details", "device", value="cpu")),

@@ -74,6 +74,18 @@ def reference_member(onnx_bytes: bytes, n: int = 6, seed: int = 1) -> bytes:
     return save({"input.input": x, "fp32.logits": out, "bundle.logits": out})
 
 
+FP8_CALIBRATION = {"method": "max", "images": 1, "data_digest": "sha256:" + "0" * 64,
+                   "data_source": "synthetic", "member": "calibration.safetensors"}
+
+
+def calibration_member() -> bytes:
+    """A small safetensors file standing for an fp8 bundle's calibration.safetensors (an fp8
+    bundle without one is refused by both readers, docs/format.md)."""
+    from safetensors.numpy import save
+
+    return save({"act.input.amax": np.array(1.0, np.float32)})
+
+
 def manifest_body(*, precision: str = "fp32", engine: dict | None = None,
                   name: str | None = None, batch=(1, 2, 4)) -> dict:
     engine = engine or {"backend": "onnxruntime", "member": "model.onnx",
@@ -92,7 +104,7 @@ def manifest_body(*, precision: str = "fp32", engine: dict | None = None,
         "build": {"tool": "trt-bundle", "tool_version": "0.1.0", "packages": {},
                   "source_date_epoch": None, "opset": 19},
         "quality": None,
-        "calibration": None,
+        "calibration": FP8_CALIBRATION if precision == "fp8" else None,
         "rebuilt_from": None,
     }
 
@@ -119,5 +131,7 @@ def write_source_bundle(folder: Path, *, precision: str = "fp32", engine: dict |
                "labels.msgpack": b"\x94\xa1a\xa1b\xa1c\xa1d"}
     if engine_member is not None:
         members[body["engine"]["member"]] = engine_member
+    if precision == "fp8":
+        members["calibration.safetensors"] = calibration_member()
     path, _ = write_bundle(Path(folder) / f"{body['name']}.bundle", body, members)
     return path

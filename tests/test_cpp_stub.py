@@ -82,6 +82,7 @@ def _tensorrt_fp8_body() -> dict:
         name="toy-fp8-fp8-depthwise-1-tensorrt",
         precision="fp8", variant="fp8-depthwise",
         recipe={"name": "depthwise", "digest": sha, "quantized_layers": 43, "quantized_activations": 40},
+        batch={"min": 1, "opt": 8, "max": 32},
         source={"kind": "checkpoint", "id": "timm/xception41.tf_in1k", "revision": "0" * 40,
                 "file": "model.safetensors", "sha256": sha},
         engine={"backend": "tensorrt", "member": "engine.plan", "details": {

@@ -197,7 +197,7 @@ def test_writer_refuses_float_in_manifest(tmp_path):
     body = corrupt.sample_body(engine={"backend": "torch-aoti", "member": "engine.pt2",
                                        "details": details})
     with pytest.raises(ManifestError, match="compile_options/max_autotune is a float"):
-        write_bundle(tmp_path / "x.bundle", body, {"engine.pt2": b"x"})
+        write_bundle(tmp_path / "x.bundle", body, {"engine.pt2": b"x", "model.onnx": b"x"})
     assert files_in(tmp_path) == []
 
 

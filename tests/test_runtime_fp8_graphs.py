@@ -11,6 +11,7 @@ import runtime_py
 from bundler.export import serialize
 from bundler.writer import write_bundle
 from corrupt import sample_body
+from synthetic_bundles import FP8_CALIBRATION, calibration_member
 
 
 def test_fp8_depthwise_bundle_runs_as_written(tmp_path, graphs_fp32, graphs_fp16, graphs_family,
@@ -23,8 +24,10 @@ def test_fp8_depthwise_bundle_runs_as_written(tmp_path, graphs_fp32, graphs_fp16
                    compute_weight_scales(graphs_fp32, selected))
     body = sample_body(precision="fp8", name="x-fp8-depthwise-1-onnxruntime",
                        inputs=[{"name": "input", "dtype": "float32", "shape": ["batch", 3, 299, 299]}],
-                       outputs=[{"name": "logits", "dtype": "float32", "shape": ["batch", 1000]}])
-    path, _ = write_bundle(tmp_path / "dw.bundle", body, {"model.onnx": serialize(model)})
+                       outputs=[{"name": "logits", "dtype": "float32", "shape": ["batch", 1000]}],
+                       calibration=FP8_CALIBRATION)
+    path, _ = write_bundle(tmp_path / "dw.bundle", body, {"model.onnx": serialize(model),
+                                                         "calibration.safetensors": calibration_member()})
     with runtime_py.load(path, backend="onnxruntime") as loaded:
         got = loaded.infer(graphs_inputs["eval"])["logits"]
     scale = float(np.abs(graphs_fp32_outputs).max())

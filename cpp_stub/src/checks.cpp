@@ -442,6 +442,11 @@ void check_ordered(const Value& sizes, const std::string& where, Problems& p) {
               std::to_string(hi) + ")");
 }
 
+std::string range_text(const Value& sizes) {
+    return std::to_string(sizes.get("min")->as_uint()) + "/" + std::to_string(sizes.get("opt")->as_uint()) + "/" +
+           std::to_string(sizes.get("max")->as_uint());
+}
+
 }  // namespace
 
 void check_semantics(const Value& m, Problems& p) {
@@ -469,15 +474,33 @@ void check_semantics(const Value& m, Problems& p) {
     const Value& engine = *m.get("engine");
     const std::string& backend = engine.get("backend")->as_str();
     const Value& details = *engine.get("details");
-    if (backend == "tensorrt") check_ordered(*details.get("profile"), "engine.details.profile", p);
-    bool has_calibration_member = false;
-    for (const Value& e : m.get("members")->as_array())
+    if (backend == "tensorrt") {
+        const Value& profile = *details.get("profile");
+        const Value& batch = *m.get("batch");
+        check_ordered(profile, "engine.details.profile", p);
+        bool equal = true;
+        for (const char* k : {"min", "opt", "max"}) equal = equal && profile.get(k)->as_uint() == batch.get(k)->as_uint();
+        if (!equal)
+            p.add("engine.details.profile: the TensorRT optimization profile must equal the batch range (profile " +
+                  range_text(profile) + ", batch " + range_text(batch) +
+                  "); rebuild the plan for the batch range or fix the manifest");
+    }
+    bool has_calibration_member = false, has_model = false;
+    for (const Value& e : m.get("members")->as_array()) {
         has_calibration_member = has_calibration_member || e.get("name")->as_str() == "calibration.safetensors";
+        has_model = has_model || e.get("name")->as_str() == "model.onnx";
+    }
+    if (!has_model) p.add("members: no model.onnx member (every bundle carries its ONNX graph, the source of every engine)");
     if (precision != "fp8") {
         for (const char* field : {"recipe", "calibration"})
             if (!m.get(field)->is_nil()) p.add(std::string(field) + ": only fp8 bundles have one (" + precision + " bundle)");
         if (has_calibration_member) p.add("members: calibration.safetensors in a " + precision + " bundle (fp8 only)");
+    } else if (!has_calibration_member) {
+        p.add("members: an fp8 bundle needs its calibration.safetensors member (the FP8 scales); rebuild it with "
+              "`bundle make --precision fp8`");
     }
+    if (precision == "fp8" && m.get("calibration")->is_nil())
+        p.add("calibration: an fp8 bundle records how it was calibrated (got nil)");
     if (!m.get("calibration")->is_nil() && !has_calibration_member)
         p.add("calibration: the bundle has no calibration.safetensors member");
     const Value* device = details.get("device");

@@ -8,6 +8,11 @@ differential fuzz test (tests/test_fuzz_readers.py) holds the two to the same an
 from __future__ import annotations
 
 _HALF_FLOATS = ("float16", "bfloat16")
+_BOUNDS = ("min", "opt", "max")
+
+
+def _range(sizes: dict) -> str:
+    return "/".join(str(sizes[k]) for k in _BOUNDS)
 
 
 def _tensor_problems(manifest: dict) -> list[str]:
@@ -42,9 +47,18 @@ def semantic_problems(manifest: dict) -> list[str]:
     problems += _ordered("batch", manifest["batch"])
     engine = manifest["engine"]
     if engine["backend"] == "tensorrt":
-        problems += _ordered("engine/details/profile", engine["details"]["profile"])
+        profile = engine["details"]["profile"]
+        problems += _ordered("engine/details/profile", profile)
+        if [profile[k] for k in _BOUNDS] != [manifest["batch"][k] for k in _BOUNDS]:
+            problems.append(
+                "engine/details/profile: the TensorRT optimization profile must equal the batch "
+                f"range (profile {_range(profile)}, batch {_range(manifest['batch'])}); rebuild "
+                "the plan for the batch range or fix the manifest")
     precision = manifest["precision"]
     members = {m["name"] for m in manifest["members"]}
+    if "model.onnx" not in members:
+        problems.append("members: no model.onnx member (every bundle carries its ONNX graph, the "
+                        "source of every engine)")
     if precision != "fp8":
         for field in ("recipe", "calibration"):
             if manifest[field] is not None:
@@ -52,6 +66,11 @@ def semantic_problems(manifest: dict) -> list[str]:
         if "calibration.safetensors" in members:
             problems.append(f"members: calibration.safetensors in a {precision} bundle "
                             "(fp8 only)")
+    elif "calibration.safetensors" not in members:
+        problems.append("members: an fp8 bundle needs its calibration.safetensors member (the "
+                        "FP8 scales); rebuild it with `bundle make --precision fp8`")
+    if precision == "fp8" and manifest["calibration"] is None:
+        problems.append("calibration: an fp8 bundle records how it was calibrated (got nil)")
     if manifest["calibration"] is not None and "calibration.safetensors" not in members:
         problems.append("calibration: the bundle has no calibration.safetensors member")
     if (engine["backend"] == "torch-aoti" and engine["details"].get("device") == "cpu"
