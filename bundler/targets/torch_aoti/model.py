@@ -143,6 +143,12 @@ def fake_quant(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Quantize-dequantize, back in x's dtype (QuantizeLinear -> DequantizeLinear)."""
     return (quantize(x, scale).float() * scale).to(x.dtype)
 
+def conv_output_hw(h: int, w: int, kernel: tuple[int, int], stride: tuple[int, int],
+                   padding: tuple[int, int], dilation: tuple[int, int]) -> tuple[int, int]:
+    """Output height and width of a convolution (``torch.nn.Conv2d``'s formula)."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
+    return (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+
 def conv_taps(x: torch.Tensor, kernel: tuple[int, int], stride: tuple[int, int],
               padding: tuple[int, int], dilation: tuple[int, int]
               ) -> tuple[list[torch.Tensor], int, int]:
@@ -152,8 +158,7 @@ def conv_taps(x: torch.Tensor, kernel: tuple[int, int], stride: tuple[int, int],
     _, h, w, _ = x.shape
     (kh, kw), (sh, sw) = kernel, stride
     (ph, pw), (dh, dw) = padding, dilation
-    ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-    wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    ho, wo = conv_output_hw(h, w, kernel, stride, padding, dilation)
     xp = F.pad(x, (0, 0, pw, pw, ph, ph)) if ph or pw else x
     taps = [xp[:, i * dh: i * dh + sh * (ho - 1) + 1: sh,
                j * dw: j * dw + sw * (wo - 1) + 1: sw, :]

@@ -35,8 +35,9 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-__all__ = ["Fp8ConvConfig", "CANDIDATE_CONFIGS", "default_config", "fp8_conv_nhwc",
-           "conv_output_hw"]
+from bundler.targets.torch_aoti.model import conv_output_hw
+
+__all__ = ["Fp8ConvConfig", "CANDIDATE_CONFIGS", "default_config", "fp8_conv_nhwc", "fp8_conv"]
 
 OP = "trt_bundle::fp8_conv_nhwc"
 
@@ -72,13 +73,6 @@ def default_config(cin: int, cout: int, kernel: tuple[int, int]) -> Fp8ConvConfi
     block_k = 128 if cin >= 256 and cin % 128 == 0 else 64
     warps = 8 if block_n == 128 else 4
     return Fp8ConvConfig(128, block_n, block_k, warps, 3 if block_k == 128 else 4)
-
-
-def conv_output_hw(h: int, w: int, kernel: tuple[int, int], stride: tuple[int, int],
-                   padding: tuple[int, int], dilation: tuple[int, int]) -> tuple[int, int]:
-    """Output height and width of a convolution (``torch.nn.Conv2d``'s formula)."""
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
-    return (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
 
 
 @triton.jit
