@@ -47,6 +47,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 import statistics
 import sys
 import time
@@ -84,6 +85,14 @@ def flops(shape: tuple, batch: int) -> float:
     cin, cout, hw, k, s, p = shape
     ho = (hw + 2 * p - k) // s + 1
     return 2.0 * batch * ho * ho * cout * cin * k * k
+
+
+class Interrupted(BaseException):
+    """SIGTERM (``timeout``): stop measuring, print what there is."""
+
+
+def _interrupt(_signum, _frame):
+    raise Interrupted()
 
 
 class Budget:
@@ -245,8 +254,8 @@ EAGER_PHASE = ("cudnn", "im2col", "gemm", "triton")
 COMPILED_PHASE = ("im2col-c", "triton-c")
 
 
-def run_layers(args, budget: Budget, phase: tuple[str, ...], results: dict | None = None,
-               layers: dict | None = None) -> dict:
+def run_layers(args, budget: Budget, phase: tuple[str, ...], results: dict,
+               layers: dict) -> dict:
     """Measure the variants of ``phase`` on every layer shape of ``--kinds`` into
     ``results`` (layer name -> {"shape", "count", "v": variant -> result})."""
     import torch
@@ -265,10 +274,8 @@ def run_layers(args, budget: Budget, phase: tuple[str, ...], results: dict | Non
         return [base] + [c for c in CANDIDATE_CONFIGS if c != base]
 
     torch.backends.cudnn.benchmark = True
-    if results is None:
-        results = {shape_name(s): {"shape": list(s), "count": RESNET50_CONVS[s], "v": {}}
-                   for s in shapes}
-    layers = {} if layers is None else layers
+    for s in shapes:
+        results.setdefault(shape_name(s), {"shape": list(s), "count": RESNET50_CONVS[s], "v": {}})
     for which in phase:
         for s in shapes:
             row = results[shape_name(s)]["v"]
@@ -316,7 +323,8 @@ def print_layers(results: dict, batch: int) -> None:
         for var in VARIANTS:
             ms = v.get(var, {}).get("ms")
             if ms is None:
-                tag = "skip" if "skipped" in v.get(var, {}) else "FAIL"
+                tag = ("-" if var not in v else "skip" if "skipped" in v[var]
+                       else "FAIL")
                 line += f" {tag:>9s} {'':>5s}"
                 for k in (kind, "all"):
                     complete[k][var] = False
@@ -330,7 +338,10 @@ def print_layers(results: dict, batch: int) -> None:
         print(line)
     print("\n== totals over the layers (sum of count x ms: their time in one forward pass)")
     print(f"{'layers':8s}" + "".join(f" {v:>9s} {'x':>5s}" for v in VARIANTS))
+    present = {f"{r['shape'][3]}x{r['shape'][3]}" for r in results.values()} | {"all"}
     for kind, t in totals.items():
+        if kind not in present:
+            continue
         base = t["cudnn"]
         line = f"{kind:8s}"
         for var in VARIANTS:
@@ -338,7 +349,7 @@ def print_layers(results: dict, batch: int) -> None:
             ratio = base / t[var] if t[var] else float("nan")
             line += f" {t[var]:8.3f}{mark or ' '} {ratio:5.2f}"
         print(line)
-    print("(* some layers missing from that total: failed or skipped; see the rows)")
+    print("(* some layers missing from that total: failed, skipped or not run (-))")
     errors = [(n, var, x["error"]) for n, r in results.items() for var, x in r["v"].items()
               if "error" in x]
     for n, var, err in errors:
@@ -347,8 +358,9 @@ def print_layers(results: dict, batch: int) -> None:
 
 # --- the whole model ------------------------------------------------------------------------
 
-def run_model(args, budget: Budget) -> dict:
-    """timm_resnet50 engine modules (random weights), compiled, CUDA-graph replayed."""
+def run_model(args, budget: Budget, results: dict) -> dict:
+    """timm_resnet50 engine modules (random weights), compiled, CUDA-graph replayed, into
+    ``results`` (variant -> result)."""
     import numpy as np
     import torch
 
@@ -376,7 +388,6 @@ def run_model(args, budget: Budget) -> dict:
     fp8 = {p: (amax[p] / 448.0, (modules[p].weight.detach().abs().amax(dim=(1, 2, 3)) / 448.0)
                .clamp_min(1e-8).cpu().numpy()) for p in paths}
     model = model.cpu()
-    results: dict = {}
     outputs = {}
     for name, precision, conv in (("fp16", "fp16", "im2col"), ("fp8-im2col", "fp8", "im2col"),
                                   ("fp8-triton", "fp8", "triton")):
@@ -404,6 +415,8 @@ def run_model(args, budget: Budget) -> dict:
             if args.verbose:
                 traceback.print_exc()
     ref = outputs.get("fp16")
+    if ref is not None:
+        results["fp16"]["max_abs_logit"] = float(ref.abs().max())
     for name, out in outputs.items():
         if ref is not None and name != "fp16":
             results[name]["top1_vs_fp16"] = float(
@@ -415,6 +428,8 @@ def run_model(args, budget: Budget) -> dict:
 def print_model(results: dict, batch: int) -> None:
     print(f"\n== timm_resnet50 engine module (random weights), torch.compile + CUDA graph, "
           f"batch {batch}")
+    if "max_abs_logit" in results.get("fp16", {}):
+        print(f"(fp16 logits reach {results['fp16']['max_abs_logit']:.3g}: random weights)")
     base = results.get("fp16", {}).get("ms")
     for name, r in results.items():
         if "ms" in r:
@@ -462,26 +477,23 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                     "batch": args.batch, "iters": args.iters}
     layers: dict = {}
+    report["layers"] = {}
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        report["layers"] = run_layers(args, budget, EAGER_PHASE, layers=layers)
+        run_layers(args, budget, EAGER_PHASE, report["layers"], layers)
+        if args.model:
+            report["model"] = {}
+            run_model(args, budget, report["model"])
+        run_layers(args, budget, COMPILED_PHASE, report["layers"], layers)
+    except Interrupted:
+        log("interrupted (SIGTERM): the tables below hold what was measured")
     except Exception as e:
-        log(f"layers: FAILED {type(e).__name__}: {e}")
+        log(f"FAILED {type(e).__name__}: {e}")
         traceback.print_exc()
-    if args.model:
-        try:
-            report["model"] = run_model(args, budget)
-        except Exception as e:
-            log(f"model: FAILED {type(e).__name__}: {e}")
-            traceback.print_exc()
-    if "layers" in report:
-        try:
-            run_layers(args, budget, COMPILED_PHASE, report["layers"], layers)
-        except Exception as e:
-            log(f"compiled layers: FAILED {type(e).__name__}: {e}")
-            traceback.print_exc()
-    if "layers" in report:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if report["layers"]:
         print_layers(report["layers"], args.batch)
-    if "model" in report:
+    if report.get("model"):
         print_model(report["model"], args.batch)
     log("done")
     if args.json:
