@@ -19,6 +19,9 @@ at ``--batch`` (32), NHWC fp16 activations:
   triton    the Triton kernel alone on already quantized input, best of its tile configs
             (``CANDIDATE_CONFIGS`` and ``default_config``; --configs), tiles printed
   triton-c  torch.compile of the Triton module (quantize + kernel, default_config tiles)
+  cudnn-fp8 cuDNN's own FP8 convolution through the cuDNN frontend (``import cudnn``, pip
+            nvidia-cudnn-frontend; skipped, with the reason, where it is not installed):
+            e4m3 NHWC operands, per-channel scale and bias in its epilogue, fp16 out
 
 Timing: each variant is captured in a CUDA graph and replayed; median of --iters replays
 (CUDA events) after warm-up. Errors: max |x - cudnn| / max |cudnn| (FP8 itself is a few
@@ -68,7 +71,7 @@ RESNET50_CONVS = {
     (512, 2048, 7, 1, 1, 0): 3, (1024, 2048, 14, 1, 2, 0): 1, (2048, 512, 7, 1, 1, 0): 2,
     (512, 512, 7, 3, 1, 1): 2,
 }
-VARIANTS = ("cudnn", "im2col", "gemm", "im2col-c", "triton", "triton-c")
+VARIANTS = ("cudnn", "im2col", "gemm", "im2col-c", "triton", "triton-c", "cudnn-fp8")
 STARTED = time.monotonic()
 
 
@@ -187,6 +190,54 @@ class Layer:
         return lambda: F.conv2d(x, w, b, stride, padding)
 
 
+def cudnn_fp8_conv(layer: Layer, q, weight_fp8, scale, bias):
+    """A callable running ``layer`` as cuDNN's FP8 convolution (cuDNN frontend graph):
+    e4m3 NHWC input and [K, R, S, C] weight, fp32 accumulation, ``* scale + bias`` per
+    channel, fp16 NHWC out."""
+    import cudnn
+    import torch
+
+    cin, cout, hw, k, stride, pad = layer.shape
+    n = q.shape[0]
+    ho = (hw + 2 * pad - k) // stride + 1
+    handle = cudnn.create_handle()
+    g = cudnn.pygraph(io_data_type=cudnn.data_type.FP8_E4M3,
+                      intermediate_data_type=cudnn.data_type.FLOAT,
+                      compute_data_type=cudnn.data_type.FLOAT, handle=handle)
+    x_nchw = q.permute(0, 3, 1, 2)                                   # NHWC strides
+    w = weight_fp8[:cout, :k * k * cin].contiguous().view(cout, k, k, cin).permute(0, 3, 1, 2)
+    per_channel = dict(dim=[1, cout, 1, 1], stride=[cout, 1, cout, cout],
+                       data_type=cudnn.data_type.FLOAT)
+    X = g.tensor(name="X", dim=list(x_nchw.shape), stride=list(x_nchw.stride()),
+                 data_type=cudnn.data_type.FP8_E4M3)
+    W = g.tensor(name="W", dim=list(w.shape), stride=list(w.stride()),
+                 data_type=cudnn.data_type.FP8_E4M3)
+    S = g.tensor(name="S", **per_channel)
+    B = g.tensor(name="B", **per_channel)
+    conv = g.conv_fprop(image=X, weight=W, padding=[pad, pad], stride=[stride, stride],
+                        dilation=[1, 1])
+    Y = g.add(a=g.mul(a=conv, b=S), b=B)
+    Y.set_output(True).set_data_type(cudnn.data_type.HALF).set_dim(
+        [n, cout, ho, ho]).set_stride([ho * ho * cout, 1, ho * cout, cout])
+    g.validate()
+    g.build_operation_graph()
+    g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    g.check_support()
+    g.build_plans()
+    workspace = torch.empty(max(1, g.get_workspace_size()), device="cuda", dtype=torch.uint8)
+    out = torch.empty(n, ho, ho, cout, device="cuda", dtype=torch.float16)
+    pack = {X: x_nchw, W: w, S: scale[:cout].reshape(1, cout, 1, 1).contiguous(),
+            B: bias[:cout].reshape(1, cout, 1, 1).contiguous(), Y: out.permute(0, 3, 1, 2)}
+
+    def run():
+        # the stream of the moment: a CUDA graph captures on a stream of its own
+        cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
+        g.execute(pack, workspace, handle=handle)
+        return out
+
+    return run
+
+
 def measure_layer(layer: Layer, which: str, args, configs) -> dict:
     """One variant of one layer: {"ms", "err" or "error", and "tiles" for triton}."""
     import torch
@@ -222,6 +273,16 @@ def measure_layer(layer: Layer, which: str, args, configs) -> dict:
         compiled = torch.compile(m, dynamic=False)
         ms, out = graph_time(lambda: compiled(x), args.iters)
         return {"ms": ms, "err": rel_err(out, layer.ref)}
+    if which == "cudnn-fp8":
+        try:
+            import cudnn  # noqa: F401
+        except ImportError as e:
+            return {"skipped": f"no cuDNN frontend ({e}): pip install nvidia-cudnn-frontend"}
+        m = layer.triton_module()
+        q = layer.tam.quantize(x, m.act_scale).contiguous()
+        ms, out = graph_time(cudnn_fp8_conv(layer, q, m.weight_fp8, m.conv_scale, m.bias_out),
+                             args.iters)
+        return {"ms": ms, "err": rel_err(out, layer.ref)}
     if which == "triton":
         from bundler.targets.torch_aoti.kernels.fp8_conv import fp8_conv
 
@@ -250,7 +311,7 @@ def measure_layer(layer: Layer, which: str, args, configs) -> dict:
 
 #: Cheap eager measurements of every layer first, then torch.compile (seconds per layer),
 #: so that a short budget still gives a whole table; --model runs between the two.
-EAGER_PHASE = ("cudnn", "im2col", "gemm", "triton")
+EAGER_PHASE = ("cudnn", "im2col", "gemm", "triton", "cudnn-fp8")
 COMPILED_PHASE = ("im2col-c", "triton-c")
 
 
@@ -276,6 +337,7 @@ def run_layers(args, budget: Budget, phase: tuple[str, ...], results: dict,
     torch.backends.cudnn.benchmark = True
     for s in shapes:
         results.setdefault(shape_name(s), {"shape": list(s), "count": RESNET50_CONVS[s], "v": {}})
+    said: set[str] = set()
     for which in phase:
         for s in shapes:
             row = results[shape_name(s)]["v"]
@@ -294,6 +356,11 @@ def run_layers(args, budget: Budget, phase: tuple[str, ...], results: dict,
                 if which != "cudnn" and not hasattr(layers[s], "ref"):
                     raise RuntimeError("no cudnn reference")
                 row[which] = measure_layer(layers[s], which, args, configs)
+                if "skipped" in row[which]:
+                    if row[which]["skipped"] not in said:
+                        said.add(row[which]["skipped"])
+                        log(f"{which}: skipped: {row[which]['skipped']}")
+                    continue
                 log(f"{shape_name(s):28s} {which:9s} {row[which]['ms']:.4f} ms"
                     + (f"  err {row[which]['err']:.3g}" if "err" in row[which] else "")
                     + (f"  tiles {row[which]['tiles']}" if "tiles" in row[which] else ""))
