@@ -107,6 +107,44 @@ def test_the_op_is_exported_with_a_dynamic_batch():
     assert isinstance(out.shape[0], torch.SymInt)
 
 
+@needs_triton
+def test_torch_compile_traces_the_layer_into_one_graph_with_the_triton_kernel():
+    """Dynamo (fullgraph: no break) and AOT autograd see through the op to the Triton
+    kernel itself, as Inductor needs to compile it into its code (running it needs a
+    GPU: the compiled call's failure on this CPU host is not what is checked)."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    from bundler.targets.torch_aoti.model import Fp8ConvNHWC
+
+    conv = nn.Conv2d(32, 48, 3, 1, 1)
+    layer = Fp8ConvNHWC(conv, 0.05, torch.full((48,), 0.01).numpy(), torch.float16,
+                        conv_kernel="triton")
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = layer
+
+        def forward(self, x):
+            return torch.relu(self.layer.implicit_gemm(x))
+
+    graphs = []
+
+    def keep(graph, _inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    compiled = torch.compile(Block(), backend=aot_autograd(fw_compiler=keep), fullgraph=True)
+    try:
+        compiled(torch.randn(2, 6, 6, 32, dtype=torch.float16))
+    except Exception:  # noqa: BLE001 - launching a GPU kernel on a CPU host
+        pass
+    assert len(graphs) == 1
+    launches = [n for n in graphs[0].graph.nodes if "triton_kernel_wrapper" in str(n.target)]
+    assert len(launches) == 1
+    assert launches[0].kwargs["kwargs"]["KH"] == 3
+
+
 # --- the switch -----------------------------------------------------------------------------
 
 def _model() -> nn.Module:
