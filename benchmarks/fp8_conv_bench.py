@@ -40,6 +40,7 @@ the tables are printed whatever failed.
 
     PYTHONPATH=. python benchmarks/fp8_conv_bench.py [--batch 32] [--iters 50] [--model]
         [--kinds 3x3,1x1] [--compile-kinds 3x3] [--configs all|default] [--json PATH]
+        [--quiet] [--budget-s 180]
 
 Needs torch with a CUDA GPU of compute capability >= 8.9, triton, numpy and this repository
 (its own imports: ml_dtypes).
@@ -339,6 +340,7 @@ def run_layers(args, budget: Budget, phase: tuple[str, ...], results: dict,
         results.setdefault(shape_name(s), {"shape": list(s), "count": RESNET50_CONVS[s], "v": {}})
     said: set[str] = set()
     for which in phase:
+        log(f"phase: {which}")
         for s in shapes:
             row = results[shape_name(s)]["v"]
             if which in COMPILED_PHASE and s[3] not in compile_kinds:
@@ -361,9 +363,10 @@ def run_layers(args, budget: Budget, phase: tuple[str, ...], results: dict,
                         said.add(row[which]["skipped"])
                         log(f"{which}: skipped: {row[which]['skipped']}")
                     continue
-                log(f"{shape_name(s):28s} {which:9s} {row[which]['ms']:.4f} ms"
-                    + (f"  err {row[which]['err']:.3g}" if "err" in row[which] else "")
-                    + (f"  tiles {row[which]['tiles']}" if "tiles" in row[which] else ""))
+                if not args.quiet:
+                    log(f"{shape_name(s):28s} {which:9s} {row[which]['ms']:.4f} ms"
+                        + (f"  err {row[which]['err']:.3g}" if "err" in row[which] else "")
+                        + (f"  tiles {row[which]['tiles']}" if "tiles" in row[which] else ""))
             except Exception as e:
                 row[which] = {"error": f"{type(e).__name__}: {e}"[:400]}
                 log(f"{shape_name(s):28s} {which:9s} FAILED {row[which]['error']}")
@@ -417,6 +420,12 @@ def print_layers(results: dict, batch: int) -> None:
             line += f" {t[var]:8.3f}{mark or ' '} {ratio:5.2f}"
         print(line)
     print("(* some layers missing from that total: failed, skipped or not run (-))")
+    tried = {n: r["v"]["triton"]["tried"] for n, r in results.items()
+             if len(r["v"].get("triton", {}).get("tried", {})) > 1}
+    if tried:
+        print("\n== Triton tiles tried (ms; the first is default_config's)")
+        for n, t in tried.items():
+            print(f"{n:28s} " + ", ".join(f"{cfg} {ms}" for cfg, ms in t.items()))
     errors = [(n, var, x["error"]) for n, r in results.items() for var, x in r["v"].items()
               if "error" in x]
     for n, var, err in errors:
@@ -524,6 +533,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, default=180.0)
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--verbose", action="store_true", help="print tracebacks of failures")
+    p.add_argument("--quiet", action="store_true",
+                   help="no line per measurement (phases, failures and the tables only)")
     args = p.parse_args(argv)
 
     import torch
