@@ -28,10 +28,12 @@ Timing: each variant is captured in a CUDA graph and replayed; median of --iters
 percent). Totals: sum over the 52 layers of count x time (the layers' share of a forward
 pass), with ratios cudnn / variant (> 1: faster than fp16).
 
---model: timm_resnet50 (random weights, BN folded) as the torch-aoti engine module
-(``build.engine_model``) in fp16, fp8 with im2col and fp8 with the Triton kernel, each
-``torch.compile``-d (default mode, batch static), CUDA-graph replayed: ms per batch and
-fp8/fp16 ratios, top-1 agreement with the fp16 module. Needs timm.
+--model: timm_resnet50 (random weights, BN folded), fp32 NCHW in: fp16 (the model in
+channels_last, as the family's fp16 bundle and the torch.compile peer run it), and the
+torch-aoti fp8 engine module (``build.engine_model``) with its 3x3 layers on the Triton
+kernel, on im2col, or in fp16 (fp8-pointwise); ``--model-variants``. Each is
+``torch.compile``-d (default mode, batch static) and CUDA-graph replayed: ms per batch,
+ratios to fp16, top-1 agreement with fp16. Needs timm.
 
 Order: the eager variants of every layer, then --model, then the compiled variants.
 --budget-s: no new measurement starts after that many seconds (default 180; a model
@@ -49,6 +51,7 @@ Needs torch with a CUDA GPU of compute capability >= 8.9, triton, numpy and this
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import signal
@@ -434,6 +437,13 @@ def print_layers(results: dict, batch: int) -> None:
 
 # --- the whole model ------------------------------------------------------------------------
 
+#: --model's variants: fp16 = the model in fp16 channels_last (cuDNN convolutions; what the
+#: family's fp16 bundle and the torch.compile peer are), fp8-triton / fp8-im2col = the fp8
+#: NHWC engine module with its 3x3 layers on the Triton kernel / im2col, fp8-pointwise = FP8
+#: on the 1x1 layers only (3x3 in fp16 through cuDNN), fp16-nhwc = the fp16 NHWC rewrite.
+MODEL_VARIANTS = ("fp16", "fp8-triton", "fp8-pointwise", "fp8-im2col", "fp16-nhwc")
+
+
 def run_model(args, budget: Budget, results: dict) -> dict:
     """timm_resnet50 engine modules (random weights), compiled, CUDA-graph replayed, into
     ``results`` (variant -> result)."""
@@ -442,6 +452,7 @@ def run_model(args, budget: Budget, results: dict) -> dict:
 
     from bundler.families import load_family
     from bundler.targets.torch_aoti.build import default_pad_channels, engine_model
+    from bundler.targets.torch_aoti.model import EngineModule
     from bundler.torch_model import build_torch_model
 
     family = load_family("timm_resnet50")
@@ -464,23 +475,35 @@ def run_model(args, budget: Budget, results: dict) -> dict:
     fp8 = {p: (amax[p] / 448.0, (modules[p].weight.detach().abs().amax(dim=(1, 2, 3)) / 448.0)
                .clamp_min(1e-8).cpu().numpy()) for p in paths}
     model = model.cpu()
+    pointwise = {p: s for p, s in fp8.items() if modules[p].kernel_size == (1, 1)}
+    x_cl = x.contiguous(memory_format=torch.channels_last)
     outputs = {}
-    for name, precision, conv in (("fp16", "fp16", "im2col"), ("fp8-im2col", "fp8", "im2col"),
-                                  ("fp8-triton", "fp8", "triton")):
+    for name in args.model_variants.split(","):
+        if name not in MODEL_VARIANTS:
+            results[name] = {"error": f"unknown; choose from {', '.join(MODEL_VARIANTS)}"}
+            continue
         if budget.left() < args.model_reserve_s:
             results[name] = {"skipped": f"budget ({budget.left():.0f} s left)"}
             log(f"model {name}: skipped, {budget.left():.0f} s of budget left")
             continue
         try:
             started = time.monotonic()
-            module, _ = engine_model(model, precision, fp8 if precision == "fp8" else None,
-                                     pad_channels=default_pad_channels(precision),
-                                     input_shape=shape, max_batch=args.batch, fp8_conv=conv)
+            inputs = x
+            if name == "fp16":           # the model as it is, fp16 channels_last (cuDNN)
+                body = copy.deepcopy(model).half().to(memory_format=torch.channels_last)
+                module, inputs = EngineModule(body, torch.float16, False), x_cl
+            else:
+                precision = "fp16" if name == "fp16-nhwc" else "fp8"
+                layers = {"fp8-pointwise": pointwise, "fp16-nhwc": None}.get(name, fp8)
+                module, _ = engine_model(model, precision, layers,
+                                         pad_channels=default_pad_channels(precision),
+                                         input_shape=shape, max_batch=args.batch,
+                                         fp8_conv="triton" if name == "fp8-triton" else "im2col")
             module = module.cuda().eval()
             torch._dynamo.reset()
             compiled = torch.compile(module, dynamic=False)
             with torch.no_grad():
-                ms, out = graph_time(lambda: compiled(x), args.iters, warmup=3)
+                ms, out = graph_time(lambda: compiled(inputs), args.iters, warmup=3)
             outputs[name] = out.float().clone()
             results[name] = {"ms": ms, "build_s": time.monotonic() - started}
             log(f"model {name}: {ms:.3f} ms at batch {args.batch} "
@@ -512,9 +535,9 @@ def print_model(results: dict, batch: int) -> None:
             extra = (f"  top-1 vs fp16 {r['top1_vs_fp16']:.3f}, max |logit diff| "
                      f"{r['max_logit_diff']:.3g}" if "top1_vs_fp16" in r else "")
             ratio = f"{base / r['ms']:.3f}x fp16" if base else ""
-            print(f"{name:12s} {r['ms']:8.3f} ms  {ratio}{extra}")
+            print(f"{name:14s} {r['ms']:8.3f} ms  {ratio}{extra}")
         else:
-            print(f"{name:12s} {r.get('error') or 'skipped: ' + r.get('skipped', '')}")
+            print(f"{name:14s} {r.get('error') or 'skipped: ' + r.get('skipped', '')}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -528,6 +551,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="Triton tiles: all candidates on 3x3 layers (and on 1x1 with "
                         "all-1x1), or default_config only")
     p.add_argument("--model", action="store_true", help="also time the whole engine module")
+    p.add_argument("--model-variants", default="fp16,fp8-triton,fp8-pointwise,fp8-im2col",
+                   help=f"in this order, while the budget lasts: {', '.join(MODEL_VARIANTS)}")
     p.add_argument("--model-reserve-s", type=float, default=45.0,
                    help="start a model compile only with this much budget left")
     p.add_argument("--budget-s", type=float, default=180.0)
