@@ -32,6 +32,7 @@ torch is imported inside the functions.
 
 from __future__ import annotations
 
+import os
 import platform
 import tempfile
 import time
@@ -56,6 +57,9 @@ REFUSED_COMPILE_OPTIONS = ("max_autotune", "max_autotune_gemm", "max_autotune_po
 #: Compute capability of the first GPUs with FP8 tensor cores (Ada; Hopper is 9.0).
 FP8_MIN_CC = (8, 9)
 PRECISIONS = {"fp32": "float32", "fp16": "float16", "fp8": "float16"}
+#: The environment variable that picks the fp8 k x k convolution kernel of a build when the
+#: caller does not (``default_fp8_conv``): how ``bundle make`` on a GPU host selects it.
+FP8_CONV_ENV = "TRT_BUNDLE_FP8_CONV"
 
 
 def import_torch():
@@ -112,12 +116,27 @@ def default_pad_channels(precision: str, pad_channels: bool | None = None) -> bo
     return precision == "fp8" if pad_channels is None else bool(pad_channels)
 
 
+def default_fp8_conv(fp8_conv: str | None = None) -> str:
+    """How fp8 builds run dense k x k convolutions (``model.FP8_CONVS``): ``fp8_conv`` if
+    given, else ``$TRT_BUNDLE_FP8_CONV``, else "im2col". "triton" (the implicit-GEMM kernel,
+    ``kernels/fp8_conv.py``) stays opt-in until ``benchmarks/fp8_conv_bench.py`` has
+    measured it on the H200 against im2col and cuDNN's fp16 convolution."""
+    from bundler.targets.torch_aoti.model import FP8_CONVS
+
+    chosen = fp8_conv if fp8_conv is not None else (os.environ.get(FP8_CONV_ENV) or "im2col")
+    if chosen not in FP8_CONVS:
+        source = "fp8_conv" if fp8_conv is not None else f"${FP8_CONV_ENV}"
+        raise UsageError(f"{source} is {chosen!r}: choose one of {', '.join(FP8_CONVS)}")
+    return chosen
+
+
 def engine_model(torch_model: torch.nn.Module, precision: str,
                  fp8: dict[str, tuple[float, Any]] | None = None, *, nhwc: bool | None = None,
                  fast_accum: bool = False, fp8_gemm: str = "rowwise",
                  pad_channels: bool = False, input_shape: tuple[int, ...] | None = None,
                  max_batch: int | None = None, layout: str = "nhwc",
-                 hook=None, channels_last: bool = False) -> tuple[torch.nn.Module, dict]:
+                 fp8_conv: str = "im2col", hook=None, channels_last: bool = False
+                 ) -> tuple[torch.nn.Module, dict]:
     """The module to export (fp32 NCHW in, fp32 out) and its fp8 padding record.
 
     ``input_shape`` and ``max_batch`` (both or neither): rowwise FP8 GEMMs then share one
@@ -130,9 +149,10 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
     ``fp8_gemm``: ``rewrite.FP8_GEMMS``; ``pad_channels``: ``rewrite.rewrite_nhwc``'s.
     ``layout``: the family's layout rule (``family.json`` ``torch_aoti.layout``): "nhwc"
     (images: the NHWC rewrite) or "as_is" (tokens: ``rewrite_as_is``, FP8 Linear layers);
-    ``hook``: the family's ``nhwc_module`` (``rewrite_nhwc``). ``channels_last`` (without
-    ``nhwc``): the model as it is in channels_last memory format, the torch.compile
-    user's form (family.json ``torch_aoti.fp16_layout``).
+    ``hook``: the family's ``nhwc_module`` (``rewrite_nhwc``); ``fp8_conv``: how dense k x k
+    FP8 convolutions run (``rewrite.FP8_CONVS``). ``channels_last`` (without ``nhwc``): the
+    model as it is in channels_last memory format, the torch.compile user's form
+    (family.json ``torch_aoti.fp16_layout``).
     """
     torch = import_torch()
     from bundler.targets.torch_aoti import model as rewrite
@@ -189,7 +209,8 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
                                         int(max_batch))
     body = rewrite.rewrite_nhwc(torch_model, dtype, fp8=pointwise, fp8_depthwise=depthwise,
                                    fast_accum=fast_accum, fp8_gemm=fp8_gemm,
-                                   pad_channels=pad_channels, fp8_rows=rows, hook=hook)
+                                   pad_channels=pad_channels, fp8_rows=rows,
+                                   fp8_conv=fp8_conv, hook=hook)
     return rewrite.EngineModule(body, dtype, True), padding
 
 
@@ -274,7 +295,8 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
                  pad_channels: bool | None = None, smoke: bool = True,
                  log: Callable[[str], None] | None = None,
                  pixel_scale_bias: tuple[Any, Any] | None = None, layout: str = "nhwc",
-                 hook=None, channels_last: bool = False) -> tuple[bytes, dict]:
+                 fp8_conv: str | None = None, hook=None, channels_last: bool = False
+                 ) -> tuple[bytes, dict]:
     """Compile one package from a torch model; returns (package bytes, engine details).
 
     ``fp8`` maps *module paths* to (activation scale, weight scales); ``build_target``
@@ -283,7 +305,8 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
     ``batch_sizes`` (``smoke=False`` skips that load: seconds, and on a host whose compiler
     linked libstdc++ statically it was what crashed, before ``aoti_toolchain``).
     ``pixel_scale_bias``: (scale, bias) of a uint8 pixel head (``pixel_head``); the package
-    then takes uint8 [N, H, W, 3] where ``input_shape`` is (3, H, W). ``channels_last``:
+    then takes uint8 [N, H, W, 3] where ``input_shape`` is (3, H, W).
+    ``fp8_conv``: the k x k FP8 convolution kernel (``default_fp8_conv``). ``channels_last``:
     ``engine_model``'s (used when the model is not the NHWC rewrite).
     """
     log = log or (lambda _msg: None)
@@ -294,10 +317,12 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
     pad_channels = (default_pad_channels(precision, pad_channels) if nhwc
                     else bool(pad_channels))  # engine_model refuses padding without NHWC
     lo, hi = int(batch["min"]), int(batch["max"])
+    fp8_conv = default_fp8_conv(fp8_conv) if precision == "fp8" else "im2col"
     module, padding = engine_model(torch_model, precision, fp8, nhwc=nhwc, fast_accum=fast_accum,
                                    fp8_gemm=fp8_gemm, pad_channels=pad_channels,
                                    input_shape=input_shape, max_batch=hi, layout=layout,
-                                   hook=hook, channels_last=channels_last and not nhwc)
+                                   fp8_conv=fp8_conv, hook=hook,
+                                   channels_last=channels_last and not nhwc)
     export_shape = tuple(input_shape)
     if pixel_scale_bias is not None:
         module = pixel_head(module, *pixel_scale_bias)
@@ -329,7 +354,7 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
                              nhwc=nhwc, fast_accum=fast_accum, fp8_gemm=fp8_gemm,
                              pad_channels=pad_channels, padding=padding, batch_sizes=sizes,
                              seconds=time.monotonic() - started, cxx=cxx, layout=layout,
-                             channels_last=channels_last and not nhwc)
+                             fp8_conv=fp8_conv, channels_last=channels_last and not nhwc)
     if pixel_scale_bias is not None:
         details["compile_options"]["input"] = "uint8 NHWC pixels; rescale, normalize, layout " \
                                               "and cast in the graph"
@@ -341,7 +366,8 @@ def engine_details(host: dict, precision: str, options: dict, *, nhwc: bool,
                    fast_accum: bool, padding: dict, batch_sizes: list[int],
                    seconds: float | None, fp8_gemm: str = "rowwise",
                    pad_channels: bool = False, cxx: str | None = None,
-                   layout: str = "nhwc", channels_last: bool = False) -> dict:
+                   layout: str = "nhwc", fp8_conv: str = "im2col",
+                   channels_last: bool = False) -> dict:
     """The manifest's ``engine.details`` (schema ``$defs/torch_aoti_details``): the build
     host (``host_details``), what was compiled and how, the fp8 padding per layer, and the
     batch sizes the package was checked at. No floats (manifest rule)."""
@@ -357,6 +383,8 @@ def engine_details(host: dict, precision: str, options: dict, *, nhwc: bool,
         "dtype": PRECISIONS[precision],
         **({"fp8_gemm": FP8_GEMM_DESCRIPTIONS[fp8_gemm],
             "fp8_fast_accum": bool(fast_accum)} if precision == "fp8" else {}),
+        **({"fp8_conv": FP8_CONV_DESCRIPTIONS[fp8_conv]}
+           if precision == "fp8" and layout != "as_is" else {}),
         **({"cxx": cxx} if cxx else {}),
     }
     if precision == "fp8":
@@ -373,6 +401,14 @@ FP8_GEMM_DESCRIPTIONS = {
                "shared column of ones), bf16 out",
     "tensorwise": "torch._scaled_mm e4m3 x e4m3, tensorwise scales, bf16 out, per-channel "
                   "scale and bias in a pointwise pass after it",
+}
+
+
+FP8_CONV_DESCRIPTIONS = {
+    "im2col": "dense k x k FP8 convolutions: im2col (shifted NHWC views concatenated), "
+              "then the FP8 GEMM",
+    "triton": "dense k x k FP8 convolutions: implicit-GEMM Triton kernel (taps gathered "
+              "in place, fp32 accumulation, per-channel scale and bias, fp16 out)",
 }
 
 
@@ -423,7 +459,7 @@ def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] |
                  batch_sizes: list[int] | None = None, compile_options: dict | None = None,
                  nhwc: bool | None = None, fp8_fast_accum: bool = False,
                  fp8_gemm: str = "rowwise", pad_channels: bool | None = None,
-                 smoke_check: bool = False) -> TargetBuild:
+                 fp8_conv: str | None = None, smoke_check: bool = False) -> TargetBuild:
     """The bundle's engine: its torch model in its precision, compiled (module docstring).
 
     Everything the bundle's graph was made with comes from ``context`` (``bundler.
@@ -431,7 +467,8 @@ def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] |
     ``calibration.safetensors``, the torch model, the pixel head); ``onnx_bytes`` is not
     re-read. ``smoke_check`` is off by default (a load in the build process; see
     ``build_engine``): ``bundle verify --numerics`` loads the package in the runtime and
-    checks it against the ONNX Runtime reference instead.
+    checks it against the ONNX Runtime reference instead. ``fp8_conv``: how dense k x k
+    FP8 convolutions run, default ``$TRT_BUNDLE_FP8_CONV`` or im2col (``default_fp8_conv``).
     """
     if context is None:
         raise UsageError("the torch-aoti target compiles the family's torch model: it needs "
@@ -458,7 +495,7 @@ def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] |
                                  fast_accum=fp8_fast_accum, fp8_gemm=fp8_gemm,
                                  pad_channels=pad_channels, smoke=smoke_check, log=log,
                                  pixel_scale_bias=context.pixel_scale_bias,
-                                 layout=family.torch_aoti_layout,
+                                 layout=family.torch_aoti_layout, fp8_conv=fp8_conv,
                                  hook=getattr(ext, "nhwc_module", None),
                                  channels_last=channels_last)
     return TargetBuild(backend=BACKEND, member=MEMBER, engine_bytes=data, details=details,

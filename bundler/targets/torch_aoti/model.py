@@ -26,7 +26,9 @@ head:
   pass over the activations. In the ``fp8-depthwise`` variant its input and weights are
   quantized-dequantized as the ONNX graph does (there is no FP8 depthwise kernel);
 * dense k x k convolutions the recipe selects (timm_resnet50's 3x3) -> ``Fp8ConvNHWC``:
-  im2col by shifted slices, then the same FP8 GEMM;
+  im2col by shifted slices, then the same FP8 GEMM; or, with ``fp8_conv="triton"``
+  (``FP8_CONVS``), the quantize and an implicit-GEMM Triton kernel that reads the taps in
+  place (``kernels/fp8_conv.py``);
 * other convolutions (the stem) -> ``ConvNHWC`` (cuDNN through a permuted view), other
   1x1 convolutions -> ``PointwiseNHWC`` (a plain matmul), the global average pool ->
   ``GlobalAvgPoolNHWC``, max/average pools -> ``NCHWView`` (the pool on the NCHW view).
@@ -63,7 +65,7 @@ from torch import nn
 from bundler.fp8 import E4M3_MAX, quantize as quantize_fp8, stored_scale
 from runtime_py.errors import UsageError
 
-__all__ = ["FP8_ALIGN", "FP8_GEMMS", "padded", "map_nodes_to_modules", "rewrite_nhwc",
+__all__ = ["FP8_ALIGN", "FP8_GEMMS", "FP8_CONVS", "fp8_conv_kernel", "padded", "map_nodes_to_modules", "rewrite_nhwc",
            "rewrite_as_is", "fp8_gemm_rows", "EngineModule", "check_rewrite",
            "fake_quant_reference"]
 
@@ -76,6 +78,12 @@ FP8_ALIGN = 16
 #: 6.20 to 5.50 ms; the shared ones column then took batch 1 from 0.66 to 0.47 ms
 #: (families/timm_xception/README.md).
 FP8_GEMMS = ("rowwise", "tensorwise")
+#: How ``Fp8ConvNHWC`` runs a dense k x k FP8 convolution. "im2col": the shifted views
+#: concatenated (kh*kw times the input's bytes, written and read again) and one
+#: ``_scaled_mm``; "triton": ``kernels/fp8_conv.py``'s implicit GEMM, which gathers the
+#: taps as it loads its tiles. im2col stays the default until the H200 says otherwise
+#: (``benchmarks/fp8_conv_bench.py``).
+FP8_CONVS = ("im2col", "triton")
 
 #: Spatial layers with no channel arithmetic: run on the NCHW view of NHWC data (``NCHWView``).
 _SPATIAL = (nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveMaxPool2d, nn.AdaptiveAvgPool2d)
@@ -135,6 +143,12 @@ def fake_quant(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Quantize-dequantize, back in x's dtype (QuantizeLinear -> DequantizeLinear)."""
     return (quantize(x, scale).float() * scale).to(x.dtype)
 
+def conv_output_hw(h: int, w: int, kernel: tuple[int, int], stride: tuple[int, int],
+                   padding: tuple[int, int], dilation: tuple[int, int]) -> tuple[int, int]:
+    """Output height and width of a convolution (``torch.nn.Conv2d``'s formula)."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
+    return (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+
 def conv_taps(x: torch.Tensor, kernel: tuple[int, int], stride: tuple[int, int],
               padding: tuple[int, int], dilation: tuple[int, int]
               ) -> tuple[list[torch.Tensor], int, int]:
@@ -144,8 +158,7 @@ def conv_taps(x: torch.Tensor, kernel: tuple[int, int], stride: tuple[int, int],
     _, h, w, _ = x.shape
     (kh, kw), (sh, sw) = kernel, stride
     (ph, pw), (dh, dw) = padding, dilation
-    ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-    wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    ho, wo = conv_output_hw(h, w, kernel, stride, padding, dilation)
     xp = F.pad(x, (0, 0, pw, pw, ph, ph)) if ph or pw else x
     taps = [xp[:, i * dh: i * dh + sh * (ho - 1) + 1: sh,
                j * dw: j * dw + sw * (wo - 1) + 1: sw, :]
@@ -309,11 +322,14 @@ class Fp8ConvNHWC(Fp8Gemm):
     """A dense k x k convolution as an FP8 GEMM on NHWC activations: the taps are
     gathered as shifted slices (im2col, in (kh, kw, C) order, zero padded), quantized and
     multiplied with the kernel laid out [Cout, kh*kw*Cin]. Element for element the same
-    FP8 operands as the ONNX graph's Q/DQ Conv (quantizing zeros gives zeros). A first
-    form for the H200 study: an implicit-GEMM kernel would avoid the kh*kw-times copy."""
+    FP8 operands as the ONNX graph's Q/DQ Conv (quantizing zeros gives zeros).
+
+    ``conv_kernel="triton"`` (``fp8_conv_kernel``): on CUDA inputs the im2col copy (kh*kw
+    times the input) is replaced by the implicit-GEMM kernel of ``kernels/fp8_conv.py``
+    on the same FP8 operands (``implicit_gemm``; fp32 accumulation, fp16 out)."""
 
     def __init__(self, conv: nn.Conv2d, act_scale: float, weight_scale: Any,
-                 dtype: torch.dtype, **options: Any) -> None:
+                 dtype: torch.dtype, conv_kernel: str = "im2col", **options: Any) -> None:
         if conv.groups != 1 or isinstance(conv.padding, str) or conv.padding_mode != "zeros":
             raise UsageError(f"Fp8ConvNHWC takes dense convolutions with explicit zero "
                              f"padding, got {conv}")
@@ -323,11 +339,53 @@ class Fp8ConvNHWC(Fp8Gemm):
         self.channels = conv.in_channels
         self.kernel, self.stride = tuple(conv.kernel_size), tuple(conv.stride)
         self.padding, self.dilation = tuple(conv.padding), tuple(conv.dilation)
+        self.conv_kernel = fp8_conv_kernel(conv_kernel, emulate=self.emulate)
+        if self.conv_kernel == "triton":
+            from bundler.targets.torch_aoti.kernels.fp8_conv import default_config
+
+            self.tiles = default_config(self.channels, self.out, self.kernel)
+            # the epilogue's scale: activation scale times each channel's weight scale, in
+            # fp32; its bias: bias_out (the fp16 graph's bias in fp32, not bf16 as the GEMM's)
+            self.register_buffer("conv_scale", self.weight_scale_row[0] * self.act_scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x[..., :self.channels]
+        if self.conv_kernel == "triton" and x.is_cuda:
+            return self.implicit_gemm(x)
         taps, ho, wo = conv_taps(x, self.kernel, self.stride, self.padding, self.dilation)
         return self.matmul(torch.cat(taps, dim=-1)).reshape(x.shape[0], ho, wo, self.out)
+
+    def implicit_gemm(self, x: torch.Tensor) -> torch.Tensor:
+        """The "triton" path: quantize (Inductor fuses it into the producer's kernel), then
+        the implicit-GEMM kernel on the same FP8 weight buffer as the im2col path's."""
+        from bundler.targets.torch_aoti.kernels.fp8_conv import fp8_conv
+
+        y = fp8_conv(quantize(x, self.act_scale), self.weight_fp8, self.conv_scale,
+                     self.bias_out, self.out, self.kernel, self.stride, self.padding,
+                     self.dilation, config=self.tiles)
+        return y if self.dtype == torch.float16 else y.to(self.dtype)
+
+
+def fp8_conv_kernel(requested: str, *, emulate: bool = False) -> str:
+    """The kernel a dense k x k FP8 convolution runs as (``FP8_CONVS``), for ``requested``.
+
+    "triton" is refused with a message when triton cannot be imported (a build asked for
+    it would otherwise run im2col unnoticed), and falls back to "im2col" for emulated
+    models (``emulate``: the CPU tests' fp32 product of the same FP8 operands). On CPU
+    inputs (an eager run on the host) ``Fp8ConvNHWC`` takes the im2col path too.
+    """
+    if requested not in FP8_CONVS:
+        raise UsageError(f"fp8 convolution kernel {requested!r} is not one of "
+                         f"{', '.join(FP8_CONVS)}")
+    if requested == "im2col" or emulate:
+        return "im2col"
+    from bundler.targets.torch_aoti.kernels import available
+
+    ok, why = available()
+    if not ok:
+        raise UsageError(f"the Triton FP8 convolution was asked for, but {why}: install the "
+                         "triton that matches this torch, or build with fp8_conv=im2col")
+    return "triton"
 
 
 class DepthwiseNHWC(nn.Module):
@@ -479,7 +537,8 @@ def rewrite_nhwc(model: torch.nn.Module, dtype: torch.dtype, *,
                  fp8_depthwise: Mapping[str, tuple[float, Any]] | None = None,
                  emulate: bool = False, fast_accum: bool = False,
                  fp8_gemm: str = "rowwise", pad_channels: bool = False,
-                 fp8_rows: int | None = None, hook=None) -> torch.nn.Module:
+                 fp8_rows: int | None = None, fp8_conv: str = "im2col",
+                 hook=None) -> torch.nn.Module:
     """A copy of ``model`` (BN-folded, eval) computing NHWC in ``dtype``.
 
     ``fp8_rows`` (rowwise GEMMs): the most rows any FP8 GEMM will see (``fp8_gemm_rows``);
@@ -499,7 +558,8 @@ def rewrite_nhwc(model: torch.nn.Module, dtype: torch.dtype, *,
     ``fp8``: module path -> (activation scale, per-channel weight scales) of the dense
     convolutions to run as FP8 GEMMs (1x1: ``Fp8Pointwise``; k x k: ``Fp8ConvNHWC``);
     ``fp8_depthwise``: the same for depthwise convolutions to quantize-dequantize (variant
-    fp8-depthwise). ``hook(name, module, dtype)``: the family's own NHWC replacement
+    fp8-depthwise). ``fp8_conv`` (``FP8_CONVS``): how the k x k ones run
+    (``fp8_conv_kernel``). ``hook(name, module, dtype)``: the family's own NHWC replacement
     (``family.py``'s ``nhwc_module``), asked first; None keeps the rules here.
 
     The layout rules: convolutions and global average pools are replaced; spatial layers
@@ -510,6 +570,7 @@ def rewrite_nhwc(model: torch.nn.Module, dtype: torch.dtype, *,
     ``forward`` depends on the layout is caught there.
     """
     fp8, fp8_depthwise = dict(fp8 or {}), dict(fp8_depthwise or {})
+    fp8_conv_kernel(fp8_conv, emulate=True)          # a known name, before any work
     ones = OnesColumn(fp8_rows) if fp8 and fp8_rows and fp8_gemm == "rowwise" else None
     body = copy.deepcopy(model).eval()
     modules = dict(body.named_modules())
@@ -537,7 +598,8 @@ def rewrite_nhwc(model: torch.nn.Module, dtype: torch.dtype, *,
                                    padded_io=pad_channels, ones=ones)
             elif name in fp8 and m.groups == 1:
                 new = Fp8ConvNHWC(m, *fp8[name], dtype=dtype, emulate=emulate,
-                                  fast_accum=fast_accum, gemm=fp8_gemm, ones=ones)
+                                  fast_accum=fast_accum, gemm=fp8_gemm, ones=ones,
+                                  conv_kernel=fp8_conv)
             elif name in fp8:
                 problems.append(f"{name}: fp8 selects a grouped convolution (fp8-depthwise "
                                 "variants quantize depthwise ones)")

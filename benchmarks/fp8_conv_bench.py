@@ -1,0 +1,608 @@
+"""FP8 convolutions of ResNet-50 on one GPU: cuDNN fp16 vs im2col + _scaled_mm vs the Triton
+implicit GEMM, layer by layer (and, with --model, the whole torch-aoti engine model).
+
+Why: timm_resnet50's fp8 bundle should be >= 1.2x its fp16 bundle at batch 32 (issue 18),
+and its 3x3 convolutions are over half its FLOPs. The torch-aoti model runs them as im2col
+(``bundler.targets.torch_aoti.model.Fp8ConvNHWC``: nine shifted views concatenated, 9x the
+activation bytes, then one FP8 GEMM) or, opt-in, as ``kernels/fp8_conv.py``'s implicit GEMM.
+This script says which is faster than cuDNN's fp16 convolution, by how much, per layer.
+
+Per layer shape of timm's resnet50 at 224x224 (the 52 convolutions the family quantizes:
+all but the stem; ``RESNET50_CONVS``, checked against timm by tests/test_fp8_conv_kernel.py),
+at ``--batch`` (32), NHWC fp16 activations:
+
+  cudnn     F.conv2d on channels_last fp16 (cudnn.benchmark on): the fp16 bundle's conv
+  im2col    Fp8ConvNHWC (3x3) / Fp8Pointwise (1x1) as the fp8 model has them, eager:
+            quantize, (3x3) concatenated taps, rowwise _scaled_mm, fp16 out
+  gemm      the _scaled_mm alone on an already built im2col buffer: the floor of im2col
+  im2col-c  torch.compile of the im2col module (Inductor fuses pad, concat and quantize)
+  triton    the Triton kernel alone on already quantized input, best of its tile configs
+            (``CANDIDATE_CONFIGS`` and ``default_config``; --configs), tiles printed
+  triton-c  torch.compile of the Triton module (quantize + kernel, default_config tiles)
+  cudnn-fp8 cuDNN's own FP8 convolution through the cuDNN frontend (``import cudnn``, pip
+            nvidia-cudnn-frontend; skipped, with the reason, where it is not installed):
+            e4m3 NHWC operands, per-channel scale and bias in its epilogue, fp16 out
+
+Timing: each variant is captured in a CUDA graph and replayed; median of --iters replays
+(CUDA events) after warm-up. Errors: max |x - cudnn| / max |cudnn| (FP8 itself is a few
+percent). Totals: sum over the 52 layers of count x time (the layers' share of a forward
+pass), with ratios cudnn / variant (> 1: faster than fp16).
+
+--model: timm_resnet50 (random weights, BN folded), fp32 NCHW in: fp16 (the model in
+channels_last, as the family's fp16 bundle and the torch.compile peer run it), and the
+torch-aoti fp8 engine module (``build.engine_model``) with its 3x3 layers on the Triton
+kernel, on im2col, or in fp16 (fp8-pointwise); ``--model-variants``. Each is
+``torch.compile``-d (default mode, batch static) and CUDA-graph replayed: ms per batch,
+ratios to fp16, top-1 agreement with fp16. Needs timm.
+
+Order: the eager variants of every layer, then --model, then the compiled variants.
+--budget-s: no new measurement starts after that many seconds (default 180; a model
+compile starts only with --model-reserve-s left); what was skipped is printed as such, and
+the tables are printed whatever failed.
+
+    PYTHONPATH=. python benchmarks/fp8_conv_bench.py [--batch 32] [--iters 50] [--model]
+        [--kinds 3x3,1x1] [--compile-kinds 3x3] [--configs all|default] [--json PATH]
+        [--quiet] [--budget-s 180]
+
+Needs torch with a CUDA GPU of compute capability >= 8.9, triton, numpy and this repository
+(its own imports: ml_dtypes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import signal
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+#: (in channels, out channels, input height = width, kernel, stride, padding) -> how many
+#: of timm resnet50's 52 non-stem convolutions have that shape at a 224x224 input.
+RESNET50_CONVS = {
+    (64, 64, 56, 1, 1, 0): 1, (64, 64, 56, 3, 1, 1): 3, (64, 256, 56, 1, 1, 0): 4,
+    (256, 64, 56, 1, 1, 0): 2, (256, 128, 56, 1, 1, 0): 1, (128, 128, 56, 3, 2, 1): 1,
+    (128, 512, 28, 1, 1, 0): 4, (256, 512, 56, 1, 2, 0): 1, (512, 128, 28, 1, 1, 0): 3,
+    (128, 128, 28, 3, 1, 1): 3, (512, 256, 28, 1, 1, 0): 1, (256, 256, 28, 3, 2, 1): 1,
+    (256, 1024, 14, 1, 1, 0): 6, (512, 1024, 28, 1, 2, 0): 1, (1024, 256, 14, 1, 1, 0): 5,
+    (256, 256, 14, 3, 1, 1): 5, (1024, 512, 14, 1, 1, 0): 1, (512, 512, 14, 3, 2, 1): 1,
+    (512, 2048, 7, 1, 1, 0): 3, (1024, 2048, 14, 1, 2, 0): 1, (2048, 512, 7, 1, 1, 0): 2,
+    (512, 512, 7, 3, 1, 1): 2,
+}
+VARIANTS = ("cudnn", "im2col", "gemm", "im2col-c", "triton", "triton-c", "cudnn-fp8")
+STARTED = time.monotonic()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.monotonic() - STARTED:6.1f}s] {msg}", flush=True)
+
+
+def shape_name(shape: tuple) -> str:
+    cin, cout, hw, k, s, _ = shape
+    return f"{k}x{k} s{s} {cin}->{cout} @{hw}"
+
+
+def flops(shape: tuple, batch: int) -> float:
+    cin, cout, hw, k, s, p = shape
+    ho = (hw + 2 * p - k) // s + 1
+    return 2.0 * batch * ho * ho * cout * cin * k * k
+
+
+class Interrupted(BaseException):
+    """SIGTERM (``timeout``): stop measuring, print what there is."""
+
+
+def _interrupt(_signum, _frame):
+    raise Interrupted()
+
+
+class Budget:
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def left(self) -> float:
+        return self.seconds - (time.monotonic() - STARTED)
+
+
+def graph_time(fn, iters: int, warmup: int = 5):
+    """Median ms of CUDA-graph replays of ``fn`` (warmed up on a side stream first), and
+    the output of the captured call."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times), out
+
+
+def rel_err(got, ref) -> float:
+    return float((got.float() - ref.float()).abs().max() / ref.float().abs().max())
+
+
+class Layer:
+    """One convolution shape: its fp16 tensors, the fp8 modules the engine model would use."""
+
+    def __init__(self, shape: tuple, batch: int) -> None:
+        import torch
+        from torch import nn
+
+        from bundler.targets.torch_aoti import model as tam
+
+        cin, cout, hw, k, s, p = shape
+        self.shape, self.k = shape, k
+        gen = torch.Generator().manual_seed(hash(shape) % 2**31)
+        self.conv = nn.Conv2d(cin, cout, k, s, p)
+        with torch.no_grad():
+            self.conv.weight.copy_(torch.randn(self.conv.weight.shape, generator=gen)
+                                   * math.sqrt(2.0 / (cin * k * k)))
+            self.conv.bias.copy_(torch.randn(cout, generator=gen) * 0.1)
+        # post-ReLU-like activations, as the convolutions after the first see
+        self.x = torch.randn(batch, hw, hw, cin, generator=gen).clamp_min(0).half().cuda()
+        self.act_scale = float(self.x.float().abs().max()) / 448.0
+        self.weight_scales = (self.conv.weight.detach().abs().amax(dim=(1, 2, 3)) / 448.0
+                              ).clamp_min(1e-8).numpy()
+        ho = (hw + 2 * p - k) // s + 1
+        self.rows = batch * ho * ho
+        self.ones = tam.OnesColumn(self.rows)
+        self.tam = tam
+
+    def im2col_module(self):
+        import torch
+
+        tam, cls = self.tam, (self.tam.Fp8Pointwise if self.k == 1 else self.tam.Fp8ConvNHWC)
+        return cls(self.conv, self.act_scale, self.weight_scales, torch.float16,
+                   ones=self.ones).cuda()
+
+    def triton_module(self):
+        import torch
+
+        return self.tam.Fp8ConvNHWC(self.conv, self.act_scale, self.weight_scales,
+                                    torch.float16, ones=self.ones, conv_kernel="triton").cuda()
+
+    def cudnn(self):
+        import torch
+        import torch.nn.functional as F
+
+        w = self.conv.weight.detach().half().cuda().to(memory_format=torch.channels_last)
+        b = self.conv.bias.detach().half().cuda()
+        x = self.x.permute(0, 3, 1, 2)                  # NCHW view of NHWC: channels_last
+        stride, padding = self.conv.stride, self.conv.padding
+        return lambda: F.conv2d(x, w, b, stride, padding)
+
+
+def cudnn_fp8_conv(layer: Layer, q, weight_fp8, scale, bias):
+    """A callable running ``layer`` as cuDNN's FP8 convolution (cuDNN frontend graph):
+    e4m3 NHWC input and [K, R, S, C] weight, fp32 accumulation, ``* scale + bias`` per
+    channel, fp16 NHWC out."""
+    import cudnn
+    import torch
+
+    cin, cout, hw, k, stride, pad = layer.shape
+    n = q.shape[0]
+    ho = (hw + 2 * pad - k) // stride + 1
+    handle = cudnn.create_handle()
+    g = cudnn.pygraph(io_data_type=cudnn.data_type.FP8_E4M3,
+                      intermediate_data_type=cudnn.data_type.FLOAT,
+                      compute_data_type=cudnn.data_type.FLOAT, handle=handle)
+    x_nchw = q.permute(0, 3, 1, 2)                                   # NHWC strides
+    w = weight_fp8[:cout, :k * k * cin].contiguous().view(cout, k, k, cin).permute(0, 3, 1, 2)
+    per_channel = dict(dim=[1, cout, 1, 1], stride=[cout, 1, cout, cout],
+                       data_type=cudnn.data_type.FLOAT)
+    X = g.tensor(name="X", dim=list(x_nchw.shape), stride=list(x_nchw.stride()),
+                 data_type=cudnn.data_type.FP8_E4M3)
+    W = g.tensor(name="W", dim=list(w.shape), stride=list(w.stride()),
+                 data_type=cudnn.data_type.FP8_E4M3)
+    S = g.tensor(name="S", **per_channel)
+    B = g.tensor(name="B", **per_channel)
+    conv = g.conv_fprop(image=X, weight=W, padding=[pad, pad], stride=[stride, stride],
+                        dilation=[1, 1])
+    Y = g.add(a=g.mul(a=conv, b=S), b=B)
+    Y.set_output(True).set_data_type(cudnn.data_type.HALF).set_dim(
+        [n, cout, ho, ho]).set_stride([ho * ho * cout, 1, ho * cout, cout])
+    g.validate()
+    g.build_operation_graph()
+    g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    g.check_support()
+    g.build_plans()
+    workspace = torch.empty(max(1, g.get_workspace_size()), device="cuda", dtype=torch.uint8)
+    out = torch.empty(n, ho, ho, cout, device="cuda", dtype=torch.float16)
+    pack = {X: x_nchw, W: w, S: scale[:cout].reshape(1, cout, 1, 1).contiguous(),
+            B: bias[:cout].reshape(1, cout, 1, 1).contiguous(), Y: out.permute(0, 3, 1, 2)}
+
+    def run():
+        # the stream of the moment: a CUDA graph captures on a stream of its own
+        cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
+        g.execute(pack, workspace, handle=handle)
+        return out
+
+    return run
+
+
+def measure_layer(layer: Layer, which: str, args, configs) -> dict:
+    """One variant of one layer: {"ms", "err" or "error", and "tiles" for triton}."""
+    import torch
+
+    x = layer.x
+    if which == "cudnn":
+        ms, out = graph_time(layer.cudnn(), args.iters)
+        layer.ref = out.permute(0, 2, 3, 1)
+        return {"ms": ms}
+    if which == "im2col":
+        m = layer.im2col_module()
+        ms, out = graph_time(lambda: m(x), args.iters)
+        layer.im2col_out = out
+        return {"ms": ms, "err": rel_err(out, layer.ref)}
+    if which == "gemm":
+        m = layer.im2col_module()
+        q = layer.tam.quantize(x, m.act_scale)
+        if layer.k > 1:
+            taps, _, _ = layer.tam.conv_taps(q.view(torch.uint8), m.kernel, m.stride,
+                                             m.padding, m.dilation)
+            q = torch.cat(taps, dim=-1).view(torch.float8_e4m3fn)
+        elif m.stride != (1, 1):
+            q = q[:, ::m.stride[0], ::m.stride[1], :]
+        a = q.contiguous().reshape(-1, m.kpad)
+        ones = layer.ones.tensor[:a.shape[0]]
+        ms, _ = graph_time(lambda: torch._scaled_mm(
+            a, m.weight_fp8.t(), scale_a=ones, scale_b=m.gemm_scale_row, bias=m.bias_row,
+            out_dtype=torch.bfloat16), args.iters)
+        return {"ms": ms}
+    if which in ("im2col-c", "triton-c"):
+        m = layer.im2col_module() if which == "im2col-c" else layer.triton_module()
+        torch._dynamo.reset()    # a fresh compile: no recompile limit across the layers
+        compiled = torch.compile(m, dynamic=False)
+        ms, out = graph_time(lambda: compiled(x), args.iters)
+        return {"ms": ms, "err": rel_err(out, layer.ref)}
+    if which == "cudnn-fp8":
+        try:
+            import cudnn  # noqa: F401
+        except ImportError as e:
+            return {"skipped": f"no cuDNN frontend ({e}): pip install nvidia-cudnn-frontend"}
+        m = layer.triton_module()
+        q = layer.tam.quantize(x, m.act_scale).contiguous()
+        ms, out = graph_time(cudnn_fp8_conv(layer, q, m.weight_fp8, m.conv_scale, m.bias_out),
+                             args.iters)
+        return {"ms": ms, "err": rel_err(out, layer.ref)}
+    if which == "triton":
+        from bundler.targets.torch_aoti.kernels.fp8_conv import fp8_conv
+
+        m = layer.triton_module()
+        q = layer.tam.quantize(x, m.act_scale).contiguous()
+        best, tried = None, {}
+        for cfg in configs(layer):
+            name = "x".join(map(str, cfg[:3])) + f"/w{cfg[3]}s{cfg[4]}"
+            try:
+                ms, out = graph_time(lambda cfg=cfg: fp8_conv(
+                    q, m.weight_fp8, m.conv_scale, m.bias_out, m.out, m.kernel, m.stride,
+                    m.padding, m.dilation, config=cfg), args.iters)
+            except Exception as e:   # a config that does not compile (shared memory)
+                tried[name] = f"failed: {type(e).__name__}"
+                continue
+            tried[name] = round(ms, 4)
+            if best is None or ms < best["ms"]:
+                best = {"ms": ms, "tiles": name, "err": rel_err(out, layer.ref),
+                        "vs_im2col": rel_err(out, getattr(layer, "im2col_out", layer.ref))}
+        if best is None:
+            raise RuntimeError(f"no tile config ran: {tried}")
+        best["tried"] = tried
+        return best
+    raise ValueError(which)
+
+
+#: Cheap eager measurements of every layer first, then torch.compile (seconds per layer),
+#: so that a short budget still gives a whole table; --model runs between the two.
+EAGER_PHASE = ("cudnn", "im2col", "gemm", "triton", "cudnn-fp8")
+COMPILED_PHASE = ("im2col-c", "triton-c")
+
+
+def run_layers(args, budget: Budget, phase: tuple[str, ...], results: dict,
+               layers: dict) -> dict:
+    """Measure the variants of ``phase`` on every layer shape of ``--kinds`` into
+    ``results`` (layer name -> {"shape", "count", "v": variant -> result})."""
+    import torch
+
+    from bundler.targets.torch_aoti.kernels.fp8_conv import CANDIDATE_CONFIGS, default_config
+
+    kinds = {int(k.split("x")[0]) for k in args.kinds.split(",") if k}
+    compile_kinds = {int(k.split("x")[0]) for k in args.compile_kinds.split(",") if k}
+    shapes = [s for s in RESNET50_CONVS if s[3] in kinds]
+
+    def configs(layer: Layer):
+        cin, cout, _, k, _, _ = layer.shape
+        base = default_config(cin, cout, (k, k))
+        if args.configs == "default" or (k == 1 and args.configs != "all-1x1"):
+            return [base]
+        return [base] + [c for c in CANDIDATE_CONFIGS if c != base]
+
+    torch.backends.cudnn.benchmark = True
+    for s in shapes:
+        results.setdefault(shape_name(s), {"shape": list(s), "count": RESNET50_CONVS[s], "v": {}})
+    said: set[str] = set()
+    for which in phase:
+        log(f"phase: {which}")
+        for s in shapes:
+            row = results[shape_name(s)]["v"]
+            if which in COMPILED_PHASE and s[3] not in compile_kinds:
+                row[which] = {"skipped": "not compiled (--compile-kinds)"}
+                continue
+            if which == "triton-c" and s[3] == 1:
+                row[which] = {"skipped": "1x1: the model keeps Fp8Pointwise"}
+                continue
+            if budget.left() <= 0:
+                row[which] = {"skipped": "budget"}
+                continue
+            try:
+                if s not in layers:
+                    layers[s] = Layer(s, args.batch)
+                if which != "cudnn" and not hasattr(layers[s], "ref"):
+                    raise RuntimeError("no cudnn reference")
+                row[which] = measure_layer(layers[s], which, args, configs)
+                if "skipped" in row[which]:
+                    if row[which]["skipped"] not in said:
+                        said.add(row[which]["skipped"])
+                        log(f"{which}: skipped: {row[which]['skipped']}")
+                    continue
+                if not args.quiet:
+                    log(f"{shape_name(s):28s} {which:9s} {row[which]['ms']:.4f} ms"
+                        + (f"  err {row[which]['err']:.3g}" if "err" in row[which] else "")
+                        + (f"  tiles {row[which]['tiles']}" if "tiles" in row[which] else ""))
+            except Exception as e:
+                row[which] = {"error": f"{type(e).__name__}: {e}"[:400]}
+                log(f"{shape_name(s):28s} {which:9s} FAILED {row[which]['error']}")
+                if args.verbose:
+                    traceback.print_exc()
+        torch.cuda.empty_cache()
+    return results
+
+
+def print_layers(results: dict, batch: int) -> None:
+    print(f"\n== ResNet-50 convolutions at batch {batch}: ms (median CUDA-graph replay); "
+          "x = cudnn / variant (> 1: faster than fp16 cuDNN)")
+    head = f"{'layer':28s} {'n':>2s} {'GFLOP':>6s}"
+    for v in VARIANTS:
+        head += f" {v:>9s} {'x':>5s}"
+    print(head + f" {'err-im2col':>10s} {'err-triton':>10s}  triton tiles")
+    totals = {kind: {v: 0.0 for v in VARIANTS} for kind in ("3x3", "1x1", "all")}
+    complete = {kind: {v: True for v in VARIANTS} for kind in totals}
+    for name, r in results.items():
+        v, count = r["v"], r["count"]
+        base = v.get("cudnn", {}).get("ms")
+        line = f"{name:28s} {count:2d} {flops(tuple(r['shape']), batch) / 1e9:6.1f}"
+        kind = f"{r['shape'][3]}x{r['shape'][3]}"
+        for var in VARIANTS:
+            ms = v.get(var, {}).get("ms")
+            if ms is None:
+                tag = ("-" if var not in v else "skip" if "skipped" in v[var]
+                       else "FAIL")
+                line += f" {tag:>9s} {'':>5s}"
+                for k in (kind, "all"):
+                    complete[k][var] = False
+                continue
+            line += f" {ms:9.4f} {base / ms if base else float('nan'):5.2f}"
+            for k in (kind, "all"):
+                totals[k][var] += count * ms
+        line += f" {v.get('im2col', {}).get('err', float('nan')):10.3g}"
+        line += f" {v.get('triton', {}).get('err', float('nan')):10.3g}"
+        line += f"  {v.get('triton', {}).get('tiles', '')}"
+        print(line)
+    print("\n== totals over the layers (sum of count x ms: their time in one forward pass)")
+    print(f"{'layers':8s}" + "".join(f" {v:>9s} {'x':>5s}" for v in VARIANTS))
+    present = {f"{r['shape'][3]}x{r['shape'][3]}" for r in results.values()} | {"all"}
+    for kind, t in totals.items():
+        if kind not in present:
+            continue
+        base = t["cudnn"]
+        line = f"{kind:8s}"
+        for var in VARIANTS:
+            mark = "" if complete[kind][var] else "*"
+            ratio = base / t[var] if t[var] else float("nan")
+            line += f" {t[var]:8.3f}{mark or ' '} {ratio:5.2f}"
+        print(line)
+    print("(* some layers missing from that total: failed, skipped or not run (-))")
+    tried = {n: r["v"]["triton"]["tried"] for n, r in results.items()
+             if len(r["v"].get("triton", {}).get("tried", {})) > 1}
+    if tried:
+        print("\n== Triton tiles tried (ms; the first is default_config's)")
+        for n, t in tried.items():
+            print(f"{n:28s} " + ", ".join(f"{cfg} {ms}" for cfg, ms in t.items()))
+    errors = [(n, var, x["error"]) for n, r in results.items() for var, x in r["v"].items()
+              if "error" in x]
+    for n, var, err in errors:
+        print(f"FAILED {n} {var}: {err}")
+
+
+# --- the whole model ------------------------------------------------------------------------
+
+#: --model's variants: fp16 = the model in fp16 channels_last (cuDNN convolutions; what the
+#: family's fp16 bundle and the torch.compile peer are), fp8-triton / fp8-im2col = the fp8
+#: NHWC engine module with its 3x3 layers on the Triton kernel / im2col, fp8-pointwise = FP8
+#: on the 1x1 layers only (3x3 in fp16 through cuDNN), fp16-nhwc = the fp16 NHWC rewrite.
+MODEL_VARIANTS = ("fp16", "fp8-triton", "fp8-pointwise", "fp8-im2col", "fp16-nhwc")
+
+
+def run_model(args, budget: Budget, results: dict) -> dict:
+    """timm_resnet50 engine modules (random weights), compiled, CUDA-graph replayed, into
+    ``results`` (variant -> result)."""
+    import numpy as np
+    import torch
+
+    from bundler.families import load_family
+    from bundler.targets.torch_aoti.build import default_pad_channels, engine_model
+    from bundler.targets.torch_aoti.model import EngineModule
+    from bundler.torch_model import build_torch_model
+
+    family = load_family("timm_resnet50")
+    shape = tuple(family.input.shape)
+    model = build_torch_model(family, seed=0).cuda()
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(args.batch, *shape, generator=gen).cuda()
+    paths = [n for n, m in model.named_modules()
+             if isinstance(m, torch.nn.Conv2d) and n != "conv1"]
+    amax: dict[str, float] = {}
+    modules = dict(model.named_modules())
+    hooks = [modules[p].register_forward_hook(
+        lambda _m, inp, _o, p=p: amax.__setitem__(p, max(amax.get(p, 0.0),
+                                                         float(inp[0].abs().max()))))
+        for p in paths]
+    with torch.no_grad():
+        model(x)
+    for h in hooks:
+        h.remove()
+    fp8 = {p: (amax[p] / 448.0, (modules[p].weight.detach().abs().amax(dim=(1, 2, 3)) / 448.0)
+               .clamp_min(1e-8).cpu().numpy()) for p in paths}
+    model = model.cpu()
+    pointwise = {p: s for p, s in fp8.items() if modules[p].kernel_size == (1, 1)}
+    x_cl = x.contiguous(memory_format=torch.channels_last)
+    outputs = {}
+    for name in args.model_variants.split(","):
+        if name not in MODEL_VARIANTS:
+            results[name] = {"error": f"unknown; choose from {', '.join(MODEL_VARIANTS)}"}
+            continue
+        if budget.left() < args.model_reserve_s:
+            results[name] = {"skipped": f"budget ({budget.left():.0f} s left)"}
+            log(f"model {name}: skipped, {budget.left():.0f} s of budget left")
+            continue
+        try:
+            started = time.monotonic()
+            inputs = x
+            if name == "fp16":           # the model as it is, fp16 channels_last (cuDNN)
+                body = copy.deepcopy(model).half().to(memory_format=torch.channels_last)
+                module, inputs = EngineModule(body, torch.float16, False), x_cl
+            else:
+                precision = "fp16" if name == "fp16-nhwc" else "fp8"
+                layers = {"fp8-pointwise": pointwise, "fp16-nhwc": None}.get(name, fp8)
+                module, _ = engine_model(model, precision, layers,
+                                         pad_channels=default_pad_channels(precision),
+                                         input_shape=shape, max_batch=args.batch,
+                                         fp8_conv="triton" if name == "fp8-triton" else "im2col")
+            module = module.cuda().eval()
+            torch._dynamo.reset()
+            compiled = torch.compile(module, dynamic=False)
+            with torch.no_grad():
+                ms, out = graph_time(lambda: compiled(inputs), args.iters, warmup=3)
+            outputs[name] = out.float().clone()
+            results[name] = {"ms": ms, "build_s": time.monotonic() - started}
+            log(f"model {name}: {ms:.3f} ms at batch {args.batch} "
+                f"(compiled in {time.monotonic() - started:.0f} s)")
+        except Exception as e:
+            results[name] = {"error": f"{type(e).__name__}: {e}"[:400]}
+            log(f"model {name}: FAILED {results[name]['error']}")
+            if args.verbose:
+                traceback.print_exc()
+    ref = outputs.get("fp16")
+    if ref is not None:
+        results["fp16"]["max_abs_logit"] = float(ref.abs().max())
+    for name, out in outputs.items():
+        if ref is not None and name != "fp16":
+            results[name]["top1_vs_fp16"] = float(
+                np.mean((out.argmax(1) == ref.argmax(1)).cpu().numpy()))
+            results[name]["max_logit_diff"] = float((out - ref).abs().max())
+    return results
+
+
+def print_model(results: dict, batch: int) -> None:
+    print(f"\n== timm_resnet50 engine module (random weights), torch.compile + CUDA graph, "
+          f"batch {batch}")
+    if "max_abs_logit" in results.get("fp16", {}):
+        print(f"(fp16 logits reach {results['fp16']['max_abs_logit']:.3g}: random weights)")
+    base = results.get("fp16", {}).get("ms")
+    for name, r in results.items():
+        if "ms" in r:
+            extra = (f"  top-1 vs fp16 {r['top1_vs_fp16']:.3f}, max |logit diff| "
+                     f"{r['max_logit_diff']:.3g}" if "top1_vs_fp16" in r else "")
+            ratio = f"{base / r['ms']:.3f}x fp16" if base else ""
+            print(f"{name:14s} {r['ms']:8.3f} ms  {ratio}{extra}")
+        else:
+            print(f"{name:14s} {r.get('error') or 'skipped: ' + r.get('skipped', '')}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--kinds", default="3x3,1x1", help="layer kinds to measure")
+    p.add_argument("--compile-kinds", default="3x3",
+                   help="layer kinds also measured under torch.compile (seconds each)")
+    p.add_argument("--configs", default="all", choices=("all", "default", "all-1x1"),
+                   help="Triton tiles: all candidates on 3x3 layers (and on 1x1 with "
+                        "all-1x1), or default_config only")
+    p.add_argument("--model", action="store_true", help="also time the whole engine module")
+    p.add_argument("--model-variants", default="fp16,fp8-triton,fp8-pointwise,fp8-im2col",
+                   help=f"in this order, while the budget lasts: {', '.join(MODEL_VARIANTS)}")
+    p.add_argument("--model-reserve-s", type=float, default=45.0,
+                   help="start a model compile only with this much budget left")
+    p.add_argument("--budget-s", type=float, default=180.0)
+    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--verbose", action="store_true", help="print tracebacks of failures")
+    p.add_argument("--quiet", action="store_true",
+                   help="no line per measurement (phases, failures and the tables only)")
+    args = p.parse_args(argv)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU; none is visible", file=sys.stderr)
+        return 5
+    cc = torch.cuda.get_device_capability()
+    log(f"{torch.cuda.get_device_name()} sm_{cc[0]}{cc[1]}, torch {torch.__version__}, "
+        f"batch {args.batch}, {args.iters} iters, budget {args.budget_s:.0f} s")
+    try:
+        import triton
+
+        log(f"triton {triton.__version__}")
+    except ImportError as e:
+        log(f"triton is missing ({e}): the triton variants will fail")
+    budget = Budget(args.budget_s)
+    report: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                    "batch": args.batch, "iters": args.iters}
+    layers: dict = {}
+    report["layers"] = {}
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        run_layers(args, budget, EAGER_PHASE, report["layers"], layers)
+        if args.model:
+            report["model"] = {}
+            run_model(args, budget, report["model"])
+        run_layers(args, budget, COMPILED_PHASE, report["layers"], layers)
+    except Interrupted:
+        log("interrupted (SIGTERM): the tables below hold what was measured")
+    except Exception as e:
+        log(f"FAILED {type(e).__name__}: {e}")
+        traceback.print_exc()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if report["layers"]:
+        print_layers(report["layers"], args.batch)
+    if report.get("model"):
+        print_model(report["model"], args.batch)
+    log("done")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

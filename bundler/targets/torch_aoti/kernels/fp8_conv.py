@@ -1,0 +1,172 @@
+"""FP8 convolution on NHWC activations as an implicit GEMM (Triton), a torch custom op.
+
+Why: the im2col FP8 convolution (``model.Fp8ConvNHWC``'s default) concatenates the k x k
+shifted views of its input before one ``torch._scaled_mm``: for a 3x3 convolution that
+writes and reads 9x the activation bytes in FP8, which is what ResNet-50's 3x3 layers (over
+half its FLOPs) cannot afford against cuDNN's fp16 implicit-GEMM convolution. This kernel
+gathers the taps while it loads its GEMM tiles, so the input is read from memory (mostly
+from L2: neighbouring output pixels share their taps) and never copied.
+
+The GEMM: rows are the output pixels (M = N * Ho * Wo), columns the output channels, the
+reduction runs over (kh, kw, C) in that order, the layout of the im2col path's kernel
+``[Cout, kh*kw*Cin]`` (rows padded to ``ldw`` columns), so both paths use the same FP8
+weight buffer. Operands: the input already quantized to e4m3 with the per-tensor
+activation scale, the per-output-channel quantized weight; accumulation in fp32; the
+epilogue multiplies by ``scale[n]`` (activation scale times the channel's weight scale),
+adds the bias, optionally applies ReLU, and stores fp16.
+
+Registered with ``torch.library.triton_op`` as ``trt_bundle::fp8_conv_nhwc`` so that
+``torch.compile`` and AOTInductor see the Triton kernel itself (compiled into the package,
+launched from its C++ wrapper) rather than an opaque Python call. Block sizes are ints of
+the op (``Fp8ConvConfig``), chosen per layer by ``default_config`` from the layer's static
+shape: no autotuning at build time, so an AOTInductor build with a dynamic batch has one
+kernel per layer and no timing run.
+
+Imports triton at module level: import this module only where triton may be used
+(``kernels.available``).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+from bundler.targets.torch_aoti.model import conv_output_hw
+
+__all__ = ["Fp8ConvConfig", "CANDIDATE_CONFIGS", "default_config", "fp8_conv_nhwc", "fp8_conv"]
+
+OP = "trt_bundle::fp8_conv_nhwc"
+
+
+class Fp8ConvConfig(NamedTuple):
+    """Tile sizes and launch settings of one kernel instance."""
+
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 64
+    num_warps: int = 8
+    num_stages: int = 3
+    group_m: int = 8
+
+
+#: What ``benchmarks/fp8_conv_bench.py`` tries per shape besides ``default_config``:
+#: Hopper-sized tiles (FP8 dots need block_k >= 32) that fit 3-4 stages in shared memory.
+CANDIDATE_CONFIGS = (
+    Fp8ConvConfig(128, 256, 64, 8, 3),
+    Fp8ConvConfig(256, 128, 64, 8, 3),
+    Fp8ConvConfig(64, 128, 64, 4, 4),
+)
+
+
+def default_config(cin: int, cout: int, kernel: tuple[int, int]) -> Fp8ConvConfig:
+    """The tiles for a layer of ``cin`` -> ``cout`` channels: 128x128x64 (8 warps) by
+    default, narrower for layers of fewer than 128 output channels (ResNet-50's first stage)
+    and a deeper k tile where one tap has many channels. A first rule, to be replaced by
+    what ``benchmarks/fp8_conv_bench.py`` measures on the H200."""
+    del kernel  # the tap count changes the loop length, not the best tile (to be measured)
+    block_n = 64 if cout <= 64 else 128
+    block_k = 128 if cin >= 256 and cin % 128 == 0 else 64
+    warps = 8 if block_n == 128 else 4
+    return Fp8ConvConfig(128, block_n, block_k, warps, 3 if block_k == 128 else 4)
+
+
+@triton.jit
+def _fp8_conv_nhwc_kernel(
+        x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr,
+        M, H, W, C, HO, WO, COUT,
+        stride_xn, stride_xh, stride_xw, ldw,
+        KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
+        PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
+        RELU: tl.constexpr, EVEN_C: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        GROUP_M: tl.constexpr):
+    # grouped program order: GROUP_M row tiles share the column tiles' weights in L2
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(COUT, BLOCK_N)
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    group_size = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_size
+    pid_n = (pid % per_group) // group_size
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok = offs_m < M
+    n_ok = offs_n < COUT
+    # output pixel -> (image, top-left input row and column of its window)
+    wo = offs_m % WO
+    ho = (offs_m // WO) % HO
+    img = offs_m // (WO * HO)
+    ih0 = ho * SH - PH
+    iw0 = wo * SW - PW
+    x_rows = x_ptr + img.to(tl.int64) * stride_xn
+    w_cols = w_ptr + offs_n.to(tl.int64) * ldw
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    c_tiles = tl.cdiv(C, BLOCK_K)
+    for it in range(0, KH * KW * c_tiles):
+        tap = it // c_tiles
+        c = (it % c_tiles) * BLOCK_K + offs_k
+        ih = ih0 + (tap // KW) * DH
+        iw = iw0 + (tap % KW) * DW
+        inside = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)   # zero padding
+        a_ptrs = x_rows[:, None] + (ih * stride_xh + iw * stride_xw)[:, None] + c[None, :]
+        b_ptrs = w_cols[None, :] + (tap * C + c)[:, None]
+        if EVEN_C:
+            a = tl.load(a_ptrs, mask=inside[:, None], other=0.0)
+            b = tl.load(b_ptrs, mask=n_ok[None, :], other=0.0)
+        else:
+            c_ok = c < C
+            a = tl.load(a_ptrs, mask=inside[:, None] & c_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=n_ok[None, :] & c_ok[:, None], other=0.0)
+        acc = tl.dot(a, b, acc)
+
+    scale = tl.load(scale_ptr + offs_n, mask=n_ok, other=0.0)
+    bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0)
+    y = acc * scale[None, :] + bias[None, :]
+    if RELU:
+        y = tl.maximum(y, 0.0)
+    out_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * COUT + offs_n[None, :]
+    tl.store(out_ptrs, y.to(tl.float16), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton_op(OP, mutates_args={})
+def fp8_conv_nhwc(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                  bias: torch.Tensor, cout: int, kh: int, kw: int, sh: int, sw: int,
+                  ph: int, pw: int, dh: int, dw: int, relu: bool, block_m: int,
+                  block_n: int, block_k: int, num_warps: int, num_stages: int,
+                  group_m: int) -> torch.Tensor:
+    """``x`` e4m3 [N, H, W, C] (channels contiguous), ``weight`` e4m3 [>= cout, >= kh*kw*C]
+    (row-major, (kh, kw, C) order), ``scale`` and ``bias`` fp32 [>= cout] -> fp16
+    [N, Ho, Wo, cout] (module docstring)."""
+    if x.stride(3) != 1:
+        x = x.contiguous()
+    n, h, w, c = x.shape
+    ho, wo = conv_output_hw(h, w, (kh, kw), (sh, sw), (ph, pw), (dh, dw))
+    out = torch.empty((n, ho, wo, cout), dtype=torch.float16, device=x.device)
+    m = n * ho * wo
+    grid = (triton.cdiv(m, block_m) * triton.cdiv(cout, block_n),)
+    wrap_triton(_fp8_conv_nhwc_kernel)[grid](
+        x, weight, scale, bias, out, m, h, w, c, ho, wo, cout,
+        x.stride(0), x.stride(1), x.stride(2), weight.stride(0),
+        KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, RELU=relu,
+        EVEN_C=c % block_k == 0, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        GROUP_M=group_m, num_warps=num_warps, num_stages=num_stages)
+    return out
+
+
+def fp8_conv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor,
+             cout: int, kernel: tuple[int, int], stride: tuple[int, int],
+             padding: tuple[int, int], dilation: tuple[int, int] = (1, 1), *,
+             relu: bool = False, config: Fp8ConvConfig | None = None) -> torch.Tensor:
+    """The op with the geometry as tuples and the tiles as one config (the callers' form)."""
+    cfg = config or default_config(x.shape[-1], cout, kernel)
+    return torch.ops.trt_bundle.fp8_conv_nhwc(
+        x, weight, scale, bias, int(cout), *map(int, kernel), *map(int, stride),
+        *map(int, padding), *map(int, dilation), bool(relu), *map(int, cfg))

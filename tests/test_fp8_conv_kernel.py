@@ -1,0 +1,275 @@
+"""The Triton FP8 convolution (bundler/targets/torch_aoti/kernels/fp8_conv.py) and the switch
+that makes the torch-aoti fp8 model use it (``fp8_conv``, ``$TRT_BUNDLE_FP8_CONV``).
+
+No GPU here: the kernel's arithmetic and indexing run under Triton's CPU interpreter in a
+child process (tests/fp8_conv_interpret.py); export shows that the op reaches the graph
+that AOTInductor compiles. Its speed is benchmarks/fp8_conv_bench.py's on the H200.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+from runtime_py.errors import UsageError  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _triton_reason() -> str | None:
+    from bundler.targets.torch_aoti.kernels import available
+
+    ok, why = available()
+    return None if ok else why
+
+
+TRITON_MISSING = _triton_reason()
+needs_triton = pytest.mark.skipif(TRITON_MISSING is not None,
+                                  reason=f"needs triton: {TRITON_MISSING}")
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    """The interpreter's results (tests/fp8_conv_interpret.py), run once."""
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "fp8_conv_interpret.py")],
+                          capture_output=True, text=True, env=env, timeout=600)
+    if proc.returncode != 0:
+        pytest.fail(f"the interpreter run failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout)
+
+
+def _interpreter_cases() -> list[str]:
+    spec = importlib.util.spec_from_file_location("fp8_conv_interpret",
+                                                  ROOT / "tests" / "fp8_conv_interpret.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return list(module.CASES)
+
+
+@needs_triton
+@pytest.mark.parametrize("case", _interpreter_cases())
+def test_implicit_gemm_equals_conv2d_under_the_interpreter(interpreted, case):
+    """3x3 and 1x1, stride 1 and 2, padding or none, channel counts that are not a multiple
+    of the k tile, ReLU: the kernel's fp16 output equals conv2d in fp32 on the same operands
+    times the scale plus the bias, to fp16 rounding."""
+    if interpreted["fp8_error"]:
+        print(f"this triton's interpreter does not run FP8 dots "
+              f"({interpreted['fp8_error']}): checked with fp16 operands")
+    assert interpreted["cases"][case] < 2e-3
+
+
+@needs_triton
+def test_the_triton_layer_equals_the_im2col_layer_under_the_interpreter(interpreted):
+    """``Fp8ConvNHWC``'s two forms (its quantize, weight buffer, scales and bias) agree."""
+    if interpreted["module"] is None:
+        pytest.skip(f"this triton's interpreter does not run FP8 dots: "
+                    f"{interpreted['fp8_error']}")
+    assert interpreted["module"] < 2e-3
+
+
+@needs_triton
+def test_the_op_is_exported_with_a_dynamic_batch():
+    """torch.export keeps ``trt_bundle::fp8_conv_nhwc`` as one op with a symbolic batch:
+    what AOTInductor lowers to the Triton kernel (a GPU compiles it; none here)."""
+    from bundler.targets.torch_aoti.model import Fp8ConvNHWC
+
+    conv = nn.Conv2d(32, 48, 3, 2, 1)
+    layer = Fp8ConvNHWC(conv, 0.05, torch.full((48,), 0.01).numpy(), torch.float16,
+                        conv_kernel="triton")
+
+    class Wrapper(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = layer
+
+        def forward(self, x):
+            return self.layer.implicit_gemm(x)
+
+    x = torch.randn(2, 9, 9, 32, dtype=torch.float16)
+    program = torch.export.export(Wrapper(), (x,), dynamic_shapes=(
+        {0: torch.export.Dim("batch", min=1, max=32)},))
+    calls = [n for n in program.graph.nodes if n.op == "call_function"
+             and "fp8_conv_nhwc" in str(n.target)]
+    assert len(calls) == 1
+    out = calls[0].meta["val"]
+    assert out.dtype == torch.float16 and tuple(out.shape[1:]) == (5, 5, 48)
+    assert isinstance(out.shape[0], torch.SymInt)
+
+
+@needs_triton
+def test_torch_compile_traces_the_layer_into_one_graph_with_the_triton_kernel():
+    """Dynamo (fullgraph: no break) and AOT autograd see through the op to the Triton
+    kernel itself, as Inductor needs to compile it into its code (running it needs a
+    GPU: the compiled call's failure on this CPU host is not what is checked)."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    from bundler.targets.torch_aoti.model import Fp8ConvNHWC
+
+    conv = nn.Conv2d(32, 48, 3, 1, 1)
+    layer = Fp8ConvNHWC(conv, 0.05, torch.full((48,), 0.01).numpy(), torch.float16,
+                        conv_kernel="triton")
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = layer
+
+        def forward(self, x):
+            return torch.relu(self.layer.implicit_gemm(x))
+
+    graphs = []
+
+    def keep(graph, _inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    compiled = torch.compile(Block(), backend=aot_autograd(fw_compiler=keep), fullgraph=True)
+    try:
+        compiled(torch.randn(2, 6, 6, 32, dtype=torch.float16))
+    except Exception:  # noqa: BLE001 - launching a GPU kernel on a CPU host
+        pass
+    assert len(graphs) == 1
+    launches = [n for n in graphs[0].graph.nodes if "triton_kernel_wrapper" in str(n.target)]
+    assert len(launches) == 1
+    assert launches[0].kwargs["kwargs"]["KH"] == 3
+
+
+# --- the switch -----------------------------------------------------------------------------
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 16, 3, 1, 1), nn.ReLU(), nn.Conv2d(16, 32, 3, 2, 1),
+                         nn.ReLU(), nn.Conv2d(32, 32, 1), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 4)).eval()
+
+
+def _scales(model: nn.Module, paths: list[str]) -> dict:
+    modules = dict(model.named_modules())
+    return {p: (0.01, (modules[p].weight.detach().abs().amax(dim=(1, 2, 3)) / 448).numpy())
+            for p in paths}
+
+
+def test_unknown_conv_kernels_are_refused_by_name():
+    from bundler.targets.torch_aoti.model import fp8_conv_kernel, rewrite_nhwc
+
+    with pytest.raises(UsageError, match="'cudnn' is not one of im2col, triton"):
+        fp8_conv_kernel("cudnn")
+    model = _model()
+    with pytest.raises(UsageError, match="im2col, triton"):
+        rewrite_nhwc(model, torch.float16, fp8=_scales(model, ["2"]), fp8_conv="cudnn")
+
+
+def test_emulated_models_keep_im2col_and_a_missing_triton_is_named(monkeypatch):
+    from bundler.targets.torch_aoti import kernels
+    from bundler.targets.torch_aoti.model import fp8_conv_kernel
+
+    assert fp8_conv_kernel("im2col") == "im2col"
+    assert fp8_conv_kernel("triton", emulate=True) == "im2col"
+    monkeypatch.setattr(kernels, "available", lambda: (False, "triton is missing (test)"))
+    with pytest.raises(UsageError, match="triton is missing .test.*fp8_conv=im2col"):
+        fp8_conv_kernel("triton")
+
+
+@needs_triton
+def test_the_rewrite_runs_dense_kxk_fp8_convs_on_the_kernel_and_1x1_on_the_gemm():
+    from bundler.targets.torch_aoti.kernels.fp8_conv import default_config
+    from bundler.targets.torch_aoti.model import Fp8ConvNHWC, Fp8Pointwise, rewrite_nhwc
+
+    model = _model()
+    fp8 = _scales(model, ["2", "4"])
+    body = rewrite_nhwc(model, torch.float16, fp8=fp8, fp8_conv="triton")
+    assert isinstance(body[2], Fp8ConvNHWC) and body[2].conv_kernel == "triton"
+    assert body[2].tiles == default_config(16, 32, (3, 3))
+    assert isinstance(body[4], Fp8Pointwise)                 # no im2col there to replace
+    assert type(body[0]).__name__ == "ConvNHWC"              # not selected: cuDNN, fp16
+    emulated = rewrite_nhwc(model, torch.float16, fp8=fp8, fp8_conv="triton", emulate=True)
+    assert emulated[2].conv_kernel == "im2col"
+    assert rewrite_nhwc(model, torch.float16, fp8=fp8)[2].conv_kernel == "im2col"
+
+
+@needs_triton
+def test_the_kernel_epilogue_uses_the_graph_scales_and_the_fp16_bias():
+    """conv_scale = activation scale x each channel's weight scale; bias_out = the fp16
+    graph's bias in fp32 (the im2col GEMM gets it in bf16)."""
+    from bundler.fp8 import stored_scale
+    from bundler.targets.torch_aoti.model import Fp8ConvNHWC
+
+    conv = nn.Conv2d(16, 24, 3, 1, 1)
+    with torch.no_grad():
+        conv.bias.copy_(torch.linspace(-1.001, 1.001, 24))
+    ws = (conv.weight.detach().abs().amax(dim=(1, 2, 3)) / 448).numpy()
+    layer = Fp8ConvNHWC(conv, 0.0123, ws, torch.float16, conv_kernel="triton")
+    expected = torch.from_numpy(stored_scale(ws)) * float(stored_scale(0.0123))
+    assert torch.equal(layer.conv_scale[:24], expected)
+    assert torch.equal(layer.bias_out, conv.bias.detach().half().float())
+
+
+def test_the_build_option_defaults_to_im2col_and_reads_the_environment(monkeypatch):
+    from bundler.targets.torch_aoti.build import FP8_CONV_ENV, default_fp8_conv
+
+    monkeypatch.delenv(FP8_CONV_ENV, raising=False)
+    assert default_fp8_conv() == "im2col"
+    monkeypatch.setenv(FP8_CONV_ENV, "triton")
+    assert default_fp8_conv() == "triton"
+    assert default_fp8_conv("im2col") == "im2col"        # the caller's choice wins
+    monkeypatch.setenv(FP8_CONV_ENV, "fast")
+    with pytest.raises(UsageError, match=r"\$TRT_BUNDLE_FP8_CONV is 'fast'"):
+        default_fp8_conv()
+
+
+def test_fp8_details_name_the_conv_kernel():
+    from bundler.targets.torch_aoti.build import engine_details
+
+    host = {"torch_version": "2", "cuda_version": "13.0", "compute_capability": "9.0",
+            "device_name": "H200", "device": "cuda"}
+    common = dict(nhwc=True, fast_accum=False, padding={}, batch_sizes=[1], seconds=None)
+    triton = engine_details(host, "fp8", {}, fp8_conv="triton", **common)
+    assert "implicit-GEMM Triton" in triton["compile_options"]["fp8_conv"]
+    im2col = engine_details(host, "fp8", {}, **common)
+    assert im2col["compile_options"]["fp8_conv"].startswith("dense k x k FP8 convolutions: im2col")
+    assert "fp8_conv" not in engine_details(host, "fp16", {}, **common)["compile_options"]
+
+
+def test_conv_output_size_is_conv2d_s():
+    from bundler.targets.torch_aoti.model import conv_output_hw
+
+    for k, s, p, d in [(3, 1, 1, 1), (3, 2, 1, 1), (1, 2, 0, 1), (5, 2, 2, 2), (7, 2, 3, 1)]:
+        out = nn.Conv2d(1, 1, k, s, p, d)(torch.zeros(1, 1, 13, 10))
+        assert conv_output_hw(13, 10, (k, k), (s, s), (p, p), (d, d)) == tuple(out.shape[2:])
+
+
+def test_the_benchmark_lists_resnet50_s_quantized_convolutions():
+    """benchmarks/fp8_conv_bench.py's shapes (it needs no timm) are timm resnet50's
+    convolutions but the stem, at 224x224, with their counts (52: the family's)."""
+    timm = pytest.importorskip("timm")
+    spec = importlib.util.spec_from_file_location("fp8_conv_bench",
+                                                  ROOT / "benchmarks" / "fp8_conv_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    model = timm.create_model("resnet50", pretrained=False).eval()
+    found: dict = {}
+
+    def count(conv, inputs, _out):
+        key = (inputs[0].shape[1], conv.out_channels, inputs[0].shape[2], conv.kernel_size[0],
+               conv.stride[0], conv.padding[0])
+        found[key] = found.get(key, 0) + 1
+
+    hooks = [m.register_forward_hook(count) for name, m in model.named_modules()
+             if isinstance(m, nn.Conv2d) and name != "conv1"]
+    with torch.no_grad():
+        model.to("meta")(torch.empty(1, 3, 224, 224, device="meta"))
+    for h in hooks:
+        h.remove()
+    assert found == bench.RESNET50_CONVS
+    assert sum(found.values()) == 52
