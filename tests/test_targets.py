@@ -113,7 +113,9 @@ def test_details_are_exactly_the_schema_fields_and_validate():
                  "version_compatible": False, "strongly_typed": True, "layer_count": 101,
                  "workspace_bytes": 1 << 30, "timing_cache_sha256": "sha256:" + "a" * 64,
                  "build_seconds": "12.3457"}
-    body = manifest_body(engine={"backend": "tensorrt", "member": "engine.plan", "details": d})
+    # the plan's profile equals the manifest's batch range (docs/format.md)
+    body = manifest_body(engine={"backend": "tensorrt", "member": "engine.plan", "details": d},
+                         batch=(1, 8, 32))
     body["format"] = {"major": 1, "minor": 0}
     body["members"] = [{"name": "engine.plan", "offset": 64, "stored_size": 1, "raw_size": 1,
                         "sha256": "0" * 64, "compression": "zstd"}]
