@@ -118,6 +118,8 @@ def test_details_are_exactly_the_schema_fields_and_validate():
                          batch=(1, 8, 32))
     body["format"] = {"major": 1, "minor": 0}
     body["members"] = [{"name": "engine.plan", "offset": 64, "stored_size": 1, "raw_size": 1,
+                        "sha256": "0" * 64, "compression": "zstd"},
+                       {"name": "model.onnx", "offset": 65, "stored_size": 1, "raw_size": 1,
                         "sha256": "0" * 64, "compression": "zstd"}]
     validate_manifest(body)
     body["engine"]["details"] = _details()   # optional fields absent also validates
