@@ -67,6 +67,19 @@ def fuzz_reader(tmp_path_factory) -> Path:
     return build / "bundle-fuzz-reader"
 
 
+def with_own_peak_rss(cmd: list[str], seconds: int) -> list[str]:
+    """`cmd` started by a forked `timeout` process, so libFuzzer's -rss_limit_mb judges the
+    fuzzer's memory and not pytest's.
+
+    libFuzzer reads its RSS from getrusage's ru_maxrss, and Linux carries that peak across
+    execve: a program that pytest starts directly begins with pytest's own peak (torch and the
+    models of earlier tests: 5.1 GB in a full CI session), so the limit fired one second into
+    the run, blaming the empty input (docs/fuzzing.md). A child forked by a small process
+    starts from that process's few MB. `timeout` also ends the fuzzer itself if it hangs past
+    `seconds` (killing only the wrapper would leave the fuzzer running)."""
+    return ["timeout", "--kill-after=10", str(seconds), *cmd]
+
+
 def test_libfuzzer_then_differential_replay(fuzz_reader, inspect_cpp, tmp_path):
     seeds = tmp_path / "seeds"
     seeds.mkdir()
@@ -75,11 +88,13 @@ def test_libfuzzer_then_differential_replay(fuzz_reader, inspect_cpp, tmp_path):
     kept = tmp_path / "kept"
     kept.mkdir()
     runs = int(os.environ.get("BUNDLE_LIBFUZZER_RUNS", "60000"))
-    r = subprocess.run(
-        [str(fuzz_reader), f"-runs={runs}", "-seed=16", "-max_total_time=90", "-timeout=10",
-         "-rss_limit_mb=2048", "-max_len=300000", f"-artifact_prefix={tmp_path}/", "-print_final_stats=1",
-         str(kept), str(seeds), str(CORPUS)],
-        capture_output=True, text=True, env=dict(os.environ, **SAN_ENV), timeout=300)
+    # -rss_limit_mb also sets -malloc_limit_mb: one allocation over 2,048 MB stops the run and
+    # names its input.
+    fuzzer = [str(fuzz_reader), f"-runs={runs}", "-seed=16", "-max_total_time=90", "-timeout=10",
+              "-rss_limit_mb=2048", "-max_len=300000", f"-artifact_prefix={tmp_path}/", "-print_final_stats=1",
+              str(kept), str(seeds), str(CORPUS)]
+    r = subprocess.run(with_own_peak_rss(fuzzer, seconds=280), capture_output=True, text=True,
+                       env=dict(os.environ, **SAN_ENV), timeout=300)
     log = r.stdout + r.stderr
     assert r.returncode == 0, f"libFuzzer found a crash, leak or hang:\n{log[-6000:]}"
     assert "Done" in log and "stat::number_of_executed_units" in log, log[-3000:]
@@ -99,3 +114,28 @@ def test_libfuzzer_then_differential_replay(fuzz_reader, inspect_cpp, tmp_path):
     assert not problems, f"{len(problems)} disagreements:\n" + "\n".join(problems[:20])
     assert "Sanitizer" not in stderr and "runtime error:" not in stderr, stderr[-4000:]
     assert len(list(kept.iterdir())) > 0
+
+
+def test_started_fuzzer_has_its_own_peak_rss(tmp_path):
+    """The kernel behaviour `with_own_peak_rss` relies on: a child started directly by a process
+    that once held 256 MB reports that peak as its own ru_maxrss; started through it, its own."""
+    if not shutil.which("timeout"):
+        pytest.skip("needs coreutils timeout")
+    probe = ("import resource; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)")
+    parent = f"""
+import subprocess, sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from test_fuzz_libfuzzer import with_own_peak_rss
+blob = bytearray(256 << 20)
+for i in range(0, len(blob), 4096):
+    blob[i] = 1
+del blob
+probe = [sys.executable, "-c", {probe!r}]
+for cmd in (probe, with_own_peak_rss(probe, seconds=60)):
+    print(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip())
+"""
+    r = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    direct_mb, wrapped_mb = (int(line) for line in r.stdout.split())
+    assert direct_mb >= 256, f"direct child: {direct_mb} MB (the inherited peak this guards against)"
+    assert wrapped_mb < 128, f"child through with_own_peak_rss: {wrapped_mb} MB"
