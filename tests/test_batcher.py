@@ -307,8 +307,9 @@ def _closed_loop(b: Batcher, model: ToyModel, clients: int, rounds: int) -> None
 def test_closed_loop_clients_returning_after_the_delay_stay_in_one_batch():
     # Without waiting for the last batch's clients, arrivals spread over 7 ms against a
     # 1 ms delay split them into cohorts that alternate in partial batches for good.
+    # max_wait well above the 7 ms spread, so a loaded test host cannot time the wait out.
     model = ToyModel(max_batch_size=16, cost_ms=30)
-    with Batcher(model, max_delay_ms=1.0) as b:
+    with Batcher(model, max_delay_ms=1.0, max_wait_ms=500.0) as b:
         _closed_loop(b, model, clients=8, rounds=12)
     full = sum(1 for n in model.calls if n == 8)
     assert full >= len(model.calls) // 2, f"batch sizes {model.calls}"
