@@ -477,6 +477,12 @@ def rebuild(bundle_path, backend, checkpoint, out_dir, force, timing_cache, hard
               help="Largest merged batch (default: each bundle's max batch).")
 @click.option("--max-delay-ms", default=2.0, show_default=True,
               help="How long a batch waits for more requests.")
+@click.option("--max-wait-ms", type=click.FloatRange(0), default=None,
+              help="How long a batch may wait for the clients of the last batch to come "
+                   "back (closed-loop clients over a network return later than "
+                   "--max-delay-ms; without them they split into half-empty batches). "
+                   "Default: the engine's recent time per batch (up to 50 ms); "
+                   "--max-wait-ms equal to --max-delay-ms turns the wait off.")
 @click.option("--max-queue", default=1024, show_default=True,
               help="Queued requests per model before 503 (back-pressure).")
 @click.option("--backend", default="auto", show_default=True, type=backend_choice(auto=True),
@@ -496,8 +502,8 @@ def rebuild(bundle_path, backend, checkpoint, out_dir, force, timing_cache, hard
 @click.option("--max-body-mb", type=click.IntRange(1, 4096), default=64, show_default=True,
               help="Largest HTTP body / gRPC message accepted (413 / RESOURCE_EXHAUSTED).")
 @handle_errors
-def serve(bundle_paths, host, port, max_batch, max_delay_ms, max_queue, backend, threads,
-          trusted_dirs, grpc_port, workers, max_body_mb) -> None:
+def serve(bundle_paths, host, port, max_batch, max_delay_ms, max_wait_ms, max_queue, backend,
+          threads, trusted_dirs, grpc_port, workers, max_body_mb) -> None:
     """Serve bundles: the KServe v2 inference protocol over HTTP (and gRPC).
 
     \b
@@ -551,8 +557,8 @@ def serve(bundle_paths, host, port, max_batch, max_delay_ms, max_queue, backend,
             click.echo(f"serving on {where} ({mode}; Ctrl-C stops)", err=True)
 
         run_server(models, host=host, port=port, max_batch=max_batch,
-                   max_delay_ms=max_delay_ms, max_queue=max_queue, grpc_port=grpc_port,
-                   workers=n_workers, max_body_bytes=max_body_mb * 1024 * 1024,
+                   max_delay_ms=max_delay_ms, max_wait_ms=max_wait_ms, max_queue=max_queue,
+                   grpc_port=grpc_port, workers=n_workers, max_body_bytes=max_body_mb * 1024 * 1024,
                    on_ready=ready)
     except KeyboardInterrupt:
         pass

@@ -12,6 +12,16 @@ Rules it keeps, and why:
 - A batch waits at most ``max_delay_ms`` for company, counted from when it starts
   collecting (the first request's arrival, or the engine becoming free when requests
   queued up meanwhile); a full batch is dispatched at once.
+- Except for the clients of the last batch: when a batch finishes, the rows it delivered
+  plus the rows then queued are what the service held; closed-loop clients (a client
+  sends its next request when it gets its answer) come back within a round trip, which
+  over a network is often longer than ``max_delay_ms``. Dispatching without them splits
+  the clients into cohorts that alternate in partial batches, each paying a full engine
+  call, for good (measured: batch sizes 4/12 alternating, half the throughput). So the
+  next batch waits until it holds that many rows (then goes at once), but at most
+  ``max_wait_ms`` (default: the engine's recent time per batch, beyond which waiting
+  cannot beat running another batch). A wait that times out (open-loop traffic, a
+  client gone) turns the rule off for the next few batches.
 - Requests are validated in ``submit`` (names, dtypes, fixed dimensions) so a bad request
   is refused alone, with a clear ``InferenceInputError``, before it can poison a batch.
 - If a merged batch still fails in ``model.infer`` (a data-dependent failure), each of its
@@ -49,6 +59,9 @@ from .tensors import FeedChecker, TensorSpec
 log = logging.getLogger(__name__)
 
 Feeds = dict[str, np.ndarray]
+
+_MAX_AUTO_WAIT_S = 0.05       # the default max wait follows the engine, up to this
+_SKIP_AFTER_TIMEOUT = 8       # batches run without waiting for returning clients
 
 
 class BatchableModel(Protocol):
@@ -249,6 +262,7 @@ class Batcher:
         max_delay_ms: float = 2.0,
         max_queue: int = 1024,
         pipeline_depth: int = 2,
+        max_wait_ms: float | None = None,
     ) -> None:
         model_max = int(model.max_batch_size)
         if max_batch_size is None:
@@ -264,9 +278,17 @@ class Batcher:
             raise UsageError(f"max queue must be >= 1 request, got {max_queue}")
         if not 1 <= pipeline_depth <= 8:
             raise UsageError(f"pipeline depth must be 1..8 batches, got {pipeline_depth}")
+        if max_wait_ms is not None and max_wait_ms < 0:
+            raise UsageError(f"max wait must be >= 0 ms, got {max_wait_ms}")
         self.model = model
         self.max_batch_size = int(max_batch_size)
         self.max_delay_s = max_delay_ms / 1000.0
+        # None: follow the engine's time per batch (``_batch_s``), within these bounds.
+        self.max_wait_s = None if max_wait_ms is None else max_wait_ms / 1000.0
+        self._batch_s = 0.0        # moving average of dispatch-to-delivery time
+        self._expected = 0         # rows in the service when the last batch finished
+        self._target = 0           # rows the collecting batch waits for (0: none)
+        self._skip_expect = 0      # batches left without the wait, after a timeout
         self.max_queue = int(max_queue)
         self._specs = list(model.inputs)
         self._check = FeedChecker(self._specs)
@@ -332,8 +354,9 @@ class Batcher:
             self._queue.append(req)
             self._queued_rows += rows
             # Wake the worker only when it has something new to decide: the first
-            # request (it starts the clock) or a batch that just became full.
-            if was_empty or self._queued_rows >= self.max_batch_size:
+            # request (it starts the clock), the rows it waits for, or a full batch.
+            if (was_empty or self._queued_rows >= self.max_batch_size
+                    or self._queued_rows == self._target):
                 self._cond.notify()
         return req.future
 
@@ -498,6 +521,12 @@ class Batcher:
                     _deliver(s, part)
         compute_s = time.perf_counter() - t0
         size = sum(s.stop - s.start for s in live)
+        with self._cond:
+            # Who may come back: what this batch delivered, and who is already waiting.
+            self._expected = size + self._queued_rows
+            self._batch_s = compute_s if not self._batch_s else (
+                0.8 * self._batch_s + 0.2 * compute_s)
+            self._cond.notify()
         self.batches += 1
         self.rows += size
         self.failed_requests += failed
@@ -526,15 +555,37 @@ class Batcher:
                     if self._closed:
                         return None
                     self._cond.wait()
-                deadline = max(self._queue[0].t_submit, t_free) + self.max_delay_s
+                start = max(self._queue[0].t_submit, t_free)
+                deadline = start + self.max_delay_s
+                latest = start + self._wait_limit()
+                waited_for_target = False
                 while self._queue and self._queued_rows < self.max_batch_size and not self._closed:
-                    remaining = deadline - time.perf_counter()
-                    if remaining <= 0:
+                    # The target follows ``_expected``, which the completion thread sets
+                    # when the previous batch's clients get their answers.
+                    target = 0 if self._skip_expect else min(self._expected, self.max_batch_size)
+                    self._target = target
+                    if target and self._queued_rows >= target:
+                        break   # everyone expected is here
+                    now = time.perf_counter()
+                    limit = latest if target else deadline
+                    if now >= limit:
+                        waited_for_target = bool(target) and latest > deadline
                         break
-                    self._cond.wait(remaining)
+                    self._cond.wait(limit - now)
+                self._target = 0
+                if self._skip_expect:
+                    self._skip_expect -= 1
+                elif waited_for_target:
+                    self._skip_expect = _SKIP_AFTER_TIMEOUT
                 batch = self._take()
                 if batch:
                     return batch
+
+    def _wait_limit(self) -> float:
+        """How long a batch may wait for the clients of the last one (``max_wait_ms``)."""
+        if self.max_wait_s is not None:
+            return max(self.max_wait_s, self.max_delay_s)
+        return min(max(self._batch_s, self.max_delay_s), _MAX_AUTO_WAIT_S)
 
     def _take(self) -> list[_Slice]:
         """Pop rows from the head of the queue (lock held), FIFO, same signature only."""

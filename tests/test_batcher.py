@@ -372,3 +372,59 @@ def test_outputs_aliasing_the_reused_batch_buffer_are_detached():
     for xs, outs in batches:
         for x, out in zip(xs, outs):
             np.testing.assert_array_equal(out, x[:, 0, 0, :])   # batch 1 not overwritten
+
+
+def _closed_loop(b: Batcher, model: ToyModel, clients: int, rounds: int) -> None:
+    """``clients`` threads, each sending its next request when it gets its answer, after a
+    think time that grows with its index (0..clients-1 ms): the spread of a network round
+    trip, wider than the batcher's max delay."""
+    def client(cid: int) -> None:
+        for j in range(rounds):
+            x = image(cid * 1000 + j)
+            out = b.submit({"input": x}).result(TIMEOUT)
+            np.testing.assert_array_equal(out["logits"], model.reference(x))
+            time.sleep(cid / 1000)
+
+    with ThreadPoolExecutor(clients) as pool:
+        for f in [pool.submit(client, c) for c in range(clients)]:
+            f.result(TIMEOUT * 3)
+
+
+def test_closed_loop_clients_returning_after_the_delay_stay_in_one_batch():
+    # Without waiting for the last batch's clients, arrivals spread over 7 ms against a
+    # 1 ms delay split them into cohorts that alternate in partial batches for good.
+    # max_wait well above the 7 ms spread, so a loaded test host cannot time the wait out.
+    model = ToyModel(max_batch_size=16, cost_ms=30)
+    with Batcher(model, max_delay_ms=1.0, max_wait_ms=500.0) as b:
+        _closed_loop(b, model, clients=8, rounds=12)
+    full = sum(1 for n in model.calls if n == 8)
+    assert full >= len(model.calls) // 2, f"batch sizes {model.calls}"
+    assert sum(model.calls) == 8 * 12
+
+
+def test_max_wait_equal_to_the_delay_keeps_the_plain_delay_rule():
+    model = ToyModel(max_batch_size=16, cost_ms=30)
+    with Batcher(model, max_delay_ms=1.0, max_wait_ms=1.0) as b:
+        _closed_loop(b, model, clients=8, rounds=6)
+    assert sum(model.calls) == 8 * 6
+    assert min(model.calls) < 8, f"batch sizes {model.calls}: the spread was not split"
+
+
+def test_expected_clients_that_never_come_back_cost_one_bounded_wait():
+    # A batch of 8 finishes; only one of its clients sends again: the next batch waits
+    # for the others at most max_wait, then runs, and the following one does not wait.
+    model = ToyModel(max_batch_size=16)
+    with Batcher(model, max_delay_ms=1.0, max_wait_ms=200.0) as b:
+        futs = [b.submit({"input": image(i)}) for i in range(8)]
+        for f in futs:
+            f.result(TIMEOUT)
+        x = image(99)
+        np.testing.assert_array_equal(b.infer({"input": x}, TIMEOUT)["logits"],
+                                      model.reference(x))
+        b.infer({"input": x}, TIMEOUT)
+    assert sum(model.calls) == 10 and model.calls[-2:] == [1, 1]
+
+
+def test_negative_max_wait_is_refused():
+    with pytest.raises(UsageError, match="max wait"):
+        Batcher(ToyModel(), max_wait_ms=-1)

@@ -28,6 +28,7 @@ from ..errors import BundleError, PreprocessError
 from . import protocol, triton_ext
 from .engine import Engine, is_server_fault, status_of
 from .infer_call import encode_http_response, parse_http_call
+from .infer_route import InferRoute
 from .metrics import ServerMetrics
 from .protocol import RequestError
 
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 _THREADPOOL_JSON_BYTES = 256 * 1024   # parse/encode larger JSON off the event loop
-_UNKNOWN = "_unknown"                 # metrics label for names that are not served
+UNKNOWN = "_unknown"                  # metrics label for names that are not served
 
 
 def error_response(status: int, message: str) -> JSONResponse:
@@ -99,14 +100,22 @@ class _App:
             except ClientDisconnect:
                 response = error_response(400, "client disconnected while sending the body")
             except Exception as e:
-                status = status_of(e)
-                if is_server_fault(e, status):
-                    log.error("%s %s failed", request.method, request.url.path, exc_info=e)
-                response = error_response(status, error_message(e, status))
+                response = error_response(*self.error_reply(e, request.method,
+                                                            request.url.path))
             self.engine.record_request(label, endpoint, response.status_code,
                                        time.perf_counter() - t0)
             return response
         return handle
+
+    unknown_label = UNKNOWN
+
+    def error_reply(self, e: Exception, method: str, path: str) -> tuple[int, str]:
+        """The status and message answering ``e``; a server fault is logged with its
+        traceback, a refusal is not."""
+        status = status_of(e)
+        if is_server_fault(e, status):
+            log.error("%s %s failed", method, path, exc_info=e)
+        return status, error_message(e, status)
 
     def lookup(self, request: Request):
         """The model named in the path (and its version, when given), or a 404."""
@@ -161,14 +170,24 @@ class _App:
         return JSONResponse({"name": info.name, "ready": ok}, status_code=200 if ok else 400)
 
     async def infer(self, request: Request) -> Response:
+        # Reached only through Starlette's routing when the fast path is bypassed (never in
+        # ``create_engine_app``'s app, whose ``InferFastPath`` answers POST .../infer).
         info = self.lookup(request)
+        content, headers, media = await self.infer_body(
+            info, lambda: self.read_body(request),
+            request.headers.get(protocol.HEADER_LENGTH))
+        return Response(content, headers=headers, media_type=media)
+
+    async def infer_body(self, info: Any, read: Callable[[], Awaitable[bytes | bytearray]],
+                         header_length: str | None) -> tuple[bytes, dict[str, str], str]:
+        """One inference request of model ``info``: read the body with ``read``, parse,
+        run, encode; returns the response's content, extra headers and media type."""
         max_batch = info.max_batch_size
         limits = protocol.json_limits(info.inputs, max_batch)
         error: BaseException | None = None
         try:
-            body = await self.read_body(request)
-            header_bytes, binary = protocol.split_body(
-                body, request.headers.get(protocol.HEADER_LENGTH))
+            body = await read()
+            header_bytes, binary = protocol.split_body(body, header_length)
 
             def parse():
                 header = protocol.load_json(header_bytes, limits)
@@ -190,10 +209,8 @@ class _App:
         json_elems = sum(getattr(results[o.name], "size", 0)
                          for o in call.outputs if not o.binary)
         if json_elems * 8 > _THREADPOOL_JSON_BYTES:
-            content, headers, media = await run_in_threadpool(*encode)
-        else:
-            content, headers, media = encode[0](*encode[1:])
-        return Response(content, headers=headers, media_type=media)
+            return await run_in_threadpool(*encode)
+        return encode[0](*encode[1:])
 
     async def classify(self, request: Request) -> Response:
         info = self.lookup(request)
@@ -273,16 +290,13 @@ class _App:
                            "shared memory (/v2/systemsharedmemory)")
 
 
-UNKNOWN = "_unknown"   # metrics label for model names that are not served
-
-
 def create_app(
     models: Mapping[str, Any],
     batchers: Mapping[str, Batcher],
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     metrics: ServerMetrics | None = None,
-) -> Starlette:
+) -> InferRoute:
     """The ASGI app serving ``models`` (served name -> model) through ``batchers``.
 
     The caller owns the batchers (creates and closes them); the app only submits to them
@@ -291,8 +305,11 @@ def create_app(
     return create_engine_app(Engine(models, batchers, metrics), max_body_bytes=max_body_bytes)
 
 
-def create_engine_app(engine: Any, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Starlette:
-    """The ASGI app over an engine: ``Engine`` here, or a worker's ``RemoteEngine``."""
+def create_engine_app(engine: Any, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> InferRoute:
+    """The ASGI app over an engine: ``Engine`` here, or a worker's ``RemoteEngine``.
+
+    Inference requests are answered by ``InferRoute`` without Starlette (the front-end's
+    per-request time is the service's limit); every other route by Starlette."""
     app = _App(engine, max_body_bytes)
     h = app.handler
     model_routes = []
@@ -335,4 +352,4 @@ def create_engine_app(engine: Any, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYT
 
     starlette_app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
     starlette_app.state.trt_bundle = app
-    return starlette_app
+    return InferRoute(app, starlette_app)

@@ -21,7 +21,7 @@ import asyncio
 import logging
 import math
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Sequence
 
 import grpc
 import numpy as np
@@ -34,6 +34,7 @@ from .app import UNKNOWN, error_message
 from .engine import InferCall, ShmInput, ShmOutput, is_server_fault, status_of
 from .infer_call import SHM_OFFSET, SHM_REGION, SHM_SIZE, shm_input
 from .protocol import OutputRequest, RequestError
+from .grpc_wire import split_infer_request
 from .shm import ShmRef
 
 log = logging.getLogger(__name__)
@@ -72,14 +73,17 @@ def _shm_ref(params: Any, what: str) -> ShmRef | None:
     return ShmRef(region, offset, size)
 
 
-def parse_grpc_call(req: pb.ModelInferRequest, info: Any) -> InferCall:
-    """A ``ModelInferRequest`` as an ``InferCall``, checked against the model like HTTP's."""
+def parse_grpc_call(req: pb.ModelInferRequest, info: Any,
+                    raw: Sequence[bytes | memoryview] | None = None) -> InferCall:
+    """A ``ModelInferRequest`` as an ``InferCall``, checked against the model like HTTP's.
+    ``raw``: its raw input contents when they were split off (``grpc_wire``)."""
     specs = {s.name: s for s in info.inputs}
     if not req.inputs:
         raise RequestError("'inputs' must be a non-empty list of tensors")
     feeds: dict[str, np.ndarray] = {}
     shm_inputs: dict[str, ShmInput] = {}
-    raw = req.raw_input_contents
+    if raw is None:
+        raw = req.raw_input_contents
     n_raw = 0
     for t in req.inputs:
         name = t.name
@@ -232,14 +236,16 @@ class InferenceService:
 
     # --- inference ----------------------------------------------------------------------
 
-    async def _infer(self, req: pb.ModelInferRequest) -> pb.ModelInferResponse:
+    async def _infer(self, req: pb.ModelInferRequest,
+                     raw: list[memoryview] | None = None) -> pb.ModelInferResponse:
         info = self.engine.lookup(req.model_name, req.model_version or None)
-        call = parse_grpc_call(req, info)
+        call = parse_grpc_call(req, info, raw)
         results = await self.engine.infer(call)
         return encode_grpc_response(info, call, results)
 
-    async def ModelInfer(self, req, context):
-        return await self._run("infer", req.model_name, context, lambda: self._infer(req))
+    async def ModelInfer(self, message: tuple[pb.ModelInferRequest, list[memoryview]], context):
+        req, raw = message   # parsed by ``grpc_wire.split_infer_request``
+        return await self._run("infer", req.model_name, context, lambda: self._infer(req, raw))
 
     async def ModelStreamInfer(self, request_iterator, context) -> AsyncIterator:
         """Requests of one stream run concurrently (they batch together); each response,
@@ -253,10 +259,10 @@ class InferenceService:
             req = pb.ModelInferRequest()
             try:
                 try:
-                    req.ParseFromString(data)
+                    req, raw = split_infer_request(data)
                 except DecodeError as e:
                     raise RequestError(f"cannot parse ModelInferRequest: {e}") from None
-                msg = pb.ModelStreamInferResponse(infer_response=await self._infer(req))
+                msg = pb.ModelStreamInferResponse(infer_response=await self._infer(req, raw))
             except Exception as e:
                 status = status_of(e)
                 msg = pb.ModelStreamInferResponse(
@@ -334,17 +340,21 @@ _UNARY = {
     "SystemSharedMemoryUnregister": (pb.SystemSharedMemoryUnregisterRequest,
                                      pb.SystemSharedMemoryUnregisterResponse),
 }
+_PARSERS = {"ModelInfer": split_infer_request}   # tensors as views, not protobuf copies
 _UNSUPPORTED = ("RepositoryModelLoad", "RepositoryModelUnload", "CudaSharedMemoryStatus",
                 "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister", "TraceSetting",
                 "LogSettings")
 
 
-def _parsing(method, message_type):
-    """Wrap an RPC to parse its request itself: a message that is not valid protobuf gets
-    INVALID_ARGUMENT with the reason (grpcio's own deserializer answers UNKNOWN)."""
+def _parsing(method, message_type, parse=None):
+    """Wrap an RPC to parse its request itself (with ``parse``, else ``FromString``): a
+    message that is not valid protobuf gets INVALID_ARGUMENT with the reason (grpcio's own
+    deserializer answers UNKNOWN)."""
+    parse = parse or message_type.FromString
+
     async def handler(data: bytes, context):
         try:
-            req = message_type.FromString(data)
+            req = parse(data)
         except DecodeError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"cannot parse {message_type.DESCRIPTOR.name}: {e}")
@@ -355,7 +365,8 @@ def _parsing(method, message_type):
 def generic_handler(service: InferenceService) -> grpc.GenericRpcHandler:
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(
-            _parsing(getattr(service, name), req), response_serializer=resp.SerializeToString)
+            _parsing(getattr(service, name), req, _PARSERS.get(name)),
+            response_serializer=resp.SerializeToString)
         for name, (req, resp) in _UNARY.items()
     }
     for name in _UNSUPPORTED:

@@ -44,6 +44,7 @@ def serve(
     max_batch: int | None = None,
     max_delay_ms: float = 2.0,
     *,
+    max_wait_ms: float | None = None,
     grpc_port: int | None = None,
     workers: int = 0,
     max_queue: int = 1024,
@@ -55,7 +56,8 @@ def serve(
 ) -> None:
     """Serve ``models`` (a name -> model mapping, or models keyed by ``model.name``) until
     SIGINT/SIGTERM. ``max_batch`` defaults to each model's max batch size (and is capped
-    to it). HTTP always; gRPC too when ``grpc_port`` is given. ``workers`` > 0 runs that
+    to it). ``max_wait_ms``: how long a batch may wait for the last batch's clients
+    (``Batcher``; None follows the engine's time per batch). HTTP always; gRPC too when ``grpc_port`` is given. ``workers`` > 0 runs that
     many front-end processes over this process's engine (``workers.serve_with_workers``);
     0 runs the front-ends in this process.
 
@@ -72,7 +74,8 @@ def serve(
     try:
         for name, model in named.items():
             batchers[name] = Batcher(model, max_batch_size=capped_max_batch(max_batch, model),
-                                     max_delay_ms=max_delay_ms, max_queue=max_queue)
+                                     max_delay_ms=max_delay_ms, max_wait_ms=max_wait_ms,
+                                     max_queue=max_queue)
         engine = Engine(named, batchers)
         http_sock = bind_http(host, port)
         try:

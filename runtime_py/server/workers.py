@@ -90,30 +90,39 @@ class SlotArena:
         self.slot = slot
         self.size = slot * slots
         self.free = [True] * slots
-        self.hint = 0
+        self.low = 0   # no free slot below this index
 
     def alloc(self, nbytes: int) -> int | None:
-        """Offset of ``nbytes`` of free consecutive slots, or None. The search starts after
-        the last allocation: requests finish roughly in order, so the next free run is
-        usually right there."""
+        """Offset of ``nbytes`` of free consecutive slots, or None: the lowest such run.
+
+        Lowest first, so the slots in use stay few and their pages stay resident. The arena
+        spans the largest body accepted (1 GB in the benchmark), and rotating through it
+        made each request's copy fault in fresh shared pages: 22% of a worker's time."""
         k = max(1, -(-nbytes // self.slot))
-        n = len(self.free)
-        for start in (self.hint, 0):
-            run = 0
-            for i in range(start, n):
-                run = run + 1 if self.free[i] else 0
-                if run == k:
-                    first = i - k + 1
-                    for j in range(first, i + 1):
-                        self.free[j] = False
-                    self.hint = (i + 1) % n
-                    return first * self.slot
+        free = self.free
+        first_free = None
+        run = 0
+        for i in range(self.low, len(free)):
+            if not free[i]:
+                run = 0
+                continue
+            if first_free is None:
+                first_free = i
+            run += 1
+            if run == k:
+                first = i - k + 1
+                for j in range(first, i + 1):
+                    free[j] = False
+                self.low = i + 1 if first_free == first else first_free
+                return first * self.slot
+        self.low = len(free) if first_free is None else first_free
         return None
 
     def release(self, offset: int, nbytes: int) -> None:
         start = offset // self.slot
         for j in range(start, start + max(1, -(-nbytes // self.slot))):
             self.free[j] = True
+        self.low = min(self.low, start)
 
 
 def _info_to_wire(info: ModelInfo) -> dict:

@@ -1,0 +1,57 @@
+"""``grpc_wire.split_infer_request``: the same request protobuf parses, tensors as views."""
+
+from __future__ import annotations
+
+import pytest
+from google.protobuf.message import DecodeError
+from tritonclient.grpc import service_pb2 as pb
+
+from runtime_py.server.grpc_wire import split_infer_request
+
+
+def _request() -> pb.ModelInferRequest:
+    r = pb.ModelInferRequest(model_name="toy", model_version="1", id="req-7")
+    a = r.inputs.add(name="a", datatype="FP32", shape=[1, 3])
+    a.parameters["shared_memory_offset"].int64_param = 300
+    r.inputs.add(name="b", datatype="UINT8", shape=[2])
+    r.raw_input_contents.append(bytes(range(12)))
+    r.raw_input_contents.append(b"\x00" * 200)     # a length that needs a 2-byte varint
+    r.outputs.add(name="logits")
+    r.parameters["priority"].int64_param = 2
+    return r
+
+
+def _without_raw(r: pb.ModelInferRequest) -> pb.ModelInferRequest:
+    copy = pb.ModelInferRequest()
+    copy.CopyFrom(r)
+    del copy.raw_input_contents[:]
+    return copy
+
+
+def test_split_matches_protobuf_and_keeps_the_tensors_as_views():
+    r = _request()
+    data = r.SerializeToString()
+    req, raw = split_infer_request(data)
+    assert req == _without_raw(r)
+    assert [bytes(v) for v in raw] == list(r.raw_input_contents)
+    assert all(isinstance(v, memoryview) and v.obj is data for v in raw)   # no copies
+
+
+def test_every_truncation_is_refused_or_parsed_as_protobuf_does():
+    data = _request().SerializeToString()
+    for n in range(len(data)):
+        try:
+            expected = pb.ModelInferRequest.FromString(data[:n])
+        except DecodeError:
+            with pytest.raises(DecodeError):
+                split_infer_request(data[:n])
+        else:
+            req, raw = split_infer_request(data[:n])
+            assert req == _without_raw(expected)
+            assert [bytes(v) for v in raw] == list(expected.raw_input_contents)
+
+
+@pytest.mark.parametrize("data", [b"\x00\x01", b"\x3f", b"\x0a\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01"])
+def test_malformed_bytes_raise_decode_error(data):
+    with pytest.raises(DecodeError):
+        split_infer_request(data)
