@@ -66,7 +66,7 @@ def _manifest(**changes) -> dict:
         precision="fp8", recipe={"name": "r", "digest": sha, "quantized_layers": 1},
         calibration={"method": "max", "images": 1, "data_digest": sha, "data_source": "s",
                      "member": "calibration.safetensors"},
-        members=[{"name": n} for n in ("model.onnx", "calibration.safetensors")])
+        members=[{"name": n, "raw_size": 1} for n in ("model.onnx", "calibration.safetensors")])
     body.update(changes)
     return body
 
@@ -75,7 +75,7 @@ def test_each_broken_rule_is_one_line():
     """A manifest that breaks one rule gets one problem: the messages do not pile up."""
     assert semantic_problems(_manifest()) == []
     assert len(semantic_problems(_manifest(calibration=None))) == 1
-    no_member = semantic_problems(_manifest(members=[{"name": "model.onnx"}]))
+    no_member = semantic_problems(_manifest(members=[{"name": "model.onnx", "raw_size": 1}]))
     assert len(no_member) == 2   # the member is missing, and the record names a missing member
     fp16 = semantic_problems(_manifest(precision="fp16", recipe=None, calibration=None))
     assert fp16 == ["members: calibration.safetensors in a fp16 bundle (fp8 only)"]
