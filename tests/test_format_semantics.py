@@ -177,3 +177,15 @@ def test_read_member_holds_the_member_once():
             tracemalloc.stop()
     assert len(data) == raw_size
     assert peak < raw_size * 1.1, f"peak {peak / raw_size:.2f}x the member's size"
+
+
+def test_writer_refuses_a_member_over_its_limit(tmp_path):
+    """The writer checks the same rule: nothing is written that no reader would open."""
+    import corrupt
+    from bundler.writer import write_bundle
+
+    out = tmp_path / "toy-fp32-1-onnxruntime.bundle"
+    with pytest.raises(ManifestError, match="labels.msgpack declares raw_size 1048577"):
+        write_bundle(out, corrupt.sample_body(),
+                     {"model.onnx": b"graph", "labels.msgpack": bytes((1 << 20) + 1)})
+    assert list(tmp_path.iterdir()) == []
