@@ -378,6 +378,39 @@ def _member(data: bytes, name: str, stored: Callable[[bytes], bytes]) -> bytes:
                            sha256=hashlib.sha256(raw).hexdigest())
 
 
+def rle_frame(size: int) -> bytes:
+    """A hand-made zstd frame of `size` zero bytes in RLE blocks of 128 KiB (4 bytes each): a
+    ~32 KB frame can declare a gigabyte. Single segment, the content size in 8 bytes."""
+    block = 128 * 1024
+    out = [ZSTD_MAGIC, bytes([0xE0]), struct.pack("<Q", size)]
+    left = size
+    while True:
+        n = min(left, block)
+        left -= n
+        out.append(((n << 3) | (1 << 1) | (left == 0)).to_bytes(3, "little") + b"\0")
+        if left == 0:
+            return b"".join(out)
+
+
+def zeros_sha256(size: int) -> str:
+    digest, chunk = hashlib.sha256(), bytes(1 << 20)
+    for start in range(0, size, len(chunk)):
+        digest.update(chunk[:min(len(chunk), size - start)])
+    return digest.hexdigest()
+
+
+def with_zero_member(data: bytes, name: str, size: int) -> bytes:
+    """`data` with member `name` (added when missing) holding `size` zero bytes, correctly
+    framed and hashed: only a size rule can refuse it."""
+    if name not in [e["name"] for e in _manifest(data)["members"]]:
+        h, region, manifest_bytes = corrupt.split(data)
+        manifest = msgpack.unpackb(manifest_bytes, raw=False)
+        manifest["members"].append({"name": name, "offset": h["manifest_offset"], "stored_size": 0,
+                                    "raw_size": 0, "sha256": "0" * 64, "compression": "zstd"})
+        data = corrupt._assemble(h, region, corrupt.canonical_packb(manifest))
+    return _replace_member(data, name, rle_frame(size), raw_size=size, sha256=zeros_sha256(size))
+
+
 def regression_cases(seeds: list[Path]) -> dict[str, bytes]:
     """name -> bytes of each kept case; the name starts with the verdict both readers give."""
     ort, trt, aoti = (p.read_bytes() for p in seeds)
@@ -460,6 +493,15 @@ def regression_cases(seeds: list[Path]) -> dict[str, bytes]:
         "reject-packages-1025": _edit(ort, setter("build", "packages",
                                                   value={f"p{i:04d}": "1" for i in range(1025)})),
         "reject-torch-aoti-unknown-detail": _edit(aoti, setter("engine", "details", "zz", value=1)),
+        # docs/format.md, "Member size limits": refused from the manifest, nothing decompressed.
+        "accept-labels-1-mib": with_zero_member(ort, "labels.msgpack", 1 << 20),
+        "reject-labels-1-mib-plus-1": with_zero_member(ort, "labels.msgpack", (1 << 20) + 1),
+        "reject-preprocess-1-gib": with_zero_member(ort, "preprocess.msgpack", 1 << 30),
+        "reject-other-member-64-mib-plus-1": with_zero_member(ort, "empty", (64 << 20) + 1),
+        "reject-calibration-64-mib-plus-1": with_zero_member(trt, "calibration.safetensors",
+                                                             (64 << 20) + 1),
+        "accept-model-onnx-64-mib-plus-1": with_zero_member(ort, "model.onnx", (64 << 20) + 1),
+        "accept-engine-pt2-64-mib-plus-1": with_zero_member(aoti, "engine.pt2", (64 << 20) + 1),
     }
     return cases
 

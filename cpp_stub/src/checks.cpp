@@ -449,6 +449,16 @@ std::string range_text(const Value& sizes) {
 
 }  // namespace
 
+// docs/format.md, "Member size limits" (runtime_py/format/semantics.py): a reader holds a whole
+// metadata member in memory, so its declared raw_size is bounded before anything is decompressed.
+// 0: no limit (the graph and the engine member legitimately reach gigabytes).
+std::uint64_t member_raw_size_limit(const std::string& name, const std::string& engine_member) {
+    constexpr std::uint64_t kMiB = 1ull << 20;
+    if (name == "model.onnx" || name == engine_member) return 0;
+    if (name == "preprocess.msgpack" || name == "labels.msgpack") return kMiB;
+    return 64 * kMiB;   // calibration.safetensors, reference.safetensors and any other member
+}
+
 void check_semantics(const Value& m, Problems& p) {
     const std::string& precision = m.get("precision")->as_str();
     std::vector<std::string> seen;
@@ -506,6 +516,15 @@ void check_semantics(const Value& m, Problems& p) {
     const Value* device = details.get("device");
     if (backend == "torch-aoti" && device && device->as_str() == "cpu" && precision != "fp32")
         p.add("engine.details.device: torch-aoti CPU packages are fp32 only (" + precision + " bundle)");
+    const std::string& engine_member = engine.get("member")->as_str();
+    for (const Value& e : m.get("members")->as_array()) {
+        const std::string& name = e.get("name")->as_str();
+        const std::uint64_t limit = member_raw_size_limit(name, engine_member);
+        const std::uint64_t raw_size = e.get("raw_size")->as_uint();
+        if (limit && raw_size > limit)
+            p.add("members: " + name + " declares raw_size " + std::to_string(raw_size) + ", over its limit of " +
+                  std::to_string(limit) + " bytes (docs/format.md, \"Member size limits\"): a hostile or corrupt bundle");
+    }
 }
 
 void check_preprocess(const Value& v, Problems& p) {

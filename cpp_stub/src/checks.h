@@ -36,6 +36,8 @@ void check_manifest(const Value& m, bool strict_keys, Problems& p);
 // The rules beyond the schema (docs/format.md; runtime_py/format/semantics.py). Run only on a
 // manifest that check_manifest accepted.
 void check_semantics(const Value& m, Problems& p);
+// The most bytes member `name` may declare (docs/format.md, "Member size limits"); 0: no limit.
+std::uint64_t member_raw_size_limit(const std::string& name, const std::string& engine_member);
 void check_preprocess(const Value& v, Problems& p);
 
 }  // namespace detail

@@ -430,11 +430,16 @@ std::vector<std::uint8_t> Bundle::member(const std::string& name) const {
     if (m->raw_size > impl_->options.max_member_bytes || m->raw_size > SIZE_MAX)
         throw DecompressionError("member " + name + ": raw_size " + std::to_string(m->raw_size) +
                                  " exceeds the reader's limit");
-    std::vector<std::uint8_t> out;
-    out.reserve(static_cast<std::size_t>(std::min<std::uint64_t>(m->raw_size, 256u << 20)));
+    // Exactly raw_size bytes, allocated once (never grown by doubling): inflate() checked that the
+    // frame's content size is raw_size and stops at any output past it.
+    std::vector<std::uint8_t> out(static_cast<std::size_t>(m->raw_size));
+    std::size_t filled = 0;
     auto s = stored_bytes(*m);
-    inflate(*m, s.first, s.second,
-            [&out](const std::uint8_t* p, std::size_t n) { out.insert(out.end(), p, p + n); });
+    inflate(*m, s.first, s.second, [&out, &filled](const std::uint8_t* p, std::size_t n) {
+        if (n == 0) return;   // raw_size 0: out.data() may be null
+        std::memcpy(out.data() + filled, p, n);   // inflate never hands more than raw_size in all
+        filled += n;
+    });
     return out;
 }
 

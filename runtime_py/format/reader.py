@@ -116,7 +116,9 @@ class Bundle:
         finally:
             stored.release()  # so close() can unmap even while an exception is kept
 
-    def _decompress(self, name: str, entry: dict, stored: memoryview) -> Iterator[bytes]:
+    def _check_frame(self, name: str, entry: dict, stored: memoryview) -> int:
+        """Check the stored bytes are exactly one frame of content size raw_size (docs/format.md,
+        "Member framing") before anything is decompressed; return raw_size."""
         raw_size = entry["raw_size"]
         try:
             size = frame_size(stored)
@@ -136,6 +138,10 @@ class Bundle:
             raise DecompressionError(
                 f"member {name!r}: zstd frame declares {params.content_size} bytes but the "
                 f"manifest declares {raw_size}: refusing to decompress")
+        return raw_size
+
+    def _decompress(self, name: str, entry: dict, stored: memoryview) -> Iterator[bytes]:
+        raw_size = self._check_frame(name, entry, stored)
         digest = hashlib.sha256()
         total = 0
         decompressor = zstandard.ZstdDecompressor(max_window_size=1 << window_log_max(raw_size))
@@ -164,8 +170,32 @@ class Bundle:
             raise IntegrityError(f"member {name!r}: sha256 mismatch (the member is corrupt)")
 
     def read_member(self, name: str) -> bytes:
-        """One member's bytes, checked. Reads no other member."""
-        return b"".join(self.iter_member(name))
+        """One member's bytes, checked. Reads no other member.
+
+        The output is allocated once at exactly the declared raw_size (the frame's content
+        size, checked first): zstd refuses a frame that would produce more or fewer bytes,
+        and nothing is joined or grown, so a member costs its raw_size, once.
+        """
+        entry = self.member_entry(name)
+        stored = self._stored(entry)
+        try:
+            raw_size = self._check_frame(name, entry, stored)
+            decompressor = zstandard.ZstdDecompressor(
+                max_window_size=1 << window_log_max(raw_size))
+            try:
+                data = decompressor.decompress(stored)
+            except zstandard.ZstdError as exc:
+                raise DecompressionError(
+                    f"member {name!r}: corrupt zstd data or output other than its declared "
+                    f"{raw_size} bytes ({exc})") from None
+        finally:
+            stored.release()
+        if len(data) != raw_size:   # decompress() enforces it; the format depends on it
+            raise DecompressionError(
+                f"member {name!r} decompresses to {len(data)} bytes, manifest declares {raw_size}")
+        if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            raise IntegrityError(f"member {name!r}: sha256 mismatch (the member is corrupt)")
+        return data
 
     def check_member(self, name: str) -> None:
         """Decompress and hash one member without keeping it."""

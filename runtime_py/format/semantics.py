@@ -10,6 +10,22 @@ from __future__ import annotations
 _HALF_FLOATS = ("float16", "bfloat16")
 _BOUNDS = ("min", "opt", "max")
 
+_MIB = 1 << 20
+# docs/format.md, "Member size limits": a reader holds a whole metadata member in memory,
+# so its declared raw_size is bounded before anything is decompressed. Only the graph
+# (model.onnx) and the engine member legitimately reach gigabytes.
+METADATA_MEMBER_LIMITS = {"preprocess.msgpack": _MIB, "labels.msgpack": _MIB,
+                          "calibration.safetensors": 64 * _MIB,
+                          "reference.safetensors": 64 * _MIB}
+OTHER_MEMBER_LIMIT = 64 * _MIB
+
+
+def member_raw_size_limit(name: str, engine_member: str) -> int | None:
+    """The most bytes member `name` may declare; None for the graph and the engine."""
+    if name in ("model.onnx", engine_member):
+        return None
+    return METADATA_MEMBER_LIMITS.get(name, OTHER_MEMBER_LIMIT)
+
 
 def _range(sizes: dict) -> str:
     return "/".join(str(sizes[k]) for k in _BOUNDS)
@@ -39,6 +55,17 @@ def _ordered(where: str, sizes: dict) -> list[str]:
         return [f"{where}: needs min <= opt <= max (got {sizes['min']}, {sizes['opt']}, "
                 f"{sizes['max']})"]
     return []
+
+
+def _member_size_problems(manifest: dict) -> list[str]:
+    problems = []
+    for entry in manifest["members"]:
+        limit = member_raw_size_limit(entry["name"], manifest["engine"]["member"])
+        if limit is not None and entry["raw_size"] > limit:
+            problems.append(f"members: {entry['name']} declares raw_size {entry['raw_size']}, "
+                            f"over its limit of {limit} bytes (docs/format.md, \"Member size "
+                            "limits\"): a hostile or corrupt bundle")
+    return problems
 
 
 def semantic_problems(manifest: dict) -> list[str]:
@@ -77,4 +104,4 @@ def semantic_problems(manifest: dict) -> list[str]:
             and precision != "fp32"):
         problems.append(f"engine/details/device: torch-aoti CPU packages are fp32 only "
                         f"({precision} bundle)")
-    return problems
+    return problems + _member_size_problems(manifest)
