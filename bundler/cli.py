@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 
 from bundler.class_labels import RULES as CLASS_FOLDER_RULES
+from bundler.peer import PEERS
 from runtime_py.errors import EXIT_CODES_HELP, BundleError, MissingExtraError, UsageError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -733,7 +734,7 @@ def _str_list(text: str) -> list[str]:
 @labels_from_option
 @click.option("--allow-calibration-images", is_flag=True)
 @click.option("--no-reuse", is_flag=True, help="Rebuild bundles even when the same ones exist.")
-@click.option("--peer", type=click.Choice(["torch-compile", "eager"]), default=None,
+@click.option("--peer", type=click.Choice(PEERS), default=None,
               help="Also measure what a user would run instead, in the same run: on a GPU the "
                    "timm model in fp16, channels_last, torch.compile (default mode), CUDA graph "
                    "replay, same boundaries; without one the fp32 eager model.")

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from runtime_py.errors import UsageError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 #: The peers `bundle study --peer` knows.
 PEERS = ("torch-compile", "eager")
@@ -77,6 +79,8 @@ class _CudaPeer:
         return self.graphs[n]
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
+        import numpy as np
+
         n = batch.shape[0]
         graph, x, y = self._graph(n, tuple(batch.shape[1:]))
         with self.torch.cuda.stream(self.stream):
@@ -87,6 +91,8 @@ class _CudaPeer:
 
     def timings(self, n: int, shape: tuple[int, ...], iterations: int, warmup: int
                 ) -> dict[str, list[float]]:
+        import numpy as np
+
         from runtime_py.bench import time_boundaries
 
         torch, stream = self.torch, self.stream
@@ -121,6 +127,8 @@ class _CpuPeer:
         self.torch, self.model = torch, model
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
+        import numpy as np
+
         with self.torch.no_grad():
             return self.model(self.torch.from_numpy(np.ascontiguousarray(batch, np.float32))
                               ).numpy()
@@ -141,6 +149,8 @@ def measure_peer(name: str, manifest: dict, checkpoint, batch_sizes: Sequence[in
                  timing: dict, inputs, ref_logits: np.ndarray, ref_stress: np.ndarray) -> dict:
     """The peer's study entry: timings per batch size, quality and stress vs the reference
     (``inputs``: the study's `bundler.study.EvalInputs`)."""
+    import numpy as np
+
     from bundler.evaluate import (logits_over, quality_figures, split_batches,
                                   stress_figures)
     from runtime_py.bench import DEVICE_TIMING_BOUNDARIES, figure, time_calls
