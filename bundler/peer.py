@@ -153,7 +153,8 @@ def measure_peer(name: str, manifest: dict, checkpoint, batch_sizes: Sequence[in
 
     from bundler.evaluate import (logits_over, quality_figures, split_batches,
                                   stress_figures)
-    from runtime_py.bench import DEVICE_TIMING_BOUNDARIES, figure, time_calls
+    from bundler.study import cpu_times
+    from runtime_py.bench import DEVICE_TIMING_BOUNDARIES, figure
 
     peer = make_peer(name, peer_model(manifest, checkpoint))
     shape = tuple(int(d) for d in manifest["inputs"][0]["shape"][1:])
@@ -165,9 +166,7 @@ def measure_peer(name: str, manifest: dict, checkpoint, batch_sizes: Sequence[in
                         for k, t in raw.items()]
         else:
             x = np.random.default_rng(0).uniform(-1, 1, (b, *shape)).astype(np.float32)
-            t = time_calls(lambda: peer.infer(x), warmup=timing["warmup"],
-                           min_calls=timing["min_calls"], min_seconds=timing["min_seconds"],
-                           max_seconds=timing["max_seconds"])
+            t = cpu_times(lambda: peer.infer(x), timing)
             timings.append(figure("engine", b, t, "eager fp32 torch on host arrays").as_dict())
     logits = logits_over(peer.infer, inputs.batches())
     stress_logits = logits_over(peer.infer, split_batches(inputs.stress, 8))

@@ -216,10 +216,17 @@ def build_or_reuse(planned: list[Planned], family, target: str, reuse: bool,
 
 # --- measurements -------------------------------------------------------------------------------
 
+def cpu_times(fn: Callable[[], object], timing: dict) -> list[float]:
+    """Per-call seconds of ``fn`` under the study's CPU timing rule (``CPU_TIMING`` keys)."""
+    from runtime_py.bench import time_calls
+
+    return time_calls(fn, warmup=timing["warmup"], min_calls=timing["min_calls"],
+                      min_seconds=timing["min_seconds"], max_seconds=timing["max_seconds"])
+
+
 def time_model(model, batch_sizes: Sequence[int], timing: dict) -> list[dict]:
     """Timing figures per batch size; `device_timings` where the runner offers it."""
-    from runtime_py.bench import (DEVICE_TIMING_BOUNDARIES, device_timings, figure,
-                                  random_batch, time_calls)
+    from runtime_py.bench import DEVICE_TIMING_BOUNDARIES, device_timings, figure, random_batch
 
     figures = []
     for b in batch_sizes:
@@ -229,9 +236,7 @@ def time_model(model, batch_sizes: Sequence[int], timing: dict) -> list[dict]:
             for key, times in dev.items():
                 figures.append(figure(key, b, times, DEVICE_TIMING_BOUNDARIES[key]).as_dict())
             continue
-        times = time_calls(lambda: model.runner.infer(feeds), warmup=timing["warmup"],
-                           min_calls=timing["min_calls"], min_seconds=timing["min_seconds"],
-                           max_seconds=timing["max_seconds"])
+        times = cpu_times(lambda: model.runner.infer(feeds), timing)
         figures.append(figure("engine", b, times, "runner.infer on host arrays "
                               "(uniform [-1, 1] inputs)").as_dict())
     return figures
