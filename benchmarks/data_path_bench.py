@@ -11,6 +11,11 @@ bundle after bundle in one process), at batch 1 and --batch:
                 staging, then the async path)                                 [median]
   infer_pinned  Model.infer on a batch written into Model.input_buffers() (pinned:
                 read in place, no host copy)                                   [median]
+  one-piece     infer with the runner's staging copy in one piece (staging_chunks=1:
+                copy everything, then transfer) instead of chunks whose transfers
+                overlap the copy of the next                                  [median]
+                (engine, with_copies and the infer variants are timed in 5 interleaved
+                rounds, so clock drift during the run hits all of them alike)
   raw img/s     Model.infer of plain batches of --batch, back to back, one thread
   batcher img/s --clients threads, each submitting one image (Batcher.infer) and waiting
   async img/s   --clients asyncio tasks on one event loop, each awaiting submit_async of
@@ -39,7 +44,12 @@ from runtime_py.batcher import Batcher  # noqa: E402
 from runtime_py.bench import random_feeds  # noqa: E402
 
 
-def median_ms(fn, iterations: int, warmup: int = 10) -> float:
+#: Rounds the per-call timings are interleaved in (each round: device timings, then every
+#: infer variant), so that a change of GPU clocks during the run hits every figure alike.
+ROUNDS = 5
+
+
+def samples_s(fn, iterations: int, warmup: int = 10) -> list[float]:
     for _ in range(warmup):
         fn()
     times = []
@@ -47,7 +57,25 @@ def median_ms(fn, iterations: int, warmup: int = 10) -> float:
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    return times
+
+
+def one_chunk(runner):
+    """The runner with its staging copy in one piece (``staging_chunks = 1``: copy, then
+    transfer), restored on exit; a no-op for runners without pipelined staging."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def switched():
+        old = getattr(runner, "staging_chunks", None)
+        if old is not None:
+            runner.staging_chunks = 1
+        try:
+            yield
+        finally:
+            if old is not None:
+                runner.staging_chunks = old
+    return switched()
 
 
 def raw_rate(model, batch: int, seconds: float) -> float:
@@ -120,21 +148,36 @@ def measure(model, batch: int, clients: int, seconds: float, delay_ms: float, it
                  "input": f"{model.inputs[0].dtype} {list(model.inputs[0].shape)}"}
     name = model.inputs[0].name
     buffers = model.input_buffers()
+    pipelined = getattr(model.runner, "staging_chunks", None)
     for n in (1, batch):
-        dev = device_timings(model.runner, n, iterations=iters, warmup=20) or {}
-        engine = statistics.median(dev["graph_replay"]) * 1e3 if "graph_replay" in dev else None
-        copies = statistics.median(dev["with_copies"]) * 1e3 if "with_copies" in dev else None
         plain = random_feeds(model.inputs, n, seed=3)
         buffers[name][:n] = plain[name]
         pinned = {name: buffers[name][:n]}
-        infer = median_ms(lambda: model.infer(plain), iters)
-        infer_pinned = median_ms(lambda: model.infer(pinned), iters)
+        t: dict[str, list[float]] = {k: [] for k in ("engine", "copies", "infer", "infer_1chunk",
+                                                     "infer_pinned")}
+        per = max(1, iters // ROUNDS)
+        for _ in range(ROUNDS):     # interleaved rounds: drift of the GPU clocks hits all alike
+            dev = device_timings(model.runner, n, iterations=per, warmup=5) or {}
+            t["engine"] += dev.get("graph_replay", [])
+            t["copies"] += dev.get("with_copies", [])
+            t["infer"] += samples_s(lambda: model.infer(plain), per, warmup=3)
+            if pipelined:
+                with one_chunk(model.runner):
+                    t["infer_1chunk"] += samples_s(lambda: model.infer(plain), per, warmup=3)
+            t["infer_pinned"] += samples_s(lambda: model.infer(pinned), per, warmup=3)
+        med = {k: statistics.median(v) * 1e3 if v else None for k, v in t.items()}
+        engine, copies, infer, infer_pinned = (med["engine"], med["copies"], med["infer"],
+                                               med["infer_pinned"])
         out[f"b{n}"] = {"engine_ms": engine, "with_copies_ms": copies, "infer_ms": infer,
-                        "infer_pinned_ms": infer_pinned}
+                        "infer_one_chunk_ms": med["infer_1chunk"], "infer_pinned_ms": infer_pinned}
         line = f"  b{n:<3} infer {infer:.3f} ms, infer_pinned {infer_pinned:.3f} ms"
+        if med["infer_1chunk"]:
+            line += f", infer (staging in one piece) {med['infer_1chunk']:.3f} ms"
         if copies:
             line += (f", engine {engine:.3f} ms, with_copies {copies:.3f} ms: infer/with_copies "
                      f"{infer / copies:.3f}, infer_pinned/with_copies {infer_pinned / copies:.3f}")
+            if med["infer_1chunk"]:
+                line += f", one-piece/with_copies {med['infer_1chunk'] / copies:.3f}"
         print(line, flush=True)
     raw = raw_rate(model, batch, seconds)
     served, sizes = batcher_rate(model, clients, seconds, delay_ms)

@@ -19,7 +19,7 @@ from runtime_py.errors import CompatibilityError, InferenceInputError, UsageErro
 from runtime_py.format import Bundle, open_bundle
 from runtime_py.signing import check_trust
 from runtime_py.targets import TARGETS
-from runtime_py.tensors import TensorSpec, check_feeds
+from runtime_py.tensors import FeedChecker, TensorSpec
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,7 @@ class Model:
         self.inputs: list[TensorSpec] = runner.input_metadata()
         self.outputs: list[TensorSpec] = runner.output_metadata()
         self.max_batch_size = runner.max_batch_size
+        self._check_feeds = FeedChecker(self.inputs)     # valid feeds: a fast comparison
         self.labels = bundle.labels
         self._preprocessor = None
 
@@ -79,7 +80,7 @@ class Model:
         pipelined (the copy of one overlaps the compute of the other on GPU engines).
         Feeds written into ``input_buffers()`` are read in place (no host copy)."""
         feeds = self._as_feeds(inputs)
-        batch = check_feeds(self.inputs, feeds)
+        batch = self._check_feeds(feeds)
         limit = self.max_batch_size
         if batch <= limit:
             return self.runner.infer_checked(feeds, batch)

@@ -55,7 +55,7 @@ from runtime_py.compat import GpuInfo, HostInfo
 from runtime_py.engines.base import Runner, require_own_engine
 from runtime_py.engines.torch_aoti_compat import check_torch_aoti_target
 from runtime_py.errors import BundleError, CompatibilityError, EngineUnavailableError
-from runtime_py.hostcopy import HostBufferRegistry, copy_rows
+from runtime_py.hostcopy import PIPELINE_CHUNKS, HostBufferRegistry, copy_rows, copy_rows_then
 from runtime_py.pending import Pending
 from runtime_py.native_libs import static_cxx_runtime_libraries
 from runtime_py.tensors import TensorSpec
@@ -183,6 +183,9 @@ class TorchAotiRunner(Runner):
             load_check = os.environ.get("TRT_BUNDLE_AOTI_LOAD_CHECK", "1") != "0"
         self.load_check = bool(load_check)
         self.graph_failures: dict[int, str] = {}
+        #: row chunks of a plain (not pinned) batch's staging copy: the H2D of one chunk
+        #: overlaps the host copy of the next (1: copy everything, then transfer)
+        self.staging_chunks = PIPELINE_CHUNKS
         self._lock = threading.Lock()
         self._reset()
 
@@ -297,12 +300,11 @@ class TorchAotiRunner(Runner):
             slot = self._slots[self._next_slot]
             self._next_slot = (self._next_slot + 1) % len(self._slots)
             self._resolve(slot)
-            source = self._host_source(slot, feeds[name_in], n)
             with torch.cuda.stream(self._stream), torch.no_grad():
                 x, _ = self._static_buffers(n)
-                x.copy_(source, non_blocking=True)
+                self._stage(slot, feeds[name_in], n, x)
                 slot.host_out[:n].copy_(self._run(n, x, None), non_blocking=True)
-                slot.staged.record(self._stream)
+            # no event to record: the stream is drained before the slot is used again
             self._stream.synchronize()
             return {name_out: slot.host_out[:n].numpy().copy()}
 
@@ -331,10 +333,9 @@ class TorchAotiRunner(Runner):
                 with torch.no_grad():
                     out = self._run_model(self._host_source(slot, feeds[name_in], n))
                 return Pending.done({name_out: out.numpy().copy()})
-            source = self._host_source(slot, feeds[name_in], n)
             with torch.cuda.stream(self._in_stream):
                 self._in_stream.wait_event(slot.consumed)      # device_in free again
-                slot.device_in[:n].copy_(source, non_blocking=True)
+                self._stage(slot, feeds[name_in], n, slot.device_in)
                 slot.staged.record(self._in_stream)
             with torch.cuda.stream(self._stream), torch.no_grad():
                 self._stream.wait_event(slot.staged)
@@ -357,18 +358,35 @@ class TorchAotiRunner(Runner):
             return slot.pending
 
     def _host_source(self, slot: "_Slot", arr: np.ndarray, n: int):
-        """The batch as a host tensor the device copy can read: the caller's own array when
-        it lies in pinned memory from ``input_buffers`` (no copy), else the slot's pinned
-        staging buffer after one (threaded) copy into it."""
-        torch = self._torch
-        if (not self._on_cpu and arr.flags.c_contiguous
-                and self._pinned.owner_of(arr) is not None):
-            return torch.from_numpy(arr)
-        if not self._on_cpu:
-            slot.staged.synchronize()      # the previous H2D from host_in has finished
+        """The batch as a host tensor (CPU packages): the slot's staging buffer after a
+        copy, so the caller's array is never an engine buffer."""
         staging = slot.host_in[:n]
         copy_rows(staging.numpy(), arr)
         return staging
+
+    def _pinned_source(self, arr: np.ndarray):
+        """``arr`` as a tensor the device copy reads in place when it lies in pinned
+        memory from ``input_buffers``, else None."""
+        if arr.flags.c_contiguous and self._pinned.owner_of(arr) is not None:
+            return self._torch.from_numpy(arr)
+        return None
+
+    def _stage(self, slot: "_Slot", arr: np.ndarray, n: int, device) -> None:
+        """Enqueue, on the current stream, the copy of host batch ``arr`` into
+        ``device[:n]``: straight from the caller's pinned array (no host copy), else
+        through the slot's pinned staging buffer, copied in row chunks whose transfers
+        start while the next chunk is being copied (``copy_rows_then``, ``staging_chunks``)."""
+        source = self._pinned_source(arr)
+        if source is not None:
+            device[:n].copy_(source, non_blocking=True)
+            return
+        slot.staged.synchronize()          # the previous H2D from host_in has finished
+        staging = slot.host_in[:n]
+
+        def send(a: int, b: int) -> None:
+            device[a:b].copy_(staging[a:b], non_blocking=True)
+
+        copy_rows_then(staging.numpy(), arr, send, chunks=self.staging_chunks)
 
     def run_device(self, n: int):
         """Run the engine on its own device input buffer of batch ``n`` (for benchmarks:
