@@ -111,7 +111,7 @@ class HostBufferRegistry:
 
 
 def copy_rows_then(dst: np.ndarray, src: np.ndarray, then: Callable[[int, int], None],
-                   chunks: int | None = None) -> None:
+                   chunks: int | None = None, min_bytes: int | None = None) -> None:
     """``dst[...] = src`` in row chunks, calling ``then(a, b)`` once rows ``a:b`` are in
     ``dst``.
 
@@ -119,14 +119,16 @@ def copy_rows_then(dst: np.ndarray, src: np.ndarray, then: Callable[[int, int], 
     across PCIe. Done one after the other the two copies add up; here the caller enqueues
     the device transfer of each chunk in ``then`` (an asynchronous copy), so the transfer
     of one chunk runs while the next is copied on the host, and only the last chunk's
-    transfer is left after the host copy. Small copies (under ``PIPELINE_MIN_BYTES``) go
-    in one piece: a transfer's fixed cost would outweigh the overlap.
+    transfer is left after the host copy. Small copies (under ``min_bytes``, default
+    ``PIPELINE_MIN_BYTES``) go in one piece: a transfer's fixed cost would outweigh the
+    overlap.
     """
     if dst.shape != src.shape:
         raise ValueError(f"copy_rows_then: shapes differ ({dst.shape} vs {src.shape})")
     rows = dst.shape[0] if dst.ndim else 1
     chunks = PIPELINE_CHUNKS if chunks is None else int(chunks)
-    if dst.ndim == 0 or rows < 2 or chunks <= 1 or dst.nbytes < PIPELINE_MIN_BYTES:
+    min_bytes = PIPELINE_MIN_BYTES if min_bytes is None else int(min_bytes)
+    if dst.ndim == 0 or rows < 2 or chunks <= 1 or dst.nbytes < min_bytes:
         copy_rows(dst, src)
         then(0, rows)
         return

@@ -55,7 +55,8 @@ from runtime_py.compat import GpuInfo, HostInfo
 from runtime_py.engines.base import Runner, require_own_engine
 from runtime_py.engines.torch_aoti_compat import check_torch_aoti_target
 from runtime_py.errors import BundleError, CompatibilityError, EngineUnavailableError
-from runtime_py.hostcopy import PIPELINE_CHUNKS, HostBufferRegistry, copy_rows, copy_rows_then
+from runtime_py.hostcopy import (PIPELINE_CHUNKS, PIPELINE_MIN_BYTES, HostBufferRegistry, copy_rows,
+                                 copy_rows_then)
 from runtime_py.pending import Pending
 from runtime_py.native_libs import static_cxx_runtime_libraries
 from runtime_py.tensors import TensorSpec
@@ -186,6 +187,7 @@ class TorchAotiRunner(Runner):
         #: row chunks of a plain (not pinned) batch's staging copy: the H2D of one chunk
         #: overlaps the host copy of the next (1: copy everything, then transfer)
         self.staging_chunks = PIPELINE_CHUNKS
+        self.staging_min_bytes = PIPELINE_MIN_BYTES     # smaller batches: one piece
         self._lock = threading.Lock()
         self._reset()
 
@@ -386,7 +388,8 @@ class TorchAotiRunner(Runner):
         def send(a: int, b: int) -> None:
             device[a:b].copy_(staging[a:b], non_blocking=True)
 
-        copy_rows_then(staging.numpy(), arr, send, chunks=self.staging_chunks)
+        copy_rows_then(staging.numpy(), arr, send, chunks=self.staging_chunks,
+                       min_bytes=self.staging_min_bytes)
 
     def run_device(self, n: int):
         """Run the engine on its own device input buffer of batch ``n`` (for benchmarks:
