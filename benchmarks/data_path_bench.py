@@ -11,9 +11,9 @@ bundle after bundle in one process), at batch 1 and --batch:
                 staging, then the async path)                                 [median]
   infer_pinned  Model.infer on a batch written into Model.input_buffers() (pinned:
                 read in place, no host copy)                                   [median]
-  one-piece     infer with the runner's staging copy in one piece (staging_chunks=1:
-                copy everything, then transfer) instead of chunks whose transfers
-                overlap the copy of the next                                  [median]
+  pageable      infer on the plain batch with the runner's staging = "pageable": the
+                CUDA driver's own copy of pageable memory instead of the threaded copy
+                into pinned staging                                           [median]
                 (engine, with_copies and the infer variants are timed in 5 interleaved
                 rounds, so clock drift during the run hits all of them alike)
   raw img/s     Model.infer of plain batches of --batch, back to back, one thread
@@ -60,21 +60,21 @@ def samples_s(fn, iterations: int, warmup: int = 10) -> list[float]:
     return times
 
 
-def one_chunk(runner):
-    """The runner with its staging copy in one piece (``staging_chunks = 1``: copy, then
-    transfer), restored on exit; a no-op for runners without pipelined staging."""
+def staging(runner, mode: str):
+    """The runner with ``staging = mode`` for plain batches, restored on exit; a no-op for
+    runners without the choice."""
     import contextlib
 
     @contextlib.contextmanager
     def switched():
-        old = getattr(runner, "staging_chunks", None)
+        old = getattr(runner, "staging", None)
         if old is not None:
-            runner.staging_chunks = 1
+            runner.staging = mode
         try:
             yield
         finally:
             if old is not None:
-                runner.staging_chunks = old
+                runner.staging = old
     return switched()
 
 
@@ -148,12 +148,12 @@ def measure(model, batch: int, clients: int, seconds: float, delay_ms: float, it
                  "input": f"{model.inputs[0].dtype} {list(model.inputs[0].shape)}"}
     name = model.inputs[0].name
     buffers = model.input_buffers()
-    pipelined = getattr(model.runner, "staging_chunks", None)
+    choice = getattr(model.runner, "staging", None)
     for n in (1, batch):
         plain = random_feeds(model.inputs, n, seed=3)
         buffers[name][:n] = plain[name]
         pinned = {name: buffers[name][:n]}
-        t: dict[str, list[float]] = {k: [] for k in ("engine", "copies", "infer", "infer_1chunk",
+        t: dict[str, list[float]] = {k: [] for k in ("engine", "copies", "infer", "infer_pageable",
                                                      "infer_pinned")}
         per = max(1, iters // ROUNDS)
         for _ in range(ROUNDS):     # interleaved rounds: drift of the GPU clocks hits all alike
@@ -161,23 +161,23 @@ def measure(model, batch: int, clients: int, seconds: float, delay_ms: float, it
             t["engine"] += dev.get("graph_replay", [])
             t["copies"] += dev.get("with_copies", [])
             t["infer"] += samples_s(lambda: model.infer(plain), per, warmup=3)
-            if pipelined:
-                with one_chunk(model.runner):
-                    t["infer_1chunk"] += samples_s(lambda: model.infer(plain), per, warmup=3)
+            if choice:
+                with staging(model.runner, "pageable"):
+                    t["infer_pageable"] += samples_s(lambda: model.infer(plain), per, warmup=3)
             t["infer_pinned"] += samples_s(lambda: model.infer(pinned), per, warmup=3)
         med = {k: statistics.median(v) * 1e3 if v else None for k, v in t.items()}
         engine, copies, infer, infer_pinned = (med["engine"], med["copies"], med["infer"],
                                                med["infer_pinned"])
         out[f"b{n}"] = {"engine_ms": engine, "with_copies_ms": copies, "infer_ms": infer,
-                        "infer_one_chunk_ms": med["infer_1chunk"], "infer_pinned_ms": infer_pinned}
+                        "infer_pageable_ms": med["infer_pageable"], "infer_pinned_ms": infer_pinned}
         line = f"  b{n:<3} infer {infer:.3f} ms, infer_pinned {infer_pinned:.3f} ms"
-        if med["infer_1chunk"]:
-            line += f", infer (staging in one piece) {med['infer_1chunk']:.3f} ms"
+        if med["infer_pageable"]:
+            line += f", infer (pageable H2D) {med['infer_pageable']:.3f} ms"
         if copies:
             line += (f", engine {engine:.3f} ms, with_copies {copies:.3f} ms: infer/with_copies "
                      f"{infer / copies:.3f}, infer_pinned/with_copies {infer_pinned / copies:.3f}")
-            if med["infer_1chunk"]:
-                line += f", one-piece/with_copies {med['infer_1chunk'] / copies:.3f}"
+            if med["infer_pageable"]:
+                line += f", pageable/with_copies {med['infer_pageable'] / copies:.3f}"
         print(line, flush=True)
     raw = raw_rate(model, batch, seconds)
     served, sizes = batcher_rate(model, clients, seconds, delay_ms)

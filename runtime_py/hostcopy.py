@@ -10,17 +10,12 @@ import functools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
 
 import numpy as np
 
 #: Below this many bytes one thread is faster than handing chunks to others.
 PARALLEL_MIN_BYTES = 4 << 20
 MAX_THREADS = 8
-#: From this many bytes a staging copy is cut into ``PIPELINE_CHUNKS`` row chunks, each
-#: handed on (``copy_rows_then``) as soon as it is in place.
-PIPELINE_MIN_BYTES = 1 << 20
-PIPELINE_CHUNKS = 4
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -46,17 +41,14 @@ def _executor() -> ThreadPoolExecutor:
         return _pool
 
 
-def copy_rows(dst: np.ndarray, src: np.ndarray, threads: int | None = None,
-              min_bytes: int | None = None) -> None:
+def copy_rows(dst: np.ndarray, src: np.ndarray, threads: int | None = None) -> None:
     """``dst[...] = src`` (same shape and dtype, no casting), split over ``threads``
-    (default ``copy_threads()``) along the first axis when the copy is at least
-    ``min_bytes`` (default ``PARALLEL_MIN_BYTES``)."""
+    (default ``copy_threads()``) along the first axis when the copy is large."""
     if dst.shape != src.shape:
         raise ValueError(f"copy_rows: shapes differ ({dst.shape} vs {src.shape})")
     threads = copy_threads() if threads is None else int(threads)
-    min_bytes = PARALLEL_MIN_BYTES if min_bytes is None else int(min_bytes)
     rows = dst.shape[0] if dst.ndim else 1
-    if threads <= 1 or rows < 2 or dst.nbytes < min_bytes:
+    if threads <= 1 or rows < 2 or dst.nbytes < PARALLEL_MIN_BYTES:
         np.copyto(dst, src, casting="no")
         return
     parts = min(threads, rows)
@@ -108,36 +100,6 @@ class HostBufferRegistry:
                     if owner is not None:
                         return owner
         return None
-
-
-def copy_rows_then(dst: np.ndarray, src: np.ndarray, then: Callable[[int, int], None],
-                   chunks: int | None = None, min_bytes: int | None = None) -> None:
-    """``dst[...] = src`` in row chunks, calling ``then(a, b)`` once rows ``a:b`` are in
-    ``dst``.
-
-    Why: a GPU runner copies a plain numpy batch into pinned staging memory and then
-    across PCIe. Done one after the other the two copies add up; here the caller enqueues
-    the device transfer of each chunk in ``then`` (an asynchronous copy), so the transfer
-    of one chunk runs while the next is copied on the host, and only the last chunk's
-    transfer is left after the host copy. Small copies (under ``min_bytes``, default
-    ``PIPELINE_MIN_BYTES``) go in one piece: a transfer's fixed cost would outweigh the
-    overlap.
-    """
-    if dst.shape != src.shape:
-        raise ValueError(f"copy_rows_then: shapes differ ({dst.shape} vs {src.shape})")
-    rows = dst.shape[0] if dst.ndim else 1
-    chunks = PIPELINE_CHUNKS if chunks is None else int(chunks)
-    min_bytes = PIPELINE_MIN_BYTES if min_bytes is None else int(min_bytes)
-    if dst.ndim == 0 or rows < 2 or chunks <= 1 or dst.nbytes < min_bytes:
-        copy_rows(dst, src)
-        then(0, rows)
-        return
-    parts = min(chunks, rows)
-    bounds = [rows * i // parts for i in range(parts + 1)]
-    split = PARALLEL_MIN_BYTES // parts      # each chunk split as the whole copy would be
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        copy_rows(dst[a:b], src[a:b], min_bytes=split)
-        then(a, b)
 
 
 def copy_many(pairs: list[tuple[np.ndarray, np.ndarray]], threads: int | None = None) -> None:

@@ -14,8 +14,7 @@ import pytest
 
 from runtime_py.batcher import Batcher
 from runtime_py.pending import Pending
-from runtime_py.hostcopy import (PIPELINE_MIN_BYTES, HostBufferRegistry, copy_many, copy_rows,
-                                 copy_rows_then)
+from runtime_py.hostcopy import HostBufferRegistry, copy_many, copy_rows
 from runtime_py.testing import AsyncToyModel, ToyModel
 
 TIMEOUT = 30
@@ -48,34 +47,6 @@ def test_threaded_copies_equal_numpy(threads):
         copy_rows(dst[:3], src)
     with pytest.raises(TypeError):
         copy_rows(dst, src.astype(np.float64))          # never a silent cast
-
-
-def test_a_staging_copy_hands_on_each_chunk_once_it_is_in_place():
-    # what a GPU runner's H2D of each chunk relies on: rows a:b are in place when
-    # then(a, b) is called, and the rows after them are not written yet
-    rng = np.random.default_rng(1)
-    src = rng.uniform(1, 2, (10, 3, 100, 100)).astype(np.float32)     # 1.2 MB
-    assert src.nbytes >= PIPELINE_MIN_BYTES
-    dst = np.zeros_like(src)
-    seen = []
-
-    def then(a, b):
-        np.testing.assert_array_equal(dst[a:b], src[a:b])
-        assert not dst[b:].any()
-        seen.append((a, b))
-
-    copy_rows_then(dst, src, then, chunks=4)
-    assert seen == [(0, 2), (2, 5), (5, 7), (7, 10)]
-    np.testing.assert_array_equal(dst, src)
-    # small copies, one row, or chunks=1 go in one piece
-    for arr, chunks in ((src[:, :, :10], 4), (src[:1], 4), (src, 1)):
-        seen.clear()
-        out = np.zeros_like(arr)
-        copy_rows_then(out, arr, lambda a, b: seen.append((a, b)), chunks=chunks)
-        assert seen == [(0, len(arr))]
-        np.testing.assert_array_equal(out, arr)
-    with pytest.raises(ValueError, match="shapes differ"):
-        copy_rows_then(dst[:3], src, then)
 
 
 def test_registry_recognises_views_of_its_blocks_only():

@@ -33,7 +33,7 @@ import numpy as np
 from runtime_py.compat import import_cudart, probe_host
 from runtime_py.engines.tensorrt_compat import check_tensorrt_target
 from runtime_py.engines.base import Runner, require_own_engine
-from runtime_py.hostcopy import copy_rows, copy_rows_then
+from runtime_py.hostcopy import copy_rows
 from runtime_py.errors import (
     BundleError,
     CompatibilityError,
@@ -237,7 +237,8 @@ class TensorRTRunner(Runner):
             return self._infer(feeds, n)
 
     def _infer(self, feeds: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
-        self._send_inputs(feeds)
+        self._stage_inputs(feeds)
+        self._copy_inputs(n)
         outputs = self._copy_outputs(self._run(n))
         self._cuda.check(self._cuda.rt.cudaStreamSynchronize(self._stream), "cudaStreamSynchronize")
         return {name: host[:count].reshape(shape).copy()
@@ -249,25 +250,6 @@ class TensorRTRunner(Runner):
             if b.is_input:
                 arr = feeds[b.name]
                 copy_rows(b.host[:arr.size].reshape(arr.shape), arr)
-
-    def _send_inputs(self, feeds: dict[str, np.ndarray]) -> None:
-        """Into the pinned host buffers and on to the device: each input copied in row
-        chunks whose H2D copies are enqueued as soon as they are in place, so the transfer
-        of one chunk overlaps the host copy of the next (``copy_rows_then``)."""
-        cuda, rt = self._cuda, self._cuda.rt
-        for b in self._bindings.values():
-            if not b.is_input:
-                continue
-            arr = feeds[b.name]
-            row = int(np.prod(arr.shape[1:], dtype=np.int64)) * b.dtype.itemsize
-
-            def send(a: int, e: int, b: _Binding = b) -> None:
-                cuda.check(rt.cudaMemcpyAsync(b.device_ptr + a * row, b.host_ptr + a * row,
-                                              (e - a) * row,
-                                              rt.cudaMemcpyKind.cudaMemcpyHostToDevice,
-                                              self._stream), f"cudaMemcpyAsync(H2D {b.name})")
-
-            copy_rows_then(b.host[:arr.size].reshape(arr.shape), arr, send)
 
     def _copy_inputs(self, n: int) -> None:
         """Enqueue the host -> device copies of batch ``n``'s inputs."""

@@ -55,8 +55,7 @@ from runtime_py.compat import GpuInfo, HostInfo
 from runtime_py.engines.base import Runner, require_own_engine
 from runtime_py.engines.torch_aoti_compat import check_torch_aoti_target
 from runtime_py.errors import BundleError, CompatibilityError, EngineUnavailableError
-from runtime_py.hostcopy import (PIPELINE_CHUNKS, PIPELINE_MIN_BYTES, HostBufferRegistry, copy_rows,
-                                 copy_rows_then)
+from runtime_py.hostcopy import HostBufferRegistry, copy_rows
 from runtime_py.pending import Pending
 from runtime_py.native_libs import static_cxx_runtime_libraries
 from runtime_py.tensors import TensorSpec
@@ -74,6 +73,17 @@ class _Slot:
         self.host_in = self.host_out = self.device_in = self.device_out = None
         self.staged = self.consumed = self.computed = self.done = None
         self.pending: Pending | None = None
+        self._outputs: dict[int, tuple[Any, np.ndarray]] = {}
+
+    def outputs(self, n: int) -> tuple[Any, np.ndarray]:
+        """The first ``n`` rows of the pinned output, as a tensor and as the array over the
+        same memory: made once per batch size (a slice and ``.numpy()`` per call cost
+        microseconds that show at batch 1)."""
+        views = self._outputs.get(n)
+        if views is None:
+            tensor = self.host_out[:n]
+            views = self._outputs[n] = (tensor, tensor.numpy())
+        return views
 
 
 def import_torch():
@@ -184,10 +194,10 @@ class TorchAotiRunner(Runner):
             load_check = os.environ.get("TRT_BUNDLE_AOTI_LOAD_CHECK", "1") != "0"
         self.load_check = bool(load_check)
         self.graph_failures: dict[int, str] = {}
-        #: row chunks of a plain (not pinned) batch's staging copy: the H2D of one chunk
-        #: overlaps the host copy of the next (1: copy everything, then transfer)
-        self.staging_chunks = PIPELINE_CHUNKS
-        self.staging_min_bytes = PIPELINE_MIN_BYTES     # smaller batches: one piece
+        #: how a plain (not pinned) batch reaches the device: "pinned" (copied into the
+        #: slot's pinned staging buffer, threaded, then an async H2D) or "pageable" (the
+        #: CUDA driver's own staged copy of the caller's memory; blocks the caller)
+        self.staging = "pinned"
         self._lock = threading.Lock()
         self._reset()
 
@@ -251,6 +261,8 @@ class TorchAotiRunner(Runner):
             self._in_stream = torch.cuda.Stream(self._device)
             self._out_stream = torch.cuda.Stream(self._device)
         self._slots = [self._new_slot() for _ in range(SLOTS)]
+        self._name_in = self.input_metadata()[0].name
+        self._name_out = self.output_metadata()[0].name
 
     def _torch_dtype(self, spec: TensorSpec):
         return self._torch.from_numpy(np.empty(0, np.dtype(spec.dtype))).dtype
@@ -297,18 +309,18 @@ class TorchAotiRunner(Runner):
         if self._on_cpu:
             return self.infer_async_impl(feeds, n).result()
         torch = self._torch
-        name_in, name_out = self.input_metadata()[0].name, self.output_metadata()[0].name
         with self._lock:
             slot = self._slots[self._next_slot]
             self._next_slot = (self._next_slot + 1) % len(self._slots)
             self._resolve(slot)
+            out, out_array = slot.outputs(n)
             with torch.cuda.stream(self._stream), torch.no_grad():
                 x, _ = self._static_buffers(n)
-                self._stage(slot, feeds[name_in], n, x)
-                slot.host_out[:n].copy_(self._run(n, x, None), non_blocking=True)
+                self._stage(slot, feeds[self._name_in], n, x)
+                out.copy_(self._run(n, x, None), non_blocking=True)
             # no event to record: the stream is drained before the slot is used again
             self._stream.synchronize()
-            return {name_out: slot.host_out[:n].numpy().copy()}
+            return {self._name_out: out_array.copy()}
 
     @staticmethod
     def _resolve(slot: "_Slot") -> None:
@@ -375,21 +387,21 @@ class TorchAotiRunner(Runner):
 
     def _stage(self, slot: "_Slot", arr: np.ndarray, n: int, device) -> None:
         """Enqueue, on the current stream, the copy of host batch ``arr`` into
-        ``device[:n]``: straight from the caller's pinned array (no host copy), else
-        through the slot's pinned staging buffer, copied in row chunks whose transfers
-        start while the next chunk is being copied (``copy_rows_then``, ``staging_chunks``)."""
+        ``device[:n]``: straight from the caller's pinned array (no host copy), else per
+        ``staging``: through the slot's pinned staging buffer (one threaded host copy,
+        then an async H2D), or the driver's pageable copy."""
+        dst = device if device.shape[0] == n else device[:n]
         source = self._pinned_source(arr)
         if source is not None:
-            device[:n].copy_(source, non_blocking=True)
+            dst.copy_(source, non_blocking=True)
+            return
+        if self.staging == "pageable":
+            dst.copy_(self._torch.from_numpy(arr))
             return
         slot.staged.synchronize()          # the previous H2D from host_in has finished
         staging = slot.host_in[:n]
-
-        def send(a: int, b: int) -> None:
-            device[a:b].copy_(staging[a:b], non_blocking=True)
-
-        copy_rows_then(staging.numpy(), arr, send, chunks=self.staging_chunks,
-                       min_bytes=self.staging_min_bytes)
+        copy_rows(staging.numpy(), arr)
+        dst.copy_(staging, non_blocking=True)
 
     def run_device(self, n: int):
         """Run the engine on its own device input buffer of batch ``n`` (for benchmarks:
