@@ -574,6 +574,35 @@ def test_static_batch_graphs_run_their_sizes_and_agree_with_the_dynamic_graph(tm
         TorchAotiRunner(claims, load_check=False).activate()
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="AOTInductor on the CPU compiles C++: no C++ compiler on this host")
+def test_the_target_compiles_the_static_batches_its_family_lists(tmp_path):
+    """make and rebuild hand the target the family: its torch_aoti.static_batches become
+    graphs of the package and the manifest's engine.details.static_batches."""
+    import json
+
+    from bundler.build_context import BuildContext
+    from bundler.families import families_root, load_family
+    from bundler.targets.torch_aoti import build_target
+    from runtime_py.engines.torch_aoti import TorchAotiRunner
+
+    shutil.copytree(families_root() / "timm_xception", tmp_path / "timm_xception")
+    spec_path = tmp_path / "timm_xception" / "family.json"
+    spec = json.loads(spec_path.read_text())
+    spec["torch_aoti"] = {"static_batches": [3]}
+    spec_path.write_text(json.dumps(spec))
+    family = load_family("timm_xception", root=tmp_path)
+    context = BuildContext(family, "fp32", build_torch_model=_tiny_model)
+    build = build_target(b"", batch={"min": 1, "opt": 1, "max": 4}, context=context,
+                         device="cpu", smoke_check=True)
+    assert build.details["static_batches"] == [3]
+    runner = TorchAotiRunner(_MemoryBundle("fp32", build.details, build.engine_bytes,
+                                           (3, 299, 299), 10, 4))
+    with runner:
+        assert runner.static_batches == [3]
+
+
 def test_static_batches_outside_the_range_are_refused():
     from bundler.targets.torch_aoti import static_sizes
 
