@@ -703,6 +703,32 @@ def test_gpu_cuda_graphs_give_the_same_outputs(gpu_fp16_tiny):
 
 @pytest.mark.gpu
 @needs_gpu
+def test_gpu_static_batch_graphs_are_captured_and_agree_in_fp16(gpu_fp16_tiny):
+    """fp16 static-batch graphs on the GPU: CUDA graphs captured from them, outputs within
+    the fp16 tolerance of the dynamic graph's (the shipped fixture, no static graphs)."""
+    from bundler.targets.torch_aoti import build_engine
+    from runtime_py.engines.torch_aoti import TorchAotiRunner
+    from runtime_py.numerics import TOLERANCES
+
+    package, details = build_engine(_tiny_model(), "fp16", (3, 16, 16), {"min": 1, "max": 8},
+                                    smoke=True, static_batches=[1, 8])
+    assert details["static_batches"] == [1, 8]
+    x = np.random.default_rng(2).normal(size=(8, 3, 16, 16)).astype(np.float32)
+    dynamic = TorchAotiRunner(_MemoryBundle("fp16", gpu_fp16_tiny[1], gpu_fp16_tiny[0],
+                                            (3, 16, 16), 10, 8))
+    static = TorchAotiRunner(_MemoryBundle("fp16", details, package, (3, 16, 16), 10, 8))
+    with dynamic, static:
+        assert static.static_batches == [1, 8]
+        for n in (1, 5, 8):
+            got = static.infer({"input": x[:n]})["logits"]
+            assert np.array_equal(got, static.infer({"input": x[:n]})["logits"])  # replay
+            reference = dynamic.infer({"input": x[:n]})["logits"]
+            assert np.abs(got - reference).max() <= TOLERANCES["fp16"].allowed(reference), n
+        assert static.graph_failures == {}
+
+
+@pytest.mark.gpu
+@needs_gpu
 def test_gpu_device_timings_time_the_engine_then_the_copies(gpu_fp16_tiny):
     from runtime_py.bench import device_timings
     from runtime_py.engines.torch_aoti import TorchAotiRunner

@@ -352,20 +352,13 @@ void check_manifest(const Value& m, bool strict, Problems& p) {
                 Obj opts(details.need("compile_options"), "engine.details.compile_options", p);
                 details.oneof(details.opt("device"), "device", {"cuda", "cpu"});
                 if (details.opt("fp8_padding")) Obj pad(details.opt("fp8_padding"), "engine.details.fp8_padding", p);
-                const Value* sizes = details.opt("batch_sizes");
-                if (sizes) {
+                for (const std::string key : {"batch_sizes", "static_batches"}) {
+                    const Value* sizes = details.opt(key);
+                    if (!sizes) continue;
                     if (!sizes->is_array() || sizes->as_array().size() > 1024) {
-                        p.add("engine.details.batch_sizes: must be an array of at most 1024 sizes");
+                        p.add("engine.details." + key + ": must be an array of at most 1024 sizes");
                     } else {
-                        for (const Value& s : sizes->as_array()) details.count(&s, "batch_sizes[]");
-                    }
-                }
-                const Value* statics = details.opt("static_batches");
-                if (statics) {
-                    if (!statics->is_array() || statics->as_array().size() > 1024) {
-                        p.add("engine.details.static_batches: must be an array of at most 1024 sizes");
-                    } else {
-                        for (const Value& s : statics->as_array()) details.count(&s, "static_batches[]");
+                        for (const Value& s : sizes->as_array()) details.count(&s, key + "[]");
                     }
                 }
                 details.pattern(details.opt("build_seconds"), "build_seconds", is_decimal, "a decimal string");

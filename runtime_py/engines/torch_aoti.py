@@ -101,11 +101,9 @@ def load_graphs(torch, path: Path, names: list[str], **kwargs: Any) -> dict[str,
         return {DYNAMIC_MODEL: torch._inductor.aoti_load_package(str(path), **kwargs)}
     try:
         from torch.export.pt2_archive._package import load_pt2
-    except ImportError:
-        load_pt2 = None
-    if load_pt2 is not None:
+
         graphs = dict(load_pt2(str(path), **kwargs).aoti_runners)
-    else:  # pragma: no cover - older torch
+    except (ImportError, TypeError):  # pragma: no cover - a torch whose load_pt2 differs
         from torch._inductor.package import load_package
 
         graphs = {}
