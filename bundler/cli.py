@@ -120,7 +120,9 @@ def format_summary(s: dict) -> list[str]:
     for key, value in sorted(eng["details"].items()):
         lines.append(f"           {key}: {value}")
     b = s["batch"]
-    lines.append(f"batch    {b['min']}..{b['max']} (opt {b['opt']})")
+    static = eng["details"].get("static_batches") if eng["backend"] == "torch-aoti" else None
+    lines.append(f"batch    {b['min']}..{b['max']} (opt {b['opt']})"
+                 + (f"; a static graph for {', '.join(map(str, static))}" if static else ""))
     for kind in ("inputs", "outputs"):
         for t in s[kind]:
             lines.append(f"{kind[:-1]:<8} {t['name']} {t['dtype']} {t['shape']}")

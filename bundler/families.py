@@ -70,6 +70,9 @@ TORCH_AOTI_LAYOUTS = ("nhwc", "as_is")
 #: ``torch_aoti.fp16_layout``: the fp16 engine as the NHWC rewrite, or as the model itself in
 #: channels_last memory format (what torch.compile users run; bundler.targets.torch_aoti).
 TORCH_AOTI_FP16_LAYOUTS = ("nhwc", "channels_last")
+#: ``torch_aoti.static_batches``: at most this many batch sizes get a graph of their own (each
+#: is one more AOTInductor compile at make time: about 2 minutes for ViT-B/16 on the H200).
+MAX_STATIC_BATCHES = 8
 #: Keys a layer-selection rule may use (their meaning: ``bundler.graphs.fp8``).
 RULE_KEYS = frozenset({"op_type", "kernel_shape", "group", "depthwise", "module_prefix", "name_regex"})
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -201,6 +204,13 @@ class Family:
         default) or "channels_last" (the model as it is, channels_last memory format)."""
         return str((self.spec.get("torch_aoti") or {}).get("fp16_layout", "nhwc"))
 
+    @property
+    def torch_aoti_static_batches(self) -> tuple[int, ...]:
+        """Batch sizes the torch-aoti engine also compiles with a static batch (ascending;
+        empty: the one dynamic-batch graph). Inductor specializes kernels for static sizes,
+        as ``torch.compile(dynamic=False)`` does (bundler.targets.torch_aoti)."""
+        return tuple(sorted((self.spec.get("torch_aoti") or {}).get("static_batches", ())))
+
     def hook(self, name: str) -> Any:
         """The function ``name`` of the family's ``family.py`` (``HOOKS``), or None."""
         if name not in HOOKS:
@@ -323,6 +333,24 @@ def load_family(name: str, root: Path | None = None) -> Family:
     return parse_family(data, folder=folder, expected_name=name)
 
 
+def _static_batch_problems(sizes: Any, batch: BatchRange) -> list[str]:
+    """``torch_aoti.static_batches``: distinct sizes inside the family's batch range."""
+    where = "torch_aoti.static_batches"
+    if not (isinstance(sizes, list) and len(sizes) <= MAX_STATIC_BATCHES
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in sizes)):
+        return [f"{where}: must be a list of at most {MAX_STATIC_BATCHES} batch sizes (integers)"]
+    if len(set(sizes)) != len(sizes):
+        return [f"{where}: {sizes} lists a size twice"]
+    if None in (batch.min, batch.max):
+        return []
+    outside = [n for n in sizes if not batch.min <= n <= batch.max]
+    if outside:
+        return [f"{where}: {outside} outside input.batch {batch.min}..{batch.max}"]
+    if sizes and batch.min == batch.max:
+        return [f"{where}: the batch range {batch.min}..{batch.max} is static already"]
+    return []
+
+
 def parse_family(data: Any, *, folder: Path, expected_name: str | None = None) -> Family:
     """Validate a decoded spec and build the ``Family``; every problem is reported at once."""
     problems: list[str] = []
@@ -378,6 +406,8 @@ def parse_family(data: Any, *, folder: Path, expected_name: str | None = None) -
         problems.append(f"torch_aoti.layout: must be one of {list(TORCH_AOTI_LAYOUTS)}")
     elif aoti.get("fp16_layout", "nhwc") not in TORCH_AOTI_FP16_LAYOUTS:
         problems.append(f"torch_aoti.fp16_layout: must be one of {list(TORCH_AOTI_FP16_LAYOUTS)}")
+    else:
+        problems += _static_batch_problems(aoti.get("static_batches", []), batch)
     class_ids = data.get("class_ids")
     if class_ids is not None and not (isinstance(class_ids, str) and re.fullmatch(r"[\w.-]+", class_ids)):
         problems.append("class_ids: must name a file in the family's folder")

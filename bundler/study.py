@@ -163,6 +163,9 @@ def reuse_mismatch(path: Path, family, req, target: str, source: dict,
         cal = m.get("calibration") or {}
         checks["calibration"] = ((cal.get("method"), cal.get("data_digest")),
                                  (req.calib_method, calibration_digest))
+    if target == "torch-aoti":
+        checks["static-batch graph list"] = (m["engine"]["details"].get("static_batches", []),
+                                         list(family.torch_aoti_static_batches))
     inputs_source = reference_set(family, req).source
     checks["reference inputs"] = ((m["quality"]["images"], m["quality"]["inputs_source"]),
                                   (req.reference_count, inputs_source))

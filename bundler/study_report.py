@@ -48,6 +48,13 @@ def _pct(x) -> str:
     return "-" if x is None else (decimal(x) if not math.isfinite(x) else f"{100 * x:.2f}%")
 
 
+def _static_graphs(bundle: dict) -> str:
+    """The batch sizes a torch-aoti engine has graphs of their own for (engine.details
+    static_batches): a speed row at such a size timed that graph, not the dynamic one."""
+    sizes = (bundle.get("engine_details") or {}).get("static_batches")
+    return ", ".join(map(str, sizes)) if sizes else "-"
+
+
 def _mib(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB"
 
@@ -92,11 +99,12 @@ def render_markdown(study: dict) -> str:
 
     out += ["", "## Sizes", ""]
     out += _table(["bundle", "bundle file", "engine member", "engine raw", "engine stored",
-                   "layers", "FP8 layers"],
+                   "layers", "FP8 layers", "static-batch graphs"],
                   [[b["label"], _mib(b["sizes"]["bundle_bytes"]), b["sizes"]["engine_member"],
                     _mib(b["sizes"]["engine_raw_bytes"]), _mib(b["sizes"]["engine_stored_bytes"]),
                     _num(b["sizes"]["layer_count"]),
-                    _num((b.get("recipe") or {}).get("quantized_layers"))] for b in bundles])
+                    _num((b.get("recipe") or {}).get("quantized_layers")),
+                    _static_graphs(b)] for b in bundles])
 
     ev, ref = study["eval"], study["reference"]
     out += ["", f"## Quality vs fp32 on {ev['images']} inputs", "",

@@ -101,6 +101,9 @@ def _engine(draw, backend: str, precision: str, batch: dict) -> dict:
                "compile_options": draw(st.dictionaries(IDENT, st.integers(-5, 5) | TEXT | st.booleans(), max_size=3))}
     if draw(st.booleans()):
         details["batch_sizes"] = draw(st.lists(COUNT, max_size=4))
+    if draw(st.booleans()):
+        details["static_batches"] = sorted(draw(st.sets(
+            st.integers(batch["min"], batch["max"]), max_size=4)))
     return {"backend": backend, "member": "engine.pt2", "details": details}
 
 
@@ -226,6 +229,17 @@ VIOLATIONS: dict[str, Callable[[dict, dict], None]] = {
             "compile_options": {}}),
         m.setdefault("engine.pt2", b"p"), m.pop("model.onnx")),
     "member name with a path": lambda b, m: m.update({"../evil": b"x"}),
+    "static batch outside the batch range": lambda b, m: (
+        b["engine"].update(backend="torch-aoti", member="engine.pt2", details={
+            "torch_version": "2", "cuda_version": None, "compute_capability": None, "device_name": "d",
+            "compile_options": {}, "static_batches": [b["batch"]["max"] + 1]}),
+        m.setdefault("engine.pt2", b"p")),
+    "static batches not ascending": lambda b, m: (
+        b["engine"].update(backend="torch-aoti", member="engine.pt2", details={
+            "torch_version": "2", "cuda_version": None, "compute_capability": None, "device_name": "d",
+            "compile_options": {}, "static_batches": [b["batch"]["max"], b["batch"]["min"]]
+            if b["batch"]["max"] > b["batch"]["min"] else [b["batch"]["min"]] * 2}),
+        m.setdefault("engine.pt2", b"p")),
     "tool other than trt-bundle": lambda b, m: b["build"].update(tool="other"),
     "strongly_typed false": lambda b, m: b["engine"].update(backend="tensorrt", member="engine.plan", details=dict(
         tensorrt_version="10", compute_capability="9.0", device_name="d", optimization_level=3,

@@ -65,6 +65,22 @@ def test_inspect_human(sound):
     assert r.stderr == ""
 
 
+def test_inspect_names_the_static_batch_graphs(tmp_path):
+    details = {"torch_version": "2.11.0", "cuda_version": "13.0", "compute_capability": "9.0",
+               "device_name": "NVIDIA H200", "device": "cuda", "compile_options": {},
+               "static_batches": [1, 8]}
+    body = corrupt.sample_body(name="toy-fp16-1-torch-aoti", precision="fp16",
+                               engine={"backend": "torch-aoti", "member": "engine.pt2",
+                                       "details": details})
+    path, _ = write_bundle(tmp_path / "toy-fp16-1-torch-aoti.bundle", body,
+                           {"model.onnx": b"x", "engine.pt2": b"pt2"})
+    r = run("inspect", str(path))
+    assert r.exit_code == 0, r.output
+    assert "batch    1..8 (opt 4); a static graph for 1, 8" in r.stdout
+    r = run("inspect", "--json", str(path))
+    assert json.loads(r.stdout)["engine"]["details"]["static_batches"] == [1, 8]
+
+
 def test_inspect_json(sound):
     with open_bundle(sound) as b:
         bundle_id, manifest = b.id, b.manifest

@@ -566,3 +566,36 @@ def test_uint8_pixel_preprocess_specs_are_judged_as_python_judges_them(inspect_c
         python_ok = not schema_problems("preprocess", spec)
         assert (r.returncode == 0) == python_ok, (what, python_ok, r.stderr)
         assert python_ok == (what == "pixels"), what
+
+
+@pytest.mark.parametrize("static, ok", [([1, 8], True), ([4], True), ([8, 1], False),
+                                        ([2, 2], False), ([16], False), ([0], False)])
+def test_static_batches_rule_in_both_readers(inspect_cpp, tmp_path, static, ok):
+    """docs/format.md: torch-aoti engine.details.static_batches is ascending, each size once,
+    within the batch range (1..8 here); both readers give the same verdict."""
+    from bundler.writer import write_bundle
+    from runtime_py.errors import ManifestError
+    from runtime_py.format import open_bundle
+
+    details = {"torch_version": "2.11.0", "cuda_version": "13.0", "compute_capability": "9.0",
+               "device_name": "NVIDIA H200", "device": "cuda", "compile_options": {},
+               "static_batches": [1]}
+    body = corrupt.sample_body(name="toy-fp16-1-torch-aoti", precision="fp16",
+                               engine={"backend": "torch-aoti", "member": "engine.pt2",
+                                       "details": details})
+    good, _ = write_bundle(tmp_path / "good.bundle", body,
+                           {"model.onnx": b"x", "engine.pt2": b"pt2"})
+
+    def claim(m):
+        m["engine"]["details"]["static_batches"] = static
+    out = corrupt.rewrite_manifest(good, tmp_path / "s.bundle", claim)
+    if ok:
+        assert_clean(r := run_cpp(inspect_cpp, out, "--json", "--verify"), str(static))
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["engine"]["details"]["static_batches"] == static
+        with open_bundle(out) as bundle:
+            bundle.verify()
+    else:
+        assert_rejected(inspect_cpp, out, str(static), "static_batches")
+        with pytest.raises(ManifestError, match="static_batches"):
+            open_bundle(out)

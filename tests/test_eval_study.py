@@ -178,6 +178,38 @@ def test_reuse_needs_the_same_inputs(xception_bundles):
                                                 expected_source(family, more_refs), None)
 
 
+def test_reuse_needs_the_static_batch_graphs_the_family_lists(xception_bundles, tmp_path):
+    """A torch-aoti bundle made before the family listed torch_aoti.static_batches (or with
+    other sizes) is rebuilt by the study, not reused."""
+    torch = pytest.importorskip("torch")
+    import dataclasses
+
+    from bundler.families import load_family
+    from bundler.make import MakeRequest
+    from bundler.study import expected_source, reuse_mismatch
+    from bundler.writer import write_bundle
+    from runtime_py.format import open_bundle
+
+    with open_bundle(xception_bundles["fp32"]) as bundle:
+        body = {k: v for k, v in bundle.manifest.items() if k not in ("format", "members")}
+        members = {name: bundle.read_member(name) for name in bundle.member_names}
+    details = {"torch_version": str(torch.__version__), "cuda_version": None,
+               "compute_capability": None, "device_name": "cpu", "device": "cpu",
+               "compile_options": {}}
+    body["engine"] = {"backend": "torch-aoti", "member": "engine.pt2", "details": details}
+    path, _ = write_bundle(tmp_path / "x.bundle", body, {**members, "engine.pt2": b"pt2"})
+    family = load_family("timm_xception")
+    req = MakeRequest(family=family.name, precision="fp32", random_weights=True,
+                      calib_count=16, reference_count=4)
+    source = expected_source(family, req)
+    assert reuse_mismatch(path, family, req, "torch-aoti", source, None) is None
+    spec = {**family.spec, "torch_aoti": {"static_batches": [1, 32]}}
+    static = dataclasses.replace(family, spec=spec)
+    assert static.torch_aoti_static_batches == (1, 32)
+    assert "static-batch graph list differs ([] vs [1, 32])" in reuse_mismatch(
+        path, static, req, "torch-aoti", source, None)
+
+
 def test_reuse_checks_torch_aoti_bundles_against_torch_cuda_build():
     """A torch-aoti package is checked against torch's CUDA build, which only importing
     torch tells: without it every such bundle read as "CPU-only torch" and was rebuilt (seen
@@ -238,6 +270,7 @@ def test_study_on_the_fixture_bundles(xception_bundles, tmp_path):
     md = (tmp_path / "study.md").read_text()
     assert "fp16 time / fp8 time" in md and "RANDOM WEIGHTS" in md and "## Environment" in md
     assert "## Against the peer" in md and "peer: eager" in md
+    assert "static-batch graphs" in md            # none here: ONNX Runtime bundles
     try:
         import matplotlib
     except ImportError:

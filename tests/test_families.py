@@ -128,6 +128,22 @@ def test_bad_spec_lists_every_problem(families_copy: Path):
     assert "family.json" in str(info.value)
 
 
+def test_torch_aoti_static_batches_are_sizes_of_the_batch_range(families_copy: Path):
+    """torch_aoti.static_batches: opt-in (none by default), ascending, inside input.batch."""
+    assert load_family("timm_xception", root=families_copy).torch_aoti_static_batches == ()
+    _edit(families_copy, "timm_xception",
+          lambda spec: spec.setdefault("torch_aoti", {}).update(static_batches=[32, 1]))
+    assert load_family("timm_xception", root=families_copy).torch_aoti_static_batches == (1, 32)
+    for sizes, needle in (([1, 64], "[64] outside input.batch 1..32"), ([8, 8], "twice"),
+                          ("1,32", "list of at most"), ([True], "list of at most"),
+                          (list(range(1, 10)), "list of at most 8")):
+        _edit(families_copy, "timm_xception",
+              lambda spec, s=sizes: spec["torch_aoti"].update(static_batches=s))
+        with pytest.raises(FamilyError) as info:
+            load_family("timm_xception", root=families_copy)
+        assert any(needle in p for p in info.value.problems), (sizes, info.value.problems)
+
+
 def test_spec_that_is_not_json(families_copy: Path):
     (families_copy / "timm_xception" / "family.json").write_text("{ not json")
     with pytest.raises(FamilyError, match="cannot read"):

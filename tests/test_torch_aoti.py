@@ -22,7 +22,7 @@ import pytest
 
 from runtime_py.compat import GpuInfo, HostInfo, check_target
 from runtime_py.engines.torch_aoti_compat import check_torch_aoti_target
-from runtime_py.errors import (CompatibilityError, EngineUnavailableError,
+from runtime_py.errors import (BundleError, CompatibilityError, EngineUnavailableError,
                                InferenceInputError, UsageError)
 
 torch = pytest.importorskip("torch")
@@ -526,6 +526,96 @@ def test_fp32_package_on_the_cpu_runs_in_the_runner():
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
                     reason="AOTInductor on the CPU compiles C++: no C++ compiler on this host")
+def test_static_batch_graphs_run_their_sizes_and_agree_with_the_dynamic_graph(tmp_path):
+    """torch_aoti.static_batches: one package holds the dynamic graph and a graph per listed
+    size (static: it refuses another size); the runner runs those sizes on them and every
+    size gives the dynamic graph's outputs."""
+    import zipfile
+
+    from bundler.targets.torch_aoti import build_engine
+    from runtime_py.engines.torch_aoti import TorchAotiRunner, load_graphs
+
+    model = _tiny_model()
+    package, details = build_engine(model, "fp32", (3, 16, 16), {"min": 1, "max": 4},
+                                    device="cpu", batch_sizes=[1, 4], static_batches=[4, 2])
+    assert details["static_batches"] == [2, 4]
+    assert "static batch 2, 4" in details["compile_options"]["export"]
+    _details_validator().validate(details)
+    path = tmp_path / "engine.pt2"
+    path.write_bytes(package)
+    with zipfile.ZipFile(path) as archive:
+        graphs_in_zip = {name.split("/aotinductor/")[1].split("/")[0]
+                         for name in archive.namelist() if "/aotinductor/" in name}
+    assert graphs_in_zip == {"model", "batch2", "batch4"}
+    graphs = load_graphs(torch, path, ["model", "batch2", "batch4"])
+    x = np.random.default_rng(0).normal(size=(4, 3, 16, 16)).astype(np.float32)
+
+    def run(graph, n):
+        out = graphs[graph](torch.from_numpy(x[:n]))
+        return (out[0] if isinstance(out, (list, tuple)) else out).numpy()
+
+    assert run("batch2", 3).shape == (2, 10)      # static: batch 2 whatever it is given
+    assert run("model", 3).shape == (3, 10)
+    runner = TorchAotiRunner(_MemoryBundle("fp32", details, package, (3, 16, 16), 10, 4))
+    with runner, torch.no_grad():
+        assert runner.static_batches == [2, 4]
+        for n in (1, 2, 3, 4):
+            got = runner.infer({"input": x[:n]})["logits"]
+            assert got.shape == (n, 10)
+            assert np.abs(got - run("model", n)).max() < 1e-4, n
+            if n in (2, 4):
+                assert np.abs(got - run(f"batch{n}", n)).max() < 1e-6, n
+    plain, plain_details = build_engine(model, "fp32", (3, 16, 16), {"min": 1, "max": 4},
+                                        device="cpu", smoke=False)
+    assert "static_batches" not in plain_details
+    claims = _MemoryBundle("fp32", {**plain_details, "static_batches": [2]}, plain, (3, 16, 16),
+                           10, 4)
+    with pytest.raises(BundleError, match="no graph batch2"):
+        TorchAotiRunner(claims, load_check=False).activate()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="AOTInductor on the CPU compiles C++: no C++ compiler on this host")
+def test_the_target_compiles_the_static_batches_its_family_lists(tmp_path):
+    """make and rebuild hand the target the family: its torch_aoti.static_batches become
+    graphs of the package and the manifest's engine.details.static_batches."""
+    import json
+
+    from bundler.build_context import BuildContext
+    from bundler.families import families_root, load_family
+    from bundler.targets.torch_aoti import build_target
+    from runtime_py.engines.torch_aoti import TorchAotiRunner
+
+    shutil.copytree(families_root() / "timm_xception", tmp_path / "timm_xception")
+    spec_path = tmp_path / "timm_xception" / "family.json"
+    spec = json.loads(spec_path.read_text())
+    spec["torch_aoti"] = {"static_batches": [3]}
+    spec_path.write_text(json.dumps(spec))
+    family = load_family("timm_xception", root=tmp_path)
+    context = BuildContext(family, "fp32", build_torch_model=_tiny_model)
+    build = build_target(b"", batch={"min": 1, "opt": 1, "max": 4}, context=context,
+                         device="cpu", smoke_check=True)
+    assert build.details["static_batches"] == [3]
+    runner = TorchAotiRunner(_MemoryBundle("fp32", build.details, build.engine_bytes,
+                                           (3, 299, 299), 10, 4))
+    with runner:
+        assert runner.static_batches == [3]
+
+
+def test_static_batches_outside_the_range_are_refused():
+    from bundler.targets.torch_aoti import static_sizes
+
+    assert static_sizes([32, 1, 32], 1, 32) == [1, 32]
+    with pytest.raises(UsageError, match=r"\[64\] are outside the batch range 1..32"):
+        static_sizes([1, 64], 1, 32)
+    with pytest.raises(UsageError, match="static already"):
+        static_sizes([8], 8, 8)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="AOTInductor on the CPU compiles C++: no C++ compiler on this host")
 def test_make_and_verify_a_cpu_fp32_bundle(tmp_path):
     """bundle make --backend torch-aoti (device cpu) -> verify -> numerics vs ONNX Runtime."""
     from bundler.make import MakeRequest, make_bundle
@@ -609,6 +699,32 @@ def test_gpu_cuda_graphs_give_the_same_outputs(gpu_fp16_tiny):
         outputs.append(first)
         assert runner.graph_failures == {}
     assert np.abs(outputs[0] - outputs[1]).max() < 1e-3
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_static_batch_graphs_are_captured_and_agree_in_fp16(gpu_fp16_tiny):
+    """fp16 static-batch graphs on the GPU: CUDA graphs captured from them, outputs within
+    the fp16 tolerance of the dynamic graph's (the shipped fixture, no static graphs)."""
+    from bundler.targets.torch_aoti import build_engine
+    from runtime_py.engines.torch_aoti import TorchAotiRunner
+    from runtime_py.numerics import TOLERANCES
+
+    package, details = build_engine(_tiny_model(), "fp16", (3, 16, 16), {"min": 1, "max": 8},
+                                    smoke=True, static_batches=[1, 8])
+    assert details["static_batches"] == [1, 8]
+    x = np.random.default_rng(2).normal(size=(8, 3, 16, 16)).astype(np.float32)
+    dynamic = TorchAotiRunner(_MemoryBundle("fp16", gpu_fp16_tiny[1], gpu_fp16_tiny[0],
+                                            (3, 16, 16), 10, 8))
+    static = TorchAotiRunner(_MemoryBundle("fp16", details, package, (3, 16, 16), 10, 8))
+    with dynamic, static:
+        assert static.static_batches == [1, 8]
+        for n in (1, 5, 8):
+            got = static.infer({"input": x[:n]})["logits"]
+            assert np.array_equal(got, static.infer({"input": x[:n]})["logits"])  # replay
+            reference = dynamic.infer({"input": x[:n]})["logits"]
+            assert np.abs(got - reference).max() <= TOLERANCES["fp16"].allowed(reference), n
+        assert static.graph_failures == {}
 
 
 @pytest.mark.gpu

@@ -347,16 +347,18 @@ void check_manifest(const Value& m, bool strict, Problems& p) {
                 details.str(details.need("device_name"), "device_name");
                 if (strict)
                     details.only({"torch_version", "cuda_version", "compute_capability", "device_name", "device",
-                                  "compile_options", "fp8_padding", "batch_sizes", "build_seconds"});
+                                  "compile_options", "fp8_padding", "batch_sizes", "static_batches",
+                                  "build_seconds"});
                 Obj opts(details.need("compile_options"), "engine.details.compile_options", p);
                 details.oneof(details.opt("device"), "device", {"cuda", "cpu"});
                 if (details.opt("fp8_padding")) Obj pad(details.opt("fp8_padding"), "engine.details.fp8_padding", p);
-                const Value* sizes = details.opt("batch_sizes");
-                if (sizes) {
+                for (const std::string key : {"batch_sizes", "static_batches"}) {
+                    const Value* sizes = details.opt(key);
+                    if (!sizes) continue;
                     if (!sizes->is_array() || sizes->as_array().size() > 1024) {
-                        p.add("engine.details.batch_sizes: must be an array of at most 1024 sizes");
+                        p.add("engine.details." + key + ": must be an array of at most 1024 sizes");
                     } else {
-                        for (const Value& s : sizes->as_array()) details.count(&s, "batch_sizes[]");
+                        for (const Value& s : sizes->as_array()) details.count(&s, key + "[]");
                     }
                 }
                 details.pattern(details.opt("build_seconds"), "build_seconds", is_decimal, "a decimal string");
@@ -516,6 +518,22 @@ void check_semantics(const Value& m, Problems& p) {
     const Value* device = details.get("device");
     if (backend == "torch-aoti" && device && device->as_str() == "cpu" && precision != "fp32")
         p.add("engine.details.device: torch-aoti CPU packages are fp32 only (" + precision + " bundle)");
+    const Value* statics = backend == "torch-aoti" ? details.get("static_batches") : nullptr;
+    if (statics) {
+        const std::uint64_t lo = m.get("batch")->get("min")->as_uint(), hi = m.get("batch")->get("max")->as_uint();
+        bool ok = true;
+        std::uint64_t previous = 0;
+        std::string listed;
+        for (const Value& s : statics->as_array()) {
+            const std::uint64_t n = s.as_uint();
+            ok = ok && n > previous && lo <= n && n <= hi;
+            previous = n;
+            listed += (listed.empty() ? "" : ", ") + std::to_string(n);
+        }
+        if (!ok)
+            p.add("engine.details.static_batches: [" + listed + "] must be ascending, each size once, within the "
+                  "batch range " + std::to_string(lo) + ".." + std::to_string(hi));
+    }
     const std::string& engine_member = engine.get("member")->as_str();
     for (const Value& e : m.get("members")->as_array()) {
         const std::string& name = e.get("name")->as_str();

@@ -31,6 +31,12 @@ Design:
   kernels, which must not be captured). The package is loaded with
   ``run_single_threaded=True``, which AOTInductor provides for graph capture. A batch
   size whose capture fails runs plainly afterwards, recorded in ``graph_failures``.
+* Static-batch graphs (manifest ``engine.details.static_batches``, family.json
+  ``torch_aoti.static_batches``): the package holds, next to the dynamic-batch graph (its
+  default model, ``DYNAMIC_MODEL``), one graph compiled for each listed batch size
+  (``static_model_name``); a batch of exactly such a size runs on its graph (and its CUDA
+  graph is captured from it), any other size on the dynamic one. Inductor gives a static
+  graph kernels with fixed sizes, as ``torch.compile(dynamic=False)`` does.
 * fp32 packages: TF32 is disabled for cuDNN and matmuls (process-wide torch flags; the
   fp32 tolerance of ``runtime_py.numerics`` assumes IEEE fp32, as TensorRT plans built
   without TF32 give).
@@ -61,6 +67,8 @@ from runtime_py.native_libs import static_cxx_runtime_libraries
 from runtime_py.tensors import TensorSpec
 
 MEMBER = "engine.pt2"
+#: The dynamic-batch graph's name in the package (AOTInductor's default model name).
+DYNAMIC_MODEL = "model"
 #: Batches in flight per runner (copy-in of the next and copy-out of the previous batch
 #: overlap the compute of the current one).
 SLOTS = 2
@@ -84,6 +92,44 @@ class _Slot:
             tensor = self.host_out[:n]
             views = self._outputs[n] = (tensor, tensor.numpy())
         return views
+
+
+def static_model_name(batch: int) -> str:
+    """The name, in the package, of the graph compiled for exactly ``batch`` (docs/format.md)."""
+    return f"batch{int(batch)}"
+
+
+def load_graphs(torch, path: Path, names: list[str], **kwargs: Any) -> dict[str, Any]:
+    """The package's graphs ``names`` (``kwargs``: ``aoti_load_package``'s), each loaded once.
+
+    A package of one graph loads as before (``aoti_load_package``). For several, torch's
+    ``load_pt2`` loads every model of the package in one pass; ``load_package(path, name)``
+    (the documented way to pick one) loads them all again for each name asked, so it is
+    only the fallback for a torch without ``load_pt2``. BundleError names a graph the
+    package lacks.
+    """
+    if names == [DYNAMIC_MODEL]:
+        return {DYNAMIC_MODEL: torch._inductor.aoti_load_package(str(path), **kwargs)}
+    try:
+        from torch.export.pt2_archive._package import load_pt2
+
+        graphs = dict(load_pt2(str(path), **kwargs).aoti_runners)
+    except (ImportError, TypeError):  # pragma: no cover - a torch whose load_pt2 differs
+        from torch._inductor.package import load_package
+
+        graphs = {}
+        for name in names:
+            try:
+                graphs[name] = load_package(str(path), name, **kwargs)
+            except RuntimeError:
+                pass
+    missing = [name for name in names if name not in graphs]
+    if missing:
+        raise BundleError(f"the bundle's AOTInductor package has no graph {', '.join(missing)} "
+                          f"(it has {', '.join(sorted(graphs)) or 'none'}), which its manifest "
+                          "lists in engine.details.static_batches: rebuild the engine "
+                          "(`bundle rebuild BUNDLE --backend torch-aoti`)")
+    return {name: graphs[name] for name in names}
 
 
 def import_torch():
@@ -204,6 +250,7 @@ class TorchAotiRunner(Runner):
     def _reset(self) -> None:
         self._torch = None
         self._model = None
+        self._static_models: dict[int, Any] = {}    # batch -> its static graph
         self._device = None
         self._stream = None           # compute
         self._in_stream = None        # host -> device copies
@@ -250,11 +297,18 @@ class TorchAotiRunner(Runner):
             if self.load_check:
                 probe_package_load(path, "cpu" if self._on_cpu else str(self.device_index),
                                    self.use_cuda_graphs)
+            static = [int(n) for n in self.bundle.manifest["engine"]["details"]
+                      .get("static_batches", [])]
+            names = [DYNAMIC_MODEL, *map(static_model_name, static)]
             try:
-                self._model = torch._inductor.aoti_load_package(str(path), **kwargs)
+                graphs = load_graphs(torch, path, names, **kwargs)
+            except BundleError:
+                raise
             except Exception as exc:
                 raise BundleError(f"torch {torch.__version__} could not load the bundle's "
                                   f"AOTInductor package: {exc}") from None
+            self._model = graphs[DYNAMIC_MODEL]
+            self._static_models = {n: graphs[static_model_name(n)] for n in static}
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         if not self._on_cpu:
@@ -332,8 +386,13 @@ class TorchAotiRunner(Runner):
                 pass                   # that batch's error belongs to its own caller
             slot.pending = None
 
+    @property
+    def static_batches(self) -> list[int]:
+        """The batch sizes that run on a graph of their own (empty before ``activate``)."""
+        return sorted(self._static_models)
+
     def _run_model(self, x):
-        out = self._model(x)
+        out = self._static_models.get(int(x.shape[0]), self._model)(x)
         return out[0] if isinstance(out, (list, tuple)) else out
 
     def infer_async_impl(self, feeds: dict[str, np.ndarray], n: int) -> Pending:

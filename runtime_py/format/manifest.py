@@ -151,6 +151,7 @@ def _oversized(manifest: dict) -> list[str]:
     engine = manifest.get("engine")
     if isinstance(engine, dict) and isinstance(engine.get("details"), dict):
         bound("engine/details/batch_sizes", engine["details"].get("batch_sizes"), 1024)
+        bound("engine/details/static_batches", engine["details"].get("static_batches"), 1024)
     return problems
 
 

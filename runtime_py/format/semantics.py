@@ -104,4 +104,10 @@ def semantic_problems(manifest: dict) -> list[str]:
             and precision != "fp32"):
         problems.append(f"engine/details/device: torch-aoti CPU packages are fp32 only "
                         f"({precision} bundle)")
+    static = engine["details"].get("static_batches") if engine["backend"] == "torch-aoti" else None
+    if static is not None and (static != sorted(set(static)) or any(
+            not manifest["batch"]["min"] <= n <= manifest["batch"]["max"] for n in static)):
+        problems.append(f"engine/details/static_batches: {static} must be ascending, each size "
+                        f"once, within the batch range {manifest['batch']['min']}.."
+                        f"{manifest['batch']['max']}")
     return problems + _member_size_problems(manifest)

@@ -6,4 +6,5 @@ package imports no torch."""
 from bundler.targets.torch_aoti.build import (build_engine, build_target, check_host,  # noqa: F401
                                               compile_options_for, default_nhwc,
                                               default_pad_channels, engine_details,
-                                              engine_model, host_details, pixel_head)
+                                              engine_model, host_details, pixel_head,
+                                              static_sizes)

@@ -37,6 +37,7 @@ import platform
 import tempfile
 import time
 from pathlib import Path
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable
 
 from bundler.targets import TargetBuild
@@ -215,52 +216,91 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
 
 
 def compile_package(module: torch.nn.Module, input_shape: tuple[int, ...], batch: dict,
-                    device: str, compile_options: dict, package_path: Path) -> tuple[Path, str]:
+                    device: str, compile_options: dict, package_path: Path,
+                    static_batches: Sequence[int] = ()) -> tuple[Path, str]:
     """torch.export (dynamic batch min..max) + AOTInductor -> (the package file, the C++
     toolchain it was linked with).
+
+    ``static_batches``: sizes that also get a graph exported and compiled with that static
+    batch, in the same package (``package_graphs``); the dynamic graph stays the package's
+    default model, so a loader that knows nothing of them runs every size on it.
 
     Linked against the shared libstdc++ whatever the host's compiler does by default, and
     checked for it (``bundler.targets.torch_aoti.toolchain``: a statically linked C++ runtime
     crashed every package's loader on the H200 image).
     """
     from bundler.targets.torch_aoti.toolchain import aoti_toolchain, check_package_libraries
+    from runtime_py.engines.torch_aoti import DYNAMIC_MODEL, static_model_name
 
     torch = import_torch()
     lo, hi = int(batch["min"]), int(batch["max"])
-    example = random_input(max(2, lo) if hi >= 2 else 1, input_shape, module_input_dtype(module),
-                           device)
+    dtype = module_input_dtype(module)
+    example = random_input(max(2, lo) if hi >= 2 else 1, input_shape, dtype, device)
     dynamic = ({0: torch.export.Dim("batch", min=lo, max=hi)},) if hi > lo else None
     module = module.to(device).eval()
     with torch.no_grad(), aoti_toolchain() as toolchain:
         program = torch.export.export(module, (example,), dynamic_shapes=dynamic)
-        path = torch._inductor.aoti_compile_and_package(
-            program, package_path=str(package_path), inductor_configs=dict(compile_options))
+        if not static_batches:
+            path = torch._inductor.aoti_compile_and_package(
+                program, package_path=str(package_path), inductor_configs=dict(compile_options))
+        else:
+            programs = {DYNAMIC_MODEL: program}
+            for n in static_batches:
+                programs[static_model_name(n)] = torch.export.export(
+                    module, (random_input(n, input_shape, dtype, device),))
+            path = package_graphs(programs, package_path, compile_options)
     check_package_libraries(Path(path))
     return Path(path), toolchain.description
 
 
+def package_graphs(programs: dict[str, Any], package_path: Path, compile_options: dict) -> str:
+    """Compile each exported program with AOTInductor and write them into one package, one
+    model each (``torch._inductor.package.package_aoti`` with a dict of models: what the
+    docstring of ``aoti_compile_and_package`` gives for several models in one ``.pt2``).
+    The weights are compiled into each model's library, so each graph carries its own copy:
+    the package grows by the size of the weights per static batch size."""
+    torch = import_torch()
+    from torch._inductor.package import package_aoti
+
+    files = {}
+    for name, program in programs.items():
+        args, kwargs = program.example_inputs
+        files[name] = torch._inductor.aot_compile(
+            program.module(), args, kwargs,
+            options={**compile_options, "aot_inductor.package": True})
+    return package_aoti(str(package_path), files)
+
+
 def smoke_check(package_path: Path, module: torch.nn.Module, input_shape: tuple[int, ...],
-                batch_sizes: list[int], device: str) -> dict[int, float]:
-    """Run the compiled package at ``batch_sizes`` against the eager module: max |diff|.
+                batch_sizes: list[int], device: str,
+                static_batches: Sequence[int] = ()) -> dict[str, float]:
+    """Run the compiled package at ``batch_sizes`` (its dynamic graph) and each static graph
+    at its own size against the eager module: max |diff| per run.
 
     Catches a package that compiles but computes something else (a mis-lowered op) at build
     time rather than in `bundle verify --numerics`.
     """
+    from runtime_py.engines.torch_aoti import DYNAMIC_MODEL, load_graphs, static_model_name
+
     torch = import_torch()
-    runner = torch._inductor.aoti_load_package(str(package_path))
+    names = [static_model_name(n) for n in static_batches]
+    graphs = load_graphs(torch, package_path, [DYNAMIC_MODEL, *names])
+    runs = [(f"batch {n}", graphs[DYNAMIC_MODEL], n) for n in batch_sizes]
+    runs += [(f"batch {n} (static graph)", graphs[name], n)
+             for n, name in zip(static_batches, names)]
     diffs = {}
     gen = torch.Generator(device="cpu").manual_seed(0)
     with torch.no_grad():
-        for n in batch_sizes:
+        for label, runner, n in runs:
             x = random_input(n, input_shape, module_input_dtype(module), device, gen)
             got = runner(x)
             got = got[0] if isinstance(got, (list, tuple)) else got
             ref = module(x)
             if got.shape != ref.shape or not torch.isfinite(got).all():
                 raise BundleError(f"the compiled package gave {tuple(got.shape)} (finite: "
-                                  f"{bool(torch.isfinite(got).all())}) for batch {n}, expected "
+                                  f"{bool(torch.isfinite(got).all())}) for {label}, expected "
                                   f"{tuple(ref.shape)}")
-            diffs[n] = float((got - ref).abs().max())
+            diffs[label] = float((got - ref).abs().max())
     return diffs
 
 
@@ -276,6 +316,18 @@ def host_details(device: str) -> dict:
     return {"torch_version": str(torch.__version__), "cuda_version": torch.version.cuda,
             "compute_capability": f"{cc[0]}.{cc[1]}",
             "device_name": torch.cuda.get_device_name(), "device": "cuda"}
+
+
+def static_sizes(static_batches: Sequence[int], lo: int, hi: int) -> list[int]:
+    """The static batch sizes to compile, ascending; UsageError for a size outside lo..hi,
+    or any when the range is one size (the dynamic graph is static then)."""
+    sizes = sorted({int(n) for n in static_batches})
+    outside = [n for n in sizes if not lo <= n <= hi]
+    if outside:
+        raise UsageError(f"static batch sizes {outside} are outside the batch range {lo}..{hi}")
+    if sizes and lo == hi:
+        raise UsageError(f"the batch range {lo}..{hi} is one size: its graph is static already")
+    return sizes
 
 
 def compile_options_for(compile_options: dict | None) -> dict:
@@ -295,8 +347,8 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
                  pad_channels: bool | None = None, smoke: bool = True,
                  log: Callable[[str], None] | None = None,
                  pixel_scale_bias: tuple[Any, Any] | None = None, layout: str = "nhwc",
-                 fp8_conv: str | None = None, hook=None, channels_last: bool = False
-                 ) -> tuple[bytes, dict]:
+                 fp8_conv: str | None = None, hook=None, channels_last: bool = False,
+                 static_batches: Sequence[int] = ()) -> tuple[bytes, dict]:
     """Compile one package from a torch model; returns (package bytes, engine details).
 
     ``fp8`` maps *module paths* to (activation scale, weight scales); ``build_target``
@@ -307,7 +359,9 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
     ``pixel_scale_bias``: (scale, bias) of a uint8 pixel head (``pixel_head``); the package
     then takes uint8 [N, H, W, 3] where ``input_shape`` is (3, H, W).
     ``fp8_conv``: the k x k FP8 convolution kernel (``default_fp8_conv``). ``channels_last``:
-    ``engine_model``'s (used when the model is not the NHWC rewrite).
+    ``engine_model``'s (used when the model is not the NHWC rewrite). ``static_batches``:
+    sizes compiled once more with a static batch, into the same package (``compile_package``;
+    family.json ``torch_aoti.static_batches``).
     """
     log = log or (lambda _msg: None)
     check_host(device=device, precision=precision)
@@ -331,6 +385,7 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
     sizes = sorted({int(b) for b in (batch_sizes or [lo, hi])})
     if any(not lo <= b <= hi for b in sizes):
         raise UsageError(f"batch sizes {sizes} are outside the family's range {lo}..{hi}")
+    static = static_sizes(static_batches, lo, hi)
     if nhwc:
         import copy
 
@@ -341,20 +396,21 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
         log(f"NHWC rewrite matches the model (relative max difference {err:.2g})")
     with tempfile.TemporaryDirectory(prefix="trt-bundle-aoti-") as tmp:
         log(f"exporting and compiling the {precision} package for {device} "
-            f"(batch {lo}..{hi}, {options})")
+            f"(batch {lo}..{hi}{''.join(f', static {n}' for n in static)}, {options})")
         path, cxx = compile_package(module, export_shape, batch, device, options,
-                                    Path(tmp) / MEMBER)
+                                    Path(tmp) / MEMBER, static)
         log(f"compiled in {time.monotonic() - started:.0f} s")
         if smoke:
-            diffs = smoke_check(path, module, export_shape, sizes, device)
+            diffs = smoke_check(path, module, export_shape, sizes, device, static)
             log("compiled package vs eager module, max |diff|: "
-                + ", ".join(f"batch {n}: {d:.3g}" for n, d in diffs.items()))
+                + ", ".join(f"{label}: {d:.3g}" for label, d in diffs.items()))
         data = path.read_bytes()
     details = engine_details(host_details(device), precision, options,
                              nhwc=nhwc, fast_accum=fast_accum, fp8_gemm=fp8_gemm,
                              pad_channels=pad_channels, padding=padding, batch_sizes=sizes,
                              seconds=time.monotonic() - started, cxx=cxx, layout=layout,
-                             fp8_conv=fp8_conv, channels_last=channels_last and not nhwc)
+                             fp8_conv=fp8_conv, channels_last=channels_last and not nhwc,
+                             static_batches=static)
     if pixel_scale_bias is not None:
         details["compile_options"]["input"] = "uint8 NHWC pixels; rescale, normalize, layout " \
                                               "and cast in the graph"
@@ -367,16 +423,20 @@ def engine_details(host: dict, precision: str, options: dict, *, nhwc: bool,
                    seconds: float | None, fp8_gemm: str = "rowwise",
                    pad_channels: bool = False, cxx: str | None = None,
                    layout: str = "nhwc", fp8_conv: str = "im2col",
-                   channels_last: bool = False) -> dict:
+                   channels_last: bool = False, static_batches: Sequence[int] = ()) -> dict:
     """The manifest's ``engine.details`` (schema ``$defs/torch_aoti_details``): the build
-    host (``host_details``), what was compiled and how, the fp8 padding per layer, and the
-    batch sizes the package was checked at. No floats (manifest rule)."""
+    host (``host_details``), what was compiled and how, the fp8 padding per layer, the
+    batch sizes the package was checked at, and the sizes with a static graph of their own
+    (``static_batches``, only when there are some). No floats (manifest rule)."""
     from bundler.quality import decimal
     from bundler.targets.torch_aoti.model import FP8_ALIGN
 
     details = dict(host)
     details["compile_options"] = {
-        "inductor": dict(options), "export": "torch.export, dynamic batch",
+        "inductor": dict(options),
+        "export": "torch.export, dynamic batch" + (
+            f"; static batch {', '.join(map(str, static_batches))} (a graph each)"
+            if static_batches else ""),
         "layout": ("nhwc, channels padded to multiples of 16" if pad_channels else "nhwc")
                   if nhwc else ("as is (tokens)" if layout == "as_is" else
                                 "channels_last (the model as it is)" if channels_last else "nchw"),
@@ -390,6 +450,8 @@ def engine_details(host: dict, precision: str, options: dict, *, nhwc: bool,
     if precision == "fp8":
         details["fp8_padding"] = {"align": FP8_ALIGN, "layers": dict(padding)}
     details["batch_sizes"] = [int(b) for b in batch_sizes]
+    if static_batches:
+        details["static_batches"] = [int(b) for b in static_batches]
     if seconds is not None:
         details["build_seconds"] = decimal(seconds)
     return details
@@ -497,6 +559,7 @@ def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] |
                                  pixel_scale_bias=context.pixel_scale_bias,
                                  layout=family.torch_aoti_layout, fp8_conv=fp8_conv,
                                  hook=getattr(ext, "nhwc_module", None),
-                                 channels_last=channels_last)
+                                 channels_last=channels_last,
+                                 static_batches=family.torch_aoti_static_batches)
     return TargetBuild(backend=BACKEND, member=MEMBER, engine_bytes=data, details=details,
                        tag=BACKEND)

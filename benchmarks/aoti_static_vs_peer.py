@@ -1,0 +1,124 @@
+"""Bundles of one family side by side with the peer, in one process: the comparison of a
+torch-aoti bundle with static-batch graphs (family.json ``torch_aoti.static_batches``) and
+the same bundle without them, against the torch.compile peer of `bundle study`.
+
+    python benchmarks/aoti_static_vs_peer.py A.bundle B.bundle [...] [--batch-sizes 1,32]
+        [--peer torch-compile] [--json OUT.json]
+
+Every bundle and the peer (`bundler.peer`: the family's timm model in fp16, channels_last,
+torch.compile default mode, CUDA graph replay, with the weights of the first bundle) are
+timed one after the other at each batch size, at the boundaries of `bundle study`
+(``graph_replay``: engine alone on device-resident input; ``with_copies``: pinned H2D, run,
+D2H), median of ``--iterations``. The bundles must hold the same weights (checked: same
+``source``). Their outputs on the same inputs are compared with the first bundle's (max
+|diff|), so a static graph that computes something else shows. Prints one table: median
+ms, peer ms / bundle ms (> 1: the bundle is faster) and first bundle ms / bundle ms.
+`benchmarks/gpu_static_batches.sh` builds the bundles and runs this on the H200.
+
+Without a GPU the bundles run on their CPU engine and the peer is the fp32 eager model,
+timed per ``infer`` call (boundary ``engine``): the script runs, its ratios say little.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+
+def bundle_times(model, batch: int, timing: dict) -> dict[str, list[float]]:
+    import numpy as np
+
+    from bundler.study import cpu_times
+    from runtime_py.bench import device_timings
+
+    raw = device_timings(model.runner, batch, timing["iterations"], timing["device_warmup"])
+    if raw:
+        return raw
+    spec = model.runner.input_metadata()[0]
+    x = np.random.default_rng(0).uniform(-1, 1, (batch, *spec.shape[1:])).astype(np.float32)
+    return {"engine": cpu_times(lambda: model.infer({spec.name: x}), timing)}
+
+
+def peer_times(peer, batch: int, shape: tuple[int, ...], timing: dict) -> dict[str, list[float]]:
+    import numpy as np
+
+    from bundler.study import cpu_times
+
+    if hasattr(peer, "timings"):
+        return peer.timings(batch, shape, timing["iterations"], timing["device_warmup"])
+    x = np.random.default_rng(0).uniform(-1, 1, (batch, *shape)).astype(np.float32)
+    return {"engine": cpu_times(lambda: peer.infer(x), timing)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("bundles", nargs="+", type=Path)
+    parser.add_argument("--batch-sizes", default="1,32")
+    parser.add_argument("--peer", default="torch-compile")
+    parser.add_argument("--backend", default="auto")
+    parser.add_argument("--iterations", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+
+    import numpy as np
+
+    from bundler.peer import make_peer, peer_model
+    from bundler.study import CPU_TIMING
+    from runtime_py.model import load
+
+    sizes = [int(b) for b in args.batch_sizes.split(",") if b]
+    timing = {**CPU_TIMING, "iterations": args.iterations, "device_warmup": args.warmup}
+    rows, outputs, labels, manifest = [], {}, [], None
+    for path in args.bundles:
+        model = load(path, backend=args.backend)
+        details = model.bundle.manifest["engine"]["details"]
+        label = f"{path.parent.name}/{path.name}"
+        static = details.get("static_batches") or []
+        print(f"{label}: {model.backend}, static-batch graphs: {static or 'none'}", flush=True)
+        if manifest is None:
+            manifest = model.bundle.manifest
+        elif model.bundle.manifest["source"] != manifest["source"]:
+            raise SystemExit(f"{path} holds other weights than {args.bundles[0]}")
+        spec = model.runner.input_metadata()[0]
+        for b in sizes:
+            x = np.random.default_rng(b).uniform(-1, 1, (b, *spec.shape[1:])).astype(np.float32)
+            out = next(iter(model.infer({spec.name: x}).values()))
+            first = outputs.setdefault(b, out)
+            diff = float(np.abs(out.astype(np.float64) - first).max())
+            for boundary, times in bundle_times(model, b, timing).items():
+                rows.append({"bundle": label, "batch": b, "boundary": boundary,
+                             "static_graph": b in static,
+                             "median_ms": statistics.median(times) * 1e3,
+                             "max_abs_diff_vs_first": diff})
+        labels.append(label)
+        model.close()
+    print(f"peer {args.peer}: compiling", flush=True)
+    peer = make_peer(args.peer, peer_model(manifest))
+    shape = tuple(int(d) for d in manifest["inputs"][0]["shape"][1:])
+    peer_ms = {(boundary, b): statistics.median(times) * 1e3 for b in sizes
+               for boundary, times in peer_times(peer, b, shape, timing).items()}
+    first_ms = {(r["boundary"], r["batch"]): r["median_ms"] for r in rows
+                if r["bundle"] == labels[0]}
+    print(f"\n{'bundle':<58} {'batch':>5} {'boundary':<13} {'static':>6} {'ms':>8} "
+          f"{'peer ms':>8} {'peer/b':>7} {'first/b':>7} {'|diff|':>8}")
+    for r in rows:
+        key = (r["boundary"], r["batch"])
+        r["peer_ms"] = peer_ms.get(key)
+        r["peer_ratio"] = r["peer_ms"] / r["median_ms"] if r["peer_ms"] else None
+        r["first_ratio"] = first_ms[key] / r["median_ms"]
+        print(f"{r['bundle']:<58} {r['batch']:>5} {r['boundary']:<13} "
+              f"{'yes' if r['static_graph'] else 'no':>6} {r['median_ms']:>8.3f} "
+              f"{r['peer_ms'] or float('nan'):>8.3f} {r['peer_ratio'] or float('nan'):>6.3f}x "
+              f"{r['first_ratio']:>6.3f}x {r['max_abs_diff_vs_first']:>8.2g}")
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "peer": args.peer,
+                                         "timing": timing}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
