@@ -324,6 +324,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grpc-port", type=int, default=None)
     ap.add_argument("--log-level", default="warning")
     ap.add_argument("--access-log", action="store_true")
+    ap.add_argument("--http-server", default="builtin")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper())
     conn = Connection(args.ipc_fd)
@@ -342,7 +343,8 @@ def worker_main(argv: list[str] | None = None) -> int:
         engine.start(asyncio.get_running_loop(), lambda: os.kill(os.getpid(), signal.SIGTERM))
         await run_front_ends(engine, http_sock, args.host, args.grpc_port,
                              max_body_bytes=args.max_body_bytes, log_level=args.log_level,
-                             access_log=args.access_log, on_bound=bound, grpc_reuse_port=True)
+                             access_log=args.access_log, on_bound=bound, grpc_reuse_port=True,
+                             http_server=args.http_server)
 
     try:
         run_async(main())
@@ -470,18 +472,20 @@ def serve_with_workers(engine: Engine, http_sock: socket.socket, host: str,
                        grpc_port: int | None, workers: int, *, max_body_bytes: int,
                        log_level: str, access_log: bool,
                        on_ready: Callable[[dict[str, str]], None] | None = None,
-                       stop: threading.Event | None = None) -> None:
+                       stop: threading.Event | None = None,
+                       http_server: str = "builtin") -> None:
     """Run ``workers`` front-end processes over ``engine`` until SIGINT/SIGTERM (or
     ``stop`` is set, for callers on another thread); every child is reaped on return."""
     from .run import run_async
 
     run_async(_serve_with_workers(engine, http_sock, host, grpc_port, workers,
                                     max_body_bytes=max_body_bytes, log_level=log_level,
-                                    access_log=access_log, on_ready=on_ready, stop=stop))
+                                    access_log=access_log, on_ready=on_ready, stop=stop,
+                                    http_server=http_server))
 
 
 async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, max_body_bytes,
-                              log_level, access_log, on_ready, stop) -> None:
+                              log_level, access_log, on_ready, stop, http_server) -> None:
     from .run import bound_port, http_url
 
     loop = asyncio.get_running_loop()
@@ -537,7 +541,7 @@ async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, ma
                    "--ipc-fd", str(theirs.fileno()), "--http-fd", str(http_sock.fileno()),
                    "--arena-fd", str(child_fd), "--arena-bytes", str(slot * slots),
                    "--slot-bytes", str(slot), "--max-body-bytes", str(max_body_bytes),
-                   "--host", host, "--log-level", log_level]
+                   "--host", host, "--log-level", log_level, "--http-server", http_server]
             if gport is not None:
                 cmd += ["--grpc-port", str(gport)]
             if access_log:
