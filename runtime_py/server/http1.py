@@ -457,18 +457,19 @@ class HttpConnection(asyncio.BufferedProtocol):
         try:
             status, content, headers, media = await answer_infer(
                 app, name, version, head.path, head.header_length, read)
-            close = self.closing or not head.keep_alive
-            self.closing = close
-            raw = [(b"content-type", media.encode("latin-1")),
-                   (b"content-length", b"%d" % len(content))]
-            raw += [(k.lower().encode("latin-1"), v.encode("latin-1"))
-                    for k, v in headers.items()]
-            self._write(status, raw, [content])
-        finally:
-            # the engine has answered: nothing reads the body any more
-            body = None
-            if release is not None:
-                release()
+        except asyncio.CancelledError:
+            # shutdown ran out of time: the engine may still be reading the body, so its
+            # buffer is never handed out again (the process is ending)
+            raise
+        # the engine has answered: nothing reads the body any more
+        body = None
+        if release is not None:
+            release()
+        self.closing = self.closing or not head.keep_alive
+        raw = [(b"content-type", media.encode("latin-1")),
+               (b"content-length", b"%d" % len(content))]
+        raw += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+        self._write(status, raw, [content])
         app.engine.record_request(infer_label(app, name), "infer", status,
                                   time.perf_counter() - t0)
         server.log_access(self, head, status)

@@ -155,6 +155,9 @@ class RemoteEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.lost = threading.Event()
         self._space = asyncio.Event()   # set when arena slots are released
+        view = np.frombuffer(arena.buf, np.uint8)
+        self._arena_addr = view.ctypes.data   # where the arena is mapped in this process
+        del view                              # (no export left: the mmap stays closable)
 
     def start(self, loop: asyncio.AbstractEventLoop, on_lost: Callable[[], None]) -> None:
         """Read replies on the event loop itself (no reader thread: one hop less per
@@ -223,6 +226,39 @@ class RemoteEngine:
             raise RequestError(reply["message"], reply["status"])
         return reply
 
+    def body_buffer(self, size: int, header_length: str | None
+                    ) -> tuple[memoryview, Callable[[], None]] | None:
+        """A block of the arena to receive an HTTP body of ``size`` bytes into (``http1``),
+        and what releases it; None for a body without binary tensors, or when the arena
+        has no room now (the body then goes to a pooled buffer and ``infer`` copies it).
+
+        The block is placed so that the binary part, after a JSON header of
+        ``header_length`` bytes, starts 64-byte aligned. Tensors parsed from it are views
+        of the arena, which ``infer`` sends by place without copying them."""
+        try:
+            h = int(header_length) if header_length is not None else -1
+        except ValueError:
+            h = -1
+        if not 0 < h <= size:
+            return None
+        total = size + 64
+        base = self.arena.alloc(total)
+        if base is None:
+            return None
+        start = base + (-(base + h)) % 64
+        view = memoryview(self.arena.buf)[start:start + size]
+
+        def release() -> None:
+            view.release()
+            self.arena.release(base, total)
+            self._space.set()
+        return view, release
+
+    def _arena_offset(self, arr: np.ndarray) -> int | None:
+        """Where ``arr`` (C-contiguous) lies in the arena, or None when it is elsewhere."""
+        offset = arr.__array_interface__["data"][0] - self._arena_addr
+        return offset if 0 <= offset and offset + arr.nbytes <= self.arena.size else None
+
     # --- the Engine interface -----------------------------------------------------------
 
     def lookup(self, name: str, version: str | None = None) -> ModelInfo:
@@ -231,8 +267,14 @@ class RemoteEngine:
     async def infer(self, call: InferCall) -> dict[str, np.ndarray | ShmOutput]:
         self.lookup(call.model, call.version)
         arrays = {name: np.ascontiguousarray(arr) for name, arr in call.feeds.items()}
+        # Tensors the HTTP front-end already received into the arena (``body_buffer``) go
+        # by place; the request's owner keeps their block until the reply.
+        in_arena = {name: off for name, arr in arrays.items()
+                    if arr.nbytes and (off := self._arena_offset(arr)) is not None}
         places, total = {}, 0
         for name, arr in arrays.items():
+            if name in in_arena:
+                continue
             places[name] = total
             total += -(-arr.nbytes // 64) * 64
         held: list[tuple[int, int]] = []
@@ -255,7 +297,9 @@ class RemoteEngine:
         feeds = []
         try:
             for name, arr in arrays.items():
-                if base is None:   # larger than the whole arena (a huge JSON request)
+                if name in in_arena:
+                    where = ["arena", in_arena[name]]
+                elif base is None:   # larger than the whole arena (a huge JSON request)
                     where = ["inline", arr.tobytes()]
                 else:
                     offset = base + places[name]
