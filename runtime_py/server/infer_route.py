@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import traceback
 from typing import Any, Awaitable, Callable
 
 from starlette.requests import ClientDisconnect
@@ -101,6 +102,9 @@ async def answer_infer(app: Any, name: str, version: str | None, path: str,
         return 400, _error_json("client disconnected while sending the body"), {}, _JSON
     except Exception as e:
         status, message = app.error_reply(e, "POST", path)
+        # The traceback's frames hold ``read`` and with it the body: cleared here so a
+        # refused body is freed at once, not when the cyclic collector next runs.
+        traceback.clear_frames(e.__traceback__)
         return status, _error_json(message), {}, _JSON
 
 
