@@ -280,6 +280,9 @@ def test_keep_alive_pipelining_http10_and_close(served):
         for x, (status, h, body) in zip(xs[2:], got):
             assert np.array_equal(logits_of(h, body), model.infer({"input": x})["logits"].ravel())
     with socket.create_connection(("127.0.0.1", srv.port)) as s:   # HTTP/1.0: closed after
+        s.sendall(b"GET /v2/health/live HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+        (status, h, body), = _recv_all(s, 1)
+        assert status == 200 and h[b"connection"] == b"keep-alive"
         s.sendall(b"GET /v2/health/live HTTP/1.0\r\n\r\n")
         assert _recv_all(s, 1)[0][0] == 200
         assert s.recv(10) == b""

@@ -158,12 +158,16 @@ def _status_line(status: int) -> bytes:
 _STATUS_LINES = {s.value: _status_line(s.value) for s in http.HTTPStatus}
 
 
-def response_head(status: int, headers: list[tuple[bytes, bytes]], close: bool) -> bytes:
-    """Status line and header block of a response; ``headers`` must have its length."""
+def response_head(status: int, headers: list[tuple[bytes, bytes]], close: bool,
+                  http10: bool = False) -> bytes:
+    """Status line and header block of a response; ``headers`` must have its length.
+    An HTTP/1.0 client that asked for keep-alive is told it is kept."""
     parts = [_STATUS_LINES.get(status) or _status_line(status), _date_header()]
     parts += [b"%s: %s\r\n" % kv for kv in headers]
     if close:
         parts.append(b"connection: close\r\n")
+    elif http10:
+        parts.append(b"connection: keep-alive\r\n")
     parts.append(b"\r\n")
     return b"".join(parts)
 
@@ -415,7 +419,8 @@ class HttpConnection(asyncio.BufferedProtocol):
     def _write(self, status: int, headers: list[tuple[bytes, bytes]], body: list) -> None:
         if self.closed:
             return
-        self.transport.writelines([response_head(status, headers, self.closing), *body])
+        http10 = self.head is not None and self.head.minor == 0
+        self.transport.writelines([response_head(status, headers, self.closing, http10), *body])
         if self.closing:
             self.transport.close()
 
