@@ -249,7 +249,10 @@ class RemoteEngine:
         view = memoryview(self.arena.buf)[start:start + size]
 
         def release() -> None:
-            view.release()
+            try:
+                view.release()
+            except BufferError:
+                pass    # a view of it still lives (dropped soon); the slots are free anyway
             self.arena.release(base, total)
             self._space.set()
         return view, release
