@@ -22,6 +22,14 @@ Figures (images per second, preprocessed tensors in, logits out; no image decodi
           on a shared host the load changes over a run, and a reference measured a
           minute earlier moved the ratios by +-30%.
 
+HTTP clients (--http-client): "raw" (default) is a lean keep-alive socket client, as wrk
+is: the request's bytes are built once, sent with one sendall, and the response read with
+recv_into into one preallocated buffer, so the clients (which share this host's CPUs with
+the server) cost as little as they can. "stdlib" is the earlier http.client client (a
+request built and parsed in Python each time), kept for comparison with older figures.
+The server's HTTP front-end is --http-server (builtin: runtime_py/server/http1.py, the
+default of `bundle serve`; uvicorn: the ASGI server).
+
 A script, not a test: numbers depend on the host. The synthetic model sleeps --cost-ms
 per batch (a GPU-like engine whose time barely grows with the batch and releases the GIL).
 """
@@ -106,14 +114,23 @@ def bench_batcher(batcher: Batcher, feeds, clients: int, seconds: float, warmup:
 
 
 def _client_proc(kind: str, port: int, model: str, feeds: dict, threads: int, t_begin: float,
-                 t_end: float, out) -> None:
-    """One client process: ``threads`` clients of one kind; completions in the window."""
+                 t_end: float, out, http_client: str = "raw", t_start: float = 0.0) -> None:
+    """One client process: ``threads`` clients of one kind; completions in the window.
+
+    Every client sends its first request at ``t_start`` (the same moment in every client
+    process), not as soon as its process is up: processes spawned one after the other on a
+    loaded host started their clients up to seconds apart, and those groups could stay
+    split into cohorts that alternate in part-empty batches for the whole run (a
+    batching state, not a front-end cost: it halved the ratio of one run and not of the
+    next, whichever the server)."""
     counts = [0] * threads
     errors: list[str] = []
 
     def run(i: int) -> None:
         try:
-            one = _client(kind, port, model, feeds, f"{os.getpid()}_{i}")
+            one = _client(kind, port, model, feeds, f"{os.getpid()}_{i}", http_client)
+            while (wait := t_start - time.time()) > 0:
+                time.sleep(min(wait, 0.05))
             n = 0
             try:
                 while True:
@@ -145,7 +162,51 @@ class _Call:
         self.fn()
 
 
-def _client(kind: str, port: int, model: str, feeds: dict, tag: str) -> _Call:
+class _RawHttp:
+    """One keep-alive HTTP/1.1 connection sending the same prebuilt request each time (the
+    way wrk measures a server): one sendall, the response read with recv_into into a
+    preallocated buffer, its status checked."""
+
+    def __init__(self, port: int, path: str, body: bytes, headers: dict) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                f"Content-Length: {len(body)}\r\n"
+                + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n")
+        self.request = head.encode("latin-1") + body
+        self.buf = bytearray(1 << 20)
+        self.view = memoryview(self.buf)
+
+    def __call__(self) -> None:
+        self.sock.sendall(self.request)
+        got, end = 0, -1
+        while end < 0:
+            n = self.sock.recv_into(self.view[got:])
+            if not n:
+                raise ConnectionError("the server closed the connection")
+            got += n
+            end = self.buf.find(b"\r\n\r\n", 0, got)
+        head = bytes(self.buf[:end]).lower()
+        i = head.find(b"\r\ncontent-length:") + 17
+        j = head.find(b"\r\n", i)
+        total = end + 4 + int(head[i:j if j > 0 else None])
+        if total > len(self.buf):
+            self.buf.extend(bytes(total - len(self.buf)))
+            self.view = memoryview(self.buf)
+        while got < total:
+            n = self.sock.recv_into(self.view[got:total])
+            if not n:
+                raise ConnectionError("the server closed the connection")
+            got += n
+        if not head.startswith(b"http/1.1 200"):
+            raise RuntimeError(f"{bytes(self.buf[:min(total, 300)])!r}")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _client(kind: str, port: int, model: str, feeds: dict, tag: str,
+            http_client: str = "raw") -> _Call:
     """A callable sending one request of ``kind``; ``.close()`` frees what it holds."""
     from runtime_py.server.protocol import kserve_datatype
 
@@ -154,11 +215,6 @@ def _client(kind: str, port: int, model: str, feeds: dict, tag: str) -> _Call:
     if kind.endswith("_shm"):
         shm = _ShmPair(port if kind.startswith("http") else None, feeds, tag)
     if kind.startswith("http"):
-        conn = http.client.HTTPConnection("127.0.0.1", port)
-        conn.connect()
-        # http.client sends a body larger than its header buffer in a second write: without
-        # TCP_NODELAY, Nagle + delayed ACK stall each request ~40 ms on loopback.
-        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if shm is None:
             header = {"inputs": [{"name": k, "shape": list(v.shape), "datatype": kserve_datatype(v.dtype),
                                   "parameters": {"binary_data_size": v.nbytes}} for k, v in feeds.items()],
@@ -171,17 +227,26 @@ def _client(kind: str, port: int, model: str, feeds: dict, tag: str) -> _Call:
             body = json.dumps(shm.http_header()).encode()
             headers = {"Content-Type": "application/json"}
 
+        def close():
+            conn.close()
+            if shm is not None:
+                shm.close()
+
+        if http_client == "raw":
+            conn = _RawHttp(port, path, body, headers)
+            return _Call(conn, close)
+        conn = http.client.HTTPConnection("127.0.0.1", port)
+        conn.connect()
+        # http.client sends a body larger than its header buffer in a second write: without
+        # TCP_NODELAY, Nagle + delayed ACK stall each request ~40 ms on loopback.
+        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
         def send():
             conn.request("POST", path, body=body, headers=headers)
             r = conn.getresponse()
             data = r.read()
             if r.status != 200:
                 raise RuntimeError(f"HTTP {r.status}: {data[:200]!r}")
-
-        def close():
-            conn.close()
-            if shm is not None:
-                shm.close()
         return _Call(send, close)
 
     import grpc
@@ -292,7 +357,7 @@ class _ShmPair:
 class _Server:
     """``run.serve`` over one batcher on a background thread (the code of `bundle serve`)."""
 
-    def __init__(self, model, batcher: Batcher, workers: int) -> None:
+    def __init__(self, model, batcher: Batcher, workers: int, http_server: str = "builtin") -> None:
         from runtime_py.server.engine import Engine
         from runtime_py.server.run import bind_http
 
@@ -302,6 +367,7 @@ class _Server:
         self.ready = threading.Event()
         self.addresses: dict = {}
         self.workers = workers
+        self.http_server = http_server
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -313,7 +379,7 @@ class _Server:
             self.addresses = addresses
             self.ready.set()
         options = dict(max_body_bytes=1 << 30, log_level="warning", access_log=False,
-                       on_ready=on_ready, stop=self.stop)
+                       on_ready=on_ready, stop=self.stop, http_server=self.http_server)
         try:
             if self.workers:
                 serve_with_workers(self.engine, self.sock, "127.0.0.1", 0, self.workers, **options)
@@ -340,15 +406,17 @@ class _Server:
 
 
 def bench_path(kind: str, server: _Server, model, feeds, clients: int, procs: int,
-               seconds: float, warmup: float) -> float | str:
+               seconds: float, warmup: float, http_client: str = "raw") -> float | str:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs = max(1, min(procs, clients))
     per = [clients // procs + (1 if i < clients % procs else 0) for i in range(procs)]
-    t_begin = time.time() + warmup + 3.0             # + process start-up
+    t_start = time.time() + 3.0                      # process start-up
+    t_begin = t_start + warmup
     t_end = t_begin + seconds
     ps = [ctx.Process(target=_client_proc, args=(kind, server.port(kind), model.name, feeds, n,
-                                                 t_begin, t_end, out)) for n in per]
+                                                 t_begin, t_end, out, http_client, t_start))
+          for n in per]
     for p in ps:
         p.start()
     got = [out.get(timeout=seconds + warmup + 90) for _ in ps]
@@ -383,6 +451,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--image-size", type=int, default=299, help="synthetic: input is 3 x N x N")
     ap.add_argument("--dtype", default="float32", choices=["float32", "uint8"],
                     help="synthetic: the input's dtype (uint8: pixels, 4x fewer bytes)")
+    ap.add_argument("--http-server", default="builtin", choices=["builtin", "uvicorn"],
+                    help="the server's HTTP front-end (bundle serve --http-server)")
+    ap.add_argument("--http-client", default="raw", choices=["raw", "stdlib"],
+                    help="raw: lean keep-alive socket client (prebuilt request bytes); "
+                         "stdlib: http.client, as before")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = ap.parse_args(argv)
 
@@ -395,12 +468,13 @@ def main(argv=None) -> dict:
         batched_h = bench_batcher(b, feeds, args.http_clients, args.seconds, args.warmup)
         refs = {}
         for workers in [int(w) for w in args.workers_list.split(",") if w.strip()]:
-            with _Server(model, b, workers) as server:
+            with _Server(model, b, workers, args.http_server) as server:
                 for kind in [k for k in args.paths.split(",") if k]:
                     refs[f"{kind}_w{workers}"] = bench_batcher(
                         b, feeds, args.http_clients, args.seconds, args.warmup)
                     v = bench_path(kind, server, model, feeds, args.http_clients,
-                                   args.http_procs, args.seconds, args.warmup)
+                                   args.http_procs, args.seconds, args.warmup,
+                                   args.http_client)
                     paths[f"{kind}_w{workers}"] = v
         sizes = dict(sorted(b.batch_size_counts.items()))
     result = {
@@ -413,6 +487,8 @@ def main(argv=None) -> dict:
         "batcher_img_s": round(batched, 1),
         "batcher_over_raw": round(batched / raw, 3),
         "net_clients": args.http_clients,
+        "http_server": args.http_server,
+        "http_client": args.http_client,
         "batcher_same_clients_img_s": round(batched_h, 1),
         "paths_img_s": {k: (round(v, 1) if not isinstance(v, str) else v) for k, v in paths.items()},
         "batcher_before_each_path_img_s": {k: round(v, 1) for k, v in refs.items()},
@@ -425,6 +501,7 @@ def main(argv=None) -> dict:
         print(json.dumps(result))
     else:
         print(f"model {result['model']}  input {result['input']}  cpus {result['cpus']}"
+              f"  http server {args.http_server}, client {args.http_client}"
               + (f"  synthetic cost {args.cost_ms} ms/batch" if args.synthetic else ""))
         print(f"raw model.infer, batch {args.batch:<3}                  {raw:10.1f} img/s")
         print(f"batcher, {args.clients} clients x 1 image             {batched:10.1f} img/s"

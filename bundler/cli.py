@@ -504,9 +504,15 @@ def rebuild(bundle_path, backend, checkpoint, out_dir, force, timing_cache, hard
                    "Default: from the CPU count.")
 @click.option("--max-body-mb", type=click.IntRange(1, 4096), default=64, show_default=True,
               help="Largest HTTP body / gRPC message accepted (413 / RESOURCE_EXHAUSTED).")
+@click.option("--http-server", type=click.Choice(["builtin", "uvicorn"]), default="builtin",
+              show_default=True,
+              help="HTTP/1.1 server: builtin reads an inference body from the socket straight "
+                   "into the buffer the engine reads (in a worker, its shared arena) and "
+                   "answers in one write; uvicorn serves every request through ASGI. Both "
+                   "serve the same routes.")
 @handle_errors
 def serve(bundle_paths, host, port, max_batch, max_delay_ms, max_wait_ms, max_queue, backend,
-          threads, trusted_dirs, grpc_port, workers, max_body_mb) -> None:
+          threads, trusted_dirs, grpc_port, workers, max_body_mb, http_server) -> None:
     """Serve bundles: the KServe v2 inference protocol over HTTP (and gRPC).
 
     \b
@@ -562,7 +568,7 @@ def serve(bundle_paths, host, port, max_batch, max_delay_ms, max_wait_ms, max_qu
         run_server(models, host=host, port=port, max_batch=max_batch,
                    max_delay_ms=max_delay_ms, max_wait_ms=max_wait_ms, max_queue=max_queue,
                    grpc_port=grpc_port, workers=n_workers, max_body_bytes=max_body_mb * 1024 * 1024,
-                   on_ready=ready)
+                   http_server=http_server, on_ready=ready)
     except KeyboardInterrupt:
         pass
     finally:

@@ -1,6 +1,6 @@
 """The KServe v2 server: valid requests (JSON and binary tensors, classify, metadata,
 metrics) and every malformed request answered with a 4xx and the protocol's error JSON,
-after which the server still serves. One test runs a real uvicorn on loopback."""
+after which the server still serves. One test runs a real server (uvicorn, and the built-in one) on loopback."""
 
 from __future__ import annotations
 
@@ -419,8 +419,9 @@ def test_queue_full_is_503(served):
 
 # --- a real server on loopback ----------------------------------------------------------
 
-def test_uvicorn_loopback(served):
-    with ServerThread(served.app, host="127.0.0.1", port=0) as srv:
+@pytest.mark.parametrize("http_server", ["uvicorn", "builtin"])
+def test_loopback(served, http_server):
+    with ServerThread(served.app, host="127.0.0.1", port=0, http_server=http_server) as srv:
         assert srv.port and srv.port > 0
         with httpx.Client(base_url=srv.url, timeout=TIMEOUT) as c:
             assert c.get("/v2/health/live").status_code == 200

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import traceback
 from typing import Any, Awaitable, Callable
 
 from starlette.requests import ClientDisconnect
@@ -51,41 +52,63 @@ class InferRoute:
                      version: str | None) -> None:
         app = self.app
         t0 = time.perf_counter()
-        label = name if name in app.infos else app.unknown_label
         declared = header_length = None
         for key, value in scope["headers"]:
             if key == b"content-length":
                 declared = value
             elif key == _HEADER_LENGTH:
                 header_length = value.decode("latin-1")
-        try:
-            info = app.engine.lookup(name, version)
-            body = None
+        body = None
 
-            async def read() -> bytes | bytearray:
-                nonlocal body
-                body = await read_body(receive, declared, app.max_body_bytes, self.pool)
-                return body
+        async def read() -> bytes | bytearray:
+            nonlocal body
+            body = await read_body(receive, declared, app.max_body_bytes, self.pool)
+            return body
 
-            content, headers, media = await app.infer_body(info, read, header_length)
-            status = 200
-            if isinstance(body, bytearray):
-                # The engine has answered: nothing reads the body any more (a cancelled
-                # request never gets here, its buffer is left to the garbage collector).
-                self.pool.put(body)
-        except ClientDisconnect:
-            status, content = 400, _error_json("client disconnected while sending the body")
-            headers, media = {}, "application/json"
-        except Exception as e:
-            status, message = app.error_reply(e, "POST", scope["path"])
-            content, headers, media = _error_json(message), {}, "application/json"
+        status, content, headers, media = await answer_infer(app, name, version,
+                                                             scope["path"], header_length, read)
+        if status == 200 and isinstance(body, bytearray):
+            # The engine has answered: nothing reads the body any more (a cancelled
+            # request never gets here, its buffer is left to the garbage collector).
+            self.pool.put(body)
         raw_headers = [(b"content-length", str(len(content)).encode()),
                        (b"content-type", media.encode())]
         raw_headers += [(k.lower().encode("latin-1"), v.encode("latin-1"))
                         for k, v in headers.items()]
         await send({"type": "http.response.start", "status": status, "headers": raw_headers})
         await send({"type": "http.response.body", "body": content})
-        app.engine.record_request(label, "infer", status, time.perf_counter() - t0)
+        app.engine.record_request(infer_label(app, name), "infer", status,
+                                  time.perf_counter() - t0)
+
+
+def infer_label(app: Any, name: str) -> str:
+    """The metrics label of a request for model ``name`` (one label for every unknown name,
+    so a client cannot grow the metrics without bound)."""
+    return name if name in app.infos else app.unknown_label
+
+
+async def answer_infer(app: Any, name: str, version: str | None, path: str,
+                       header_length: str | None,
+                       read: Callable[[], Awaitable[bytes | bytearray | memoryview]]
+                       ) -> tuple[int, bytes, dict[str, str], str]:
+    """Status, content, extra headers and media type answering one inference request of
+    ``app`` (the ``_App``), whose body ``read`` gives; every failure is an error reply.
+    Shared by this ASGI route and the built-in HTTP/1.1 server (``http1``)."""
+    try:
+        info = app.engine.lookup(name, version)
+        content, headers, media = await app.infer_body(info, read, header_length)
+        return 200, content, headers, media
+    except ClientDisconnect:
+        return 400, _error_json("client disconnected while sending the body"), {}, _JSON
+    except Exception as e:
+        status, message = app.error_reply(e, "POST", path)
+        # The traceback's frames hold ``read`` and with it the body: cleared here so a
+        # refused body is freed at once, not when the cyclic collector next runs.
+        traceback.clear_frames(e.__traceback__)
+        return status, _error_json(message), {}, _JSON
+
+
+_JSON = "application/json"
 
 
 def _error_json(message: str) -> bytes:

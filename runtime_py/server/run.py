@@ -1,5 +1,5 @@
-"""Running the server: ``serve`` (blocking, for ``bundle serve``: HTTP with uvicorn, gRPC
-with grpcio, in this process or in front-end worker processes) and ``ServerThread`` (a
+"""Running the server: ``serve`` (blocking, for ``bundle serve``: HTTP with the built-in
+HTTP/1.1 server (``http1``) or uvicorn, gRPC with grpcio, in this process or in front-end worker processes) and ``ServerThread`` (a
 loopback HTTP server in a background thread, for tests and benchmarks).
 
 ``serve`` binds every port before it reports being ready, and owns the batchers it
@@ -49,6 +49,7 @@ def serve(
     workers: int = 0,
     max_queue: int = 1024,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    http_server: str = "builtin",
     log_level: str = "info",
     access_log: bool = False,
     on_ready: Callable[[dict[str, str]], None] | None = None,
@@ -59,7 +60,8 @@ def serve(
     to it). ``max_wait_ms``: how long a batch may wait for the last batch's clients
     (``Batcher``; None follows the engine's time per batch). HTTP always; gRPC too when ``grpc_port`` is given. ``workers`` > 0 runs that
     many front-end processes over this process's engine (``workers.serve_with_workers``);
-    0 runs the front-ends in this process.
+    0 runs the front-ends in this process. ``http_server``: ``"builtin"`` (``http1``: the
+    inference body read from the socket straight into its buffer) or ``"uvicorn"``.
 
     ``on_ready`` is called once every port is bound, with the addresses actually bound
     (``{"http": "http://host:port", "grpc": "host:port"}``), so ``--port 0`` can be told.
@@ -67,6 +69,7 @@ def serve(
     ``stop``, when given, ends serving once set (for callers that run this on a thread,
     where signals cannot be caught).
     """
+    check_http_server(http_server)
     named = _by_name(models)
     if not named:
         raise UsageError("no model to serve")
@@ -84,18 +87,27 @@ def serve(
 
                 serve_with_workers(engine, http_sock, host, grpc_port, workers,
                                    max_body_bytes=max_body_bytes, log_level=log_level,
-                                   access_log=access_log, on_ready=on_ready, stop=stop)
+                                   access_log=access_log, on_ready=on_ready, stop=stop,
+                                   http_server=http_server)
             else:
                 run_async(_serve_here(engine, http_sock, host, grpc_port,
                                         max_body_bytes=max_body_bytes, log_level=log_level,
                                         access_log=access_log, on_ready=on_ready,
-                                        stop=stop))
+                                        stop=stop, http_server=http_server))
         finally:
             http_sock.close()
             engine.close()
     finally:
         for b in batchers.values():
             b.close(drain=True)
+
+
+HTTP_SERVERS = ("builtin", "uvicorn")
+
+
+def check_http_server(name: str) -> None:
+    if name not in HTTP_SERVERS:
+        raise UsageError(f"unknown HTTP server {name!r}; use one of {', '.join(HTTP_SERVERS)}")
 
 
 def run_async(coro: Any) -> Any:
@@ -147,14 +159,21 @@ async def run_front_ends(engine: Any, http_sock: socket.socket, host: str,
                          grpc_port: int | None, *, max_body_bytes: int, log_level: str,
                          access_log: bool, on_bound: Callable[[dict[str, str]], None]
                          | None = None, stop: threading.Event | None = None,
-                         grpc_reuse_port: bool = False) -> None:
-    """HTTP (uvicorn, on the given socket) and gRPC on one event loop, until a signal
-    (uvicorn's handlers, on the main thread) or ``stop``."""
+                         grpc_reuse_port: bool = False, http_server: str = "builtin") -> None:
+    """HTTP (``http_server``, on the given socket) and gRPC on one event loop, until a
+    signal (caught on this loop, on the main thread) or ``stop``."""
     from .grpc_service import start_grpc_server
 
+    check_http_server(http_server)
     app = create_engine_app(engine, max_body_bytes=max_body_bytes)
-    config = uvicorn.Config(app, log_level=log_level, access_log=access_log, lifespan="off")
-    server = _QuietServer(config)
+    if http_server == "builtin":
+        from .http1 import BuiltinHttpServer
+
+        server = BuiltinHttpServer(app, access_log=access_log)
+    else:
+        config = uvicorn.Config(app, log_level=log_level, access_log=access_log,
+                                lifespan="off")
+        server = _QuietServer(config)
     loop = asyncio.get_running_loop()
     signals = (signal.SIGINT, signal.SIGTERM)
     if threading.current_thread() is not threading.main_thread():
@@ -218,22 +237,30 @@ async def _serve_here(engine: Engine, http_sock: socket.socket, host: str,
 
 
 class ServerThread:
-    """A uvicorn server for ``app`` on a background thread; a context manager.
+    """An HTTP server for ``app`` on a background thread; a context manager.
 
-    ``port=0`` picks a free ephemeral port; ``url`` is set once it listens. Startup and
-    shutdown waits are bounded by ``timeout``.
+    ``http_server="uvicorn"`` (any ASGI app) or ``"builtin"`` (``http1``; ``app`` from
+    ``create_app``/``create_engine_app``). ``port=0`` picks a free ephemeral port; ``url``
+    is set once it listens. Startup and shutdown waits are bounded by ``timeout``.
     """
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0,
-                 timeout: float = 10.0, **config: Any) -> None:
-        config.setdefault("log_level", "warning")
-        config.setdefault("access_log", False)
-        config.setdefault("lifespan", "off")
-        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, **config))
+                 timeout: float = 10.0, http_server: str = "uvicorn", **config: Any) -> None:
+        check_http_server(http_server)
+        if http_server == "builtin":
+            from .http1 import BuiltinHttpServer
+
+            self.server = BuiltinHttpServer(app, host=host, port=port, **config)
+        else:
+            config.setdefault("log_level", "warning")
+            config.setdefault("access_log", False)
+            config.setdefault("lifespan", "off")
+            self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, **config))
         self.timeout = timeout
         self.host = host
         self.port: int | None = None
-        self._thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
+        self._thread = threading.Thread(target=self.server.run, name=f"http-{http_server}",
+                                        daemon=True)
 
     @property
     def url(self) -> str:

@@ -155,6 +155,9 @@ class RemoteEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.lost = threading.Event()
         self._space = asyncio.Event()   # set when arena slots are released
+        view = np.frombuffer(arena.buf, np.uint8)
+        self._arena_addr = view.ctypes.data   # where the arena is mapped in this process
+        del view                              # (no export left: the mmap stays closable)
 
     def start(self, loop: asyncio.AbstractEventLoop, on_lost: Callable[[], None]) -> None:
         """Read replies on the event loop itself (no reader thread: one hop less per
@@ -223,6 +226,42 @@ class RemoteEngine:
             raise RequestError(reply["message"], reply["status"])
         return reply
 
+    def body_buffer(self, size: int, header_length: str | None
+                    ) -> tuple[memoryview, Callable[[], None]] | None:
+        """A block of the arena to receive an HTTP body of ``size`` bytes into (``http1``),
+        and what releases it; None for a body without binary tensors, or when the arena
+        has no room now (the body then goes to a pooled buffer and ``infer`` copies it).
+
+        The block is placed so that the binary part, after a JSON header of
+        ``header_length`` bytes, starts 64-byte aligned. Tensors parsed from it are views
+        of the arena, which ``infer`` sends by place without copying them."""
+        try:
+            h = int(header_length) if header_length is not None else -1
+        except ValueError:
+            h = -1
+        if not 0 < h <= size:
+            return None
+        total = size + 64
+        base = self.arena.alloc(total)
+        if base is None:
+            return None
+        start = base + (-(base + h)) % 64
+        view = memoryview(self.arena.buf)[start:start + size]
+
+        def release() -> None:
+            try:
+                view.release()
+            except BufferError:
+                pass    # a view of it still lives (dropped soon); the slots are free anyway
+            self.arena.release(base, total)
+            self._space.set()
+        return view, release
+
+    def _arena_offset(self, arr: np.ndarray) -> int | None:
+        """Where ``arr`` (C-contiguous) lies in the arena, or None when it is elsewhere."""
+        offset = arr.__array_interface__["data"][0] - self._arena_addr
+        return offset if 0 <= offset and offset + arr.nbytes <= self.arena.size else None
+
     # --- the Engine interface -----------------------------------------------------------
 
     def lookup(self, name: str, version: str | None = None) -> ModelInfo:
@@ -231,8 +270,14 @@ class RemoteEngine:
     async def infer(self, call: InferCall) -> dict[str, np.ndarray | ShmOutput]:
         self.lookup(call.model, call.version)
         arrays = {name: np.ascontiguousarray(arr) for name, arr in call.feeds.items()}
+        # Tensors the HTTP front-end already received into the arena (``body_buffer``) go
+        # by place; the request's owner keeps their block until the reply.
+        in_arena = {name: off for name, arr in arrays.items()
+                    if arr.nbytes and (off := self._arena_offset(arr)) is not None}
         places, total = {}, 0
         for name, arr in arrays.items():
+            if name in in_arena:
+                continue
             places[name] = total
             total += -(-arr.nbytes // 64) * 64
         held: list[tuple[int, int]] = []
@@ -255,7 +300,9 @@ class RemoteEngine:
         feeds = []
         try:
             for name, arr in arrays.items():
-                if base is None:   # larger than the whole arena (a huge JSON request)
+                if name in in_arena:
+                    where = ["arena", in_arena[name]]
+                elif base is None:   # larger than the whole arena (a huge JSON request)
                     where = ["inline", arr.tobytes()]
                 else:
                     offset = base + places[name]
@@ -324,6 +371,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grpc-port", type=int, default=None)
     ap.add_argument("--log-level", default="warning")
     ap.add_argument("--access-log", action="store_true")
+    ap.add_argument("--http-server", default="builtin")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper())
     conn = Connection(args.ipc_fd)
@@ -342,7 +390,8 @@ def worker_main(argv: list[str] | None = None) -> int:
         engine.start(asyncio.get_running_loop(), lambda: os.kill(os.getpid(), signal.SIGTERM))
         await run_front_ends(engine, http_sock, args.host, args.grpc_port,
                              max_body_bytes=args.max_body_bytes, log_level=args.log_level,
-                             access_log=args.access_log, on_bound=bound, grpc_reuse_port=True)
+                             access_log=args.access_log, on_bound=bound, grpc_reuse_port=True,
+                             http_server=args.http_server)
 
     try:
         run_async(main())
@@ -470,18 +519,20 @@ def serve_with_workers(engine: Engine, http_sock: socket.socket, host: str,
                        grpc_port: int | None, workers: int, *, max_body_bytes: int,
                        log_level: str, access_log: bool,
                        on_ready: Callable[[dict[str, str]], None] | None = None,
-                       stop: threading.Event | None = None) -> None:
+                       stop: threading.Event | None = None,
+                       http_server: str = "builtin") -> None:
     """Run ``workers`` front-end processes over ``engine`` until SIGINT/SIGTERM (or
     ``stop`` is set, for callers on another thread); every child is reaped on return."""
     from .run import run_async
 
     run_async(_serve_with_workers(engine, http_sock, host, grpc_port, workers,
                                     max_body_bytes=max_body_bytes, log_level=log_level,
-                                    access_log=access_log, on_ready=on_ready, stop=stop))
+                                    access_log=access_log, on_ready=on_ready, stop=stop,
+                                    http_server=http_server))
 
 
 async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, max_body_bytes,
-                              log_level, access_log, on_ready, stop) -> None:
+                              log_level, access_log, on_ready, stop, http_server) -> None:
     from .run import bound_port, http_url
 
     loop = asyncio.get_running_loop()
@@ -537,7 +588,7 @@ async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, ma
                    "--ipc-fd", str(theirs.fileno()), "--http-fd", str(http_sock.fileno()),
                    "--arena-fd", str(child_fd), "--arena-bytes", str(slot * slots),
                    "--slot-bytes", str(slot), "--max-body-bytes", str(max_body_bytes),
-                   "--host", host, "--log-level", log_level]
+                   "--host", host, "--log-level", log_level, "--http-server", http_server]
             if gport is not None:
                 cmd += ["--grpc-port", str(gport)]
             if access_log:
