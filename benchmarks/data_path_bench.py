@@ -7,13 +7,13 @@ bundle after bundle in one process), at batch 1 and --batch:
   engine        the runner's device_timings "graph_replay": the engine alone on its device
                 input (CUDA graph replay), no host copies                      [median]
   with_copies   device_timings "with_copies": pinned H2D + replay + D2H         [median]
-  infer         Model.infer on a plain numpy batch (one threaded copy into pinned
-                staging, then the async path)                                 [median]
+  infer         Model.infer on a plain numpy batch (the runner's default staging: on
+                torch-aoti the CUDA driver's pageable copy)                    [median]
   infer_pinned  Model.infer on a batch written into Model.input_buffers() (pinned:
                 read in place, no host copy)                                   [median]
-  pageable      infer on the plain batch with the runner's staging = "pageable": the
-                CUDA driver's own copy of pageable memory instead of the threaded copy
-                into pinned staging                                           [median]
+  staged        infer on the plain batch with the runner's staging = "pinned": a
+                threaded copy into pinned staging, then the async H2D (the default
+                before H200 run 6 measured the pageable copy faster)           [median]
                 (engine, with_copies and the infer variants are timed in 5 interleaved
                 rounds, so clock drift during the run hits all of them alike)
   raw img/s     Model.infer of plain batches of --batch, back to back, one thread
@@ -153,7 +153,7 @@ def measure(model, batch: int, clients: int, seconds: float, delay_ms: float, it
         plain = random_feeds(model.inputs, n, seed=3)
         buffers[name][:n] = plain[name]
         pinned = {name: buffers[name][:n]}
-        t: dict[str, list[float]] = {k: [] for k in ("engine", "copies", "infer", "infer_pageable",
+        t: dict[str, list[float]] = {k: [] for k in ("engine", "copies", "infer", "infer_staged",
                                                      "infer_pinned")}
         per = max(1, iters // ROUNDS)
         for _ in range(ROUNDS):     # interleaved rounds: drift of the GPU clocks hits all alike
@@ -162,22 +162,22 @@ def measure(model, batch: int, clients: int, seconds: float, delay_ms: float, it
             t["copies"] += dev.get("with_copies", [])
             t["infer"] += samples_s(lambda: model.infer(plain), per, warmup=3)
             if choice:
-                with staging(model.runner, "pageable"):
-                    t["infer_pageable"] += samples_s(lambda: model.infer(plain), per, warmup=3)
+                with staging(model.runner, "pinned"):
+                    t["infer_staged"] += samples_s(lambda: model.infer(plain), per, warmup=3)
             t["infer_pinned"] += samples_s(lambda: model.infer(pinned), per, warmup=3)
         med = {k: statistics.median(v) * 1e3 if v else None for k, v in t.items()}
         engine, copies, infer, infer_pinned = (med["engine"], med["copies"], med["infer"],
                                                med["infer_pinned"])
         out[f"b{n}"] = {"engine_ms": engine, "with_copies_ms": copies, "infer_ms": infer,
-                        "infer_pageable_ms": med["infer_pageable"], "infer_pinned_ms": infer_pinned}
+                        "infer_staged_ms": med["infer_staged"], "infer_pinned_ms": infer_pinned}
         line = f"  b{n:<3} infer {infer:.3f} ms, infer_pinned {infer_pinned:.3f} ms"
-        if med["infer_pageable"]:
-            line += f", infer (pageable H2D) {med['infer_pageable']:.3f} ms"
+        if med["infer_staged"]:
+            line += f", infer (pinned staging) {med['infer_staged']:.3f} ms"
         if copies:
             line += (f", engine {engine:.3f} ms, with_copies {copies:.3f} ms: infer/with_copies "
                      f"{infer / copies:.3f}, infer_pinned/with_copies {infer_pinned / copies:.3f}")
-            if med["infer_pageable"]:
-                line += f", pageable/with_copies {med['infer_pageable'] / copies:.3f}"
+            if med["infer_staged"]:
+                line += f", staged/with_copies {med['infer_staged'] / copies:.3f}"
         print(line, flush=True)
     raw = raw_rate(model, batch, seconds)
     served, sizes = batcher_rate(model, clients, seconds, delay_ms)

@@ -757,12 +757,12 @@ def test_gpu_staging_modes_pinned_buffers_and_async_paths_agree(gpu_fp16_tiny):
     x = np.random.default_rng(2).normal(size=(7, 3, 16, 16)).astype(np.float32)
     runner = TorchAotiRunner(_MemoryBundle("fp16", details, package, (3, 16, 16), 10, 8))
     with runner:
+        runner.staging = "pinned"
         staged = runner.infer({"input": x})["logits"]
         runner.staging = "pageable"
         pageable = runner.infer({"input": x})["logits"]
         pending = [runner.infer_async({"input": x[::-1].copy()}),
                    runner.infer_async({"input": x})]
-        runner.staging = "pinned"
         pinned = runner.input_buffers()["input"]
         pinned[:7] = x
         in_place = runner.infer({"input": pinned[:7]})["logits"]

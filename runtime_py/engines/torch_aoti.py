@@ -24,8 +24,10 @@ Design:
   the copy-out of batch k-1 overlap the compute of batch k. ``Pending.result()`` waits for
   the slot's last event only. A slot is reused only after its previous Pending was resolved.
 * Feeds that lie in pinned memory from ``input_buffers()`` are copied to the device in
-  place; any other array is first copied into the slot's pinned staging buffer, split over
-  threads (``runtime_py.hostcopy``): at most one host copy either way.
+  place; any other array goes through the CUDA driver's pageable copy (``staging =
+  "pageable"``, measured faster on the H200) or is first copied into the slot's pinned
+  staging buffer, split over threads (``staging = "pinned"``, ``runtime_py.hostcopy``):
+  at most one host copy either way.
 * CUDA graphs (``cuda_graphs=True``, default): captured the first time a batch size is
   seen, after one warm-up run on that size (first runs allocate workspace and load
   kernels, which must not be captured). The package is loaded with
@@ -240,10 +242,13 @@ class TorchAotiRunner(Runner):
             load_check = os.environ.get("TRT_BUNDLE_AOTI_LOAD_CHECK", "1") != "0"
         self.load_check = bool(load_check)
         self.graph_failures: dict[int, str] = {}
-        #: how a plain (not pinned) batch reaches the device: "pinned" (copied into the
-        #: slot's pinned staging buffer, threaded, then an async H2D) or "pageable" (the
-        #: CUDA driver's own staged copy of the caller's memory; blocks the caller)
-        self.staging = "pinned"
+        #: how a plain (not pinned) batch reaches the device: "pageable" (the CUDA
+        #: driver's own staged copy of the caller's memory; blocks the caller until the
+        #: bytes are on their way) or "pinned" (a threaded copy into the slot's pinned
+        #: staging buffer, then an async H2D). H200, xception uint8 at batch 32: pageable
+        #: 5.91 ms against 6.47 ms (fp16), 4.91 against 5.32 (fp8); equal at batch 1
+        #: (docs/measurements/h200-2026-12-01-s3/serve-run6.log)
+        self.staging = "pageable"
         self._lock = threading.Lock()
         self._reset()
 
