@@ -31,13 +31,15 @@ suffixes of an fp8 base (``model.FP8_GEMMS``):
   -dequant     GEMM mode "dequantized": the same FP8 operands dequantized, fp16 GEMM (the
                ONNX graph's arithmetic; isolates the FP8 GEMMs' gain from the quantize cost)
   -rowcols     rowwise with a row-scale column built per GEMM (no shared ones column)
-  -unpadded    NHWC families: channel counts not carried padded to 16
+  -unpadded    NHWC families: channel counts not carried padded to 16 (-padded: carried,
+               the fp8 default since 2026-11-29; the older logs' plain "fp8" was unpadded)
 Default: fp16,fp8,fp8-fp16out-fastacc,fp8-fp16out,fp8-fastacc,fp8-dequant.
 
 Boundary: fp32 NCHW input on the device, logits out; CUDA graph replay of the compiled
-module, median of --iters replays (CUDA events), copies excluded. Shapes are static (one
-compile per batch size, as the torch.compile peer), or, with --dynamic, the batch marked
-dynamic (batch 1 still a specialization of its own). Quality: top-1 agreement and max
+module, median of --iters replays (CUDA events), copies excluded. The batch dimension is
+marked dynamic, as in the AOTI package (batch 1 still a specialization of its own, as
+Dynamo makes it), or, with --static, every batch size is a compile of its own (as the
+torch.compile peer). Quality: top-1 agreement and max
 |logit diff| vs the fp32 eager model (TF32 off) on --eval-count synthetic inputs (the
 bundle's reference-input generator) at the largest batch size.
 
@@ -71,7 +73,8 @@ DEFAULT_VARIANTS = "fp16,fp8,fp8-fp16out-fastacc,fp8-fp16out,fp8-fastacc,fp8-deq
 #: suffix -> (field of ``Variant``, value)
 SUFFIXES = {"-fastacc": ("fast_accum", True), "-fp16out": ("gemm", "rowwise-fp16"),
             "-tensorwise": ("gemm", "tensorwise"), "-dequant": ("gemm", "dequantized"),
-            "-rowcols": ("shared_ones", False), "-unpadded": ("padded", False)}
+            "-rowcols": ("shared_ones", False), "-unpadded": ("padded", False),
+            "-padded": ("padded", True)}
 STARTED = time.monotonic()
 
 
@@ -222,14 +225,17 @@ def measure(variant: Variant, model, family, scales: dict | None, x_eval, ref,
 
     dev = x_eval.device
     t0 = time.monotonic()
-    module = engine_module(variant, model, family, scales, max(sizes)).to(dev).eval()
-    run = module if args.eager else torch.compile(module, dynamic=False if not args.dynamic else None)
+    # the shared ones column sized for the family's largest batch, as in the package (sized
+    # for the largest measured batch, a dynamic batch would be specialized to it)
+    rows_for = max(sizes + [family.input.batch.max])
+    module = engine_module(variant, model, family, scales, rows_for).to(dev).eval()
+    run = module if args.eager else torch.compile(module, dynamic=False if args.static else None)
     gen = torch.Generator().manual_seed(1)
     out: dict = {"ms": {}, "compile_s": {}, "kernels": {}}
     base = results.get("fp16", {}).get("ms", {})
     for n in sorted(sizes, reverse=True):
         x = torch.randn(n, *family.input.shape, generator=gen).to(dev)
-        if args.dynamic and not args.eager:
+        if not (args.static or args.eager):
             torch._dynamo.mark_dynamic(x, 0)
         started = time.monotonic()
         with torch.no_grad():
@@ -271,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calib-count", type=int, default=32)
     p.add_argument("--calib-batch", type=int, default=8)
     p.add_argument("--eager", action="store_true", help="no torch.compile (a dry run)")
-    p.add_argument("--dynamic", action="store_true", help="batch dimension marked dynamic")
+    p.add_argument("--static", action="store_true",
+                   help="a compile per batch size (default: the batch dimension dynamic)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--profile", default="", help="variants to profile per kernel, or all")
     p.add_argument("--rows", type=int, default=20, help="top kernels printed per profile")
@@ -313,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"host: CPU, torch {torch.__version__}")
     log(f"family {family.name} ({'bundle scales from ' + args.data if args.data else f'random weights seed {seed}, synthetic calibration'}); "
         f"variants {', '.join(v.name for v in variants)}; batch sizes {args.batch_sizes}; "
-        f"{'eager' if args.eager else 'torch.compile ' + ('dynamic batch' if args.dynamic else 'static shapes')}")
+        f"{'eager' if args.eager else 'torch.compile ' + ('static shapes' if args.static else 'dynamic batch')}")
     for form, verdict in probe_scaled_mm(dev).items():
         log(f"[probe] torch._scaled_mm {form}: {verdict}")
     sizes = [int(s) for s in args.batch_sizes.split(",")]
