@@ -142,6 +142,13 @@ def test_torch_aoti_fp8_gemm_settings_default_and_read(families_copy: Path):
     _edit(families_copy, "timm_xception", chooses)
     family = load_family("timm_xception", root=families_copy)
     assert (family.torch_aoti_fp8_gemm, family.torch_aoti_fp8_fast_accum) == ("rowwise-fp16", True)
+    # what the torch-aoti target builds with: the family's, unless the caller asks
+    from bundler.targets.torch_aoti.build import fp8_gemm_options
+
+    assert fp8_gemm_options(family) == ("rowwise-fp16", True)
+    assert fp8_gemm_options(family, "tensorwise", False) == ("tensorwise", False)
+    with pytest.raises(UsageError, match="fp8 GEMM mode 'blockwise'"):
+        fp8_gemm_options(family, "blockwise")
 
 
 def test_spec_that_is_not_json(families_copy: Path):

@@ -459,6 +459,20 @@ def pixel_head(module, scale, bias):
     return PixelHead()
 
 
+def fp8_gemm_options(family, fp8_gemm: str | None = None,
+                     fp8_fast_accum: bool | None = None) -> tuple[str, bool]:
+    """(GEMM mode, fast accumulation) of a build's FP8 layers: what the caller asks, else
+    the family's ``torch_aoti.fp8_gemm`` / ``fp8_fast_accum`` (family.json; rowwise
+    without fast accumulation unless it says otherwise). Refuses an unknown mode."""
+    from bundler.families import TORCH_AOTI_FP8_GEMMS
+
+    gemm = family.torch_aoti_fp8_gemm if fp8_gemm is None else fp8_gemm
+    if gemm not in TORCH_AOTI_FP8_GEMMS:
+        raise UsageError(f"fp8 GEMM mode {gemm!r}: choose one of {', '.join(TORCH_AOTI_FP8_GEMMS)}")
+    fast = family.torch_aoti_fp8_fast_accum if fp8_fast_accum is None else bool(fp8_fast_accum)
+    return gemm, fast
+
+
 def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] | None = None,
                  context: BuildContext | None = None, device: str = "cuda",
                  batch_sizes: list[int] | None = None, compile_options: dict | None = None,
@@ -492,9 +506,7 @@ def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] |
         if log:
             log(f"fp8 recipe {context.variant or 'base'}: {len(fp8)} layers from the bundle")
     ext = family.extension()
-    fp8_gemm = family.torch_aoti_fp8_gemm if fp8_gemm is None else fp8_gemm
-    fp8_fast_accum = (family.torch_aoti_fp8_fast_accum if fp8_fast_accum is None
-                      else bool(fp8_fast_accum))
+    fp8_gemm, fp8_fast_accum = fp8_gemm_options(family, fp8_gemm, fp8_fast_accum)
     # the family's fp16 form (family.json torch_aoti.fp16_layout) unless nhwc is asked
     channels_last = (precision == "fp16" and nhwc is None
                      and family.torch_aoti_fp16_layout == "channels_last")
