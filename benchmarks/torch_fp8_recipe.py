@@ -23,7 +23,6 @@ make's default). Imports torch inside the functions.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable
 from typing import Any
 
@@ -32,19 +31,12 @@ import numpy as np
 
 def module_facts(model, input_shape: tuple[int, ...]) -> dict[str, dict[str, Any]]:
     """Module path -> the facts an ONNX selection rule tests, for every Conv2d and Linear."""
-    import torch
     from torch import nn
 
-    probe = copy.deepcopy(model).to("meta").eval()
-    ndim: dict[str, int] = {}
-    hooks = [m.register_forward_pre_hook(lambda _m, args, p=p: ndim.__setitem__(p, args[0].dim()))
-             for p, m in probe.named_modules() if isinstance(m, nn.Linear)]
-    try:
-        with torch.no_grad():
-            probe(torch.empty(1, *input_shape, device="meta"))
-    finally:
-        for h in hooks:
-            h.remove()
+    from bundler.targets.torch_aoti.model import shape_pass
+
+    linears = [p for p, m in model.named_modules() if isinstance(m, nn.Linear)]
+    ndim = shape_pass(model, linears, input_shape, lambda inputs, _out: inputs[0].dim())
     facts: dict[str, dict[str, Any]] = {}
     for path, m in model.named_modules():
         if isinstance(m, nn.Conv2d):

@@ -67,7 +67,7 @@ from bundler.fp8 import E4M3_MAX, quantize as quantize_fp8, stored_scale
 from runtime_py.errors import UsageError
 
 __all__ = ["FP8_ALIGN", "FP8_GEMMS", "FP8_CONVS", "fp8_conv_kernel", "padded", "map_nodes_to_modules", "rewrite_nhwc",
-           "rewrite_as_is", "fp8_gemm_rows", "EngineModule", "check_rewrite",
+           "rewrite_as_is", "fp8_gemm_rows", "shape_pass", "EngineModule", "check_rewrite",
            "fake_quant_reference"]
 
 #: FP8 GEMM operands need both dimensions of the weight to be multiples of 16 (cuBLASLt).
@@ -706,14 +706,23 @@ def fp8_gemm_rows(model: torch.nn.Module, paths: list[str], input_shape: tuple[i
     """
     if not paths:
         return 0
+    pixels = shape_pass(model, paths, input_shape, lambda _inputs, out: _gemm_rows(out))
+    return int(max_batch) * max(pixels.values())
+
+
+def shape_pass(model: torch.nn.Module, paths: list[str], input_shape: tuple[int, ...],
+               read) -> dict[str, Any]:
+    """Module path -> ``read(inputs, output)`` of the modules at ``paths``, from a
+    shape-only pass (meta tensors: no memory, no arithmetic) of a copy of ``model`` on one
+    input of ``input_shape``. Raises UsageError naming paths that are not in the model."""
     probe = copy.deepcopy(model).to("meta").eval()
     modules = dict(probe.named_modules())
     missing = [p for p in paths if p not in modules]
     if missing:
         raise UsageError(f"fp8 modules not in the model: {missing[:5]}")
-    pixels: dict[str, int] = {}
+    found: dict[str, Any] = {}
     hooks = [modules[p].register_forward_hook(
-        lambda _m, _i, out, p=p: pixels.__setitem__(p, _gemm_rows(out)))
+        lambda _m, inputs, out, p=p: found.__setitem__(p, read(inputs, out)))
         for p in paths]
     try:
         with torch.no_grad():
@@ -721,7 +730,7 @@ def fp8_gemm_rows(model: torch.nn.Module, paths: list[str], input_shape: tuple[i
     finally:
         for h in hooks:
             h.remove()
-    return int(max_batch) * max(pixels.values())
+    return found
 
 
 def check_rewrite(model: torch.nn.Module, x: torch.Tensor, rtol: float = 1e-3, *,
