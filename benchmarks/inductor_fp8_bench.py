@@ -204,7 +204,8 @@ def time_run(run, x, args, device) -> float:
     if device.type == "cuda":
         from fp8_conv_bench import graph_time
 
-        ms, _out = graph_time(lambda: run(x), args.iters)
+        with torch.no_grad():   # as compiled: grad mode is a guard (another compile)
+            ms, _out = graph_time(lambda: run(x), args.iters)
         return ms
     times = []
     for _ in range(max(1, args.iters)):
@@ -223,8 +224,11 @@ def measure(variant: Variant, model, family, scales: dict | None, x_eval, ref,
 
     from kernel_profile import kernel_table
 
+    from torch._dynamo.utils import counters
+
     dev = x_eval.device
     t0 = time.monotonic()
+    graphs_before = counters["stats"]["unique_graphs"]
     # the shared ones column sized for the family's largest batch, as in the package (sized
     # for the largest measured batch, a dynamic batch would be specialized to it)
     rows_for = max(sizes + [family.input.batch.max])
@@ -245,7 +249,7 @@ def measure(variant: Variant, model, family, scales: dict | None, x_eval, ref,
         out["compile_s"][n] = time.monotonic() - started
         if n == max(sizes):
             with torch.no_grad():
-                got = torch.cat([run(x_eval[i:i + n]).float()
+                got = torch.cat([run(x_eval[i:i + n].clone()).float()
                                  for i in range(0, len(x_eval) - n + 1, n)])
             agree = float((got.argmax(1) == ref[:len(got)].argmax(1)).float().mean())
             out["agree"], out["diff"] = agree, float((got - ref[:len(got)]).abs().max())
@@ -261,6 +265,10 @@ def measure(variant: Variant, model, family, scales: dict | None, x_eval, ref,
                 out["kernels"][n] = kernel_table(lambda: run(x), f"{variant.name}, batch {n}",
                                                  args.rows, log=log, device=dev.type)
     out["seconds"] = time.monotonic() - t0
+    out["graphs"] = counters["stats"]["unique_graphs"] - graphs_before
+    log(f"[{variant.name}] {out['seconds']:.0f} s, {out['graphs']} graph(s) compiled "
+        f"(expected {len(sizes) if args.static else min(2, len(sizes))}; more: a recompile)"
+        if not args.eager else f"[{variant.name}] {out['seconds']:.0f} s")
     return out
 
 
@@ -327,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     count = max(max(sizes), args.eval_count // max(sizes) * max(sizes))
     evalset = synthetic_calibration_set(family.input.shape, count, seed=REFERENCE_SEED)
     inputs = np.concatenate([b for b, _l, _k in evalset.iter_batches(count)])
-    x_eval = torch.from_numpy(inputs).to(dev)
+    x_eval = torch.from_numpy(np.ascontiguousarray(inputs)).to(dev)   # NCHW strides, as timed
     with torch.no_grad():
         ref = model.to(dev)(x_eval).float()
     model = model.cpu()
