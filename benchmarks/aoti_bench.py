@@ -142,33 +142,11 @@ def time_with_copies(runner, x: np.ndarray, name: str, iters: int, warmup: int =
 
 
 def kernel_table(step, label: str, rows: int, repeats: int = 5) -> dict:
-    """Per-kernel CUDA time of ``step()`` (one plain run, no CUDA graph); prints the top rows."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+    """Per-kernel CUDA time of ``step()`` (plain runs, no CUDA graph), by kind and the top
+    rows (``kernel_profile.kernel_table``)."""
+    from kernel_profile import kernel_table as table
 
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(repeats):
-            step()
-        torch.cuda.synchronize()
-    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
-    total = sum(e.self_device_time_total for e in events) / repeats / 1e3
-    groups: dict[str, float] = {}
-    for e in events:
-        k = e.key.lower()
-        g = ("fp8 gemm" if any(s in k for s in ("f8", "fp8", "e4m3")) else
-             "gemm" if any(s in k for s in ("gemm", "sm90_xmma", "cutlass", "nvjet")) else
-             "conv (cudnn)" if any(s in k for s in ("conv", "dgrad", "implicit", "cudnn")) else
-             "triton" if k.startswith("triton") else "other")
-        groups[g] = groups.get(g, 0.0) + e.self_device_time_total / repeats / 1e3
-    log(f"\n-- kernels, {label}: {total:.3f} ms/run of kernel time; by kind: "
-        + ", ".join(f"{g} {t:.3f}" for g, t in sorted(groups.items(), key=lambda kv: -kv[1])))
-    ranked = sorted(events, key=lambda e: -e.self_device_time_total)[:rows]
-    for e in ranked:
-        log(f"  {e.self_device_time_total / repeats / 1e3:8.4f} ms  x{e.count // repeats:<4d} {e.key[:110]}")
-    return {"total_ms": total, "groups": groups}
+    return table(step, label, rows, repeats, log=log)
 
 
 def _option(text: str):

@@ -73,6 +73,11 @@ TORCH_AOTI_FP16_LAYOUTS = ("nhwc", "channels_last")
 #: ``torch_aoti.static_batches``: at most this many batch sizes get a graph of their own (each
 #: is one more AOTInductor compile at make time: about 2 minutes for ViT-B/16 on the H200).
 MAX_STATIC_BATCHES = 8
+#: ``torch_aoti.fp8_gemm``: how the torch-aoti fp8 engine runs its FP8 layers (the meaning
+#: of each: bundler.targets.torch_aoti.model.FP8_GEMMS); ``torch_aoti.fp8_fast_accum``:
+#: torch._scaled_mm's ``use_fast_accum`` (Hopper's FP8 accumulation without the periodic
+#: promotion to fp32).
+TORCH_AOTI_FP8_GEMMS = ("rowwise", "tensorwise", "rowwise-fp16", "dequantized")
 #: Keys a layer-selection rule may use (their meaning: ``bundler.graphs.fp8``).
 RULE_KEYS = frozenset({"op_type", "kernel_shape", "group", "depthwise", "module_prefix", "name_regex"})
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -210,6 +215,17 @@ class Family:
         empty: the one dynamic-batch graph). Inductor specializes kernels for static sizes,
         as ``torch.compile(dynamic=False)`` does (bundler.targets.torch_aoti)."""
         return tuple(sorted((self.spec.get("torch_aoti") or {}).get("static_batches", ())))
+
+    @property
+    def torch_aoti_fp8_gemm(self) -> str:
+        """How the torch-aoti fp8 engine runs its FP8 layers (``TORCH_AOTI_FP8_GEMMS``),
+        "rowwise" unless the family says otherwise."""
+        return str((self.spec.get("torch_aoti") or {}).get("fp8_gemm", "rowwise"))
+
+    @property
+    def torch_aoti_fp8_fast_accum(self) -> bool:
+        """Whether the torch-aoti fp8 engine's FP8 GEMMs use fast accumulation (default no)."""
+        return bool((self.spec.get("torch_aoti") or {}).get("fp8_fast_accum", False))
 
     def hook(self, name: str) -> Any:
         """The function ``name`` of the family's ``family.py`` (``HOOKS``), or None."""
@@ -404,9 +420,13 @@ def parse_family(data: Any, *, folder: Path, expected_name: str | None = None) -
     aoti = data.get("torch_aoti", {})
     if not (isinstance(aoti, dict) and aoti.get("layout", "nhwc") in TORCH_AOTI_LAYOUTS):
         problems.append(f"torch_aoti.layout: must be one of {list(TORCH_AOTI_LAYOUTS)}")
-    elif aoti.get("fp16_layout", "nhwc") not in TORCH_AOTI_FP16_LAYOUTS:
-        problems.append(f"torch_aoti.fp16_layout: must be one of {list(TORCH_AOTI_FP16_LAYOUTS)}")
     else:
+        if aoti.get("fp16_layout", "nhwc") not in TORCH_AOTI_FP16_LAYOUTS:
+            problems.append(f"torch_aoti.fp16_layout: must be one of {list(TORCH_AOTI_FP16_LAYOUTS)}")
+        if aoti.get("fp8_gemm", "rowwise") not in TORCH_AOTI_FP8_GEMMS:
+            problems.append(f"torch_aoti.fp8_gemm: must be one of {list(TORCH_AOTI_FP8_GEMMS)}")
+        if not isinstance(aoti.get("fp8_fast_accum", False), bool):
+            problems.append("torch_aoti.fp8_fast_accum: must be true or false")
         problems += _static_batch_problems(aoti.get("static_batches", []), batch)
     class_ids = data.get("class_ids")
     if class_ids is not None and not (isinstance(class_ids, str) and re.fullmatch(r"[\w.-]+", class_ids)):

@@ -116,14 +116,16 @@ def test_bad_spec_lists_every_problem(families_copy: Path):
         spec["precisions"] = ["fp32", "int3"]
         spec["opset"] = 17
         spec["fp8"]["select"]["include"] = [{"op_type": "Conv", "kernal_shape": [1, 1]}]
-        spec["torch_aoti"] = {"layout": "nhwc", "fp16_layout": "nchw"}
+        spec["torch_aoti"] = {"layout": "nhwc", "fp16_layout": "nchw", "fp8_gemm": "blockwise",
+                              "fp8_fast_accum": "yes"}
 
     _edit(families_copy, "timm_xception", breaks)
     with pytest.raises(FamilyError) as info:
         load_family("timm_xception", root=families_copy)
     problems = info.value.problems
     for needle in ("version", "checkpoint.revision", "input.batch", "output.name", "precisions",
-                   "opset", "kernal_shape", "torch_aoti.fp16_layout"):
+                   "opset", "kernal_shape", "torch_aoti.fp16_layout", "torch_aoti.fp8_gemm",
+                   "torch_aoti.fp8_fast_accum"):
         assert any(needle in p for p in problems), (needle, problems)
     assert "family.json" in str(info.value)
 
@@ -142,6 +144,27 @@ def test_torch_aoti_static_batches_are_sizes_of_the_batch_range(families_copy: P
         with pytest.raises(FamilyError) as info:
             load_family("timm_xception", root=families_copy)
         assert any(needle in p for p in info.value.problems), (sizes, info.value.problems)
+
+
+def test_torch_aoti_fp8_gemm_settings_default_and_read(families_copy: Path):
+    """family.json torch_aoti.fp8_gemm / fp8_fast_accum: rowwise without fast accumulation
+    unless the family says otherwise (what the torch-aoti target builds with)."""
+    assert load_family("timm_xception", root=families_copy).torch_aoti_fp8_gemm == "rowwise"
+    assert not load_family("timm_xception", root=families_copy).torch_aoti_fp8_fast_accum
+
+    def chooses(spec):  # type: ignore[no-untyped-def]
+        spec["torch_aoti"] = {"fp8_gemm": "rowwise-fp16", "fp8_fast_accum": True}
+
+    _edit(families_copy, "timm_xception", chooses)
+    family = load_family("timm_xception", root=families_copy)
+    assert (family.torch_aoti_fp8_gemm, family.torch_aoti_fp8_fast_accum) == ("rowwise-fp16", True)
+    # what the torch-aoti target builds with: the family's, unless the caller asks
+    from bundler.targets.torch_aoti.build import fp8_gemm_options
+
+    assert fp8_gemm_options(family) == ("rowwise-fp16", True)
+    assert fp8_gemm_options(family, "tensorwise", False) == ("tensorwise", False)
+    with pytest.raises(UsageError, match="fp8 GEMM mode 'blockwise'"):
+        fp8_gemm_options(family, "blockwise")
 
 
 def test_spec_that_is_not_json(families_copy: Path):

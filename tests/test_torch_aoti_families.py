@@ -143,3 +143,44 @@ def test_resnet_fp8_pointwise_variant_keeps_the_3x3_convolutions_fp16(resnet):
     assert kinds.count(Fp8ConvNHWC) == 0 and kinds.count(Fp8Pointwise) == 36
     assert kinds.count(ConvNHWC) == 17                # the stem and the 16 3x3 convolutions
 
+
+
+def _inductor_kernels(gemm: str) -> list[str]:
+    """Names of the kernels Inductor generates (CPU codegen, which fuses as the GPU's does)
+    for one ViT block of the fp8 engine model with FP8 GEMM mode ``gemm``."""
+    import re
+
+    import timm
+    from torch._inductor.utils import run_and_get_code
+
+    from bundler.targets.torch_aoti.model import EngineModule, rewrite_as_is
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        vit = timm.create_model("vit_base_patch16_224", pretrained=False, depth=1, embed_dim=64,
+                                num_heads=2, img_size=32, num_classes=10).eval()
+    fp8 = {n: (0.01, m.weight.detach().abs().amax(1).numpy() / 448)
+           for n, m in vit.named_modules() if isinstance(m, torch.nn.Linear) and n.startswith("blocks.")}
+    module = EngineModule(rewrite_as_is(vit, torch.float16, fp8=fp8, fp8_gemm=gemm, fp8_rows=2 * 5),
+                          torch.float16, False)
+    try:
+        with torch.no_grad():
+            _out, codes = run_and_get_code(torch.compile(module), torch.randn(2, 3, 32, 32))
+    finally:
+        torch._dynamo.reset()
+    return sorted(set(re.findall(r"\b(cpp_fused_\w+|triton_\w+)\(", "\n".join(codes))))
+
+
+def test_vit_fp8_quantizes_fuse_and_fp16_out_removes_the_attention_convert():
+    """What Inductor makes of a ViT block's FP8 GEMMs: every quantize (its clamp) lands in the
+    kernel of the op before it (LayerNorm, GELU, the attention output's transpose), none is
+    a pass of its own; with bf16 GEMM output the qkv output takes a convert pass before the
+    attention (which Inductor cannot fuse into), with "rowwise-fp16" that pass is gone."""
+    for gemm in ("rowwise", "rowwise-fp16"):
+        kernels = _inductor_kernels(gemm)
+        quantizing = [k for k in kernels if "clamp" in k]
+        assert len(quantizing) == 4, kernels                  # qkv, proj, fc1, fc2 inputs
+        assert all(any(op in k for op in ("native_layer_norm", "gelu", "transpose"))
+                   for k in quantizing), kernels
+        converts = [k for k in kernels if "scaled_dot_product" in k]
+        assert len(converts) == (1 if gemm == "rowwise" else 0), kernels

@@ -65,6 +65,7 @@ __all__ = [
     "compute_weight_scales",
     "to_fp8",
     "module_path",
+    "selected_by",
 ]
 
 MIN_OPSET = 19
@@ -104,7 +105,6 @@ def select_fp8_layers(
             "pass the Family, or family.recipe(variant)"
         )
     select = recipe.get("select", {})
-    include, exclude = list(select.get("include", [])), list(select.get("exclude", []))
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
     chosen = []
@@ -112,7 +112,7 @@ def select_fp8_layers(
         facts = _node_facts(node, inits)
         if facts is None:
             continue
-        if any(_matches(r, facts) for r in include) and not any(_matches(r, facts) for r in exclude):
+        if selected_by(select, facts):
             if node.op_type not in QUANTIZABLE_OPS:
                 raise UsageError(f"fp8 recipe selects {node.name!r} ({node.op_type}); only "
                                  f"{', '.join(QUANTIZABLE_OPS)} nodes can be quantized")
@@ -149,6 +149,14 @@ def _node_facts(node: onnx.NodeProto, inits: Mapping[str, Any]) -> dict[str, Any
         facts["kernel_shape"] = list(attrs["kernel_shape"].ints) if "kernel_shape" in attrs else dims[2:]
         facts["depthwise"] = group > 1 and len(dims) > 1 and dims[1] == 1
     return facts
+
+
+def selected_by(select: Mapping[str, Any], facts: Mapping[str, Any]) -> bool:
+    """Whether a layer with ``facts`` (op_type, name, module, group, kernel_shape,
+    depthwise; ``_node_facts``) is selected by a recipe's ``select`` rules: at least one
+    ``include`` rule matches and no ``exclude`` rule does (module docstring)."""
+    return (any(_matches(r, facts) for r in select.get("include", []))
+            and not any(_matches(r, facts) for r in select.get("exclude", [])))
 
 
 def _matches(rule: Mapping[str, Any], facts: Mapping[str, Any]) -> bool:

@@ -463,6 +463,11 @@ FP8_GEMM_DESCRIPTIONS = {
                "shared column of ones), bf16 out",
     "tensorwise": "torch._scaled_mm e4m3 x e4m3, tensorwise scales, bf16 out, per-channel "
                   "scale and bias in a pointwise pass after it",
+    "rowwise-fp16": "torch._scaled_mm e4m3 x e4m3, rowwise scales and fp16 bias in the GEMM "
+                    "epilogue (activation scale folded into the per-channel weight scales; row "
+                    "scales: one shared column of ones), fp16 out",
+    "dequantized": "no FP8 GEMM: the FP8 operands dequantized to fp16 (DequantizeLinear), "
+                   "fp16 GEMM",
 }
 
 
@@ -516,11 +521,25 @@ def pixel_head(module, scale, bias):
     return PixelHead()
 
 
+def fp8_gemm_options(family, fp8_gemm: str | None = None,
+                     fp8_fast_accum: bool | None = None) -> tuple[str, bool]:
+    """(GEMM mode, fast accumulation) of a build's FP8 layers: what the caller asks, else
+    the family's ``torch_aoti.fp8_gemm`` / ``fp8_fast_accum`` (family.json; rowwise
+    without fast accumulation unless it says otherwise). Refuses an unknown mode."""
+    from bundler.families import TORCH_AOTI_FP8_GEMMS
+
+    gemm = family.torch_aoti_fp8_gemm if fp8_gemm is None else fp8_gemm
+    if gemm not in TORCH_AOTI_FP8_GEMMS:
+        raise UsageError(f"fp8 GEMM mode {gemm!r}: choose one of {', '.join(TORCH_AOTI_FP8_GEMMS)}")
+    fast = family.torch_aoti_fp8_fast_accum if fp8_fast_accum is None else bool(fp8_fast_accum)
+    return gemm, fast
+
+
 def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] | None = None,
                  context: BuildContext | None = None, device: str = "cuda",
                  batch_sizes: list[int] | None = None, compile_options: dict | None = None,
-                 nhwc: bool | None = None, fp8_fast_accum: bool = False,
-                 fp8_gemm: str = "rowwise", pad_channels: bool | None = None,
+                 nhwc: bool | None = None, fp8_fast_accum: bool | None = None,
+                 fp8_gemm: str | None = None, pad_channels: bool | None = None,
                  fp8_conv: str | None = None, smoke_check: bool = False) -> TargetBuild:
     """The bundle's engine: its torch model in its precision, compiled (module docstring).
 
@@ -531,6 +550,9 @@ def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] |
     ``build_engine``): ``bundle verify --numerics`` loads the package in the runtime and
     checks it against the ONNX Runtime reference instead. ``fp8_conv``: how dense k x k
     FP8 convolutions run, default ``$TRT_BUNDLE_FP8_CONV`` or im2col (``default_fp8_conv``).
+    ``fp8_gemm`` and ``fp8_fast_accum``: how the FP8 layers run (``model.FP8_GEMMS``,
+    ``use_fast_accum``), default the family's ``torch_aoti.fp8_gemm`` and
+    ``torch_aoti.fp8_fast_accum`` (family.json).
     """
     if context is None:
         raise UsageError("the torch-aoti target compiles the family's torch model: it needs "
@@ -546,6 +568,7 @@ def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] |
         if log:
             log(f"fp8 recipe {context.variant or 'base'}: {len(fp8)} layers from the bundle")
     ext = family.extension()
+    fp8_gemm, fp8_fast_accum = fp8_gemm_options(family, fp8_gemm, fp8_fast_accum)
     # the family's fp16 form (family.json torch_aoti.fp16_layout) unless nhwc is asked
     channels_last = (precision == "fp16" and nhwc is None
                      and family.torch_aoti_fp16_layout == "channels_last")

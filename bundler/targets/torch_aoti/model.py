@@ -62,11 +62,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bundler.families import TORCH_AOTI_FP8_GEMMS
 from bundler.fp8 import E4M3_MAX, quantize as quantize_fp8, stored_scale
 from runtime_py.errors import UsageError
 
 __all__ = ["FP8_ALIGN", "FP8_GEMMS", "FP8_CONVS", "fp8_conv_kernel", "padded", "map_nodes_to_modules", "rewrite_nhwc",
-           "rewrite_as_is", "fp8_gemm_rows", "EngineModule", "check_rewrite",
+           "rewrite_as_is", "fp8_gemm_rows", "shape_pass", "EngineModule", "check_rewrite",
            "fake_quant_reference"]
 
 #: FP8 GEMM operands need both dimensions of the weight to be multiples of 16 (cuBLASLt).
@@ -77,7 +78,19 @@ FP8_ALIGN = 16
 #: On an H200 (torch 2.11, Inductor) rowwise cut the fp8 kernel time at batch 32 from
 #: 6.20 to 5.50 ms; the shared ones column then took batch 1 from 0.66 to 0.47 ms
 #: (families/timm_xception/README.md).
-FP8_GEMMS = ("rowwise", "tensorwise")
+#: "rowwise-fp16": rowwise, with the fp16 bias in the epilogue and fp16 out (cuBLASLt's
+#: outer-vector scaling gives fp16, bf16 or fp32 D; torch >= 2.9 takes that path on sm_90
+#: with cuBLAS >= 12.9, the CUTLASS fallback elsewhere gave bf16 only): no bf16 -> fp16
+#: pass after the GEMM (one per ViT block, where the qkv output feeds the attention, which
+#: Inductor cannot fuse a convert into), and the output rounded as the fp16 graph rounds it
+#: (11 bits, not bf16's 8). "dequantized": no FP8 GEMM, the same FP8 operands
+#: dequantized to fp16 and an fp16 GEMM (the ONNX graph's DequantizeLinear -> MatMul
+#: arithmetic): the baseline that separates what the FP8 GEMMs gain from what the
+#: quantize around them costs (benchmarks/inductor_fp8_bench.py), and the small-batch form
+#: where FP8 GEMMs do not pay.
+FP8_GEMMS = TORCH_AOTI_FP8_GEMMS          # what family.json's torch_aoti.fp8_gemm may name
+#: The modes with the scales in the GEMM's epilogue (and the shared ones column).
+ROWWISE_GEMMS = ("rowwise", "rowwise-fp16")
 #: How ``Fp8ConvNHWC`` runs a dense k x k FP8 convolution. "im2col": the shifted views
 #: concatenated (kh*kw times the input's bytes, written and read again) and one
 #: ``_scaled_mm``; "triton": ``kernels/fp8_conv.py``'s implicit GEMM, which gathers the
@@ -234,16 +247,26 @@ class Fp8Gemm(nn.Module):
         bias_row = torch.zeros(self.npad)
         bias_row[:cout] = bias
         self.register_buffer("weight_scale_row", scale_row)
-        self.register_buffer("bias_row", bias_row.to(torch.bfloat16))
+        # the epilogue's bias has the GEMM output's type (torch._scaled_mm's rule)
+        self.register_buffer("bias_row", bias_row.to(self.gemm_out_dtype))
         self.register_buffer("weight_scale_out", scale_row[0, :self.out].clone())
         self.register_buffer("bias_out", bias_row[:self.out].clone())
         # ones (rowwise): scale_a = a slice of the shared column of ones, scale_b = the
         # activation scale times each channel's weight scale (fp32, as the epilogue
         # multiplies them anyway); without it, scale_a = the activation scale per row
-        self._ones = ones if gemm == "rowwise" and not emulate else None
+        self._ones = ones if gemm in ROWWISE_GEMMS and not emulate else None
         self.ones_col = self._ones.tensor if self._ones is not None else None
         if self._ones is not None:   # a constant of the package only where it is used
             self.register_buffer("gemm_scale_row", scale_row * self.act_scale)
+        if gemm == "dequantized":    # DequantizeLinear's fp16 weight: fp16(q * scale)
+            wdq = torch.from_numpy(wq).view(torch.float8_e4m3fn).float() * scale_row.t()
+            self.register_buffer("weight_dequantized", wdq.to(dtype))
+            self.register_buffer("bias_dequantized", bias_row.to(dtype))
+
+    @property
+    def gemm_out_dtype(self) -> torch.dtype:
+        """What ``torch._scaled_mm`` writes: fp16 for "rowwise-fp16", else bf16."""
+        return torch.float16 if self.gemm == "rowwise-fp16" else torch.bfloat16
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
@@ -261,7 +284,11 @@ class Fp8Gemm(nn.Module):
         q = quantize(x, self.act_scale).contiguous().reshape(-1, self.kpad)
         if self.emulate:
             y = (q.float() @ self.weight_fp8.float().t()) * self.act_scale
-        elif self.gemm == "rowwise":
+        elif self.gemm == "dequantized":
+            x = (q.float() * self.act_scale).to(self.dtype)        # DequantizeLinear
+            y = F.linear(x, self.weight_dequantized, self.bias_dequantized)
+            return y[:, :self.out]
+        elif self.gemm in ROWWISE_GEMMS:
             if self.ones_col is not None:
                 # eager only: under Dynamo (torch 2.11) a torch._check with a message
                 # broke the model into one graph per GEMM (seen on the H200); compiled,
@@ -276,7 +303,7 @@ class Fp8Gemm(nn.Module):
                 b = self.weight_scale_row
             y = torch._scaled_mm(q, self.weight_fp8.t(), scale_a=a,
                                  scale_b=b, bias=self.bias_row,
-                                 out_dtype=torch.bfloat16, use_fast_accum=self.fast_accum)
+                                 out_dtype=self.gemm_out_dtype, use_fast_accum=self.fast_accum)
             return y[:, :self.out].to(self.dtype)
         else:
             y = torch._scaled_mm(q, self.weight_fp8.t(), scale_a=self.act_scale,
@@ -571,7 +598,7 @@ def rewrite_nhwc(model: torch.nn.Module, dtype: torch.dtype, *,
     """
     fp8, fp8_depthwise = dict(fp8 or {}), dict(fp8_depthwise or {})
     fp8_conv_kernel(fp8_conv, emulate=True)          # a known name, before any work
-    ones = OnesColumn(fp8_rows) if fp8 and fp8_rows and fp8_gemm == "rowwise" else None
+    ones = OnesColumn(fp8_rows) if fp8 and fp8_rows and fp8_gemm in ROWWISE_GEMMS else None
     body = copy.deepcopy(model).eval()
     modules = dict(body.named_modules())
     unknown = sorted(set(fp8) - set(modules)) + sorted(set(fp8_depthwise) - set(modules))
@@ -652,7 +679,7 @@ def rewrite_as_is(model: torch.nn.Module, dtype: torch.dtype, *,
     layers (module path -> (activation scale, weight scales)) as ``Fp8Linear``. The family
     layout rule ``"as_is"`` (``family.json`` ``torch_aoti.layout``)."""
     fp8 = dict(fp8 or {})
-    ones = OnesColumn(fp8_rows) if fp8 and fp8_rows and fp8_gemm == "rowwise" else None
+    ones = OnesColumn(fp8_rows) if fp8 and fp8_rows and fp8_gemm in ROWWISE_GEMMS else None
     body = copy.deepcopy(model).eval().to(dtype)
     modules = dict(body.named_modules())
     problems = [f"{p}: not a Linear layer of the model" for p in fp8
@@ -679,14 +706,23 @@ def fp8_gemm_rows(model: torch.nn.Module, paths: list[str], input_shape: tuple[i
     """
     if not paths:
         return 0
+    pixels = shape_pass(model, paths, input_shape, lambda _inputs, out: _gemm_rows(out))
+    return int(max_batch) * max(pixels.values())
+
+
+def shape_pass(model: torch.nn.Module, paths: list[str], input_shape: tuple[int, ...],
+               read) -> dict[str, Any]:
+    """Module path -> ``read(inputs, output)`` of the modules at ``paths``, from a
+    shape-only pass (meta tensors: no memory, no arithmetic) of a copy of ``model`` on one
+    input of ``input_shape``. Raises UsageError naming paths that are not in the model."""
     probe = copy.deepcopy(model).to("meta").eval()
     modules = dict(probe.named_modules())
     missing = [p for p in paths if p not in modules]
     if missing:
         raise UsageError(f"fp8 modules not in the model: {missing[:5]}")
-    pixels: dict[str, int] = {}
+    found: dict[str, Any] = {}
     hooks = [modules[p].register_forward_hook(
-        lambda _m, _i, out, p=p: pixels.__setitem__(p, _gemm_rows(out)))
+        lambda _m, inputs, out, p=p: found.__setitem__(p, read(inputs, out)))
         for p in paths]
     try:
         with torch.no_grad():
@@ -694,7 +730,7 @@ def fp8_gemm_rows(model: torch.nn.Module, paths: list[str], input_shape: tuple[i
     finally:
         for h in hooks:
             h.remove()
-    return int(max_batch) * max(pixels.values())
+    return found
 
 
 def check_rewrite(model: torch.nn.Module, x: torch.Tensor, rtol: float = 1e-3, *,
