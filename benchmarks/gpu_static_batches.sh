@@ -11,8 +11,10 @@
 # benchmarks/aoti_static_vs_peer.py times both and the peer at batch 1 and 32 and checks the
 # static graphs' outputs against the dynamic bundle's. Only the family's fp16 is built (no
 # fp32 reference, no fp8): 1 + 1 + len(SIZES) AOTInductor compiles. Bundles built by an
-# earlier call into OUT_DIR are reused.
+# earlier call into OUT_DIR are reused. STEP=build or STEP=measure runs one half (e.g. the
+# builds in the background while the GPU times something else, then the measurement).
 set -eu
+step=${STEP:-all}
 family=${1:?usage: $0 FAMILY OUT_DIR [SIZES] [PRECISION]}
 out=${2:?usage: $0 FAMILY OUT_DIR [SIZES] [PRECISION]}
 sizes=${3:-1,32}
@@ -30,6 +32,7 @@ spec = json.load(open(path))
 spec.setdefault("torch_aoti", {})["static_batches"] = sizes
 json.dump(spec, open(path, "w"), indent=2)
 EOF
+if [ "$step" != measure ]; then
 make_parallel "$out/dynamic" "$precision:--precision $precision" &
 dynamic=$!
 TRT_BUNDLE_FAMILIES_PATH="$out/families" make_parallel "$out/static" "$precision:--precision $precision" &
@@ -39,6 +42,8 @@ wait "$dynamic" || failed=1
 wait "$static" || failed=1
 [ "$failed" = 0 ] || { echo "a build failed (logs above)"; exit 1; }
 echo "built $(since)"
+fi
+[ "$step" != build ] || exit 0
 # the packages were just built on this host: no child-process test load (saves ~15 s each)
 TRT_BUNDLE_AOTI_LOAD_CHECK=0 python3 "$here/aoti_static_vs_peer.py" \
     "$out"/dynamic/"$family-$precision"-[0-9]*-torch-aoti.bundle \
