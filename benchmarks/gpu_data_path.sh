@@ -4,6 +4,8 @@
 #   benchmarks/gpu_data_path.sh build OUT_DIR   # timm_xception fp16 + fp8 torch-aoti bundles, in parallel
 #   benchmarks/gpu_data_path.sh bench OUT_DIR   # data_path_bench.py on each fp16/fp8 pair
 #   benchmarks/gpu_data_path.sh serve OUT_DIR [serve_bench.py options]   # each bundle served
+#     (by `bundle serve`'s default HTTP server, the built-in one; add --http-server uvicorn
+#     for the former front-end, --http-client stdlib for the former http.client clients)
 #
 # INPUTS (default "float32 uint8"): which input forms to build and measure (`bundle make
 # --input`); uint8 bundles take NHWC pixels and normalize in the engine. --random-weights:
