@@ -743,9 +743,10 @@ def test_gpu_device_timings_time_the_engine_then_the_copies(gpu_fp16_tiny):
         timings = device_timings(runner, 8, iterations=30, warmup=3)
         with pytest.raises(InferenceInputError, match="outside"):
             runner.device_timings(9, 1, 0)
+        # while active (deactivate drops the graphs): replayed, not run plainly
+        assert 8 in runner._graphs and runner.graph_failures == {}
     assert set(timings) == {"graph_replay", "with_copies"}
     assert all(len(t) == 30 and min(t) > 0 for t in timings.values())
-    assert 8 in runner._graphs and runner.graph_failures == {}   # replayed, not run plainly
     assert np.median(timings["graph_replay"]) < np.median(timings["with_copies"])
 
 
