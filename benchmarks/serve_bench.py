@@ -406,7 +406,8 @@ class _Server:
 
 
 def bench_path(kind: str, server: _Server, model, feeds, clients: int, procs: int,
-               seconds: float, warmup: float, http_client: str = "raw") -> float | str:
+               seconds: float, warmup: float, http_client: str = "raw",
+               profile: str | None = None) -> float | str:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs = max(1, min(procs, clients))
@@ -419,11 +420,36 @@ def bench_path(kind: str, server: _Server, model, feeds, clients: int, procs: in
           for n in per]
     for p in ps:
         p.start()
+    hook = None
+    if profile:
+        hook = _start_profile(profile, t_begin, seconds, [p.pid for p in ps])
     got = [out.get(timeout=seconds + warmup + 90) for _ in ps]
     for p in ps:
         p.join()
+    if hook is not None:
+        hook.join()
     bad = [g for g in got if isinstance(g, str)]
     return bad[0] if bad else sum(got) / seconds
+
+
+def _start_profile(command: str, t_begin: float, seconds: float,
+                   clients: list[int]) -> threading.Thread:
+    """Runs ``command`` (a shell line) when the measured window of a path begins, with
+    ``{pid}`` the server's process (the front-end in the engine process runs here),
+    ``{clients}`` the client processes' ids (comma-separated) and ``{seconds}``: e.g.
+    ``py-spy record -p {pid} -d {seconds} -r 250 --format raw -o prof.txt``. Its output
+    goes to stderr, after the path's clients have started."""
+    import subprocess
+
+    def run() -> None:
+        time.sleep(max(0.0, t_begin - time.time()))
+        line = command.format(pid=os.getpid(), clients=",".join(map(str, clients)),
+                              seconds=max(1, int(seconds) - 1))
+        subprocess.run(line, shell=True, stdout=sys.stderr)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
 
 
 KINDS = ("http", "grpc", "http_shm", "grpc_shm")
@@ -456,6 +482,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--http-client", default="raw", choices=["raw", "stdlib"],
                     help="raw: lean keep-alive socket client (prebuilt request bytes); "
                          "stdlib: http.client, as before")
+    ap.add_argument("--profile-server", metavar="CMD",
+                    help="shell command run at the start of each network path's measured "
+                         "window; {pid}: the server process, {clients}: the client "
+                         "processes, {seconds}: the window (e.g. py-spy record -p {pid} ...)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = ap.parse_args(argv)
 
@@ -474,7 +504,7 @@ def main(argv=None) -> dict:
                         b, feeds, args.http_clients, args.seconds, args.warmup)
                     v = bench_path(kind, server, model, feeds, args.http_clients,
                                    args.http_procs, args.seconds, args.warmup,
-                                   args.http_client)
+                                   args.http_client, args.profile_server)
                     paths[f"{kind}_w{workers}"] = v
         sizes = dict(sorted(b.batch_size_counts.items()))
     result = {
