@@ -765,6 +765,7 @@ def test_gpu_staging_modes_pinned_buffers_and_async_paths_agree(gpu_fp16_tiny):
         staged = runner.infer({"input": x})["logits"]
         runner.staging = "pageable"
         pageable = runner.infer({"input": x})["logits"]
+        reversed_view = runner.infer({"input": x[::-1]})["logits"]   # staged: not wrappable
         pending = [runner.infer_async({"input": x[::-1].copy()}),
                    runner.infer_async({"input": x})]
         pinned = runner.input_buffers()["input"]
@@ -773,6 +774,7 @@ def test_gpu_staging_modes_pinned_buffers_and_async_paths_agree(gpu_fp16_tiny):
         reversed_, again = (p.result()["logits"] for p in pending)
     assert np.array_equal(staged, pageable) and np.array_equal(staged, in_place)
     assert np.array_equal(staged, again)
+    assert np.abs(staged[::-1] - reversed_view).max() < 1e-3
     assert np.abs(staged[::-1] - reversed_).max() < 1e-3     # rows in other places of the batch
 
 

@@ -459,8 +459,8 @@ class TorchAotiRunner(Runner):
         if source is not None:
             dst.copy_(source, non_blocking=True)
             return
-        if self.staging == "pageable":
-            dst.copy_(self._torch.from_numpy(arr))
+        if self.staging == "pageable" and arr.flags.c_contiguous and arr.flags.writeable:
+            dst.copy_(self._torch.from_numpy(arr))    # (torch cannot wrap other layouts)
             return
         slot.staged.synchronize()          # the previous H2D from host_in has finished
         staging = slot.host_in[:n]
