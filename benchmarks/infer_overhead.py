@@ -20,9 +20,11 @@ import os
 import pstats
 import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from data_path_bench import samples_s  # noqa: E402
 
 
 def main() -> None:
@@ -43,23 +45,15 @@ def main() -> None:
     feeds = {name: buffers[name][:n]}
     runner = model.runner
 
-    def samples(fn, count):
-        out = []
-        for _ in range(count):
-            t0 = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t0)
-        return out
-
     per = max(1, args.iterations // args.rounds)
     t = {"with_copies": [], "runner": [], "model": []}
     for fn in (lambda: runner.infer_checked(feeds, n), lambda: model.infer(feeds)):
-        samples(fn, 50)
+        samples_s(fn, 0, warmup=50)
     for _ in range(args.rounds):
         t["with_copies"] += (device_timings(runner, n, iterations=per, warmup=5) or {}).get(
             "with_copies", [])
-        t["runner"] += samples(lambda: runner.infer_checked(feeds, n), per)
-        t["model"] += samples(lambda: model.infer(feeds), per)
+        t["runner"] += samples_s(lambda: runner.infer_checked(feeds, n), per, warmup=0)
+        t["model"] += samples_s(lambda: model.infer(feeds), per, warmup=0)
     med = {k: statistics.median(v) * 1e6 for k, v in t.items() if v}
     print(f"{model.bundle.path.name} ({model.backend}), batch {n}: " +
           ", ".join(f"{k} {v:.1f} us" for k, v in med.items()), flush=True)

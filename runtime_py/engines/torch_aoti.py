@@ -436,8 +436,8 @@ class TorchAotiRunner(Runner):
             return slot.pending
 
     def _host_source(self, slot: "_Slot", arr: np.ndarray, n: int):
-        """The batch as a host tensor (CPU packages): the slot's staging buffer after a
-        copy, so the caller's array is never an engine buffer."""
+        """The batch as a host tensor: the slot's staging buffer (pinned on a GPU) after one
+        threaded copy, so the caller's array is never an engine buffer."""
         staging = slot.host_in[:n]
         copy_rows(staging.numpy(), arr)
         return staging
@@ -463,9 +463,7 @@ class TorchAotiRunner(Runner):
             dst.copy_(self._torch.from_numpy(arr))    # (torch cannot wrap other layouts)
             return
         slot.staged.synchronize()          # the previous H2D from host_in has finished
-        staging = slot.host_in[:n]
-        copy_rows(staging.numpy(), arr)
-        dst.copy_(staging, non_blocking=True)
+        dst.copy_(self._host_source(slot, arr, n), non_blocking=True)
 
     def run_device(self, n: int):
         """Run the engine on its own device input buffer of batch ``n`` (for benchmarks:
