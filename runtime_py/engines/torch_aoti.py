@@ -258,6 +258,8 @@ class TorchAotiRunner(Runner):
         self._static_models: dict[int, Any] = {}    # batch -> its static graph
         self._device = None
         self._stream = None           # compute
+        self._on_stream = None        # reusable contexts that make each one current
+        self._on_in_stream = self._on_out_stream = None
         self._in_stream = None        # host -> device copies
         self._out_stream = None       # device -> host copies
         self._slots: list[_Slot] = []
@@ -292,6 +294,10 @@ class TorchAotiRunner(Runner):
             self._device = torch.device("cuda", self.device_index)
             torch.cuda.set_device(self._device)
             self._stream = torch.cuda.Stream(self._device)
+            # one context object, entered under the lock on every batch: building
+            # ``torch.cuda.stream(...)`` per call (device lookups, availability checks)
+            # was the largest Python cost of a batch-1 ``infer`` (serve-run6.log profile)
+            self._on_stream = torch.cuda.StreamContext(self._stream)
         folder = Path(tempfile.mkdtemp(prefix="trt-bundle-pt2-"))
         try:
             path = folder / MEMBER
@@ -319,6 +325,8 @@ class TorchAotiRunner(Runner):
         if not self._on_cpu:
             self._in_stream = torch.cuda.Stream(self._device)
             self._out_stream = torch.cuda.Stream(self._device)
+            self._on_in_stream = torch.cuda.StreamContext(self._in_stream)
+            self._on_out_stream = torch.cuda.StreamContext(self._out_stream)
         self._slots = [self._new_slot() for _ in range(SLOTS)]
         self._name_in = self.input_metadata()[0].name
         self._name_out = self.output_metadata()[0].name
@@ -367,13 +375,12 @@ class TorchAotiRunner(Runner):
         batch 1 and up to 1.7 ms at batch 32 more than this)."""
         if self._on_cpu:
             return self.infer_async_impl(feeds, n).result()
-        torch = self._torch
         with self._lock:
             slot = self._slots[self._next_slot]
             self._next_slot = (self._next_slot + 1) % len(self._slots)
             self._resolve(slot)
             out, out_array = slot.outputs(n)
-            with torch.cuda.stream(self._stream), torch.no_grad():
+            with self._on_stream:
                 x, _ = self._static_buffers(n)
                 self._stage(slot, feeds[self._name_in], n, x)
                 out.copy_(self._run(n, x, None), non_blocking=True)
@@ -397,32 +404,31 @@ class TorchAotiRunner(Runner):
         return sorted(self._static_models)
 
     def _run_model(self, x):
-        out = self._static_models.get(int(x.shape[0]), self._model)(x)
+        with self._torch.no_grad():     # (a graph replay needs no autograd switch)
+            out = self._static_models.get(int(x.shape[0]), self._model)(x)
         return out[0] if isinstance(out, (list, tuple)) else out
 
     def infer_async_impl(self, feeds: dict[str, np.ndarray], n: int) -> Pending:
-        torch = self._torch
-        name_in, name_out = self.input_metadata()[0].name, self.output_metadata()[0].name
+        name_in, name_out = self._name_in, self._name_out
         with self._lock:
             slot = self._slots[self._next_slot]
             self._next_slot = (self._next_slot + 1) % len(self._slots)
             self._resolve(slot)
             if self._on_cpu:
-                with torch.no_grad():
-                    out = self._run_model(self._host_source(slot, feeds[name_in], n))
+                out = self._run_model(self._host_source(slot, feeds[name_in], n))
                 return Pending.done({name_out: out.numpy().copy()})
-            with torch.cuda.stream(self._in_stream):
+            with self._on_in_stream:
                 self._in_stream.wait_event(slot.consumed)      # device_in free again
                 self._stage(slot, feeds[name_in], n, slot.device_in)
                 slot.staged.record(self._in_stream)
-            with torch.cuda.stream(self._stream), torch.no_grad():
+            with self._on_stream:
                 self._stream.wait_event(slot.staged)
                 x, _ = self._static_buffers(n)
                 x.copy_(slot.device_in[:n])
                 slot.consumed.record(self._stream)
                 slot.device_out[:n].copy_(self._run(n, x, None))
                 slot.computed.record(self._stream)
-            with torch.cuda.stream(self._out_stream):
+            with self._on_out_stream:
                 self._out_stream.wait_event(slot.computed)
                 slot.host_out[:n].copy_(slot.device_out[:n], non_blocking=True)
                 slot.done.record(self._out_stream)
@@ -468,8 +474,7 @@ class TorchAotiRunner(Runner):
     def run_device(self, n: int):
         """Run the engine on its own device input buffer of batch ``n`` (for benchmarks:
         engine time without host copies); returns the device output. Not synchronized."""
-        torch = self._torch
-        with torch.cuda.stream(self._stream), torch.no_grad():
+        with self._lock, self._on_stream:
             x, y = self._static_buffers(n)
             return self._run(n, x, y)
 
@@ -487,7 +492,7 @@ class TorchAotiRunner(Runner):
         spec = self.input_metadata()[0]
         feeds = random_feeds([spec], int(batch_size))
         n = self.checked_batch(feeds)
-        torch, stream = self._torch, self._stream
+        stream, on_stream = self._stream, self._on_stream
         with self._lock:
             for slot in self._slots:       # nothing of infer_async may still be in flight
                 self._resolve(slot)
@@ -497,12 +502,12 @@ class TorchAotiRunner(Runner):
             x.copy_(host_in)
 
             def engine_only() -> None:
-                with torch.cuda.stream(stream), torch.no_grad():
+                with on_stream:
                     self._run(n, x, None)
                 stream.synchronize()
 
             def with_copies() -> None:
-                with torch.cuda.stream(stream), torch.no_grad():
+                with on_stream:
                     x.copy_(host_in, non_blocking=True)
                     host_out.copy_(self._run(n, x, None), non_blocking=True)
                 stream.synchronize()
