@@ -155,7 +155,10 @@ def measure(model, batch: int, clients: int, seconds: float, delay_ms: float, it
         pinned = {name: buffers[name][:n]}
         t: dict[str, list[float]] = {k: [] for k in ("engine", "copies", "infer", "infer_staged",
                                                      "infer_pinned")}
-        per = max(1, iters // ROUNDS)
+        # --iterations at the full batch, as many more at batch 1 as the time allows (the
+        # same seconds per size): 12 samples per round left b1 ratios 5% apart from
+        # infer_overhead.py's 1,500-call figure in one run (h200-2026-12-01-s4/bench.log)
+        per = max(1, iters * max(1, batch // n) // ROUNDS)
         for _ in range(ROUNDS):     # interleaved rounds: drift of the GPU clocks hits all alike
             dev = device_timings(model.runner, n, iterations=per, warmup=5) or {}
             t["engine"] += dev.get("graph_replay", [])
@@ -206,7 +209,8 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--delay-ms", type=float, default=2.0)
-    ap.add_argument("--iterations", type=int, default=100)
+    ap.add_argument("--iterations", type=int, default=100,
+                    help="calls per variant at the full batch (batch 1: times batch / 1)")
     args = ap.parse_args()
     import runtime_py
 
