@@ -11,8 +11,8 @@ even, the ONNX QuantizeLinear rounding); everything else runs as the interpreter
 Epilogue cases: the kernel's fp16 and e4m3 outputs against a torch reference (conv2d in fp32
 of the dequantized operands x scale + bias, + residual, ReLU; the e4m3 output = quantize of
 the fp16 value with the next scale). Block cases: a small ResNet (timm Bottleneck blocks,
-BatchNorm folded) as ``fused.rewrite_fused`` against the unfused fp8 model
-(``rewrite_nhwc``, emulated FP8 GEMMs) with the same scales.
+BatchNorm folded), and timm_resnet50 itself at 64x64, as ``fused.rewrite_fused`` against
+the unfused fp8 model (``rewrite_nhwc``, emulated FP8 GEMMs) with the same scales.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def run_case(case) -> dict:
     if residual:   # a strided NHWC view: a slice of a wider tensor
         ho, wo = ref.shape[1:3]
         res = (torch.randn(n, ho, wo + 3, cout, generator=g) * 2).half()[:, :, 2:2 + wo]
-        ref = ref + res.float()
+        ref = ref.half().float() + res.float()     # the graph's fp16 Conv, then its Add
     if relu:
         ref = ref.clamp_min(0)
     next_scale = torch.tensor(float(ref.abs().max()) / 500.0)   # the largest saturate
@@ -159,13 +159,22 @@ def calibrate(model: nn.Module, x: torch.Tensor, paths: list[str]) -> dict:
                 .numpy()) for p in paths}
 
 
-def block_case(select: str, own_downsample_scale: bool = False) -> dict:
+def resnet50() -> nn.Module:
+    """timm_resnet50 as the family builds it (random weights, BatchNorm folded)."""
+    from bundler.families import load_family
+    from bundler.torch_model import build_torch_model
+
+    return build_torch_model(load_family("timm_resnet50"), seed=0)
+
+
+def block_case(select: str, own_downsample_scale: bool = False, model: str = "tiny") -> dict:
     """Fused model vs unfused fp8 model (rewrite_nhwc, emulated GEMMs), same scales."""
     from bundler.targets.torch_aoti.fused import FusedBottleneck, rewrite_fused
     from bundler.targets.torch_aoti.model import EngineModule, rewrite_nhwc
 
-    model = tiny_resnet()
-    x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    size = 16 if model == "tiny" else 64            # resnet50: 64x64, for the interpreter
+    model = tiny_resnet() if model == "tiny" else resnet50()
+    x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(1))
     paths = [n for n, m in model.named_modules() if isinstance(m, nn.Conv2d) and n != "conv1"]
     if select == "pointwise":
         paths = [p for p in paths if dict(model.named_modules())[p].kernel_size == (1, 1)]
@@ -186,6 +195,7 @@ def block_case(select: str, own_downsample_scale: bool = False) -> dict:
                           if type(c).__name__ == "FusedConv"),
         "reads_fp8": [[b.conv1_reads_fp8, b.down_reads_fp8] for b in blocks],
         "emits_fp8": [b.emits_fp8 for b in blocks],
+        "top1_agree": float((got.argmax(1) == ref.argmax(1)).float().mean()),
     }
 
 
@@ -193,7 +203,8 @@ def main() -> None:
     exact_e4m3_conversion()
     results = {"cases": {name: run_case(case) for name, case in CASES.items()},
                "blocks": {"all": block_case("all"), "pointwise": block_case("pointwise"),
-                          "own-downsample-scale": block_case("all", True)}}
+                          "own-downsample-scale": block_case("all", True),
+                          "resnet50": block_case("all", model="resnet50")}}
     json.dump(results, sys.stdout)
 
 

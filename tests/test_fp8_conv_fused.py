@@ -83,15 +83,30 @@ def test_each_fused_epilogue_equals_the_torch_reference(interpreted, case):
 @pytest.mark.parametrize("which", ["all", "pointwise", "own-downsample-scale"])
 def test_the_fused_bottlenecks_equal_the_unfused_fp8_model(interpreted, which):
     """A small ResNet of timm bottlenecks: the fused model vs the unfused fp8 NHWC model on
-    the same scales, to well inside FP8's own error (a wrong scale or residual gives 0.16+).
-    "pointwise": the 3x3 layers unselected (fp16 cuDNN, the producer writes fp16 only);
-    "own-downsample-scale": a downsample whose scale is not conv1's quantizes for itself."""
+    the same scales (the same FP8 operands and fp16 roundings: 0 measured; a wrong scale
+    or residual gives 0.16+). "pointwise": the 3x3 layers unselected (fp16 cuDNN, the
+    producer writes fp16 only); "own-downsample-scale": a downsample whose scale is not
+    conv1's quantizes for itself."""
     r = interpreted["blocks"][which]
     assert r["err"] < 1e-2 and r["err"] < r["err_vs_fp32"] / 5
     assert r["fp8_layers"] == (8 if which == "pointwise" else 11)
     assert r["emits_fp8"] == [True, True, False]           # the last block feeds the pool
     downsample_reads = which != "own-downsample-scale"
     assert r["reads_fp8"] == [[False, False], [True, False], [True, downsample_reads]]
+
+
+@needs_triton
+def test_timm_resnet50_fused_equals_its_unfused_fp8_model(interpreted):
+    """The family's model (random weights, 64x64 for the interpreter): all 16 bottlenecks
+    and 52 FP8 convolutions fused; 15 blocks read the e4m3 their predecessor wrote (the
+    first quantizes after the max pool), and the 3 later downsamples share it."""
+    r = interpreted["blocks"]["resnet50"]
+    assert r["fp8_layers"] == 52 and len(r["emits_fp8"]) == 16
+    assert r["emits_fp8"] == [True] * 15 + [False]
+    assert [c1 for c1, _ in r["reads_fp8"]] == [False] + [True] * 15
+    assert sum(d for _, d in r["reads_fp8"]) == 3
+    assert r["err"] < 1e-2 and r["err"] < r["err_vs_fp32"] / 5
+    assert r["top1_agree"] == 1.0
 
 
 def _tiny_and_scales(select=None):

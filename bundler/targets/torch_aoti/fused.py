@@ -21,8 +21,7 @@ engine. A convolution the recipe does not select (the fp8-pointwise variant's 3x
 stays an fp16 cuDNN convolution, and its producer writes fp16 only. The numerics are the
 ONNX graph's Q/DQ ones: activations quantized with the calibrated per-tensor scale from the
 fp16 value, per-channel weights (``Fp8Gemm``'s buffers, so bit-identical FP8 operands),
-fp32 accumulation; the one difference is conv + bias + residual rounded to fp16 once
-instead of twice (at most one fp16 ulp).
+fp32 accumulation, the convolution's output rounded to fp16 before the residual add.
 
 Blocks pass ``(fp16, e4m3 or None)`` to the next block and a plain fp16 tensor where no FP8
 block follows (the last one, before the global pool). The blocks are found by structure

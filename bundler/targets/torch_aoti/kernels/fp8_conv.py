@@ -21,9 +21,9 @@ tensor of the output's shape, any NHWC strides) added before the ReLU; and, besi
 instead of the fp16 output, the result quantized to e4m3 with the *next* layer's activation
 scale (the fp16 value divided by it in IEEE fp32, saturated to +-448, rounded to nearest
 even: ``QuantizeLinear`` of the fp16 tensor the graph has there), so that the next FP8
-convolution reads it without a quantize pass of its own. The ONNX graph rounds the
-convolution's output to fp16 before the add; here conv + bias + residual is rounded once
-(at most one fp16 ulp apart).
+convolution reads it without a quantize pass of its own. As in the ONNX graph, the
+convolution's output is rounded to fp16 before the residual is added, and the sum rounded
+to fp16 again.
 
 Registered with ``torch.library.triton_op`` as ``trt_bundle::fp8_conv_nhwc`` so that
 ``torch.compile`` and AOTInductor see the Triton kernel itself (compiled into the package,
@@ -148,7 +148,8 @@ def _fp8_conv_nhwc_kernel(
     if RESIDUAL:   # fp16, the output's shape, any NHWC strides (channels contiguous)
         r_rows = img.to(tl.int64) * stride_rn + ho * stride_rh + wo * stride_rw
         r = tl.load(res_ptr + r_rows[:, None] + offs_n[None, :], mask=ok, other=0.0)
-        y = y + r.to(tl.float32)
+        # the graph's fp16 Conv output, then its fp16 Add (two roundings, as ONNX has them)
+        y = y.to(tl.float16).to(tl.float32) + r.to(tl.float32)
     if RELU:
         y = tl.maximum(y, 0.0)
     y16 = y.to(tl.float16)
