@@ -176,3 +176,36 @@ def test_the_switch_names_the_fused_form(monkeypatch):
                              channels_last=True)
     assert details["compile_options"]["fp8_conv"].startswith("channels_last model, ResNet")
     assert details["compile_options"]["layout"].startswith("channels_last")
+
+
+@needs_triton
+def test_torch_compile_traces_the_fused_model_into_one_graph():
+    """Dynamo (fullgraph: no break at the tuple hand-over between blocks) and AOT autograd
+    see one graph with a Triton launch per FP8 convolution, what Inductor compiles (the
+    launch itself needs a GPU: its failure on this CPU host is not what is checked)."""
+    pytest.importorskip("timm")
+    from torch._dynamo.backends.common import aot_autograd
+
+    from bundler.targets.torch_aoti.build import engine_model
+
+    model, fp8 = _tiny_and_scales()
+    module, _ = engine_model(model, "fp8", fp8, fp8_conv="triton-fused")
+    graphs = []
+
+    def keep(graph, _inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(module.eval(), backend=aot_autograd(fw_compiler=keep),
+                             fullgraph=True)
+    try:
+        with torch.no_grad():
+            compiled(torch.randn(2, 3, 16, 16))
+    except Exception:  # noqa: BLE001 - launching a GPU kernel on a CPU host
+        pass
+    assert len(graphs) == 1
+    launches = [n for n in graphs[0].graph.nodes if "triton_kernel_wrapper" in str(n.target)]
+    assert len(launches) == 11
+    assert sum(n.kwargs["kwargs"]["RESIDUAL"] for n in launches) == 3       # the conv3s
+    assert sum(n.kwargs["kwargs"]["OUT_F8"] for n in launches) == 8        # 2 per block + 2
