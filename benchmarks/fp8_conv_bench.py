@@ -31,7 +31,9 @@ pass), with ratios cudnn / variant (> 1: faster than fp16).
 --model: timm_resnet50 (random weights, BN folded), fp32 NCHW in: fp16 (the model in
 channels_last, as the family's fp16 bundle and the torch.compile peer run it), and the
 torch-aoti fp8 engine module (``build.engine_model``) with its 3x3 layers on the Triton
-kernel, on im2col, or in fp16 (fp8-pointwise); ``--model-variants``. Each is
+kernel, on im2col, or in fp16 (fp8-pointwise), and the fused form (fp8-fused: the
+channels_last model, bottlenecks fused, ``fp8_conv="triton-fused"``); ``--model-variants``,
+``--model-only`` (no per-layer tables). Each is
 ``torch.compile``-d (default mode, batch static) and CUDA-graph replayed: ms per batch,
 ratios to fp16, top-1 agreement with fp16. Needs timm.
 
@@ -41,6 +43,7 @@ compile starts only with --model-reserve-s left); what was skipped is printed as
 the tables are printed whatever failed.
 
     PYTHONPATH=. python benchmarks/fp8_conv_bench.py [--batch 32] [--iters 50] [--model]
+        [--model-only] [--model-variants fp16,fp8-fused,...]
         [--kinds 3x3,1x1] [--compile-kinds 3x3] [--configs all|default] [--json PATH]
         [--quiet] [--budget-s 180]
 
@@ -440,8 +443,12 @@ def print_layers(results: dict, batch: int) -> None:
 #: --model's variants: fp16 = the model in fp16 channels_last (cuDNN convolutions; what the
 #: family's fp16 bundle and the torch.compile peer are), fp8-triton / fp8-im2col = the fp8
 #: NHWC engine module with its 3x3 layers on the Triton kernel / im2col, fp8-pointwise = FP8
-#: on the 1x1 layers only (3x3 in fp16 through cuDNN), fp16-nhwc = the fp16 NHWC rewrite.
-MODEL_VARIANTS = ("fp16", "fp8-triton", "fp8-pointwise", "fp8-im2col", "fp16-nhwc")
+#: on the 1x1 layers only (3x3 in fp16 through cuDNN), fp16-nhwc = the fp16 NHWC rewrite,
+#: fp8-fused = the channels_last model with fused bottlenecks (``fp8_conv="triton-fused"``:
+#: every FP8 conv on the Triton kernel, e4m3 written for the next layer, residual + ReLU in
+#: the epilogue), fp8-fused-pointwise = the same with the 3x3 layers in fp16.
+MODEL_VARIANTS = ("fp16", "fp8-triton", "fp8-pointwise", "fp8-im2col", "fp16-nhwc",
+                  "fp8-fused", "fp8-fused-pointwise")
 
 
 def run_model(args, budget: Budget, results: dict) -> dict:
@@ -492,6 +499,9 @@ def run_model(args, budget: Budget, results: dict) -> dict:
             if name == "fp16":           # the model as it is, fp16 channels_last (cuDNN)
                 body = copy.deepcopy(model).half().to(memory_format=torch.channels_last)
                 module, inputs = EngineModule(body, torch.float16, False), x_cl
+            elif name.startswith("fp8-fused"):   # channels_last, bottlenecks fused
+                layers = pointwise if name.endswith("-pointwise") else fp8
+                module, _ = engine_model(model, "fp8", layers, fp8_conv="triton-fused")
             else:
                 precision = "fp16" if name == "fp16-nhwc" else "fp8"
                 layers = {"fp8-pointwise": pointwise, "fp16-nhwc": None}.get(name, fp8)
@@ -551,7 +561,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="Triton tiles: all candidates on 3x3 layers (and on 1x1 with "
                         "all-1x1), or default_config only")
     p.add_argument("--model", action="store_true", help="also time the whole engine module")
-    p.add_argument("--model-variants", default="fp16,fp8-triton,fp8-pointwise,fp8-im2col",
+    p.add_argument("--model-only", action="store_true",
+                   help="skip the per-layer tables: only --model's variants")
+    p.add_argument("--model-variants", default="fp16,fp8-fused,fp8-triton,fp8-pointwise,fp8-im2col",
                    help=f"in this order, while the budget lasts: {', '.join(MODEL_VARIANTS)}")
     p.add_argument("--model-reserve-s", type=float, default=45.0,
                    help="start a model compile only with this much budget left")
@@ -582,12 +594,15 @@ def main(argv: list[str] | None = None) -> int:
     layers: dict = {}
     report["layers"] = {}
     signal.signal(signal.SIGTERM, _interrupt)
+    args.model = args.model or args.model_only
     try:
-        run_layers(args, budget, EAGER_PHASE, report["layers"], layers)
+        if not args.model_only:
+            run_layers(args, budget, EAGER_PHASE, report["layers"], layers)
         if args.model:
             report["model"] = {}
             run_model(args, budget, report["model"])
-        run_layers(args, budget, COMPILED_PHASE, report["layers"], layers)
+        if not args.model_only:
+            run_layers(args, budget, COMPILED_PHASE, report["layers"], layers)
     except Interrupted:
         log("interrupted (SIGTERM): the tables below hold what was measured")
     except Exception as e:

@@ -9,10 +9,6 @@ that AOTInductor compiles. Its speed is benchmarks/fp8_conv_bench.py's on the H2
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,40 +17,19 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 from runtime_py.errors import UsageError  # noqa: E402
+from triton_interpret import load_script, needs_triton, run_interpreted  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _triton_reason() -> str | None:
-    from bundler.targets.torch_aoti.kernels import available
-
-    ok, why = available()
-    return None if ok else why
-
-
-TRITON_MISSING = _triton_reason()
-needs_triton = pytest.mark.skipif(TRITON_MISSING is not None,
-                                  reason=f"needs triton: {TRITON_MISSING}")
 
 
 @pytest.fixture(scope="module")
 def interpreted():
     """The interpreter's results (tests/fp8_conv_interpret.py), run once."""
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "fp8_conv_interpret.py")],
-                          capture_output=True, text=True, env=env, timeout=600)
-    if proc.returncode != 0:
-        pytest.fail(f"the interpreter run failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout)
+    return run_interpreted("fp8_conv_interpret.py")
 
 
 def _interpreter_cases() -> list[str]:
-    spec = importlib.util.spec_from_file_location("fp8_conv_interpret",
-                                                  ROOT / "tests" / "fp8_conv_interpret.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return list(module.CASES)
+    return list(load_script("fp8_conv_interpret.py").CASES)
 
 
 @needs_triton

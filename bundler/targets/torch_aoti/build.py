@@ -151,7 +151,8 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
     ``layout``: the family's layout rule (``family.json`` ``torch_aoti.layout``): "nhwc"
     (images: the NHWC rewrite) or "as_is" (tokens: ``rewrite_as_is``, FP8 Linear layers);
     ``hook``: the family's ``nhwc_module`` (``rewrite_nhwc``); ``fp8_conv``: how dense k x k
-    FP8 convolutions run (``rewrite.FP8_CONVS``). ``channels_last`` (without ``nhwc``): the
+    FP8 convolutions run (``rewrite.FP8_CONVS``; "triton-fused": no NHWC rewrite but
+    ``fused.rewrite_fused``, the channels_last model with fused ResNet bottlenecks). ``channels_last`` (without ``nhwc``): the
     model as it is in channels_last memory format, the torch.compile user's form
     (family.json ``torch_aoti.fp16_layout``).
     """
@@ -176,6 +177,15 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
         return rewrite.EngineModule(body, dtype, False), {}
     if layout != "nhwc":
         raise UsageError(f"torch_aoti.layout {layout!r}: choose nhwc or as_is")
+    if precision == "fp8" and fp8_conv == "triton-fused":
+        if nhwc or pad_channels:
+            raise UsageError("fp8_conv=triton-fused keeps the model in channels_last memory: "
+                             "no NHWC rewrite, no channel padding")
+        from bundler.targets.torch_aoti.fused import rewrite_fused
+
+        rewrite.fp8_conv_kernel(fp8_conv)            # refuses a missing triton by name
+        return rewrite.EngineModule(rewrite_fused(torch_model, fp8 or {}), dtype, False,
+                                    True), {}
     nhwc = default_nhwc(precision, nhwc)
     if precision == "fp8" and not nhwc:
         raise UsageError("the fp8 torch-aoti model is NHWC by construction")
@@ -372,6 +382,8 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
                     else bool(pad_channels))  # engine_model refuses padding without NHWC
     lo, hi = int(batch["min"]), int(batch["max"])
     fp8_conv = default_fp8_conv(fp8_conv) if precision == "fp8" else "im2col"
+    if fp8_conv == "triton-fused":     # the channels_last model, bottlenecks fused
+        nhwc, pad_channels, channels_last = False, False, True
     module, padding = engine_model(torch_model, precision, fp8, nhwc=nhwc, fast_accum=fast_accum,
                                    fp8_gemm=fp8_gemm, pad_channels=pad_channels,
                                    input_shape=input_shape, max_batch=hi, layout=layout,
@@ -476,6 +488,10 @@ FP8_CONV_DESCRIPTIONS = {
               "then the FP8 GEMM",
     "triton": "dense k x k FP8 convolutions: implicit-GEMM Triton kernel (taps gathered "
               "in place, fp32 accumulation, per-channel scale and bias, fp16 out)",
+    "triton-fused": "channels_last model, ResNet bottlenecks fused: every FP8 convolution "
+                    "(1x1 and 3x3) on the implicit-GEMM Triton kernel, ReLU and residual "
+                    "add in its epilogue, e4m3 written with the next layer's activation "
+                    "scale (no quantize pass between FP8 layers)",
 }
 
 

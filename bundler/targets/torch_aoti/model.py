@@ -94,9 +94,12 @@ ROWWISE_GEMMS = ("rowwise", "rowwise-fp16")
 #: How ``Fp8ConvNHWC`` runs a dense k x k FP8 convolution. "im2col": the shifted views
 #: concatenated (kh*kw times the input's bytes, written and read again) and one
 #: ``_scaled_mm``; "triton": ``kernels/fp8_conv.py``'s implicit GEMM, which gathers the
-#: taps as it loads its tiles. im2col stays the default until the H200 says otherwise
+#: taps as it loads its tiles. "triton-fused": not this NHWC rewrite but the channels_last
+#: model with its ResNet bottlenecks fused (``fused.rewrite_fused``: every FP8 convolution,
+#: 1x1 too, on that kernel, writing e4m3 for the next one, residual add and ReLU in its
+#: epilogue). im2col stays the default until the H200 says otherwise
 #: (``benchmarks/fp8_conv_bench.py``).
-FP8_CONVS = ("im2col", "triton")
+FP8_CONVS = ("im2col", "triton", "triton-fused")
 
 #: Spatial layers with no channel arithmetic: run on the NCHW view of NHWC data (``NCHWView``).
 _SPATIAL = (nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveMaxPool2d, nn.AdaptiveAvgPool2d)
@@ -406,6 +409,8 @@ def fp8_conv_kernel(requested: str, *, emulate: bool = False) -> str:
                          f"{', '.join(FP8_CONVS)}")
     if requested == "im2col" or emulate:
         return "im2col"
+    if requested == "triton-fused":   # whole blocks (fused.py), not one NHWC layer
+        requested = "triton"
     from bundler.targets.torch_aoti.kernels import available
 
     ok, why = available()

@@ -15,6 +15,16 @@ activation scale, the per-output-channel quantized weight; accumulation in fp32;
 epilogue multiplies by ``scale[n]`` (activation scale times the channel's weight scale),
 adds the bias, optionally applies ReLU, and stores fp16.
 
+Fused epilogues (``fp8_conv_nhwc_fused``, the same kernel with more constexpr switches), for
+the fused ResNet bottleneck (``bundler.targets.torch_aoti.fused``): a residual (an fp16
+tensor of the output's shape, any NHWC strides) added before the ReLU; and, besides or
+instead of the fp16 output, the result quantized to e4m3 with the *next* layer's activation
+scale (the fp16 value divided by it in IEEE fp32, saturated to +-448, rounded to nearest
+even: ``QuantizeLinear`` of the fp16 tensor the graph has there), so that the next FP8
+convolution reads it without a quantize pass of its own. As in the ONNX graph, the
+convolution's output is rounded to fp16 before the residual is added, and the sum rounded
+to fp16 again.
+
 Registered with ``torch.library.triton_op`` as ``trt_bundle::fp8_conv_nhwc`` so that
 ``torch.compile`` and AOTInductor see the Triton kernel itself (compiled into the package,
 launched from its C++ wrapper) rather than an opaque Python call. Block sizes are ints of
@@ -28,18 +38,21 @@ Imports triton at module level: import this module only where triton may be used
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
+from bundler.fp8 import E4M3_MAX
 from bundler.targets.torch_aoti.model import conv_output_hw
 
-__all__ = ["Fp8ConvConfig", "CANDIDATE_CONFIGS", "default_config", "fp8_conv_nhwc", "fp8_conv"]
+__all__ = ["Fp8ConvConfig", "CANDIDATE_CONFIGS", "default_config", "fp8_conv_nhwc", "fp8_conv",
+           "fp8_conv_nhwc_fused", "fp8_conv_fused"]
 
 OP = "trt_bundle::fp8_conv_nhwc"
+FUSED_OP = "trt_bundle::fp8_conv_nhwc_fused"
 
 
 class Fp8ConvConfig(NamedTuple):
@@ -76,12 +89,13 @@ def default_config(cin: int, cout: int, kernel: tuple[int, int]) -> Fp8ConvConfi
 
 @triton.jit
 def _fp8_conv_nhwc_kernel(
-        x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr,
+        x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, res_ptr, q_ptr, q_scale_ptr,
         M, H, W, C, HO, WO, COUT,
-        stride_xn, stride_xh, stride_xw, ldw,
+        stride_xn, stride_xh, stride_xw, ldw, stride_rn, stride_rh, stride_rw,
         KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
         PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
-        RELU: tl.constexpr, EVEN_C: tl.constexpr,
+        RELU: tl.constexpr, EVEN_C: tl.constexpr, RESIDUAL: tl.constexpr,
+        OUT_F16: tl.constexpr, OUT_F8: tl.constexpr, QMAX: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         GROUP_M: tl.constexpr):
     # grouped program order: GROUP_M row tiles share the column tiles' weights in L2
@@ -130,10 +144,23 @@ def _fp8_conv_nhwc_kernel(
     scale = tl.load(scale_ptr + offs_n, mask=n_ok, other=0.0)
     bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0)
     y = acc * scale[None, :] + bias[None, :]
+    ok = m_ok[:, None] & n_ok[None, :]
+    if RESIDUAL:   # fp16, the output's shape, any NHWC strides (channels contiguous)
+        r_rows = img.to(tl.int64) * stride_rn + ho * stride_rh + wo * stride_rw
+        r = tl.load(res_ptr + r_rows[:, None] + offs_n[None, :], mask=ok, other=0.0)
+        # the graph's fp16 Conv output, then its fp16 Add (two roundings, as ONNX has them)
+        y = y.to(tl.float16).to(tl.float32) + r.to(tl.float32)
     if RELU:
         y = tl.maximum(y, 0.0)
-    out_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * COUT + offs_n[None, :]
-    tl.store(out_ptrs, y.to(tl.float16), mask=m_ok[:, None] & n_ok[None, :])
+    y16 = y.to(tl.float16)
+    out_offs = offs_m.to(tl.int64)[:, None] * COUT + offs_n[None, :]
+    if OUT_F16:
+        tl.store(out_ptr + out_offs, y16, mask=ok)
+    if OUT_F8:     # QuantizeLinear of the fp16 value with the next layer's scale
+        q_scale = tl.load(q_scale_ptr)
+        q = tl.math.div_rn(y16.to(tl.float32), q_scale)
+        q = tl.minimum(tl.maximum(q, -QMAX), QMAX)
+        tl.store(q_ptr + out_offs, q.to(tl.float8e4nv), mask=ok)
 
 
 @triton_op(OP, mutates_args={})
@@ -153,12 +180,52 @@ def fp8_conv_nhwc(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     m = n * ho * wo
     grid = (triton.cdiv(m, block_m) * triton.cdiv(cout, block_n),)
     wrap_triton(_fp8_conv_nhwc_kernel)[grid](
-        x, weight, scale, bias, out, m, h, w, c, ho, wo, cout,
-        x.stride(0), x.stride(1), x.stride(2), weight.stride(0),
+        x, weight, scale, bias, out, scale, scale, scale, m, h, w, c, ho, wo, cout,
+        x.stride(0), x.stride(1), x.stride(2), weight.stride(0), 0, 0, 0,
         KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, RELU=relu,
-        EVEN_C=c % block_k == 0, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        EVEN_C=c % block_k == 0, RESIDUAL=False, OUT_F16=True, OUT_F8=False, QMAX=E4M3_MAX,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         GROUP_M=group_m, num_warps=num_warps, num_stages=num_stages)
     return out
+
+
+@triton_op(FUSED_OP, mutates_args={})
+def fp8_conv_nhwc_fused(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                        bias: torch.Tensor, residual: Optional[torch.Tensor],
+                        out_scale: Optional[torch.Tensor], out_f16: bool, cout: int, kh: int,
+                        kw: int, sh: int, sw: int, ph: int, pw: int, dh: int, dw: int,
+                        relu: bool, block_m: int, block_n: int, block_k: int, num_warps: int,
+                        num_stages: int, group_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``fp8_conv_nhwc`` with the fused epilogues: ``residual`` fp16 [N, Ho, Wo, cout] (any
+    strides, channels contiguous) added before the ReLU; ``out_f16``: write the fp16 result;
+    ``out_scale`` (fp32, one element): also write it quantized to e4m3 with that scale.
+    Returns (fp16 [N, Ho, Wo, cout], e4m3 [N, Ho, Wo, cout]); an output not asked for is an
+    empty tensor (shape [0])."""
+    if not out_f16 and out_scale is None:
+        raise ValueError("fp8_conv_nhwc_fused: asked for neither output")
+    if x.stride(3) != 1:
+        x = x.contiguous()
+    n, h, w, c = x.shape
+    ho, wo = conv_output_hw(h, w, (kh, kw), (sh, sw), (ph, pw), (dh, dw))
+    shape = (n, ho, wo, cout)
+    out = torch.empty(shape if out_f16 else (0,), dtype=torch.float16, device=x.device)
+    q = torch.empty(shape if out_scale is not None else (0,), dtype=torch.float8_e4m3fn,
+                    device=x.device)
+    if residual is not None and residual.stride(3) != 1:
+        residual = residual.contiguous()
+    res = residual if residual is not None else scale     # unread without RESIDUAL
+    rs = residual.stride()[:3] if residual is not None else (0, 0, 0)
+    m = n * ho * wo
+    grid = (triton.cdiv(m, block_m) * triton.cdiv(cout, block_n),)
+    wrap_triton(_fp8_conv_nhwc_kernel)[grid](
+        x, weight, scale, bias, out, res, q, out_scale if out_scale is not None else scale,
+        m, h, w, c, ho, wo, cout,
+        x.stride(0), x.stride(1), x.stride(2), weight.stride(0), rs[0], rs[1], rs[2],
+        KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, RELU=relu,
+        EVEN_C=c % block_k == 0, RESIDUAL=residual is not None, OUT_F16=out_f16,
+        OUT_F8=out_scale is not None, QMAX=E4M3_MAX, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        GROUP_M=group_m, num_warps=num_warps, num_stages=num_stages)
+    return out, q
 
 
 def fp8_conv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor,
@@ -170,3 +237,20 @@ def fp8_conv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: t
     return torch.ops.trt_bundle.fp8_conv_nhwc(
         x, weight, scale, bias, int(cout), *map(int, kernel), *map(int, stride),
         *map(int, padding), *map(int, dilation), bool(relu), *map(int, cfg))
+
+
+def fp8_conv_fused(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                   bias: torch.Tensor, cout: int, kernel: tuple[int, int],
+                   stride: tuple[int, int], padding: tuple[int, int],
+                   dilation: tuple[int, int] = (1, 1), *, residual: torch.Tensor | None = None,
+                   relu: bool = False, out_f16: bool = True,
+                   out_scale: torch.Tensor | None = None,
+                   config: Fp8ConvConfig | None = None
+                   ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The fused op in the callers' form: (fp16 out or None, e4m3 out or None)."""
+    cfg = config or default_config(x.shape[-1], cout, kernel)
+    y16, y8 = torch.ops.trt_bundle.fp8_conv_nhwc_fused(
+        x, weight, scale, bias, residual, out_scale, bool(out_f16), int(cout),
+        *map(int, kernel), *map(int, stride), *map(int, padding), *map(int, dilation),
+        bool(relu), *map(int, cfg))
+    return (y16 if out_f16 else None), (y8 if out_scale is not None else None)

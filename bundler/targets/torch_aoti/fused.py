@@ -1,0 +1,254 @@
+"""ResNet bottlenecks with fused FP8 convolutions (torch-aoti fp8, ``fp8_conv="triton-fused"``).
+
+Why: on the H200 (families/timm_resnet50/README.md) the Triton FP8 convolution beats cuDNN's
+fp16 one by 1.62x over ResNet-50's 52 layers, yet the fp8 model ran 0.83x the fp16 one: the
+time went around the convolutions (a quantize pass before every FP8 layer, fp16 conversions,
+the NHWC rewrite's own modules, the residual add and ReLU as passes of their own). Here each
+bottleneck of the channels_last fp16 model (NCHW shape, NHWC strides: the kernel takes
+strides, so no NHWC rewrite of the rest of the model) runs its convolutions on
+``kernels/fp8_conv.py``'s kernel with the epilogues fused:
+
+* conv1 (1x1, BN folded) + ReLU -> e4m3 written with conv2's activation scale;
+* conv2 (3x3) + ReLU -> e4m3 with conv3's scale;
+* downsample (1x1, stride 2 in stages 2-4) -> fp16, read as conv3's residual;
+* conv3 (1x1) + shortcut + ReLU -> fp16 (the next block's residual) and e4m3 with the next
+  block's conv1 scale: one Quantize per tensor, as the recipe's calibration has one scale
+  per activation tensor (the next block's downsample reads the same tensor: it takes that
+  e4m3 too when its scale is the same, as the graph's shared QuantizeLinear makes it).
+
+The stem, max pool, global pool and classifier stay fp16 (cuDNN / Inductor) as in the fp16
+engine. A convolution the recipe does not select (the fp8-pointwise variant's 3x3 ones)
+stays an fp16 cuDNN convolution, and its producer writes fp16 only. The numerics are the
+ONNX graph's Q/DQ ones: activations quantized with the calibrated per-tensor scale from the
+fp16 value, per-channel weights (``Fp8Gemm``'s buffers, so bit-identical FP8 operands),
+fp32 accumulation, the convolution's output rounded to fp16 before the residual add.
+
+Blocks pass ``(fp16, e4m3 or None)`` to the next block and a plain fp16 tensor where no FP8
+block follows (the last one, before the global pool). The blocks are found by structure
+(``bottleneck_parts``): timm's ``Bottleneck`` with its BatchNorms folded (Identity),
+no SE, drop-block, anti-aliasing or drop-path; anything else is refused by name.
+
+Needs triton (the kernel); this module imports torch, and triton only when a block is built.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bundler.fp8 import stored_scale
+from bundler.targets.torch_aoti.model import Fp8ConvNHWC, quantize
+from runtime_py.errors import UsageError
+
+__all__ = ["FusedConv", "FusedBottleneck", "bottleneck_parts", "rewrite_fused"]
+
+#: The submodules of a timm Bottleneck that must be no-ops once BatchNorm is folded.
+_IDENTITIES = ("bn1", "bn2", "bn3", "drop_block", "aa")
+_RELUS = ("act1", "act2", "act3")
+
+
+def _scale_tensor(scale: float) -> torch.Tensor:
+    return torch.tensor(float(stored_scale(scale)), dtype=torch.float32)
+
+
+class FusedConv(nn.Module):
+    """One convolution of a fused bottleneck on NHWC data: FP8 on the Triton kernel with
+    its epilogue (residual, ReLU, fp16 and/or e4m3 out), or, not selected, fp16 cuDNN.
+
+    ``scales``: (activation scale, per-channel weight scales) for FP8, None for fp16.
+    ``out16``: write the fp16 result; ``out_scale``: also write it quantized with that
+    (the consumer's activation) scale. ``forward(x16, x8, residual)`` takes the input as
+    fp16 NHWC and/or e4m3 NHWC (already quantized with this layer's activation scale) and
+    returns (fp16 or None, e4m3 or None)."""
+
+    def __init__(self, conv: nn.Conv2d, scales: tuple[float, Any] | None, *, relu: bool,
+                 out16: bool, out_scale: float | None) -> None:
+        super().__init__()
+        if not out16 and out_scale is None:
+            raise UsageError(f"{conv}: a fused convolution must write fp16 or e4m3")
+        self.relu, self.out16 = relu, out16
+        self.fp8 = scales is not None
+        self.cout = conv.out_channels
+        self.register_buffer("out_scale", None if out_scale is None else _scale_tensor(out_scale))
+        if not self.fp8:
+            self.conv = copy.deepcopy(conv).half().to(memory_format=torch.channels_last)
+            return
+        from bundler.targets.torch_aoti.kernels.fp8_conv import default_config
+
+        # the buffers of the unfused layer (the same quantized weight, scales and bias)
+        layer = Fp8ConvNHWC(conv, *scales, dtype=torch.float16, emulate=True)
+        self.register_buffer("act_scale", layer.act_scale.clone())
+        self.register_buffer("weight_fp8", layer.weight_fp8.clone())
+        self.register_buffer("conv_scale", layer.weight_scale_row[0] * layer.act_scale)
+        self.register_buffer("bias", layer.bias_out.clone())
+        self.kernel, self.stride = layer.kernel, layer.stride
+        self.padding, self.dilation = layer.padding, layer.dilation
+        self.tiles = default_config(conv.in_channels, self.cout, self.kernel)
+
+    @property
+    def in_scale(self) -> float | None:
+        """The activation scale its FP8 input must have (None: it reads fp16)."""
+        return float(self.act_scale) if self.fp8 else None
+
+    def forward(self, x16: torch.Tensor | None, x8: torch.Tensor | None = None,
+                residual: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if not self.fp8:
+            y = F.conv2d(x16.permute(0, 3, 1, 2), self.conv.weight, self.conv.bias,
+                         self.conv.stride, self.conv.padding, self.conv.dilation
+                         ).permute(0, 2, 3, 1)
+            if residual is not None:
+                y = y + residual
+            if self.relu:
+                y = torch.relu(y)
+            q = quantize(y, self.out_scale) if self.out_scale is not None else None
+            return (y if self.out16 else None), q
+        from bundler.targets.torch_aoti.kernels.fp8_conv import fp8_conv_fused
+
+        if x8 is None:           # no producer wrote it: the one quantize pass
+            x8 = quantize(x16, self.act_scale)
+        return fp8_conv_fused(x8, self.weight_fp8, self.conv_scale, self.bias, self.cout,
+                              self.kernel, self.stride, self.padding, self.dilation,
+                              residual=residual, relu=self.relu, out_f16=self.out16,
+                              out_scale=self.out_scale, config=self.tiles)
+
+
+def bottleneck_parts(block: nn.Module) -> tuple[nn.Conv2d, nn.Conv2d, nn.Conv2d,
+                                                 nn.Conv2d | None] | None:
+    """(conv1, conv2, conv3, downsample conv or None) of a timm ``Bottleneck`` the fusion
+    covers, None for any other module; raises UsageError for a Bottleneck it cannot fuse
+    (unfolded BatchNorm, SE, drop-path, ...), naming what is in the way."""
+    if type(block).__name__ != "Bottleneck":
+        return None
+    problems = []
+    for name in _IDENTITIES:
+        if not isinstance(getattr(block, name, nn.Identity()), nn.Identity):
+            problems.append(f"{name} is {type(getattr(block, name)).__name__}, not Identity")
+    for name in _RELUS:
+        if not isinstance(getattr(block, name, None), nn.ReLU):
+            problems.append(f"{name} is not ReLU")
+    if getattr(block, "se", None) is not None:
+        problems.append("it has squeeze-excitation")
+    if not isinstance(getattr(block, "drop_path", None) or nn.Identity(), nn.Identity):
+        problems.append("it has drop-path")
+    convs = [getattr(block, f"conv{i}", None) for i in (1, 2, 3)]
+    if not all(isinstance(c, nn.Conv2d) and c.groups == 1 for c in convs):
+        problems.append("conv1..conv3 are not dense Conv2d")
+    down = getattr(block, "downsample", None)
+    down_conv = None
+    if down is not None:
+        parts = [m for m in (down if isinstance(down, nn.Sequential) else [down])
+                 if not isinstance(m, nn.Identity)]
+        if len(parts) != 1 or not isinstance(parts[0], nn.Conv2d) or parts[0].groups != 1:
+            problems.append(f"its downsample is not one convolution (folded): {down}")
+        else:
+            down_conv = parts[0]
+    if problems:
+        raise UsageError("cannot fuse a ResNet bottleneck: " + "; ".join(problems),
+                         problems=problems)
+    return convs[0], convs[1], convs[2], down_conv
+
+
+class FusedBottleneck(nn.Module):
+    """A ResNet bottleneck of fused convolutions (module docstring).
+
+    ``in_scale``: the scale of the e4m3 tensor the previous block hands over (None: it
+    hands over fp16 only); ``next_scale``: the activation scale of the next block's conv1
+    when it is FP8 (this block then writes e4m3 with it), else None."""
+
+    def __init__(self, parts: tuple, fp8: Mapping[str, tuple[float, Any]], names: tuple,
+                 in_scale: float | None, next_scale: float | None) -> None:
+        super().__init__()
+        c1, c2, c3, down = parts
+        s1, s2, s3, sd = (fp8.get(n) for n in names)
+
+        def act(scales):
+            return None if scales is None else float(stored_scale(scales[0]))
+
+        self.conv1 = FusedConv(c1, s1, relu=True, out16=s2 is None, out_scale=act(s2))
+        self.conv2 = FusedConv(c2, s2, relu=True, out16=s3 is None, out_scale=act(s3))
+        self.conv3 = FusedConv(c3, s3, relu=True, out16=True, out_scale=next_scale)
+        self.downsample = (FusedConv(down, sd, relu=False, out16=True, out_scale=None)
+                           if down is not None else None)
+        # the handed-over e4m3 is used where its scale is the reader's own (the graph's
+        # one shared QuantizeLinear); otherwise the reader quantizes the fp16 itself
+        self.conv1_reads_fp8 = in_scale is not None and self.conv1.in_scale == in_scale
+        self.down_reads_fp8 = (in_scale is not None and self.downsample is not None
+                               and self.downsample.in_scale == in_scale)
+        self.emits_fp8 = next_scale is not None
+        # no e4m3 handed over (the first block, after the max pool): conv1 and the
+        # downsample share one quantize of the input where their scales agree
+        self.shares_quantize = (self.downsample is not None and self.conv1.fp8
+                                and self.downsample.in_scale == self.conv1.in_scale)
+
+    def forward(self, x):
+        x16, x8 = x if isinstance(x, tuple) else (x, None)
+        x16 = x16.permute(0, 2, 3, 1)                      # channels_last NCHW -> NHWC view
+        q1 = x8 if self.conv1_reads_fp8 else None
+        qd = x8 if self.down_reads_fp8 else None
+        if self.shares_quantize and q1 is None:
+            q1 = qd = quantize(x16, self.conv1.act_scale)
+        h16, h8 = self.conv1(x16, q1)
+        h16, h8 = self.conv2(h16, h8)
+        if self.downsample is not None:
+            shortcut, _ = self.downsample(x16, qd)
+        else:
+            shortcut = x16
+        y16, y8 = self.conv3(h16, h8, residual=shortcut)
+        y16 = y16.permute(0, 3, 1, 2)                      # back to NCHW shape, NHWC strides
+        return (y16, y8) if self.emits_fp8 else y16
+
+
+def rewrite_fused(model: nn.Module, fp8: Mapping[str, tuple[float, Any]]) -> nn.Module:
+    """A copy of ``model`` (BN-folded, eval) in fp16 channels_last with its bottlenecks
+    fused (module docstring). ``fp8``: module path -> (activation scale, weight scales) of
+    the FP8 convolutions, every one of which must sit in a fusable bottleneck.
+
+    The e4m3 hand-over between consecutive blocks (in module order: ResNet's stages are
+    sequential) assumes the next block reads this block's output; a module in between
+    would receive a tuple and fail when traced, not compute something else."""
+    fp8 = dict(fp8)
+    body = copy.deepcopy(model).eval()
+    blocks = []
+    for name, m in body.named_modules():
+        parts = bottleneck_parts(m)
+        if parts is not None:
+            blocks.append((name, m, parts))
+    covered = set()
+    named = []
+    for name, m, parts in blocks:
+        paths = tuple(f"{name}.{p}" for p in ("conv1", "conv2", "conv3"))
+        down = next((f"{name}.downsample{'.' + n if n else ''}" for n, c in
+                     m.downsample.named_modules() if c is parts[3]), None) \
+            if parts[3] is not None else None
+        named.append(paths + (down,))
+        covered.update(p for p in paths + (down,) if p)
+    outside = sorted(set(fp8) - covered)
+    if outside:
+        raise UsageError(f"the fused FP8 model runs FP8 only inside ResNet bottlenecks; "
+                         f"{len(outside)} selected convolution(s) are outside one "
+                         f"(first: {outside[0]!r}): build with fp8_conv=triton",
+                         problems=outside)
+    if not blocks:
+        raise UsageError("the fused FP8 model needs ResNet bottlenecks; this model has none")
+    replaced = {}
+    in_scale = None
+    for i, ((name, _m, parts), names) in enumerate(zip(blocks, named)):
+        nxt = named[i + 1][0] if i + 1 < len(blocks) else None
+        next_scale = float(stored_scale(fp8[nxt][0])) if nxt in fp8 else None
+        replaced[name] = FusedBottleneck(parts, fp8, names, in_scale, next_scale)
+        in_scale = next_scale
+    for name, new in replaced.items():
+        parent_name, _, child = name.rpartition(".")
+        parent = body.get_submodule(parent_name) if parent_name else body
+        setattr(parent, child, new)
+    for name, m in body.named_modules():          # the rest: fp16, channels_last
+        if not list(m.children()) and not any(name.startswith(r + ".") or name == r
+                                                 for r in replaced):
+            m.half()
+    return body.to(memory_format=torch.channels_last).requires_grad_(False)

@@ -1,0 +1,212 @@
+"""Runs the fused epilogues of the Triton FP8 convolution and the fused ResNet bottlenecks
+under Triton's CPU interpreter and prints JSON results (tests/test_fp8_conv_fused.py).
+
+A child process with TRITON_INTERPRET=1, as tests/fp8_conv_interpret.py. One correction of
+the interpreter: its fp32 -> e4m3 conversion (``triton.runtime.interpreter._convert_float``)
+rounds half up and drops the carry into the exponent (127.4 / 1.0 becomes 64, not 128),
+where the GPU's ``cvt.rn.satfinite.e4m3x2.f32`` rounds to nearest even. The e4m3 outputs are
+checked bit for bit, so that one conversion is replaced here by torch's (round to nearest
+even, the ONNX QuantizeLinear rounding); everything else runs as the interpreter has it.
+
+Epilogue cases: the kernel's fp16 and e4m3 outputs against a torch reference (conv2d in fp32
+of the dequantized operands x scale + bias, + residual, ReLU; the e4m3 output = quantize of
+the fp16 value with the next scale). Block cases: a small ResNet (timm Bottleneck blocks,
+BatchNorm folded), and timm_resnet50 itself at 64x64, as ``fused.rewrite_fused`` against
+the unfused fp8 model (``rewrite_nhwc``, emulated FP8 GEMMs) with the same scales.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+#: name -> (batch, height, width, in, out, kernel, stride, padding, relu, residual,
+#: fp16 out, e4m3 out)
+CASES = {
+    "3x3-relu-f8": (2, 6, 5, 32, 24, 3, 1, 1, True, False, False, True),
+    "3x3-s2-f16-f8": (1, 9, 9, 40, 16, 3, 2, 1, True, False, True, True),
+    "1x1-res-relu-f16-f8": (2, 5, 5, 32, 48, 1, 1, 0, True, True, True, True),
+    "1x1-res-f16": (2, 4, 6, 16, 32, 1, 1, 0, False, True, True, False),
+    "1x1-s2-f16": (1, 8, 8, 64, 16, 1, 2, 0, False, False, True, False),
+}
+TILES = (16, 16, 32, 4, 2, 2)
+
+
+def exact_e4m3_conversion() -> None:
+    """Replace the interpreter's fp32/fp16 -> e4m3 downcast by torch's (module docstring)."""
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    original = interpreter._convert_float
+
+    def convert(data, src, dst, rounding_mode):
+        if dst == tl.float8e4nv and src in (tl.float32, tl.float16):
+            values = np.frombuffer(data.tobytes(), np.float32 if src == tl.float32
+                                   else np.float16).astype(np.float32).reshape(data.shape)
+            return torch.from_numpy(values).to(torch.float8_e4m3fn).view(torch.uint8).numpy()
+        return original(data, src, dst, rounding_mode)
+
+    interpreter._convert_float = convert
+
+
+def ulps(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Largest distance in e4m3 steps between two e4m3 tensors (same sign: code distance)."""
+    ia, ib = a.view(torch.uint8).int(), b.view(torch.uint8).int()
+    sa, sb = ia >> 7, ib >> 7
+    ma, mb = ia & 0x7F, ib & 0x7F
+    same = torch.where(sa == sb, (ma - mb).abs(), ma + mb)
+    return int(same.max()) if same.numel() else 0
+
+
+def run_case(case) -> dict:
+    from bundler.targets.torch_aoti.kernels.fp8_conv import Fp8ConvConfig, fp8_conv_fused
+    from bundler.targets.torch_aoti.model import quantize
+
+    n, h, w, c, cout, k, stride, pad, relu, residual, out16, out8 = case
+    g = torch.Generator().manual_seed(c * 1000 + cout * 10 + k)
+    x = (torch.randn(n, h, w, c, generator=g) * 2).to(torch.float8_e4m3fn)
+    kernel = torch.randn(cout, k, k, c, generator=g).to(torch.float8_e4m3fn)
+    weight = torch.zeros(cout + 8, k * k * c + 16).to(torch.float8_e4m3fn)
+    weight[:cout, :k * k * c] = kernel.reshape(cout, -1)
+    scale = (torch.rand(cout, generator=g) + 0.5) * 0.02
+    bias = torch.randn(cout, generator=g) * 0.3
+    ref = F.conv2d(x.float().permute(0, 3, 1, 2), kernel.float().permute(0, 3, 1, 2),
+                   stride=stride, padding=pad).permute(0, 2, 3, 1) * scale + bias
+    res = None
+    if residual:   # a strided NHWC view: a slice of a wider tensor
+        ho, wo = ref.shape[1:3]
+        res = (torch.randn(n, ho, wo + 3, cout, generator=g) * 2).half()[:, :, 2:2 + wo]
+        ref = ref.half().float() + res.float()     # the graph's fp16 Conv, then its Add
+    if relu:
+        ref = ref.clamp_min(0)
+    next_scale = torch.tensor(float(ref.abs().max()) / 500.0)   # the largest saturate
+    y16, y8 = fp8_conv_fused(x, weight, scale, bias, cout, (k, k), (stride, stride),
+                             (pad, pad), residual=res, relu=relu, out_f16=out16,
+                             out_scale=next_scale if out8 else None,
+                             config=Fp8ConvConfig(*TILES))
+    result: dict = {"f16_given": y16 is not None, "f8_given": y8 is not None}
+    if out16:
+        result["f16_err"] = float((y16.float() - ref).abs().max() / ref.abs().max())
+    if out8:
+        # the e4m3 output is QuantizeLinear of the kernel's own fp16 value, bit for bit...
+        mine = y16 if y16 is not None else ref.half()
+        result["f8_vs_own_f16_ulps"] = ulps(y8, quantize(mine, next_scale)) \
+            if y16 is not None else None
+        # ...and within one e4m3 step of quantizing the fp32 reference's fp16 value
+        result["f8_vs_ref_ulps"] = ulps(y8, quantize(ref.half(), next_scale))
+        result["f8_saturated"] = int((y8.float().abs() == 448).sum())
+    return result
+
+
+def tiny_resnet(seed: int = 0) -> nn.Module:
+    """Stem, max pool, three timm bottlenecks (one with a 1x1 downsample, one with a
+    stride-2 downsample), global pool, fc; BatchNorm with random statistics, folded."""
+    from timm.models.resnet import Bottleneck
+
+    from bundler.torch_model import fold_batchnorm
+
+    torch.manual_seed(seed)
+
+    def down(cin, cout, stride):
+        return nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    class Tiny(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1 = nn.Conv2d(3, 16, 3, 1, 1)
+            self.act1 = nn.ReLU()
+            self.maxpool = nn.MaxPool2d(2)
+            self.layer1 = nn.Sequential(Bottleneck(16, 8, downsample=down(16, 32, 1)),
+                                        Bottleneck(32, 8))
+            self.layer2 = nn.Sequential(Bottleneck(32, 16, stride=2, downsample=down(32, 64, 2)))
+            self.global_pool = nn.AdaptiveAvgPool2d(1)
+            self.fc = nn.Linear(64, 10)
+
+        def forward(self, x):
+            x = self.maxpool(self.act1(self.conv1(x)))
+            x = self.layer2(self.layer1(x))
+            return self.fc(torch.flatten(self.global_pool(x), 1))
+
+    model = Tiny().eval()
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.2, 0.2)
+            m.running_var.uniform_(0.5, 1.5)
+            m.weight.data.uniform_(0.5, 1.5)
+            m.bias.data.uniform_(-0.2, 0.2)
+    fold_batchnorm(model)
+    return model
+
+
+def calibrate(model: nn.Module, x: torch.Tensor, paths: list[str]) -> dict:
+    """path -> (activation scale, weight scales): amax/448 of each input, per channel of
+    each kernel (the recipe's max calibrator)."""
+    modules = dict(model.named_modules())
+    amax: dict = {}
+    hooks = [modules[p].register_forward_hook(
+        lambda _m, inp, _o, p=p: amax.__setitem__(p, float(inp[0].abs().max())))
+        for p in paths]
+    with torch.no_grad():
+        model(x)
+    for hk in hooks:
+        hk.remove()
+    return {p: (amax[p] / 448, (modules[p].weight.detach().abs().amax(dim=(1, 2, 3)) / 448)
+                .numpy()) for p in paths}
+
+
+def resnet50() -> nn.Module:
+    """timm_resnet50 as the family builds it (random weights, BatchNorm folded)."""
+    from bundler.families import load_family
+    from bundler.torch_model import build_torch_model
+
+    return build_torch_model(load_family("timm_resnet50"), seed=0)
+
+
+def block_case(select: str, own_downsample_scale: bool = False, model: str = "tiny") -> dict:
+    """Fused model vs unfused fp8 model (rewrite_nhwc, emulated GEMMs), same scales."""
+    from bundler.targets.torch_aoti.fused import FusedBottleneck, rewrite_fused
+    from bundler.targets.torch_aoti.model import EngineModule, rewrite_nhwc
+
+    size = 16 if model == "tiny" else 64            # resnet50: 64x64, for the interpreter
+    model = tiny_resnet() if model == "tiny" else resnet50()
+    x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(1))
+    paths = [n for n, m in model.named_modules() if isinstance(m, nn.Conv2d) and n != "conv1"]
+    if select == "pointwise":
+        paths = [p for p in paths if dict(model.named_modules())[p].kernel_size == (1, 1)]
+    fp8 = calibrate(model, x, paths)
+    if own_downsample_scale:     # the downsample's scale differs from conv1's: own quantize
+        act, ws = fp8["layer2.0.downsample.0"]
+        fp8["layer2.0.downsample.0"] = (act * 1.37, ws)
+    fused = EngineModule(rewrite_fused(model, fp8), torch.float16, False, True)
+    unfused = EngineModule(rewrite_nhwc(model, torch.float16, fp8=fp8, emulate=True),
+                           torch.float16, True)
+    with torch.no_grad():
+        got, ref, exact = fused(x), unfused(x), model(x)
+    blocks = [m for m in fused.modules() if isinstance(m, FusedBottleneck)]
+    return {
+        "err": float((got - ref).abs().max() / ref.abs().max()),
+        "err_vs_fp32": float((ref - exact).abs().max() / exact.abs().max()),
+        "fp8_layers": sum(int(c.fp8) for b in blocks for c in b.modules()
+                          if type(c).__name__ == "FusedConv"),
+        "reads_fp8": [[b.conv1_reads_fp8, b.down_reads_fp8] for b in blocks],
+        "emits_fp8": [b.emits_fp8 for b in blocks],
+        "top1_agree": float((got.argmax(1) == ref.argmax(1)).float().mean()),
+    }
+
+
+def main() -> None:
+    exact_e4m3_conversion()
+    results = {"cases": {name: run_case(case) for name, case in CASES.items()},
+               "blocks": {"all": block_case("all"), "pointwise": block_case("pointwise"),
+                          "own-downsample-scale": block_case("all", True),
+                          "resnet50": block_case("all", model="resnet50")}}
+    json.dump(results, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""The fused epilogues of the Triton FP8 convolution (residual, ReLU, e4m3 out with the next
+layer's scale) and the fused ResNet bottlenecks built on them
+(bundler/targets/torch_aoti/fused.py, ``fp8_conv="triton-fused"``).
+
+No GPU here: the kernels run under Triton's CPU interpreter in a child process
+(tests/fp8_conv_fused_interpret.py, with the interpreter's e4m3 rounding corrected, see
+there); export shows the fused model reaches AOTInductor as one op per FP8 convolution with
+a dynamic batch. Its speed is benchmarks/fp8_conv_bench.py --model's (variant fp8-fused).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+from runtime_py.errors import UsageError  # noqa: E402
+from triton_interpret import load_script, needs_triton, run_interpreted  # noqa: E402
+
+SCRIPT = "fp8_conv_fused_interpret.py"
+
+
+def _script():
+    return load_script(SCRIPT)
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    """The interpreter's results (tests/fp8_conv_fused_interpret.py), run once."""
+    pytest.importorskip("timm")
+    return run_interpreted(SCRIPT)
+
+
+@needs_triton
+@pytest.mark.parametrize("case", list(_script().CASES))
+def test_each_fused_epilogue_equals_the_torch_reference(interpreted, case):
+    """fp16 out: conv2d of the dequantized operands x scale + bias (+ a strided residual,
+    ReLU), to fp16 rounding. e4m3 out: bit for bit QuantizeLinear of the kernel's own fp16
+    value with the next scale (saturating), and within one e4m3 step of quantizing the
+    reference. An output not asked for is not returned."""
+    _n, _h, _w, _c, _o, _k, _s, _p, _relu, _res, out16, out8 = _script().CASES[case]
+    r = interpreted["cases"][case]
+    assert (r["f16_given"], r["f8_given"]) == (out16, out8)
+    if out16:
+        assert r["f16_err"] < 2e-3
+    if out8:
+        assert r["f8_vs_ref_ulps"] <= 1
+        assert r["f8_saturated"] > 0           # the clamp to +-448 was exercised
+        if out16:
+            assert r["f8_vs_own_f16_ulps"] == 0
+
+
+@needs_triton
+@pytest.mark.parametrize("which", ["all", "pointwise", "own-downsample-scale"])
+def test_the_fused_bottlenecks_equal_the_unfused_fp8_model(interpreted, which):
+    """A small ResNet of timm bottlenecks: the fused model vs the unfused fp8 NHWC model on
+    the same scales (the same FP8 operands and fp16 roundings: 0 measured; a wrong scale
+    or residual gives 0.16+). "pointwise": the 3x3 layers unselected (fp16 cuDNN, the
+    producer writes fp16 only); "own-downsample-scale": a downsample whose scale is not
+    conv1's quantizes for itself."""
+    r = interpreted["blocks"][which]
+    assert r["err"] < 1e-2 and r["err"] < r["err_vs_fp32"] / 5
+    assert r["fp8_layers"] == (8 if which == "pointwise" else 11)
+    assert r["emits_fp8"] == [True, True, False]           # the last block feeds the pool
+    downsample_reads = which != "own-downsample-scale"
+    assert r["reads_fp8"] == [[False, False], [True, False], [True, downsample_reads]]
+
+
+@needs_triton
+def test_timm_resnet50_fused_equals_its_unfused_fp8_model(interpreted):
+    """The family's model (random weights, 64x64 for the interpreter): all 16 bottlenecks
+    and 52 FP8 convolutions fused; 15 blocks read the e4m3 their predecessor wrote (the
+    first quantizes after the max pool), and the 3 later downsamples share it."""
+    r = interpreted["blocks"]["resnet50"]
+    assert r["fp8_layers"] == 52 and len(r["emits_fp8"]) == 16
+    assert r["emits_fp8"] == [True] * 15 + [False]
+    assert [c1 for c1, _ in r["reads_fp8"]] == [False] + [True] * 15
+    assert sum(d for _, d in r["reads_fp8"]) == 3
+    assert r["err"] < 1e-2 and r["err"] < r["err_vs_fp32"] / 5
+    assert r["top1_agree"] == 1.0
+
+
+def _tiny_and_scales(select=None):
+    script = _script()
+    model = script.tiny_resnet()
+    paths = [n for n, m in model.named_modules() if isinstance(m, nn.Conv2d) and n != "conv1"]
+    fp8 = script.calibrate(model, torch.randn(1, 3, 16, 16), select or paths)
+    return model, fp8
+
+
+@needs_triton
+def test_the_fused_model_is_exported_with_a_dynamic_batch():
+    """torch.export of the engine module: one fused op per FP8 convolution (11), a
+    symbolic batch, no other convolution than the fp16 stem, one quantize."""
+    pytest.importorskip("timm")
+    from bundler.targets.torch_aoti.build import engine_model
+
+    model, fp8 = _tiny_and_scales()
+    module, padding = engine_model(model, "fp8", fp8, fp8_conv="triton-fused")
+    assert padding == {} and module.channels_last and not module.nhwc
+    program = torch.export.export(module.eval(), (torch.randn(2, 3, 16, 16),), dynamic_shapes=(
+        {0: torch.export.Dim("batch", min=1, max=32)},))
+    targets = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
+    fused = [n for n in program.graph.nodes if "fp8_conv_nhwc_fused" in str(n.target)]
+    assert len(fused) == 11
+    first_e4m3, last_f16 = fused[0].meta["val"][1], fused[-1].meta["val"][0]
+    assert first_e4m3.dtype == torch.float8_e4m3fn and last_f16.dtype == torch.float16
+    assert isinstance(first_e4m3.shape[0], torch.SymInt)
+    assert isinstance(last_f16.shape[0], torch.SymInt)
+    assert sum("conv2d" in t for t in targets) == 1            # the fp16 stem
+    # one quantize pass in the whole model: the first block's input (after the max pool),
+    # shared by its conv1 and downsample; every other FP8 input is written by its producer
+    assert sum(t == "aten.div.Tensor" for t in targets) == 1
+    out = [n for n in program.graph.nodes if n.op == "output"][0].args[0][0].meta["val"]
+    assert tuple(out.shape[1:]) == (10,) and isinstance(out.shape[0], torch.SymInt)
+
+
+@needs_triton
+def test_selected_convolutions_outside_a_bottleneck_and_unfusable_blocks_are_refused():
+    pytest.importorskip("timm")
+    from bundler.targets.torch_aoti.fused import rewrite_fused
+
+    model, fp8 = _tiny_and_scales()
+    with_stem = {**fp8, "conv1": fp8["layer1.0.conv1"]}
+    with pytest.raises(UsageError, match="outside one .first: 'conv1'.*fp8_conv=triton"):
+        rewrite_fused(model, with_stem)
+    model.layer1[1].se = nn.Identity()
+    with pytest.raises(UsageError, match="squeeze-excitation"):
+        rewrite_fused(model, fp8)
+    with pytest.raises(UsageError, match="no NHWC rewrite"):
+        from bundler.targets.torch_aoti.build import engine_model
+
+        engine_model(_tiny_and_scales()[0], "fp8", fp8, fp8_conv="triton-fused", nhwc=True)
+
+
+def test_the_switch_names_the_fused_form(monkeypatch):
+    from bundler.targets.torch_aoti.build import FP8_CONV_ENV, default_fp8_conv, engine_details
+
+    monkeypatch.setenv(FP8_CONV_ENV, "triton-fused")
+    assert default_fp8_conv() == "triton-fused"
+    monkeypatch.delenv(FP8_CONV_ENV)
+    assert default_fp8_conv() == "im2col"                      # the default is unchanged
+    host = {"torch_version": "2", "cuda_version": "13.0", "compute_capability": "9.0",
+            "device_name": "H200", "device": "cuda"}
+    details = engine_details(host, "fp8", {}, nhwc=False, fast_accum=False, padding={},
+                             batch_sizes=[1], seconds=None, fp8_conv="triton-fused",
+                             channels_last=True)
+    assert details["compile_options"]["fp8_conv"].startswith("channels_last model, ResNet")
+    assert details["compile_options"]["layout"].startswith("channels_last")
+
+
+@needs_triton
+def test_torch_compile_traces_the_fused_model_into_one_graph():
+    """Dynamo (fullgraph: no break at the tuple hand-over between blocks) and AOT autograd
+    see one graph with a Triton launch per FP8 convolution, what Inductor compiles (the
+    launch itself needs a GPU: its failure on this CPU host is not what is checked)."""
+    pytest.importorskip("timm")
+    from torch._dynamo.backends.common import aot_autograd
+
+    from bundler.targets.torch_aoti.build import engine_model
+
+    model, fp8 = _tiny_and_scales()
+    module, _ = engine_model(model, "fp8", fp8, fp8_conv="triton-fused")
+    graphs = []
+
+    def keep(graph, _inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(module.eval(), backend=aot_autograd(fw_compiler=keep),
+                             fullgraph=True)
+    try:
+        with torch.no_grad():
+            compiled(torch.randn(2, 3, 16, 16))
+    except Exception:  # noqa: BLE001 - launching a GPU kernel on a CPU host
+        pass
+    assert len(graphs) == 1
+    launches = [n for n in graphs[0].graph.nodes if "triton_kernel_wrapper" in str(n.target)]
+    assert len(launches) == 11
+    assert sum(n.kwargs["kwargs"]["RESIDUAL"] for n in launches) == 3       # the conv3s
+    assert sum(n.kwargs["kwargs"]["OUT_F8"] for n in launches) == 8        # 2 per block + 2
