@@ -518,6 +518,13 @@ def run_model(args, budget: Budget, results: dict) -> dict:
             results[name] = {"ms": ms, "build_s": time.monotonic() - started}
             log(f"model {name}: {ms:.3f} ms at batch {args.batch} "
                 f"(compiled in {time.monotonic() - started:.0f} s)")
+            if name in args.profile.split(",") or args.profile == "all":
+                from kernel_profile import kernel_table   # (benchmarks/ is on sys.path)
+
+                with torch.no_grad():
+                    results[name]["kernels"] = kernel_table(
+                        lambda: compiled(inputs), f"model {name}, batch {args.batch}",
+                        rows=args.rows)
         except Exception as e:
             results[name] = {"error": f"{type(e).__name__}: {e}"[:400]}
             log(f"model {name}: FAILED {results[name]['error']}")
@@ -568,6 +575,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model-reserve-s", type=float, default=45.0,
                    help="start a model compile only with this much budget left")
     p.add_argument("--budget-s", type=float, default=180.0)
+    p.add_argument("--profile", default="",
+                   help="model variants to profile per kernel (kernel_profile.py), or all")
+    p.add_argument("--rows", type=int, default=25, help="top kernels printed per profile")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--verbose", action="store_true", help="print tracebacks of failures")
     p.add_argument("--quiet", action="store_true",
