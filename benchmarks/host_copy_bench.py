@@ -24,24 +24,18 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from data_path_bench import samples_s  # noqa: E402
 from runtime_py.hostcopy import copy_rows, copy_threads  # noqa: E402
 
 
 def median_ms(fn, iterations: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iterations):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    return statistics.median(samples_s(fn, iterations, warmup)) * 1e3
 
 
 def main() -> None:
