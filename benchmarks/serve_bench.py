@@ -30,6 +30,13 @@ request built and parsed in Python each time), kept for comparison with older fi
 The server's HTTP front-end is --http-server (builtin: runtime_py/server/http1.py, the
 default of `bundle serve`; uvicorn: the ASGI server).
 
+CPU by role (Linux; "n/a" elsewhere): next to each figure, the CPU time over the same
+measured window (utime + stime of /proc/<pid>/stat, every thread) of the client processes,
+each front-end worker process and the engine process (this one: batcher and model, and
+the front-ends when workers=0), as seconds per 1000 images and as cores busy (1.00: one
+core all the time). A role whose processes sit at ~1.00 core each is what caps that path;
+`cpu_by_role` in --json.
+
 A script, not a test: numbers depend on the host. The synthetic model sleeps --cost-ms
 per batch (a GPU-like engine whose time barely grows with the batch and releases the GIL).
 """
@@ -49,7 +56,9 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from role_cpu import RoleSampler, children_running, format_report  # noqa: E402
 from runtime_py.batcher import Batcher  # noqa: E402
 
 
@@ -84,8 +93,10 @@ def bench_raw(model, batch: int, seconds: float) -> float:
     return done / elapsed
 
 
-def bench_batcher(batcher: Batcher, feeds, clients: int, seconds: float, warmup: float) -> float:
-    """``clients`` threads, one image per request; images completed per second."""
+def bench_batcher(batcher: Batcher, feeds, clients: int, seconds: float, warmup: float
+                  ) -> tuple[float, dict]:
+    """``clients`` threads, one image per request; images completed per second, and the
+    CPU of this process over the window (the clients are its threads here: role "engine")."""
     start = threading.Barrier(clients + 1)
     t_begin = t_end = 0.0
     counts = [0] * clients
@@ -107,10 +118,15 @@ def bench_batcher(batcher: Batcher, feeds, clients: int, seconds: float, warmup:
         t.start()
     t_begin = time.perf_counter() + warmup
     t_end = t_begin + seconds
+    sampler = RoleSampler({"engine": [os.getpid()]})
     start.wait()
+    time.sleep(max(0.0, t_begin - time.perf_counter()))
+    sampler.start()
+    time.sleep(max(0.0, t_end - time.perf_counter()))
+    sampler.stop()
     for t in threads:
         t.join()
-    return sum(counts) / seconds
+    return sum(counts) / seconds, sampler.report(sum(counts))
 
 
 def _client_proc(kind: str, port: int, model: str, feeds: dict, threads: int, t_begin: float,
@@ -407,7 +423,11 @@ class _Server:
 
 def bench_path(kind: str, server: _Server, model, feeds, clients: int, procs: int,
                seconds: float, warmup: float, http_client: str = "raw",
-               profile: str | None = None) -> float | str:
+               profile: str | None = None) -> tuple[float | str, dict]:
+    """Images per second of one network path (or the first client error), and the CPU of
+    each role over the measured window: the client processes, the front-end worker
+    processes (none with workers=0: the front-ends then run in the engine process) and
+    the engine process (this one: batcher, engine, and the front-ends with workers=0)."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs = max(1, min(procs, clients))
@@ -423,13 +443,31 @@ def bench_path(kind: str, server: _Server, model, feeds, clients: int, procs: in
     hook = None
     if profile:
         hook = _start_profile(profile, t_begin, seconds, [p.pid for p in ps])
+    workers = children_running(os.getpid(), "runtime_py.server.workers")
+    sampler = RoleSampler({"clients": [p.pid for p in ps],
+                           **({"workers": workers} if workers else {}),
+                           "engine": [os.getpid()]})
+    sampling = threading.Thread(target=_sample_window, args=(sampler, t_begin, t_end), daemon=True)
+    sampling.start()
     got = [out.get(timeout=seconds + warmup + 90) for _ in ps]
     for p in ps:
         p.join()
+    sampling.join()
     if hook is not None:
         hook.join()
     bad = [g for g in got if isinstance(g, str)]
-    return bad[0] if bad else sum(got) / seconds
+    if bad:
+        return bad[0], {}
+    return sum(got) / seconds, sampler.report(sum(got))
+
+
+def _sample_window(sampler: RoleSampler, t_begin: float, t_end: float) -> None:
+    """Start ``sampler`` at ``t_begin`` and stop it at ``t_end`` (``time.time()`` clock, as
+    the clients count completions by it)."""
+    time.sleep(max(0.0, t_begin - time.time()))
+    sampler.start()
+    time.sleep(max(0.0, t_end - time.time()))
+    sampler.stop()
 
 
 def _start_profile(command: str, t_begin: float, seconds: float,
@@ -494,17 +532,18 @@ def main(argv=None) -> dict:
     raw = bench_raw(model, args.batch, args.seconds)
     paths = {}
     with Batcher(model, max_batch_size=args.batch, max_delay_ms=args.max_delay_ms) as b:
-        batched = bench_batcher(b, feeds, args.clients, args.seconds, args.warmup)
-        batched_h = bench_batcher(b, feeds, args.http_clients, args.seconds, args.warmup)
-        refs = {}
+        batched, cpu_batched = bench_batcher(b, feeds, args.clients, args.seconds, args.warmup)
+        batched_h, cpu_batched_h = bench_batcher(b, feeds, args.http_clients, args.seconds,
+                                                 args.warmup)
+        refs, cpu = {}, {}
         for workers in [int(w) for w in args.workers_list.split(",") if w.strip()]:
             with _Server(model, b, workers, args.http_server) as server:
                 for kind in [k for k in args.paths.split(",") if k]:
-                    refs[f"{kind}_w{workers}"] = bench_batcher(
+                    refs[f"{kind}_w{workers}"], _ = bench_batcher(
                         b, feeds, args.http_clients, args.seconds, args.warmup)
-                    v = bench_path(kind, server, model, feeds, args.http_clients,
-                                   args.http_procs, args.seconds, args.warmup,
-                                   args.http_client, args.profile_server)
+                    v, cpu[f"{kind}_w{workers}"] = bench_path(
+                        kind, server, model, feeds, args.http_clients, args.http_procs,
+                        args.seconds, args.warmup, args.http_client, args.profile_server)
                     paths[f"{kind}_w{workers}"] = v
         sizes = dict(sorted(b.batch_size_counts.items()))
     result = {
@@ -524,6 +563,7 @@ def main(argv=None) -> dict:
         "batcher_before_each_path_img_s": {k: round(v, 1) for k, v in refs.items()},
         "paths_over_batcher": {k: round(v / refs[k], 3) for k, v in paths.items()
                                if not isinstance(v, str)},
+        "cpu_by_role": {"batcher": cpu_batched, "batcher_same_clients": cpu_batched_h, **cpu},
         "batch_size_counts": sizes,
         "cpus": os.cpu_count(),
     }
@@ -536,7 +576,9 @@ def main(argv=None) -> dict:
         print(f"raw model.infer, batch {args.batch:<3}                  {raw:10.1f} img/s")
         print(f"batcher, {args.clients} clients x 1 image             {batched:10.1f} img/s"
               f"   {batched / raw:.3f} x raw      (target >= 0.90)")
+        print(f"    {format_report(cpu_batched)}  (clients are threads of the engine process)")
         print(f"batcher, {args.http_clients} clients x 1 image             {batched_h:10.1f} img/s")
+        print(f"    {format_report(cpu_batched_h)}")
         for key, v in paths.items():
             kind, workers = key.rsplit("_w", 1)
             label = f"{kind:<8} {args.http_clients} clients, workers={workers}"
@@ -545,6 +587,7 @@ def main(argv=None) -> dict:
             else:
                 print(f"{label:<40} {v:10.1f} img/s   {v / refs[key]:.3f} x batcher"
                       f" ({refs[key]:.0f} just before)  (target >= {TARGETS[kind]:.2f})")
+                print(f"    {format_report(cpu[key])}")
         print(f"batch sizes seen by the batcher: {sizes}")
     return result
 
