@@ -13,6 +13,7 @@ Figures (images per second, preprocessed tensors in, logits out; no image decodi
           serve`) on loopback, each over the batcher alone with the same number of clients:
     http      binary tensor extension in and out, keep-alive connections
     grpc      ModelInfer with raw_input_contents (prebuilt request bytes, bare grpc stub)
+              over its own connection (--grpc-channels per-process: one per client process)
     http_shm  HTTP JSON header only; input and output in a registered /dev/shm region
     grpc_shm  the same over gRPC
           each with the front-ends in the engine process (--workers 0) and with front-end
@@ -130,7 +131,8 @@ def bench_batcher(batcher: Batcher, feeds, clients: int, seconds: float, warmup:
 
 
 def _client_proc(kind: str, port: int, model: str, feeds: dict, threads: int, t_begin: float,
-                 t_end: float, out, http_client: str = "raw", t_start: float = 0.0) -> None:
+                 t_end: float, out, http_client: str = "raw", t_start: float = 0.0,
+                 grpc_channels: str = "per-client") -> None:
     """One client process: ``threads`` clients of one kind; completions in the window.
 
     Every client sends its first request at ``t_start`` (the same moment in every client
@@ -144,7 +146,8 @@ def _client_proc(kind: str, port: int, model: str, feeds: dict, threads: int, t_
 
     def run(i: int) -> None:
         try:
-            one = _client(kind, port, model, feeds, f"{os.getpid()}_{i}", http_client)
+            one = _client(kind, port, model, feeds, f"{os.getpid()}_{i}", http_client,
+                          grpc_channels)
             while (wait := t_start - time.time()) > 0:
                 time.sleep(min(wait, 0.05))
             n = 0
@@ -222,8 +225,16 @@ class _RawHttp:
 
 
 def _client(kind: str, port: int, model: str, feeds: dict, tag: str,
-            http_client: str = "raw") -> _Call:
-    """A callable sending one request of ``kind``; ``.close()`` frees what it holds."""
+            http_client: str = "raw", grpc_channels: str = "per-client") -> _Call:
+    """A callable sending one request of ``kind``; ``.close()`` frees what it holds.
+
+    gRPC: grpcio shares one TCP connection between the channels of a process that have
+    the same target and arguments (its global subchannel pool; tritonclient's clients in
+    one process do so). ``grpc_channels="per-client"`` gives each client its own
+    connection (a local subchannel pool), as each HTTP client has its own; with
+    "per-process" the connections are as many as the client processes, and the front-end
+    workers, which share the port with SO_REUSEPORT (the kernel spreads connections, not
+    requests), may get 0, 1 or more of them each."""
     from runtime_py.server.protocol import kserve_datatype
 
     path = f"/v2/models/{model}/infer"
@@ -268,8 +279,11 @@ def _client(kind: str, port: int, model: str, feeds: dict, tag: str,
     import grpc
     from tritonclient.grpc import service_pb2 as pb
 
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[
-        ("grpc.max_send_message_length", 1 << 30), ("grpc.max_receive_message_length", 1 << 30)])
+    options = [("grpc.max_send_message_length", 1 << 30),
+               ("grpc.max_receive_message_length", 1 << 30)]
+    if grpc_channels == "per-client":
+        options.append(("grpc.use_local_subchannel_pool", 1))
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=options)
     infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
     req = pb.ModelInferRequest(model_name=model)
     for k, v in feeds.items():
@@ -423,7 +437,8 @@ class _Server:
 
 def bench_path(kind: str, server: _Server, model, feeds, clients: int, procs: int,
                seconds: float, warmup: float, http_client: str = "raw",
-               profile: str | None = None) -> tuple[float | str, dict]:
+               profile: str | None = None, grpc_channels: str = "per-client"
+               ) -> tuple[float | str, dict]:
     """Images per second of one network path (or the first client error), and the CPU of
     each role over the measured window: the client processes, the front-end worker
     processes (none with workers=0: the front-ends then run in the engine process) and
@@ -436,7 +451,8 @@ def bench_path(kind: str, server: _Server, model, feeds, clients: int, procs: in
     t_begin = t_start + warmup
     t_end = t_begin + seconds
     ps = [ctx.Process(target=_client_proc, args=(kind, server.port(kind), model.name, feeds, n,
-                                                 t_begin, t_end, out, http_client, t_start))
+                                                 t_begin, t_end, out, http_client, t_start,
+                                                 grpc_channels))
           for n in per]
     for p in ps:
         p.start()
@@ -520,6 +536,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--http-client", default="raw", choices=["raw", "stdlib"],
                     help="raw: lean keep-alive socket client (prebuilt request bytes); "
                          "stdlib: http.client, as before")
+    ap.add_argument("--grpc-channels", default="per-client", choices=["per-client", "per-process"],
+                    help="per-client: each gRPC client its own connection (default); "
+                         "per-process: the clients of a process share one (grpcio's default "
+                         "for channels of equal arguments, as tritonclient's are)")
     ap.add_argument("--profile-server", metavar="CMD",
                     help="shell command run at the start of each network path's measured "
                          "window; {pid}: the server process, {clients}: the client "
@@ -543,7 +563,8 @@ def main(argv=None) -> dict:
                         b, feeds, args.http_clients, args.seconds, args.warmup)
                     v, cpu[f"{kind}_w{workers}"] = bench_path(
                         kind, server, model, feeds, args.http_clients, args.http_procs,
-                        args.seconds, args.warmup, args.http_client, args.profile_server)
+                        args.seconds, args.warmup, args.http_client, args.profile_server,
+                        args.grpc_channels)
                     paths[f"{kind}_w{workers}"] = v
         sizes = dict(sorted(b.batch_size_counts.items()))
     result = {
@@ -558,6 +579,7 @@ def main(argv=None) -> dict:
         "net_clients": args.http_clients,
         "http_server": args.http_server,
         "http_client": args.http_client,
+        "grpc_channels": args.grpc_channels,
         "batcher_same_clients_img_s": round(batched_h, 1),
         "paths_img_s": {k: (round(v, 1) if not isinstance(v, str) else v) for k, v in paths.items()},
         "batcher_before_each_path_img_s": {k: round(v, 1) for k, v in refs.items()},
@@ -572,6 +594,7 @@ def main(argv=None) -> dict:
     else:
         print(f"model {result['model']}  input {result['input']}  cpus {result['cpus']}"
               f"  http server {args.http_server}, client {args.http_client}"
+              f", grpc {args.grpc_channels} connections"
               + (f"  synthetic cost {args.cost_ms} ms/batch" if args.synthetic else ""))
         print(f"raw model.infer, batch {args.batch:<3}                  {raw:10.1f} img/s")
         print(f"batcher, {args.clients} clients x 1 image             {batched:10.1f} img/s"
