@@ -556,6 +556,8 @@ def main(argv=None) -> dict:
         batched_h, cpu_batched_h = bench_batcher(b, feeds, args.http_clients, args.seconds,
                                                  args.warmup)
         refs, cpu = {}, {}
+        if not args.json:   # each figure as it is measured (a run cut short keeps them)
+            _print_head(model, args, raw, batched, batched_h, cpu_batched, cpu_batched_h)
         for workers in [int(w) for w in args.workers_list.split(",") if w.strip()]:
             with _Server(model, b, workers, args.http_server) as server:
                 for kind in [k for k in args.paths.split(",") if k]:
@@ -566,6 +568,8 @@ def main(argv=None) -> dict:
                         args.seconds, args.warmup, args.http_client, args.profile_server,
                         args.grpc_channels)
                     paths[f"{kind}_w{workers}"] = v
+                    if not args.json:
+                        _print_path(f"{kind}_w{workers}", v, refs, cpu, args)
         sizes = dict(sorted(b.batch_size_counts.items()))
     result = {
         "model": model.name,
@@ -592,27 +596,33 @@ def main(argv=None) -> dict:
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"model {result['model']}  input {result['input']}  cpus {result['cpus']}"
-              f"  http server {args.http_server}, client {args.http_client}"
-              f", grpc {args.grpc_channels} connections"
-              + (f"  synthetic cost {args.cost_ms} ms/batch" if args.synthetic else ""))
-        print(f"raw model.infer, batch {args.batch:<3}                  {raw:10.1f} img/s")
-        print(f"batcher, {args.clients} clients x 1 image             {batched:10.1f} img/s"
-              f"   {batched / raw:.3f} x raw      (target >= 0.90)")
-        print(f"    {format_report(cpu_batched)}  (clients are threads of the engine process)")
-        print(f"batcher, {args.http_clients} clients x 1 image             {batched_h:10.1f} img/s")
-        print(f"    {format_report(cpu_batched_h)}")
-        for key, v in paths.items():
-            kind, workers = key.rsplit("_w", 1)
-            label = f"{kind:<8} {args.http_clients} clients, workers={workers}"
-            if isinstance(v, str):
-                print(f"{label:<40} FAILED: {v}")
-            else:
-                print(f"{label:<40} {v:10.1f} img/s   {v / refs[key]:.3f} x batcher"
-                      f" ({refs[key]:.0f} just before)  (target >= {TARGETS[kind]:.2f})")
-                print(f"    {format_report(cpu[key])}")
         print(f"batch sizes seen by the batcher: {sizes}")
     return result
+
+
+def _print_head(model, args, raw, batched, batched_h, cpu_batched, cpu_batched_h) -> None:
+    feeds = one_image(model, 1)
+    print(f"model {model.name}  input { {k: [*v.shape[1:], v.dtype.name] for k, v in feeds.items()} }"
+          f"  cpus {os.cpu_count()}  http server {args.http_server}, client {args.http_client}"
+          f", grpc {args.grpc_channels} connections"
+          + (f"  synthetic cost {args.cost_ms} ms/batch" if args.synthetic else ""))
+    print(f"raw model.infer, batch {args.batch:<3}                  {raw:10.1f} img/s")
+    print(f"batcher, {args.clients} clients x 1 image             {batched:10.1f} img/s"
+          f"   {batched / raw:.3f} x raw      (target >= 0.90)")
+    print(f"    {format_report(cpu_batched)}  (clients are threads of the engine process)")
+    print(f"batcher, {args.http_clients} clients x 1 image             {batched_h:10.1f} img/s")
+    print(f"    {format_report(cpu_batched_h)}", flush=True)
+
+
+def _print_path(key: str, v: float | str, refs: dict, cpu: dict, args) -> None:
+    kind, workers = key.rsplit("_w", 1)
+    label = f"{kind:<8} {args.http_clients} clients, workers={workers}"
+    if isinstance(v, str):
+        print(f"{label:<40} FAILED: {v}", flush=True)
+        return
+    print(f"{label:<40} {v:10.1f} img/s   {v / refs[key]:.3f} x batcher"
+          f" ({refs[key]:.0f} just before)  (target >= {TARGETS[kind]:.2f})")
+    print(f"    {format_report(cpu[key])}", flush=True)
 
 
 if __name__ == "__main__":
