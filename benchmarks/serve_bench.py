@@ -35,8 +35,9 @@ CPU by role (Linux; "n/a" elsewhere): next to each figure, the CPU time over the
 measured window (utime + stime of /proc/<pid>/stat, every thread) of the client processes,
 each front-end worker process and the engine process (this one: batcher and model, and
 the front-ends when workers=0), as seconds per 1000 images and as cores busy (1.00: one
-core all the time). A role whose processes sit at ~1.00 core each is what caps that path;
-`cpu_by_role` in --json.
+core all the time), each process shown as "its cores/its busiest thread's cores". A role
+whose processes, or their busiest threads (an event loop, grpcio's poller), sit at ~1.00
+is what caps that path; `cpu_by_role` in --json.
 
 A script, not a test: numbers depend on the host. The synthetic model sleeps --cost-ms
 per batch (a GPU-like engine whose time barely grows with the batch and releases the GIL).

@@ -36,6 +36,28 @@ def test_cpu_seconds_counts_this_process_work():
     assert after - before >= 0.2
 
 
+def test_thread_cpu_seconds_names_the_busy_thread():
+    rc = _role_cpu()
+    import os
+    import threading
+    done = threading.Event()
+    tid = []
+
+    def spin():
+        tid.append(threading.get_native_id())
+        _spin(0.3)
+        done.set()
+
+    before = rc.thread_cpu_seconds(os.getpid())
+    t = threading.Thread(target=spin)
+    t.start()
+    done.wait()
+    after = rc.thread_cpu_seconds(os.getpid())
+    t.join()
+    grew = {k: after[k] - before.get(k, 0.0) for k in after}
+    assert max(grew, key=grew.get) == tid[0] and grew[tid[0]] >= 0.2
+
+
 def test_cpu_seconds_of_a_gone_process_is_none():
     rc = _role_cpu()
     p = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -61,6 +83,9 @@ def test_sampler_tells_a_busy_child_from_an_idle_one():
         report = sampler.report(images=100)
         # The busy child had most of a core (2-core CI host: at least a third of one).
         assert report["busy"]["cores"] > 0.3
+        # One spinning thread: the busiest thread is the process's CPU (within a tick each).
+        busy_each, = report["busy"]["busiest_thread_cores_each"]
+        assert 0.3 < busy_each <= report["busy"]["cores"] + 0.05
         assert report["idle"]["cores"] < 0.1
         assert report["busy"]["cpu_s_per_1000_img"] > 10 * report["idle"]["cpu_s_per_1000_img"]
         assert "busy" in rc.format_report(report) and "idle" in rc.format_report(report)
