@@ -13,6 +13,7 @@ Figures (images per second, preprocessed tensors in, logits out; no image decodi
           serve`) on loopback, each over the batcher alone with the same number of clients:
     http      binary tensor extension in and out, keep-alive connections
     grpc      ModelInfer with raw_input_contents (prebuilt request bytes, bare grpc stub)
+              over its own connection (--grpc-channels per-process: one per client process)
     http_shm  HTTP JSON header only; input and output in a registered /dev/shm region
     grpc_shm  the same over gRPC
           each with the front-ends in the engine process (--workers 0) and with front-end
@@ -29,6 +30,14 @@ the server) cost as little as they can. "stdlib" is the earlier http.client clie
 request built and parsed in Python each time), kept for comparison with older figures.
 The server's HTTP front-end is --http-server (builtin: runtime_py/server/http1.py, the
 default of `bundle serve`; uvicorn: the ASGI server).
+
+CPU by role (Linux; "n/a" elsewhere): next to each figure, the CPU time over the same
+measured window (utime + stime of /proc/<pid>/stat, every thread) of the client processes,
+each front-end worker process and the engine process (this one: batcher and model, and
+the front-ends when workers=0), as seconds per 1000 images and as cores busy (1.00: one
+core all the time), each process shown as "its cores/its busiest thread's cores". A role
+whose processes, or their busiest threads (an event loop, grpcio's poller), sit at ~1.00
+is what caps that path; `cpu_by_role` in --json.
 
 A script, not a test: numbers depend on the host. The synthetic model sleeps --cost-ms
 per batch (a GPU-like engine whose time barely grows with the batch and releases the GIL).
@@ -49,7 +58,9 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from role_cpu import RoleSampler, children_running, format_report  # noqa: E402
 from runtime_py.batcher import Batcher  # noqa: E402
 
 
@@ -84,8 +95,10 @@ def bench_raw(model, batch: int, seconds: float) -> float:
     return done / elapsed
 
 
-def bench_batcher(batcher: Batcher, feeds, clients: int, seconds: float, warmup: float) -> float:
-    """``clients`` threads, one image per request; images completed per second."""
+def bench_batcher(batcher: Batcher, feeds, clients: int, seconds: float, warmup: float
+                  ) -> tuple[float, dict]:
+    """``clients`` threads, one image per request; images completed per second, and the
+    CPU of this process over the window (the clients are its threads here: role "engine")."""
     start = threading.Barrier(clients + 1)
     t_begin = t_end = 0.0
     counts = [0] * clients
@@ -107,14 +120,20 @@ def bench_batcher(batcher: Batcher, feeds, clients: int, seconds: float, warmup:
         t.start()
     t_begin = time.perf_counter() + warmup
     t_end = t_begin + seconds
+    sampler = RoleSampler({"engine": [os.getpid()]})
     start.wait()
+    time.sleep(max(0.0, t_begin - time.perf_counter()))
+    sampler.start()
+    time.sleep(max(0.0, t_end - time.perf_counter()))
+    sampler.stop()
     for t in threads:
         t.join()
-    return sum(counts) / seconds
+    return sum(counts) / seconds, sampler.report(sum(counts))
 
 
 def _client_proc(kind: str, port: int, model: str, feeds: dict, threads: int, t_begin: float,
-                 t_end: float, out, http_client: str = "raw", t_start: float = 0.0) -> None:
+                 t_end: float, out, http_client: str = "raw", t_start: float = 0.0,
+                 grpc_channels: str = "per-client") -> None:
     """One client process: ``threads`` clients of one kind; completions in the window.
 
     Every client sends its first request at ``t_start`` (the same moment in every client
@@ -128,7 +147,8 @@ def _client_proc(kind: str, port: int, model: str, feeds: dict, threads: int, t_
 
     def run(i: int) -> None:
         try:
-            one = _client(kind, port, model, feeds, f"{os.getpid()}_{i}", http_client)
+            one = _client(kind, port, model, feeds, f"{os.getpid()}_{i}", http_client,
+                          grpc_channels)
             while (wait := t_start - time.time()) > 0:
                 time.sleep(min(wait, 0.05))
             n = 0
@@ -206,8 +226,16 @@ class _RawHttp:
 
 
 def _client(kind: str, port: int, model: str, feeds: dict, tag: str,
-            http_client: str = "raw") -> _Call:
-    """A callable sending one request of ``kind``; ``.close()`` frees what it holds."""
+            http_client: str = "raw", grpc_channels: str = "per-client") -> _Call:
+    """A callable sending one request of ``kind``; ``.close()`` frees what it holds.
+
+    gRPC: grpcio shares one TCP connection between the channels of a process that have
+    the same target and arguments (its global subchannel pool; tritonclient's clients in
+    one process do so). ``grpc_channels="per-client"`` gives each client its own
+    connection (a local subchannel pool), as each HTTP client has its own; with
+    "per-process" the connections are as many as the client processes, and the front-end
+    workers, which share the port with SO_REUSEPORT (the kernel spreads connections, not
+    requests), may get 0, 1 or more of them each."""
     from runtime_py.server.protocol import kserve_datatype
 
     path = f"/v2/models/{model}/infer"
@@ -252,8 +280,11 @@ def _client(kind: str, port: int, model: str, feeds: dict, tag: str,
     import grpc
     from tritonclient.grpc import service_pb2 as pb
 
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[
-        ("grpc.max_send_message_length", 1 << 30), ("grpc.max_receive_message_length", 1 << 30)])
+    options = [("grpc.max_send_message_length", 1 << 30),
+               ("grpc.max_receive_message_length", 1 << 30)]
+    if grpc_channels == "per-client":
+        options.append(("grpc.use_local_subchannel_pool", 1))
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=options)
     infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
     req = pb.ModelInferRequest(model_name=model)
     for k, v in feeds.items():
@@ -407,7 +438,12 @@ class _Server:
 
 def bench_path(kind: str, server: _Server, model, feeds, clients: int, procs: int,
                seconds: float, warmup: float, http_client: str = "raw",
-               profile: str | None = None) -> float | str:
+               profile: str | None = None, grpc_channels: str = "per-client"
+               ) -> tuple[float | str, dict]:
+    """Images per second of one network path (or the first client error), and the CPU of
+    each role over the measured window: the client processes, the front-end worker
+    processes (none with workers=0: the front-ends then run in the engine process) and
+    the engine process (this one: batcher, engine, and the front-ends with workers=0)."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs = max(1, min(procs, clients))
@@ -416,20 +452,39 @@ def bench_path(kind: str, server: _Server, model, feeds, clients: int, procs: in
     t_begin = t_start + warmup
     t_end = t_begin + seconds
     ps = [ctx.Process(target=_client_proc, args=(kind, server.port(kind), model.name, feeds, n,
-                                                 t_begin, t_end, out, http_client, t_start))
+                                                 t_begin, t_end, out, http_client, t_start,
+                                                 grpc_channels))
           for n in per]
     for p in ps:
         p.start()
     hook = None
     if profile:
         hook = _start_profile(profile, t_begin, seconds, [p.pid for p in ps])
+    workers = children_running(os.getpid(), "runtime_py.server.workers")
+    sampler = RoleSampler({"clients": [p.pid for p in ps],
+                           **({"workers": workers} if workers else {}),
+                           "engine": [os.getpid()]})
+    sampling = threading.Thread(target=_sample_window, args=(sampler, t_begin, t_end), daemon=True)
+    sampling.start()
     got = [out.get(timeout=seconds + warmup + 90) for _ in ps]
     for p in ps:
         p.join()
+    sampling.join()
     if hook is not None:
         hook.join()
     bad = [g for g in got if isinstance(g, str)]
-    return bad[0] if bad else sum(got) / seconds
+    if bad:
+        return bad[0], {}
+    return sum(got) / seconds, sampler.report(sum(got))
+
+
+def _sample_window(sampler: RoleSampler, t_begin: float, t_end: float) -> None:
+    """Start ``sampler`` at ``t_begin`` and stop it at ``t_end`` (``time.time()`` clock, as
+    the clients count completions by it)."""
+    time.sleep(max(0.0, t_begin - time.time()))
+    sampler.start()
+    time.sleep(max(0.0, t_end - time.time()))
+    sampler.stop()
 
 
 def _start_profile(command: str, t_begin: float, seconds: float,
@@ -482,6 +537,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--http-client", default="raw", choices=["raw", "stdlib"],
                     help="raw: lean keep-alive socket client (prebuilt request bytes); "
                          "stdlib: http.client, as before")
+    ap.add_argument("--grpc-channels", default="per-client", choices=["per-client", "per-process"],
+                    help="per-client: each gRPC client its own connection (default); "
+                         "per-process: the clients of a process share one (grpcio's default "
+                         "for channels of equal arguments, as tritonclient's are)")
     ap.add_argument("--profile-server", metavar="CMD",
                     help="shell command run at the start of each network path's measured "
                          "window; {pid}: the server process, {clients}: the client "
@@ -494,18 +553,24 @@ def main(argv=None) -> dict:
     raw = bench_raw(model, args.batch, args.seconds)
     paths = {}
     with Batcher(model, max_batch_size=args.batch, max_delay_ms=args.max_delay_ms) as b:
-        batched = bench_batcher(b, feeds, args.clients, args.seconds, args.warmup)
-        batched_h = bench_batcher(b, feeds, args.http_clients, args.seconds, args.warmup)
-        refs = {}
+        batched, cpu_batched = bench_batcher(b, feeds, args.clients, args.seconds, args.warmup)
+        batched_h, cpu_batched_h = bench_batcher(b, feeds, args.http_clients, args.seconds,
+                                                 args.warmup)
+        refs, cpu = {}, {}
+        if not args.json:   # each figure as it is measured (a run cut short keeps them)
+            _print_head(model, args, raw, batched, batched_h, cpu_batched, cpu_batched_h)
         for workers in [int(w) for w in args.workers_list.split(",") if w.strip()]:
             with _Server(model, b, workers, args.http_server) as server:
                 for kind in [k for k in args.paths.split(",") if k]:
-                    refs[f"{kind}_w{workers}"] = bench_batcher(
+                    refs[f"{kind}_w{workers}"], _ = bench_batcher(
                         b, feeds, args.http_clients, args.seconds, args.warmup)
-                    v = bench_path(kind, server, model, feeds, args.http_clients,
-                                   args.http_procs, args.seconds, args.warmup,
-                                   args.http_client, args.profile_server)
+                    v, cpu[f"{kind}_w{workers}"] = bench_path(
+                        kind, server, model, feeds, args.http_clients, args.http_procs,
+                        args.seconds, args.warmup, args.http_client, args.profile_server,
+                        args.grpc_channels)
                     paths[f"{kind}_w{workers}"] = v
+                    if not args.json:
+                        _print_path(f"{kind}_w{workers}", v, refs, cpu, args)
         sizes = dict(sorted(b.batch_size_counts.items()))
     result = {
         "model": model.name,
@@ -519,34 +584,46 @@ def main(argv=None) -> dict:
         "net_clients": args.http_clients,
         "http_server": args.http_server,
         "http_client": args.http_client,
+        "grpc_channels": args.grpc_channels,
         "batcher_same_clients_img_s": round(batched_h, 1),
         "paths_img_s": {k: (round(v, 1) if not isinstance(v, str) else v) for k, v in paths.items()},
         "batcher_before_each_path_img_s": {k: round(v, 1) for k, v in refs.items()},
         "paths_over_batcher": {k: round(v / refs[k], 3) for k, v in paths.items()
                                if not isinstance(v, str)},
+        "cpu_by_role": {"batcher": cpu_batched, "batcher_same_clients": cpu_batched_h, **cpu},
         "batch_size_counts": sizes,
         "cpus": os.cpu_count(),
     }
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"model {result['model']}  input {result['input']}  cpus {result['cpus']}"
-              f"  http server {args.http_server}, client {args.http_client}"
-              + (f"  synthetic cost {args.cost_ms} ms/batch" if args.synthetic else ""))
-        print(f"raw model.infer, batch {args.batch:<3}                  {raw:10.1f} img/s")
-        print(f"batcher, {args.clients} clients x 1 image             {batched:10.1f} img/s"
-              f"   {batched / raw:.3f} x raw      (target >= 0.90)")
-        print(f"batcher, {args.http_clients} clients x 1 image             {batched_h:10.1f} img/s")
-        for key, v in paths.items():
-            kind, workers = key.rsplit("_w", 1)
-            label = f"{kind:<8} {args.http_clients} clients, workers={workers}"
-            if isinstance(v, str):
-                print(f"{label:<40} FAILED: {v}")
-            else:
-                print(f"{label:<40} {v:10.1f} img/s   {v / refs[key]:.3f} x batcher"
-                      f" ({refs[key]:.0f} just before)  (target >= {TARGETS[kind]:.2f})")
         print(f"batch sizes seen by the batcher: {sizes}")
     return result
+
+
+def _print_head(model, args, raw, batched, batched_h, cpu_batched, cpu_batched_h) -> None:
+    feeds = one_image(model, 1)
+    print(f"model {model.name}  input { {k: [*v.shape[1:], v.dtype.name] for k, v in feeds.items()} }"
+          f"  cpus {os.cpu_count()}  http server {args.http_server}, client {args.http_client}"
+          f", grpc {args.grpc_channels} connections"
+          + (f"  synthetic cost {args.cost_ms} ms/batch" if args.synthetic else ""))
+    print(f"raw model.infer, batch {args.batch:<3}                  {raw:10.1f} img/s")
+    print(f"batcher, {args.clients} clients x 1 image             {batched:10.1f} img/s"
+          f"   {batched / raw:.3f} x raw      (target >= 0.90)")
+    print(f"    {format_report(cpu_batched)}  (clients are threads of the engine process)")
+    print(f"batcher, {args.http_clients} clients x 1 image             {batched_h:10.1f} img/s")
+    print(f"    {format_report(cpu_batched_h)}", flush=True)
+
+
+def _print_path(key: str, v: float | str, refs: dict, cpu: dict, args) -> None:
+    kind, workers = key.rsplit("_w", 1)
+    label = f"{kind:<8} {args.http_clients} clients, workers={workers}"
+    if isinstance(v, str):
+        print(f"{label:<40} FAILED: {v}", flush=True)
+        return
+    print(f"{label:<40} {v:10.1f} img/s   {v / refs[key]:.3f} x batcher"
+          f" ({refs[key]:.0f} just before)  (target >= {TARGETS[kind]:.2f})")
+    print(f"    {format_report(cpu[key])}", flush=True)
 
 
 if __name__ == "__main__":

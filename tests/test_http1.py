@@ -417,4 +417,55 @@ def test_worker_reads_the_body_into_its_arena_and_sends_it_by_place(toy):
         assert status == 200 and np.array_equal(logits_of(h, body), want.ravel())
     asyncio.run(main())
     assert all(arena.free)
-    assert [m["args"][:3] for m in sent if m["op"] == "record"] == [["toy", "infer", 200]]
+    assert [r[:3] for m in sent for r in m.get("records", ())] == [["toy", "infer", 200]]
+
+
+def test_worker_sends_the_request_reports_of_one_loop_turn_in_one_message(toy):
+    """A worker's reports of answered requests (``record_request``) are gathered over one
+    turn of its event loop and sent together; a request to the engine made before they
+    went carries them, so the engine applies them before it (``EngineHost.record``)."""
+    import mmap
+    from types import SimpleNamespace
+
+    import msgpack
+
+    from runtime_py.server.engine import ModelInfo
+    from runtime_py.server.workers import EngineHost, RemoteEngine, SlotArena
+
+    model, _ = toy
+    info = ModelInfo.of(model, SimpleNamespace(max_batch_size=8, max_delay_s=0.001))
+    sent: list[dict] = []
+
+    class Conn:
+        def send_bytes(self, data: bytes) -> None:
+            sent.append(msgpack.unpackb(data, raw=False))
+
+    engine = RemoteEngine(Conn(), SlotArena(mmap.mmap(-1, 4 * 4096), 4096, 4), {"toy": info})
+    recorded = []
+    host = EngineHost(SimpleNamespace(record_request=lambda *a: recorded.append(list(a))))
+
+    async def main():
+        engine._loop = asyncio.get_running_loop()
+        for k in range(3):
+            engine.record_request("toy", "grpc_infer", 200, 0.001 * k)
+        assert sent == []                       # not before the end of this turn
+        await asyncio.sleep(0)
+        assert [m["op"] for m in sent] == ["records"]
+
+        async def answer_then_ask():   # a request answered, then another sent, in one turn
+            engine.record_request("toy", "infer", 400, 0.5)
+            return await engine._call({"op": "stats", "name": None, "version": None})
+        call = asyncio.ensure_future(answer_then_ask())
+        await asyncio.sleep(0)
+        assert [m["op"] for m in sent] == ["records", "stats"]   # the report went with it
+        engine._resolve({"id": sent[-1]["id"], "ok": True, "value": {}})
+        await call
+        await asyncio.sleep(0)
+        assert len(sent) == 2                   # nothing left to flush
+
+    asyncio.run(main())
+    for m in sent:
+        host.record(m)
+    assert recorded == [["toy", "grpc_infer", 200, 0.0], ["toy", "grpc_infer", 200, 0.001],
+                        ["toy", "grpc_infer", 200, 0.002], ["toy", "infer", 400, 0.5]]
+    assert "records" not in sent[-1]            # taken off before the op is answered
