@@ -33,6 +33,18 @@ def interpreted():
 
 
 @needs_triton
+def test_the_epilogue_quantizer_equals_division_bit_for_bit(interpreted):
+    """The e4m3 epilogue divides by the scale as a reciprocal multiply plus one fma
+    correction (kernels/fp8_conv.py ``_quantize_e4m3``): bit for bit torch's ``x / scale``
+    QuantizeLinear on exact ties to even, their neighbours, saturation, +-inf, +-0 and random
+    values; a bare ``x * (1 / scale)`` gets some of those ties wrong (the cases can fail)."""
+    r = interpreted["quantizer"]
+    assert r["cases"] > 30000
+    assert r["mismatches"] == 0
+    assert r["naive_mismatches"] > 0
+
+
+@needs_triton
 @pytest.mark.parametrize("case", list(_script().CASES))
 def test_each_fused_epilogue_equals_the_torch_reference(interpreted, case):
     """fp16 out: conv2d of the dequantized operands x scale + bias (+ a strided residual,
