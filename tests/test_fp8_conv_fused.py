@@ -193,3 +193,33 @@ def test_torch_compile_traces_the_fused_model_into_one_graph():
     assert len(launches) == 11
     assert sum(n.kwargs["kwargs"]["RESIDUAL"] for n in launches) == 3       # the conv3s
     assert sum(n.kwargs["kwargs"]["OUT_F8"] for n in launches) == 8        # 2 per block + 2
+
+
+@needs_triton
+def test_a_tile_table_sets_the_tiles_of_the_layers_it_names():
+    """rewrite_fused(tiles=...) (fp8_conv_bench.py --fused-layers' measured table): the
+    layers of a shape it names launch with its tiles, the others with default_config's;
+    the launches in the exported graph carry them."""
+    pytest.importorskip("timm")
+    from bundler.targets.torch_aoti.fused import FusedConv, rewrite_fused
+    from bundler.targets.torch_aoti.kernels.fp8_conv import (Fp8ConvConfig, config_for,
+                                                             default_config, tile_key)
+    from bundler.targets.torch_aoti.model import EngineModule
+
+    model, fp8 = _tiny_and_scales()
+    chosen = Fp8ConvConfig(64, 32, 32, 4, 2, 4)
+    # the 1x1 16 -> 32 shape: layer1's downsample only; the 3x3 8 -> 8 s1 shape: two conv2s
+    table = {tile_key(16, 32, (1, 1), (1, 1)): chosen,
+             tile_key(8, 8, (3, 3), (1, 1)): Fp8ConvConfig(32, 16, 32, 2, 2, 8)}
+    body = rewrite_fused(model, fp8, tiles=table)
+    convs = {n: m for n, m in body.named_modules() if isinstance(m, FusedConv) and m.fp8}
+    assert convs["layer1.0.downsample"].tiles == chosen
+    assert convs["layer1.0.conv2"].tiles == convs["layer1.1.conv2"].tiles == (32, 16, 32, 2, 2, 8)
+    assert convs["layer2.0.conv2"].tiles == default_config(16, 16, (3, 3))   # stride 2: not named
+    assert convs["layer1.0.conv1"].tiles == default_config(16, 8, (1, 1))
+    assert config_for(16, 32, (1, 1), (1, 1)) == default_config(16, 32, (1, 1))  # no table
+    program = torch.export.export(EngineModule(body, torch.float16, False, True).eval(),
+                                  (torch.randn(2, 3, 16, 16),))
+    launched = sorted(tuple(n.args[-6:]) for n in program.graph.nodes
+                      if "fp8_conv_nhwc_fused" in str(n.target))
+    assert launched.count(tuple(chosen)) == 1 and launched.count((32, 16, 32, 2, 2, 8)) == 2
