@@ -505,9 +505,11 @@ def fused_layer_epilogues() -> dict[tuple, dict[tuple, int]]:
     return found
 
 
-def measure_fused_entry(layer: Layer, epilogue: tuple, configs: list, iters: int) -> dict:
-    """One (layer shape, epilogue): for each tile config, the fused op with that epilogue
-    and the plain op (fp16 out, the same ReLU, no residual, no e4m3) with the same tiles."""
+def measure_fused_entry(layer: Layer, epilogue: tuple, configs: list, iters: int,
+                        plain: str = "chosen") -> dict:
+    """One (layer shape, epilogue): for each tile config (``configs[0]``: the default), the
+    fused op with that epilogue; and the plain op (fp16 out, the same ReLU, no residual, no
+    e4m3) with the same tiles as the default and the best config ("chosen") or all."""
     import torch
 
     from bundler.targets.torch_aoti.kernels.fp8_conv import fp8_conv, fp8_conv_fused
@@ -523,18 +525,20 @@ def measure_fused_entry(layer: Layer, epilogue: tuple, configs: list, iters: int
     out_scale = (ref.float().abs().amax() / 448.0).reshape(()) if out8 else None
     tried: dict[str, dict] = {}
     for cfg in configs:
-        name = config_name(cfg)
-        entry: dict = {}
         try:
-            entry["fused"], _ = graph_time(lambda cfg=cfg: fp8_conv_fused(
+            tried[config_name(cfg)] = {"fused": graph_time(lambda cfg=cfg: fp8_conv_fused(
                 q, m.weight_fp8, m.conv_scale, m.bias_out, m.out, *geometry, residual=res,
-                relu=relu, out_f16=out16, out_scale=out_scale, config=cfg), iters)
-            entry["plain"], _ = graph_time(lambda cfg=cfg: fp8_conv(
+                relu=relu, out_f16=out16, out_scale=out_scale, config=cfg), iters)[0]}
+        except Exception as e:   # a config that does not compile (shared memory, registers)
+            tried[config_name(cfg)] = {"failed": f"{type(e).__name__}: {e}"[:200]}
+    ran = [c for c in configs if "fused" in tried[config_name(c)]]
+    best = min(ran, key=lambda c: tried[config_name(c)]["fused"]) if ran else None
+    # the plain op with the tiles of the default and of the best (all of them: plain="all")
+    for cfg in configs if plain == "all" else {configs[0], best} - {None}:
+        if "fused" in tried[config_name(cfg)]:
+            tried[config_name(cfg)]["plain"], _ = graph_time(lambda cfg=cfg: fp8_conv(
                 q, m.weight_fp8, m.conv_scale, m.bias_out, m.out, *geometry, relu=relu,
                 config=cfg), iters)
-        except Exception as e:   # a config that does not compile (shared memory, registers)
-            entry["failed"] = f"{type(e).__name__}: {e}"[:200]
-        tried[name] = entry
     return tried
 
 
@@ -565,7 +569,8 @@ def run_fused_layers(args, budget: Budget, results: dict) -> dict:
                 continue
             try:
                 layer = layer or Layer(shape, args.batch)
-                tried = measure_fused_entry(layer, epilogue, configs, args.iters)
+                tried = measure_fused_entry(layer, epilogue, configs, args.iters,
+                                            args.fused_plain)
             except Exception as e:
                 rows[name] = {"shape": list(shape), "epilogue": list(epilogue), "count": count,
                               "error": f"{type(e).__name__}: {e}"[:400]}
@@ -576,10 +581,10 @@ def run_fused_layers(args, budget: Budget, results: dict) -> dict:
             ok = {c: t for c, t in tried.items() if "fused" in t}
             if ok:
                 best = min(ok, key=lambda c: ok[c]["fused"])
-                d = ok.get(config_name(base), {})
-                log(f"{name:44s} x{count}  best {best} {ok[best]['fused']:.4f} ms "
-                    f"(plain {ok[best]['plain']:.4f})  default {d.get('fused', float('nan')):.4f} "
-                    f"(plain {d.get('plain', float('nan')):.4f})")
+                d, nan = ok.get(config_name(base), {}), float("nan")
+                log(f"{name:40s} x{count}  best {best} {ok[best]['fused']:.4f} ms "
+                    f"(plain {ok[best].get('plain', nan):.4f})  default "
+                    f"{d.get('fused', nan):.4f} (plain {d.get('plain', nan):.4f})")
         del layer
         torch.cuda.empty_cache()
     results["tiles"] = choose_tiles(rows)
@@ -643,9 +648,10 @@ def print_fused_layers(results: dict, batch: int) -> None:
             complete = False
             print(f"{head} {r.get('error') or r.get('skipped') or 'no config ran'}")
             continue
-        d = ok.get(r["default"], {"fused": float("nan"), "plain": float("nan")})
+        nan = float("nan")
+        d = {"fused": nan, "plain": nan, **ok.get(r["default"], {})}
         best = min(ok, key=lambda c: ok[c]["fused"])
-        b = ok[best]
+        b = {"plain": nan, **ok[best]}
         print(f"{head} {r['default']:>16s} {d['fused']:7.4f} {d['plain']:7.4f} {best:>16s} "
               f"{b['fused']:7.4f} {b['plain']:7.4f} {d['fused'] / b['fused']:9.2f}")
         n = r["count"]
@@ -809,9 +815,9 @@ def print_model(results: dict, batch: int) -> None:
             extra = (f"  top-1 vs fp16 {r['top1_vs_fp16']:.3f}, max |logit diff| "
                      f"{r['max_logit_diff']:.3g}" if "top1_vs_fp16" in r else "")
             ratio = f"{base / r['ms']:.3f}x fp16" if base else ""
-            print(f"{name:14s} {r['ms']:8.3f} ms  {ratio}{extra}")
+            print(f"{name:22s} {r['ms']:8.3f} ms  {ratio}{extra}")
         else:
-            print(f"{name:14s} {r.get('error') or 'skipped: ' + r.get('skipped', '')}")
+            print(f"{name:22s} {r.get('error') or 'skipped: ' + r.get('skipped', '')}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -838,6 +844,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fused-configs", default="all", choices=("all", "default"),
                    help="--fused-layers' tiles: default_config and CANDIDATE_CONFIGS, or "
                         "default_config only")
+    p.add_argument("--fused-plain", default="chosen", choices=("chosen", "all"),
+                   help="--fused-layers: the plain op with the default and the best tiles "
+                        "only, or with every config")
     p.add_argument("--fused-reserve-models", type=float, default=2.0,
                    help="--fused-layers stops with this many --model-reserve-s of budget "
                         "left (for the model compiles after it)")

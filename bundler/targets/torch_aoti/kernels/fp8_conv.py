@@ -68,11 +68,15 @@ class Fp8ConvConfig(NamedTuple):
 
 
 #: What ``benchmarks/fp8_conv_bench.py`` tries per shape besides ``default_config``:
-#: Hopper-sized tiles (FP8 dots need block_k >= 32) that fit 3-4 stages in shared memory.
+#: Hopper-sized tiles (FP8 dots need block_k >= 32) that fit 3-4 stages in shared memory,
+#: and small ones for ResNet-50's 7x7 and 14x14 stages (at batch 32, 1568 output rows: a
+#: 128x128 tile gives 52 programs of 2048 -> 512 for 132 SMs; 64x64 gives 200).
 CANDIDATE_CONFIGS = (
     Fp8ConvConfig(128, 256, 64, 8, 3),
     Fp8ConvConfig(256, 128, 64, 8, 3),
     Fp8ConvConfig(64, 128, 64, 4, 4),
+    Fp8ConvConfig(128, 64, 128, 4, 3),
+    Fp8ConvConfig(64, 64, 128, 4, 3),
 )
 
 
