@@ -683,6 +683,70 @@ def print_fused_layers(results: dict, batch: int) -> None:
         print("}")
 
 
+def ptxas_report(arch: int = 90) -> int:
+    """--ptxas (no GPU needed): compile the kernel for sm_``arch`` with each tile config and
+    epilogue of --fused-layers and print ptxas' registers, spills and the shared memory per
+    program: a spill or a register count that halves the programs per SM shows before any
+    timing. Integer arguments are marked divisible by 16 as Triton's JIT marks ResNet-50's."""
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from bundler.fp8 import E4M3_MAX
+    from bundler.targets.torch_aoti.kernels import fp8_conv as kernels
+
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    kernel = kernels._fp8_conv_nhwc_kernel
+    names = kernel.arg_names
+    pointers = ["*fp8e4nv", "*fp8e4nv", "*fp32", "*fp32", "*fp16", "*fp16", "*fp8e4nv", "*fp32"]
+    configs = list(dict.fromkeys([kernels.Fp8ConvConfig(128, 64, 64, 4, 4),
+                                  kernels.Fp8ConvConfig(128, 128, 64, 8, 4),
+                                  kernels.Fp8ConvConfig(128, 128, 128, 8, 3),
+                                  *kernels.CANDIDATE_CONFIGS]))
+    epilogues = {"plain": (False, False, True, False), **{
+        epilogue_name(e): e for e in ((True, False, False, True), (True, True, True, True),
+                                      (False, False, True, False))}}
+    print(f"== ptxas -arch=sm_{arch}a: registers / spill bytes / shared memory per program")
+    with tempfile.TemporaryDirectory() as tmp:
+        for cfg in configs:
+            for k in (1, 3):
+                for ename, (relu, residual, out16, out8) in epilogues.items():
+                    consts = dict(KH=k, KW=k, SH=1, SW=1, PH=k // 2, PW=k // 2, DH=1, DW=1,
+                                  RELU=relu, EVEN_C=True, RESIDUAL=residual,
+                                  RES_CONTIG=residual, OUT_F16=out16, OUT_F8=out8,
+                                  QMAX=E4M3_MAX, BLOCK_M=cfg[0], BLOCK_N=cfg[1],
+                                  BLOCK_K=cfg[2], GROUP_M=cfg[5])
+                    loose = [n for n in names if n not in consts]
+                    sig = {n: "constexpr" if n in consts else
+                           (pointers[loose.index(n)] if loose.index(n) < 8 else "i32")
+                           for n in names}
+                    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+                             if n in loose and n not in ("M", "H", "W", "HO", "WO")}
+                    try:
+                        compiled = triton.compile(
+                            triton.compiler.ASTSource(fn=kernel, signature=sig,
+                                                      constexprs=consts, attrs=attrs),
+                            target=GPUTarget("cuda", arch, 32),
+                            options=dict(num_warps=cfg[3], num_stages=cfg[4]))
+                        ptx = Path(tmp) / "k.ptx"
+                        ptx.write_text(compiled.asm["ptx"])
+                        out = subprocess.run([str(ptxas), f"-arch=sm_{arch}a", "-v", str(ptx),
+                                              "-o", str(Path(tmp) / "k.cubin")],
+                                             capture_output=True, text=True).stderr
+                        regs = re.search(r"Used (\d+) registers", out).group(1)
+                        spill = re.search(r"(\d+) bytes spill stores", out).group(1)
+                        print(f"{config_name(cfg):18s} {k}x{k} {ename:16s} regs {regs:>3s} "
+                              f"spill {spill:>4s} B  smem {compiled.metadata.shared:6d} B",
+                              flush=True)
+                    except Exception as e:
+                        print(f"{config_name(cfg):18s} {k}x{k} {ename:16s} FAILED "
+                              f"{type(e).__name__}: {str(e)[:150]}", flush=True)
+    return 0
+
+
 # --- the whole model ------------------------------------------------------------------------
 
 #: --model's variants: fp16 = the model in fp16 channels_last (cuDNN convolutions; what the
@@ -844,6 +908,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fused-configs", default="all", choices=("all", "default"),
                    help="--fused-layers' tiles: default_config and CANDIDATE_CONFIGS, or "
                         "default_config only")
+    p.add_argument("--ptxas", action="store_true",
+                   help="no GPU: ptxas' registers, spills and shared memory of the kernel for "
+                        "sm_90 per tile config and epilogue, then exit")
     p.add_argument("--fused-plain", default="chosen", choices=("chosen", "all"),
                    help="--fused-layers: the plain op with the default and the best tiles "
                         "only, or with every config")
@@ -859,6 +926,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet", action="store_true",
                    help="no line per measurement (phases, failures and the tables only)")
     args = p.parse_args(argv)
+    if args.ptxas:
+        return ptxas_report()
 
     import torch
 
