@@ -37,13 +37,25 @@ channels_last model, bottlenecks fused, ``fp8_conv="triton-fused"``); ``--model-
 ``torch.compile``-d (default mode, batch static) and CUDA-graph replayed: ms per batch,
 ratios to fp16, top-1 agreement with fp16. Needs timm.
 
-Order: the eager variants of every layer, then --model, then the compiled variants.
+--fused-layers (issue 18: why fp8-fused is slower than the per-layer kernel times): the fused
+op (``fp8_conv_fused``) on every layer shape with the epilogue the fused model gives that layer
+(read off ``fused.rewrite_fused``'s timm resnet50: conv1 and conv2 ReLU -> e4m3, conv3
+residual + ReLU -> fp16 + e4m3, the last conv3 fp16 only, downsample fp16), for every tile
+config (``default_config`` and ``CANDIDATE_CONFIGS``), next to the plain op with the same tiles
+(fp16 out, the same ReLU, no residual, no e4m3): the epilogue's cost and the tiles' are told
+apart. It prints per layer the default tiles' and the best tiles' times, the totals over the
+52 layers, and the best tiles per layer shape as a ``MEASURED_TILES`` literal; variant
+fp8-fused-tuned is built with them, and "-eager" variants (fp8-fused-eager, ...) run without
+torch.compile: the model's launches as the per-layer measurements make them.
+
+Order: --fused-layers, the eager variants of every layer, then --model, then the compiled
+variants.
 --budget-s: no new measurement starts after that many seconds (default 180; a model
 compile starts only with --model-reserve-s left); what was skipped is printed as such, and
 the tables are printed whatever failed.
 
     PYTHONPATH=. python benchmarks/fp8_conv_bench.py [--batch 32] [--iters 50] [--model]
-        [--model-only] [--model-variants fp16,fp8-fused,...]
+        [--model-only] [--model-variants fp16,fp8-fused,...] [--fused-layers]
         [--kinds 3x3,1x1] [--compile-kinds 3x3] [--configs all|default] [--json PATH]
         [--quiet] [--budget-s 180]
 
@@ -438,6 +450,303 @@ def print_layers(results: dict, batch: int) -> None:
         print(f"FAILED {n} {var}: {err}")
 
 
+# --- the fused op per layer (--fused-layers) --------------------------------------------------
+
+#: A fused convolution's epilogue as fused.FusedConv runs it: (ReLU, residual added, fp16
+#: written, e4m3 written with the next scale).
+EPILOGUE_NAMES = {(True, False, False, True): "relu>f8", (True, True, True, True): "res+relu>f16+f8",
+                  (True, True, True, False): "res+relu>f16", (False, False, True, False): ">f16",
+                  (True, False, True, True): "relu>f16+f8", (True, False, True, False): "relu>f16"}
+
+
+def epilogue_name(epilogue: tuple) -> str:
+    return EPILOGUE_NAMES.get(epilogue, str(epilogue))
+
+
+def config_name(cfg) -> str:
+    return "x".join(map(str, cfg[:3])) + f"/w{cfg[3]}s{cfg[4]}"
+
+
+def fused_layer_epilogues() -> dict[tuple, dict[tuple, int]]:
+    """RESNET50_CONVS shape -> {epilogue: how many layers}, read off timm resnet50 as
+    ``fused.rewrite_fused`` builds it (CPU; the scales do not change the structure, except
+    that every convolution is FP8, as in the fp8-fused variant)."""
+    import numpy as np
+    import torch
+
+    from bundler.families import load_family
+    from bundler.targets.torch_aoti.fused import (FusedBottleneck, bottleneck_parts,
+                                                  rewrite_fused)
+    from bundler.torch_model import build_torch_model
+
+    model = build_torch_model(load_family("timm_resnet50"), seed=0)
+    fp8 = {n: (0.01, np.full(m.out_channels, 1e-3, np.float32)) for n, m in model.named_modules()
+           if isinstance(m, torch.nn.Conv2d) and n != "conv1"}
+    by_key = {(cin, cout, k, st): shape for shape in RESNET50_CONVS
+              for cin, cout, _hw, k, st, _p in [shape]}
+    assert len(by_key) == len(RESNET50_CONVS), "RESNET50_CONVS: (cin, cout, k, s) not unique"
+    found: dict[tuple, dict[tuple, int]] = {}
+    for name, block in rewrite_fused(model, fp8).named_modules():
+        if not isinstance(block, FusedBottleneck):
+            continue
+        originals = bottleneck_parts(model.get_submodule(name))
+        for role, original in zip(("conv1", "conv2", "conv3", "downsample"), originals):
+            conv = getattr(block, role)
+            if conv is None or not conv.fp8:
+                continue
+            shape = by_key[(original.in_channels, original.out_channels,
+                            original.kernel_size[0], original.stride[0])]
+            epilogue = (conv.relu, role == "conv3", conv.out16, conv.out_scale is not None)
+            row = found.setdefault(shape, {})
+            row[epilogue] = row.get(epilogue, 0) + 1
+    counted = {sh: sum(e.values()) for sh, e in found.items()}
+    if counted != RESNET50_CONVS:
+        raise RuntimeError(f"the fused model's layers are not RESNET50_CONVS: {counted}")
+    return found
+
+
+def measure_fused_entry(layer: Layer, epilogue: tuple, configs: list, iters: int,
+                        plain: str = "chosen") -> dict:
+    """One (layer shape, epilogue): for each tile config (``configs[0]``: the default), the
+    fused op with that epilogue; and the plain op (fp16 out, the same ReLU, no residual, no
+    e4m3) with the same tiles as the default and the best config ("chosen") or all."""
+    import torch
+
+    from bundler.targets.torch_aoti.kernels.fp8_conv import fp8_conv, fp8_conv_fused
+
+    relu, residual, out16, out8 = epilogue
+    m = layer.triton_module()
+    q = layer.tam.quantize(layer.x, m.act_scale).contiguous()
+    geometry = (m.kernel, m.stride, m.padding, m.dilation)
+    ref = fp8_conv(q, m.weight_fp8, m.conv_scale, m.bias_out, m.out, *geometry, relu=relu)
+    gen = torch.Generator(device=ref.device).manual_seed(1)
+    res = (torch.randn(ref.shape, device=ref.device, generator=gen, dtype=torch.float16)
+           * ref.float().std()).half() if residual else None
+    out_scale = (ref.float().abs().amax() / 448.0).reshape(()) if out8 else None
+    tried: dict[str, dict] = {}
+    for cfg in configs:
+        try:
+            tried[config_name(cfg)] = {"fused": graph_time(lambda cfg=cfg: fp8_conv_fused(
+                q, m.weight_fp8, m.conv_scale, m.bias_out, m.out, *geometry, residual=res,
+                relu=relu, out_f16=out16, out_scale=out_scale, config=cfg), iters)[0]}
+        except Exception as e:   # a config that does not compile (shared memory, registers)
+            tried[config_name(cfg)] = {"failed": f"{type(e).__name__}: {e}"[:200]}
+    ran = [c for c in configs if "fused" in tried[config_name(c)]]
+    best = min(ran, key=lambda c: tried[config_name(c)]["fused"]) if ran else None
+    # the plain op with the tiles of the default and of the best (all of them: plain="all")
+    for cfg in configs if plain == "all" else {configs[0], best} - {None}:
+        if "fused" in tried[config_name(cfg)]:
+            tried[config_name(cfg)]["plain"], _ = graph_time(lambda cfg=cfg: fp8_conv(
+                q, m.weight_fp8, m.conv_scale, m.bias_out, m.out, *geometry, relu=relu,
+                config=cfg), iters)
+    return tried
+
+
+def run_fused_layers(args, budget: Budget, results: dict) -> dict:
+    """--fused-layers: every RESNET50_CONVS shape with each epilogue the fused model gives
+    it, every tile config (``default_config``'s first, then ``CANDIDATE_CONFIGS``), into
+    ``results`` ("layers": name -> entry, "tiles": the best config per shape)."""
+    import torch
+
+    from bundler.targets.torch_aoti.kernels.fp8_conv import CANDIDATE_CONFIGS, default_config
+
+    log("phase: fused layers (the fused op with each layer's epilogue, every tile config)")
+    epilogues = fused_layer_epilogues()
+    reserve = args.model_reserve_s * args.fused_reserve_models if args.model else 0.0
+    rows = results.setdefault("layers", {})
+    for shape, by_epilogue in epilogues.items():
+        cin, cout, _hw, k, st, _p = shape
+        base = default_config(cin, cout, (k, k))
+        configs = [base] + [c for c in CANDIDATE_CONFIGS if c != base]
+        if args.fused_configs == "default":
+            configs = [base]
+        layer = None
+        for epilogue, count in by_epilogue.items():
+            name = f"{shape_name(shape)} {epilogue_name(epilogue)}"
+            if budget.left() <= reserve:
+                rows[name] = {"shape": list(shape), "epilogue": list(epilogue), "count": count,
+                              "skipped": "budget (kept for the models)"}
+                continue
+            try:
+                layer = layer or Layer(shape, args.batch)
+                tried = measure_fused_entry(layer, epilogue, configs, args.iters,
+                                            args.fused_plain)
+            except Exception as e:
+                rows[name] = {"shape": list(shape), "epilogue": list(epilogue), "count": count,
+                              "error": f"{type(e).__name__}: {e}"[:400]}
+                log(f"{name:44s} FAILED {rows[name]['error']}")
+                continue
+            rows[name] = {"shape": list(shape), "epilogue": list(epilogue), "count": count,
+                          "default": config_name(base), "tried": tried}
+            ok = {c: t for c, t in tried.items() if "fused" in t}
+            if ok:
+                best = min(ok, key=lambda c: ok[c]["fused"])
+                d, nan = ok.get(config_name(base), {}), float("nan")
+                log(f"{name:40s} x{count}  best {best} {ok[best]['fused']:.4f} ms "
+                    f"(plain {ok[best].get('plain', nan):.4f})  default "
+                    f"{d.get('fused', nan):.4f} (plain {d.get('plain', nan):.4f})")
+        del layer
+        torch.cuda.empty_cache()
+    results["tiles"] = choose_tiles(rows)
+    return results
+
+
+def choose_tiles(rows: dict) -> dict:
+    """Per layer shape, the config with the least count-weighted fused time over the
+    epilogues that shape has (the table is keyed by shape: ``kernels.fp8_conv.tile_key``);
+    shapes with a failed or skipped epilogue are left out (they keep ``default_config``)."""
+    by_shape: dict[tuple, list] = {}
+    for r in rows.values():
+        by_shape.setdefault(tuple(r["shape"]), []).append(r)
+    chosen = {}
+    for shape, entries in by_shape.items():
+        if any("tried" not in e for e in entries):
+            continue
+        names = set.intersection(*({c for c, t in e["tried"].items() if "fused" in t}
+                                   for e in entries))
+        if not names:
+            continue
+        cost = {c: sum(e["count"] * e["tried"][c]["fused"] for e in entries) for c in names}
+        best = min(cost, key=cost.get)
+        default = entries[0]["default"]
+        chosen[shape] = {"tiles": best, "ms": cost[best], "default_ms": cost.get(default)}
+    return chosen
+
+
+def tiles_from_name(name: str):
+    """``config_name``'s string back to an Fp8ConvConfig (group_m: the default)."""
+    from bundler.targets.torch_aoti.kernels.fp8_conv import Fp8ConvConfig
+
+    blocks, rest = name.split("/w")
+    warps, stages = rest.split("s")
+    bm, bn, bk = map(int, blocks.split("x"))
+    return Fp8ConvConfig(bm, bn, bk, int(warps), int(stages))
+
+
+def tile_table(chosen: dict) -> dict:
+    """The measured choice as ``rewrite_fused(tiles=...)`` takes it."""
+    from bundler.targets.torch_aoti.kernels.fp8_conv import tile_key
+
+    return {tile_key(cin, cout, (k, k), (st, st)): tiles_from_name(c["tiles"])
+            for (cin, cout, _hw, k, st, _p), c in chosen.items()}
+
+
+def print_fused_layers(results: dict, batch: int) -> None:
+    rows, chosen = results.get("layers", {}), results.get("tiles", {})
+    print(f"\n== the fused op per layer at batch {batch} (ms, CUDA-graph replay): its epilogue in "
+          "the fused model; 'plain' = the unfused op (fp16 out, no residual, no e4m3) with the "
+          "same tiles")
+    print(f"{'layer':28s} {'epilogue':16s} {'n':>2s} {'default tiles':>16s} {'fused':>7s} "
+          f"{'plain':>7s} {'best tiles':>16s} {'fused':>7s} {'plain':>7s} {'dflt/best':>9s}")
+    tot = {"default": 0.0, "default_plain": 0.0, "best": 0.0, "best_plain": 0.0}
+    complete = True
+    for name, r in rows.items():
+        shape = tuple(r["shape"])
+        head = f"{shape_name(shape):28s} {epilogue_name(tuple(r['epilogue'])):16s} {r['count']:2d}"
+        ok = {c: t for c, t in r.get("tried", {}).items() if "fused" in t}
+        if not ok:
+            complete = False
+            print(f"{head} {r.get('error') or r.get('skipped') or 'no config ran'}")
+            continue
+        nan = float("nan")
+        d = {"fused": nan, "plain": nan, **ok.get(r["default"], {})}
+        best = min(ok, key=lambda c: ok[c]["fused"])
+        b = {"plain": nan, **ok[best]}
+        print(f"{head} {r['default']:>16s} {d['fused']:7.4f} {d['plain']:7.4f} {best:>16s} "
+              f"{b['fused']:7.4f} {b['plain']:7.4f} {d['fused'] / b['fused']:9.2f}")
+        n = r["count"]
+        tot["default"] += n * d["fused"]
+        tot["default_plain"] += n * d["plain"]
+        tot["best"] += n * b["fused"]
+        tot["best_plain"] += n * b["plain"]
+    mark = "" if complete else " (* some layers missing)"
+    print(f"\n== totals over the 52 layers (sum of count x ms){mark}: fused op with default tiles "
+          f"{tot['default']:.3f} ms (plain {tot['default_plain']:.3f}); best tiles per "
+          f"(layer, epilogue) {tot['best']:.3f} ms (plain {tot['best_plain']:.3f})")
+    print("(the fp8-fused model's conv kernels took 2.45 ms on 2026-12-01: far above these "
+          "sums means the compiled graph launches it differently, see fp8-fused-eager)")
+    for name, r in rows.items():
+        for cfg, t in r.get("tried", {}).items():
+            if "failed" in t:
+                print(f"FAILED {name} {cfg}: {t['failed']}")
+    if chosen:
+        print("\n== tiles per layer shape, count-weighted over its epilogues (paste into "
+              "bundler/targets/torch_aoti/kernels/fp8_conv.py MEASURED_TILES)")
+        print("MEASURED_TILES: TileTable = {")
+        for shape, c in chosen.items():
+            cin, cout, _hw, k, st, _p = shape
+            cfg = tiles_from_name(c["tiles"])
+            saved = (f", default {c['default_ms']:.4f}" if c.get("default_ms") is not None
+                     else "")
+            print(f"    ({cin}, {cout}, {k}, {k}, {st}, {st}): Fp8ConvConfig{tuple(cfg)},"
+                  f"  # {shape_name(shape)}: {c['ms']:.4f} ms{saved}")
+        print("}")
+
+
+def ptxas_report(arch: int = 90) -> int:
+    """--ptxas (no GPU needed): compile the kernel for sm_``arch`` with each tile config and
+    epilogue of --fused-layers and print ptxas' registers, spills and the shared memory per
+    program: a spill or a register count that halves the programs per SM shows before any
+    timing. Integer arguments are marked divisible by 16 as Triton's JIT marks ResNet-50's."""
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from bundler.fp8 import E4M3_MAX
+    from bundler.targets.torch_aoti.kernels import fp8_conv as kernels
+
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    kernel = kernels._fp8_conv_nhwc_kernel
+    names = kernel.arg_names
+    pointers = ["*fp8e4nv", "*fp8e4nv", "*fp32", "*fp32", "*fp16", "*fp16", "*fp8e4nv", "*fp32"]
+    configs = list(dict.fromkeys([kernels.Fp8ConvConfig(128, 64, 64, 4, 4),
+                                  kernels.Fp8ConvConfig(128, 128, 64, 8, 4),
+                                  kernels.Fp8ConvConfig(128, 128, 128, 8, 3),
+                                  *kernels.CANDIDATE_CONFIGS]))
+    epilogues = {"plain": (False, False, True, False), **{
+        epilogue_name(e): e for e in ((True, False, False, True), (True, True, True, True),
+                                      (False, False, True, False))}}
+    print(f"== ptxas -arch=sm_{arch}a: registers / spill bytes / shared memory per program")
+    with tempfile.TemporaryDirectory() as tmp:
+        for cfg in configs:
+            for k in (1, 3):
+                for ename, (relu, residual, out16, out8) in epilogues.items():
+                    consts = dict(KH=k, KW=k, SH=1, SW=1, PH=k // 2, PW=k // 2, DH=1, DW=1,
+                                  RELU=relu, EVEN_C=True, RESIDUAL=residual,
+                                  RES_CONTIG=residual, OUT_F16=out16, OUT_F8=out8,
+                                  QMAX=E4M3_MAX, BLOCK_M=cfg[0], BLOCK_N=cfg[1],
+                                  BLOCK_K=cfg[2], GROUP_M=cfg[5])
+                    loose = [n for n in names if n not in consts]
+                    sig = {n: "constexpr" if n in consts else
+                           (pointers[loose.index(n)] if loose.index(n) < 8 else "i32")
+                           for n in names}
+                    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+                             if n in loose and n not in ("M", "H", "W", "HO", "WO")}
+                    try:
+                        compiled = triton.compile(
+                            triton.compiler.ASTSource(fn=kernel, signature=sig,
+                                                      constexprs=consts, attrs=attrs),
+                            target=GPUTarget("cuda", arch, 32),
+                            options=dict(num_warps=cfg[3], num_stages=cfg[4]))
+                        ptx = Path(tmp) / "k.ptx"
+                        ptx.write_text(compiled.asm["ptx"])
+                        out = subprocess.run([str(ptxas), f"-arch=sm_{arch}a", "-v", str(ptx),
+                                              "-o", str(Path(tmp) / "k.cubin")],
+                                             capture_output=True, text=True).stderr
+                        regs = re.search(r"Used (\d+) registers", out).group(1)
+                        spill = re.search(r"(\d+) bytes spill stores", out).group(1)
+                        print(f"{config_name(cfg):18s} {k}x{k} {ename:16s} regs {regs:>3s} "
+                              f"spill {spill:>4s} B  smem {compiled.metadata.shared:6d} B",
+                              flush=True)
+                    except Exception as e:
+                        print(f"{config_name(cfg):18s} {k}x{k} {ename:16s} FAILED "
+                              f"{type(e).__name__}: {str(e)[:150]}", flush=True)
+    return 0
+
+
 # --- the whole model ------------------------------------------------------------------------
 
 #: --model's variants: fp16 = the model in fp16 channels_last (cuDNN convolutions; what the
@@ -446,14 +755,19 @@ def print_layers(results: dict, batch: int) -> None:
 #: on the 1x1 layers only (3x3 in fp16 through cuDNN), fp16-nhwc = the fp16 NHWC rewrite,
 #: fp8-fused = the channels_last model with fused bottlenecks (``fp8_conv="triton-fused"``:
 #: every FP8 conv on the Triton kernel, e4m3 written for the next layer, residual + ReLU in
-#: the epilogue), fp8-fused-pointwise = the same with the 3x3 layers in fp16.
+#: the epilogue), fp8-fused-pointwise = the same with the 3x3 layers in fp16, fp8-fused-tuned
+#: = fp8-fused with the tiles --fused-layers measured best per layer shape (run in the same
+#: call, before the models). A "-eager" suffix on any of them: the module not compiled,
+#: its eager forward CUDA-graph replayed (no Inductor: for the fused variants, the kernel
+#: launches as the per-layer measurements launch it).
 MODEL_VARIANTS = ("fp16", "fp8-triton", "fp8-pointwise", "fp8-im2col", "fp16-nhwc",
-                  "fp8-fused", "fp8-fused-pointwise")
+                  "fp8-fused", "fp8-fused-pointwise", "fp8-fused-tuned")
 
 
-def run_model(args, budget: Budget, results: dict) -> dict:
+def run_model(args, budget: Budget, results: dict, tiles: dict | None = None) -> dict:
     """timm_resnet50 engine modules (random weights), compiled, CUDA-graph replayed, into
-    ``results`` (variant -> result)."""
+    ``results`` (variant -> result). ``tiles``: --fused-layers' choice (``choose_tiles``)
+    for fp8-fused-tuned."""
     import numpy as np
     import torch
 
@@ -486,7 +800,9 @@ def run_model(args, budget: Budget, results: dict) -> dict:
     x_cl = x.contiguous(memory_format=torch.channels_last)
     outputs = {}
     for name in args.model_variants.split(","):
-        if name not in MODEL_VARIANTS:
+        eager = name.endswith("-eager")
+        variant = name.removesuffix("-eager")
+        if variant not in MODEL_VARIANTS:
             results[name] = {"error": f"unknown; choose from {', '.join(MODEL_VARIANTS)}"}
             continue
         if budget.left() < args.model_reserve_s:
@@ -496,28 +812,39 @@ def run_model(args, budget: Budget, results: dict) -> dict:
         try:
             started = time.monotonic()
             inputs = x
-            if name == "fp16":           # the model as it is, fp16 channels_last (cuDNN)
+            if variant == "fp16":           # the model as it is, fp16 channels_last (cuDNN)
                 body = copy.deepcopy(model).half().to(memory_format=torch.channels_last)
                 module, inputs = EngineModule(body, torch.float16, False), x_cl
-            elif name.startswith("fp8-fused"):   # channels_last, bottlenecks fused
-                layers = pointwise if name.endswith("-pointwise") else fp8
+            elif variant == "fp8-fused-tuned":   # fp8-fused, --fused-layers' tiles
+                from bundler.targets.torch_aoti.fused import rewrite_fused
+
+                if not tiles:
+                    raise RuntimeError("no measured tiles: run with --fused-layers")
+                table = tile_table(tiles)
+                log(f"model {name}: {len(table)} layer shapes with measured tiles")
+                module = EngineModule(rewrite_fused(model, fp8, tiles=table), torch.float16,
+                                      False, True)
+            elif variant.startswith("fp8-fused"):   # channels_last, bottlenecks fused
+                layers = pointwise if variant.endswith("-pointwise") else fp8
                 module, _ = engine_model(model, "fp8", layers, fp8_conv="triton-fused")
             else:
-                precision = "fp16" if name == "fp16-nhwc" else "fp8"
-                layers = {"fp8-pointwise": pointwise, "fp16-nhwc": None}.get(name, fp8)
+                precision = "fp16" if variant == "fp16-nhwc" else "fp8"
+                layers = {"fp8-pointwise": pointwise, "fp16-nhwc": None}.get(variant, fp8)
                 module, _ = engine_model(model, precision, layers,
                                          pad_channels=default_pad_channels(precision),
                                          input_shape=shape, max_batch=args.batch,
-                                         fp8_conv="triton" if name == "fp8-triton" else "im2col")
+                                         fp8_conv="triton" if variant == "fp8-triton"
+                                         else "im2col")
             module = module.cuda().eval()
             torch._dynamo.reset()
-            compiled = torch.compile(module, dynamic=False)
+            compiled = module if eager else torch.compile(module, dynamic=False)
             with torch.no_grad():
                 ms, out = graph_time(lambda: compiled(inputs), args.iters, warmup=3)
             outputs[name] = out.float().clone()
             results[name] = {"ms": ms, "build_s": time.monotonic() - started}
             log(f"model {name}: {ms:.3f} ms at batch {args.batch} "
-                f"(compiled in {time.monotonic() - started:.0f} s)")
+                f"({'eager, built' if eager else 'compiled'} in "
+                f"{time.monotonic() - started:.0f} s)")
             if name in args.profile.split(",") or args.profile == "all":
                 from kernel_profile import kernel_table   # (benchmarks/ is on sys.path)
 
@@ -552,9 +879,9 @@ def print_model(results: dict, batch: int) -> None:
             extra = (f"  top-1 vs fp16 {r['top1_vs_fp16']:.3f}, max |logit diff| "
                      f"{r['max_logit_diff']:.3g}" if "top1_vs_fp16" in r else "")
             ratio = f"{base / r['ms']:.3f}x fp16" if base else ""
-            print(f"{name:14s} {r['ms']:8.3f} ms  {ratio}{extra}")
+            print(f"{name:22s} {r['ms']:8.3f} ms  {ratio}{extra}")
         else:
-            print(f"{name:14s} {r.get('error') or 'skipped: ' + r.get('skipped', '')}")
+            print(f"{name:22s} {r.get('error') or 'skipped: ' + r.get('skipped', '')}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -574,6 +901,22 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"in this order, while the budget lasts: {', '.join(MODEL_VARIANTS)}")
     p.add_argument("--model-reserve-s", type=float, default=45.0,
                    help="start a model compile only with this much budget left")
+    p.add_argument("--fused-layers", action="store_true",
+                   help="the fused op per layer with the epilogue the fused model gives it, "
+                        "every tile config, next to the plain op (runs before --model, even "
+                        "with --model-only); its best tiles feed fp8-fused-tuned")
+    p.add_argument("--fused-configs", default="all", choices=("all", "default"),
+                   help="--fused-layers' tiles: default_config and CANDIDATE_CONFIGS, or "
+                        "default_config only")
+    p.add_argument("--ptxas", action="store_true",
+                   help="no GPU: ptxas' registers, spills and shared memory of the kernel for "
+                        "sm_90 per tile config and epilogue, then exit")
+    p.add_argument("--fused-plain", default="chosen", choices=("chosen", "all"),
+                   help="--fused-layers: the plain op with the default and the best tiles "
+                        "only, or with every config")
+    p.add_argument("--fused-reserve-models", type=float, default=2.0,
+                   help="--fused-layers stops with this many --model-reserve-s of budget "
+                        "left (for the model compiles after it)")
     p.add_argument("--budget-s", type=float, default=180.0)
     p.add_argument("--profile", default="",
                    help="model variants to profile per kernel (kernel_profile.py), or all")
@@ -583,6 +926,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet", action="store_true",
                    help="no line per measurement (phases, failures and the tables only)")
     args = p.parse_args(argv)
+    if args.ptxas:
+        return ptxas_report()
 
     import torch
 
@@ -605,12 +950,17 @@ def main(argv: list[str] | None = None) -> int:
     report["layers"] = {}
     signal.signal(signal.SIGTERM, _interrupt)
     args.model = args.model or args.model_only
+    fused: dict = {}
     try:
+        if args.fused_layers:
+            report["fused"] = fused
+            run_fused_layers(args, budget, fused)
+            print_fused_layers(fused, args.batch)
         if not args.model_only:
             run_layers(args, budget, EAGER_PHASE, report["layers"], layers)
         if args.model:
             report["model"] = {}
-            run_model(args, budget, report["model"])
+            run_model(args, budget, report["model"], fused.get("tiles"))
         if not args.model_only:
             run_layers(args, budget, COMPILED_PHASE, report["layers"], layers)
     except Interrupted:
@@ -619,12 +969,18 @@ def main(argv: list[str] | None = None) -> int:
         log(f"FAILED {type(e).__name__}: {e}")
         traceback.print_exc()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if fused.get("layers") and "tiles" not in fused:      # interrupted in that phase
+        fused["tiles"] = choose_tiles(fused["layers"])
+        print_fused_layers(fused, args.batch)
     if report["layers"]:
         print_layers(report["layers"], args.batch)
     if report.get("model"):
         print_model(report["model"], args.batch)
     log("done")
     if args.json:
+        if "tiles" in fused:      # shape tuples -> strings (JSON keys)
+            fused["tiles"] = {shape_name(k): {**v, "shape": list(k)}
+                              for k, v in fused["tiles"].items()}
         args.json.write_text(json.dumps(report, indent=1))
     return 0
 

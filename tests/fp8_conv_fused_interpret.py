@@ -6,7 +6,11 @@ the interpreter: its fp32 -> e4m3 conversion (``triton.runtime.interpreter._conv
 rounds half up and drops the carry into the exponent (127.4 / 1.0 becomes 64, not 128),
 where the GPU's ``cvt.rn.satfinite.e4m3x2.f32`` rounds to nearest even. The e4m3 outputs are
 checked bit for bit, so that one conversion is replaced here by torch's (round to nearest
-even, the ONNX QuantizeLinear rounding); everything else runs as the interpreter has it.
+even, the ONNX QuantizeLinear rounding). A second: the interpreter's ``fma`` is ``x * y + z``
+in fp32 (two roundings) where the GPU's ``fma.rn.f32`` rounds once; the epilogue's quantizer
+relies on the single rounding (an exact remainder), so ``fma`` is computed in fp64 here (the
+product exact, the remainder exact, one rounding to fp32 but for a double rounding of the
+correction step, which no case below meets). Everything else runs as the interpreter has it.
 
 Epilogue cases: the kernel's fp16 and e4m3 outputs against a torch reference (conv2d in fp32
 of the dequantized operands x scale + bias, + residual, ReLU; the e4m3 output = quantize of
@@ -52,6 +56,65 @@ def exact_e4m3_conversion() -> None:
         return original(data, src, dst, rounding_mode)
 
     interpreter._convert_float = convert
+
+    def fma(self, x, y, z):      # one rounding, as fma.rn.f32 (module docstring)
+        exact = x.data.astype(np.float64) * y.data.astype(np.float64) + z.data.astype(np.float64)
+        return interpreter.TensorHandle(exact.astype(z.data.dtype), z.dtype.scalar)
+
+    interpreter.InterpreterBuilder.create_fma = fma
+
+
+def quantizer_ties() -> dict:
+    """The epilogue's quantizer (``_quantize_e4m3``: reciprocal, one fma correction) against
+    torch's ``x / scale`` QuantizeLinear, bit for bit, on values made to hit its hard cases:
+    fp16 values that are exactly ``scale`` times an e4m3 rounding midpoint (ties to even;
+    a bare ``x * (1 / scale)`` misses some of them), their fp16 neighbours, saturation,
+    +-inf, zeros, and random values."""
+    global _quantize_e4m3      # the interpreter resolves a kernel's callees in its globals
+    import triton
+    import triton.language as tl
+
+    from bundler.fp8 import E4M3_MAX
+    from bundler.targets.torch_aoti.kernels.fp8_conv import _quantize_e4m3
+    from bundler.targets.torch_aoti.model import quantize
+
+    @triton.jit
+    def apply(v_ptr, s_ptr, q_ptr, n, QMAX: tl.constexpr, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        ok = offs < n
+        s = tl.load(s_ptr)
+        inv = tl.math.div_rn(tl.full([], 1.0, tl.float32), s)
+        v = tl.load(v_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+        tl.store(q_ptr + offs, _quantize_e4m3(v, s, inv, QMAX), mask=ok)
+
+    g = torch.Generator().manual_seed(7)
+    # e4m3 midpoints: every pair of neighbouring finite e4m3 values, positive and negative
+    grid = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    mids = torch.cat([(grid[:-1] + grid[1:]) / 2, grid])
+    mids = torch.cat([mids, -mids])
+    results = {"cases": 0, "mismatches": 0, "naive_mismatches": 0}
+    # scales of few significant bits, so that scale x midpoint is an fp16 value exactly;
+    # 0.3203125 (41 / 128), 5.125, 41 and 0.000358... (47 / 2^17): ones whose reciprocal's
+    # rounding moves some ties off their midpoint (a bare multiply gets them wrong)
+    for scale in (0.75, 0.3203125, 5.125, 41.0, 0.00035858154296875, 0.0390625, 2.0 ** -14):
+        s16 = torch.tensor(scale, dtype=torch.float16)
+        v = (mids * scale).half()
+        v = v[(v.float() == mids * scale)]                           # exact products only
+        near = torch.cat([torch.nextafter(v, torch.full_like(v, 1e4)),
+                          torch.nextafter(v, torch.full_like(v, -1e4))])
+        rnd = (torch.randn(4096, generator=g) * 300 * scale).half()
+        special = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), 65504.0, -65504.0],
+                               dtype=torch.float16)
+        v = torch.cat([v, near, rnd, special])
+        q = torch.empty(v.shape, dtype=torch.float8_e4m3fn)
+        s32 = s16.float().reshape(1)
+        apply[(triton.cdiv(v.numel(), 256),)](v, s32, q, v.numel(), QMAX=E4M3_MAX, BLOCK=256)
+        ref = quantize(v, s32)
+        naive = torch.clamp(v.float() * (1.0 / s32), -E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+        results["cases"] += v.numel()
+        results["mismatches"] += int((q.view(torch.uint8) != ref.view(torch.uint8)).sum())
+        results["naive_mismatches"] += int((naive.view(torch.uint8) != ref.view(torch.uint8)).sum())
+    return results
 
 
 def ulps(a: torch.Tensor, b: torch.Tensor) -> int:
@@ -201,7 +264,8 @@ def block_case(select: str, own_downsample_scale: bool = False, model: str = "ti
 
 def main() -> None:
     exact_e4m3_conversion()
-    results = {"cases": {name: run_case(case) for name, case in CASES.items()},
+    results = {"quantizer": quantizer_ties(),
+               "cases": {name: run_case(case) for name, case in CASES.items()},
                "blocks": {"all": block_case("all"), "pointwise": block_case("pointwise"),
                           "own-downsample-scale": block_case("all", True),
                           "resnet50": block_case("all", model="resnet50")}}

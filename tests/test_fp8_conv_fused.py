@@ -33,6 +33,18 @@ def interpreted():
 
 
 @needs_triton
+def test_the_epilogue_quantizer_equals_division_bit_for_bit(interpreted):
+    """The e4m3 epilogue divides by the scale as a reciprocal multiply plus one fma
+    correction (kernels/fp8_conv.py ``_quantize_e4m3``): bit for bit torch's ``x / scale``
+    QuantizeLinear on exact ties to even, their neighbours, saturation, +-inf, +-0 and random
+    values; a bare ``x * (1 / scale)`` gets some of those ties wrong (the cases can fail)."""
+    r = interpreted["quantizer"]
+    assert r["cases"] > 30000
+    assert r["mismatches"] == 0
+    assert r["naive_mismatches"] > 0
+
+
+@needs_triton
 @pytest.mark.parametrize("case", list(_script().CASES))
 def test_each_fused_epilogue_equals_the_torch_reference(interpreted, case):
     """fp16 out: conv2d of the dequantized operands x scale + bias (+ a strided residual,
@@ -181,3 +193,78 @@ def test_torch_compile_traces_the_fused_model_into_one_graph():
     assert len(launches) == 11
     assert sum(n.kwargs["kwargs"]["RESIDUAL"] for n in launches) == 3       # the conv3s
     assert sum(n.kwargs["kwargs"]["OUT_F8"] for n in launches) == 8        # 2 per block + 2
+
+
+@needs_triton
+def test_a_tile_table_sets_the_tiles_of_the_layers_it_names():
+    """rewrite_fused(tiles=...) (fp8_conv_bench.py --fused-layers' measured table): the
+    layers of a shape it names launch with its tiles, the others with default_config's;
+    the launches in the exported graph carry them."""
+    pytest.importorskip("timm")
+    from bundler.targets.torch_aoti.fused import FusedConv, rewrite_fused
+    from bundler.targets.torch_aoti.kernels.fp8_conv import (Fp8ConvConfig, config_for,
+                                                             default_config, tile_key)
+    from bundler.targets.torch_aoti.model import EngineModule
+
+    model, fp8 = _tiny_and_scales()
+    chosen = Fp8ConvConfig(64, 32, 32, 4, 2, 4)
+    # the 1x1 16 -> 32 shape: layer1's downsample only; the 3x3 8 -> 8 s1 shape: two conv2s
+    table = {tile_key(16, 32, (1, 1), (1, 1)): chosen,
+             tile_key(8, 8, (3, 3), (1, 1)): Fp8ConvConfig(32, 16, 32, 2, 2, 8)}
+    body = rewrite_fused(model, fp8, tiles=table)
+    convs = {n: m for n, m in body.named_modules() if isinstance(m, FusedConv) and m.fp8}
+    assert convs["layer1.0.downsample"].tiles == chosen
+    assert convs["layer1.0.conv2"].tiles == convs["layer1.1.conv2"].tiles == (32, 16, 32, 2, 2, 8)
+    assert convs["layer2.0.conv2"].tiles == default_config(16, 16, (3, 3))   # stride 2: not named
+    assert convs["layer1.0.conv1"].tiles == default_config(16, 8, (1, 1))
+    assert config_for(16, 32, (1, 1), (1, 1)) == default_config(16, 32, (1, 1))  # no table
+    program = torch.export.export(EngineModule(body, torch.float16, False, True).eval(),
+                                  (torch.randn(2, 3, 16, 16),))
+    launched = sorted(tuple(n.args[-6:]) for n in program.graph.nodes
+                      if "fp8_conv_nhwc_fused" in str(n.target))
+    assert launched.count(tuple(chosen)) == 1 and launched.count((32, 16, 32, 2, 2, 8)) == 2
+
+
+def _bench():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "fp8_conv_bench.py"
+    spec = importlib.util.spec_from_file_location("fp8_conv_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+@needs_triton
+def test_the_benchmark_measures_each_layer_with_its_fused_epilogue():
+    """fp8_conv_bench.py --fused-layers reads the epilogues off the fused timm resnet50:
+    the 52 layers, conv1/conv2 ReLU -> e4m3, conv3 residual + ReLU -> fp16 + e4m3 (the last
+    one fp16 only), downsamples fp16; its tile choice weighs a shape's epilogues by count and
+    comes back as the table rewrite_fused takes."""
+    pytest.importorskip("timm")
+    from bundler.targets.torch_aoti.kernels.fp8_conv import Fp8ConvConfig, tile_key
+
+    bench = _bench()
+    found = bench.fused_layer_epilogues()
+    assert {s: sum(e.values()) for s, e in found.items()} == bench.RESNET50_CONVS
+    relu_f8, res_f16_f8, res_f16, f16 = ((True, False, False, True), (True, True, True, True),
+                                         (True, True, True, False), (False, False, True, False))
+    assert found[(64, 64, 56, 3, 1, 1)] == {relu_f8: 3}
+    assert found[(64, 256, 56, 1, 1, 0)] == {res_f16_f8: 3, f16: 1}    # conv3s + downsample
+    assert found[(512, 2048, 7, 1, 1, 0)] == {res_f16_f8: 2, res_f16: 1}   # the last block
+    assert found[(1024, 2048, 14, 1, 2, 0)] == {f16: 1}
+    assert sum(e.get(relu_f8, 0) for e in found.values()) == 32
+
+    shape = (64, 256, 56, 1, 1, 0)
+    a, b = "128x128x64/w8s4", "64x64x128/w4s3"
+    rows = {"conv3": {"shape": list(shape), "count": 3, "default": a,
+                      "tried": {a: {"fused": 1.0}, b: {"fused": 1.2}}},
+            "down": {"shape": list(shape), "count": 1, "default": a,
+                     "tried": {a: {"fused": 2.0}, b: {"fused": 0.5}}}}
+    chosen = bench.choose_tiles(rows)       # b: 3 x 1.2 + 0.5 = 4.1 beats a: 3 x 1.0 + 2.0 = 5
+    assert chosen[shape]["tiles"] == b and chosen[shape]["default_ms"] == pytest.approx(5.0)
+    rows["down"]["tried"][b] = {"failed": "OutOfResources"}       # not measured for all
+    assert bench.choose_tiles(rows)[shape]["tiles"] == a
+    assert bench.tile_table(chosen) == {tile_key(64, 256, (1, 1), (1, 1)):
+                                        Fp8ConvConfig(64, 64, 128, 4, 3)}

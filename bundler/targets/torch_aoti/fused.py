@@ -67,7 +67,8 @@ class FusedConv(nn.Module):
     returns (fp16 or None, e4m3 or None)."""
 
     def __init__(self, conv: nn.Conv2d, scales: tuple[float, Any] | None, *, relu: bool,
-                 out16: bool, out_scale: float | None) -> None:
+                 out16: bool, out_scale: float | None,
+                 tiles: Mapping[tuple, Any] | None = None) -> None:
         super().__init__()
         if not out16 and out_scale is None:
             raise UsageError(f"{conv}: a fused convolution must write fp16 or e4m3")
@@ -78,7 +79,7 @@ class FusedConv(nn.Module):
         if not self.fp8:
             self.conv = copy.deepcopy(conv).half().to(memory_format=torch.channels_last)
             return
-        from bundler.targets.torch_aoti.kernels.fp8_conv import default_config
+        from bundler.targets.torch_aoti.kernels.fp8_conv import config_for
 
         # the buffers of the unfused layer (the same quantized weight, scales and bias)
         layer = Fp8ConvNHWC(conv, *scales, dtype=torch.float16, emulate=True)
@@ -88,7 +89,7 @@ class FusedConv(nn.Module):
         self.register_buffer("bias", layer.bias_out.clone())
         self.kernel, self.stride = layer.kernel, layer.stride
         self.padding, self.dilation = layer.padding, layer.dilation
-        self.tiles = default_config(conv.in_channels, self.cout, self.kernel)
+        self.tiles = config_for(conv.in_channels, self.cout, self.kernel, self.stride, tiles)
 
     @property
     def in_scale(self) -> float | None:
@@ -159,10 +160,12 @@ class FusedBottleneck(nn.Module):
 
     ``in_scale``: the scale of the e4m3 tensor the previous block hands over (None: it
     hands over fp16 only); ``next_scale``: the activation scale of the next block's conv1
-    when it is FP8 (this block then writes e4m3 with it), else None."""
+    when it is FP8 (this block then writes e4m3 with it), else None; ``tiles``: a tile
+    table (``kernels.fp8_conv.config_for``) for its FP8 convolutions."""
 
     def __init__(self, parts: tuple, fp8: Mapping[str, tuple[float, Any]], names: tuple,
-                 in_scale: float | None, next_scale: float | None) -> None:
+                 in_scale: float | None, next_scale: float | None,
+                 tiles: Mapping[tuple, Any] | None = None) -> None:
         super().__init__()
         c1, c2, c3, down = parts
         s1, s2, s3, sd = (fp8.get(n) for n in names)
@@ -170,10 +173,14 @@ class FusedBottleneck(nn.Module):
         def act(scales):
             return None if scales is None else float(stored_scale(scales[0]))
 
-        self.conv1 = FusedConv(c1, s1, relu=True, out16=s2 is None, out_scale=act(s2))
-        self.conv2 = FusedConv(c2, s2, relu=True, out16=s3 is None, out_scale=act(s3))
-        self.conv3 = FusedConv(c3, s3, relu=True, out16=True, out_scale=next_scale)
-        self.downsample = (FusedConv(down, sd, relu=False, out16=True, out_scale=None)
+        self.conv1 = FusedConv(c1, s1, relu=True, out16=s2 is None, out_scale=act(s2),
+                               tiles=tiles)
+        self.conv2 = FusedConv(c2, s2, relu=True, out16=s3 is None, out_scale=act(s3),
+                               tiles=tiles)
+        self.conv3 = FusedConv(c3, s3, relu=True, out16=True, out_scale=next_scale,
+                               tiles=tiles)
+        self.downsample = (FusedConv(down, sd, relu=False, out16=True, out_scale=None,
+                                     tiles=tiles)
                            if down is not None else None)
         # the handed-over e4m3 is used where its scale is the reader's own (the graph's
         # one shared QuantizeLinear); otherwise the reader quantizes the fp16 itself
@@ -204,10 +211,14 @@ class FusedBottleneck(nn.Module):
         return (y16, y8) if self.emits_fp8 else y16
 
 
-def rewrite_fused(model: nn.Module, fp8: Mapping[str, tuple[float, Any]]) -> nn.Module:
+def rewrite_fused(model: nn.Module, fp8: Mapping[str, tuple[float, Any]],
+                  tiles: Mapping[tuple, Any] | None = None) -> nn.Module:
     """A copy of ``model`` (BN-folded, eval) in fp16 channels_last with its bottlenecks
     fused (module docstring). ``fp8``: module path -> (activation scale, weight scales) of
-    the FP8 convolutions, every one of which must sit in a fusable bottleneck.
+    the FP8 convolutions, every one of which must sit in a fusable bottleneck. ``tiles``:
+    the kernel tiles per layer shape (``kernels.fp8_conv.tile_key`` -> ``Fp8ConvConfig``,
+    what ``benchmarks/fp8_conv_bench.py --fused-layers`` measures); a layer not in it gets
+    ``config_for``'s (``MEASURED_TILES``, else ``default_config``).
 
     The e4m3 hand-over between consecutive blocks (in module order: ResNet's stages are
     sequential) assumes the next block reads this block's output; a module in between
@@ -241,7 +252,7 @@ def rewrite_fused(model: nn.Module, fp8: Mapping[str, tuple[float, Any]]) -> nn.
     for i, ((name, _m, parts), names) in enumerate(zip(blocks, named)):
         nxt = named[i + 1][0] if i + 1 < len(blocks) else None
         next_scale = float(stored_scale(fp8[nxt][0])) if nxt in fp8 else None
-        replaced[name] = FusedBottleneck(parts, fp8, names, in_scale, next_scale)
+        replaced[name] = FusedBottleneck(parts, fp8, names, in_scale, next_scale, tiles)
         in_scale = next_scale
     for name, new in replaced.items():
         parent_name, _, child = name.rpartition(".")

@@ -48,7 +48,8 @@ from torch.library import triton_op, wrap_triton
 from bundler.fp8 import E4M3_MAX
 from bundler.targets.torch_aoti.model import conv_output_hw
 
-__all__ = ["Fp8ConvConfig", "CANDIDATE_CONFIGS", "default_config", "fp8_conv_nhwc", "fp8_conv",
+__all__ = ["Fp8ConvConfig", "CANDIDATE_CONFIGS", "MEASURED_TILES", "TileKey", "TileTable",
+           "tile_key", "default_config", "config_for", "fp8_conv_nhwc", "fp8_conv",
            "fp8_conv_nhwc_fused", "fp8_conv_fused"]
 
 OP = "trt_bundle::fp8_conv_nhwc"
@@ -67,12 +68,44 @@ class Fp8ConvConfig(NamedTuple):
 
 
 #: What ``benchmarks/fp8_conv_bench.py`` tries per shape besides ``default_config``:
-#: Hopper-sized tiles (FP8 dots need block_k >= 32) that fit 3-4 stages in shared memory.
+#: Hopper-sized tiles (FP8 dots need block_k >= 32) that fit 3-4 stages in shared memory,
+#: and small ones for ResNet-50's 7x7 and 14x14 stages (at batch 32, 1568 output rows: a
+#: 128x128 tile gives 52 programs of 2048 -> 512 for 132 SMs; 64x64 gives 200).
 CANDIDATE_CONFIGS = (
     Fp8ConvConfig(128, 256, 64, 8, 3),
     Fp8ConvConfig(256, 128, 64, 8, 3),
     Fp8ConvConfig(64, 128, 64, 4, 4),
+    Fp8ConvConfig(128, 64, 128, 4, 3),
+    Fp8ConvConfig(64, 64, 128, 4, 3),
 )
+
+
+#: A layer's shape as the tile tables key it: (cin, cout, kh, kw, sh, sw). The input size is
+#: not in it: in one network at one input size (ResNet-50 at 224) these six tell the layers
+#: apart, and a table is measured for one such network.
+TileKey = tuple[int, int, int, int, int, int]
+TileTable = dict[TileKey, Fp8ConvConfig]
+
+#: Tiles measured per layer shape on the GPU (``benchmarks/fp8_conv_bench.py --fused-layers``
+#: prints this literal), preferred over ``default_config``'s rule by ``config_for``. Empty
+#: until a measurement is pasted here.
+MEASURED_TILES: TileTable = {}
+
+
+def tile_key(cin: int, cout: int, kernel: tuple[int, int], stride: tuple[int, int]) -> TileKey:
+    """The key of a layer in a tile table (``TileKey``)."""
+    return (int(cin), int(cout), int(kernel[0]), int(kernel[1]), int(stride[0]), int(stride[1]))
+
+
+def config_for(cin: int, cout: int, kernel: tuple[int, int], stride: tuple[int, int],
+               tiles: TileTable | None = None) -> Fp8ConvConfig:
+    """The tiles of a layer: from ``tiles`` (a caller's measured table), else from
+    ``MEASURED_TILES``, else ``default_config``'s rule."""
+    key = tile_key(cin, cout, kernel, stride)
+    for table in (tiles or {}, MEASURED_TILES):
+        if key in table:
+            return Fp8ConvConfig(*table[key])
+    return default_config(cin, cout, kernel)
 
 
 def default_config(cin: int, cout: int, kernel: tuple[int, int]) -> Fp8ConvConfig:
@@ -88,6 +121,23 @@ def default_config(cin: int, cout: int, kernel: tuple[int, int]) -> Fp8ConvConfi
 
 
 @triton.jit
+def _quantize_e4m3(v, s, inv, QMAX: tl.constexpr):
+    """``e4m3(clamp(v / s, +-QMAX))`` with ``v / s`` rounded to fp32 exactly as IEEE division
+    (``div_rn``, torch's and ONNX QuantizeLinear's), from the reciprocal ``inv = RN(1 / s)``:
+    three multiply-adds instead of a division per element. ``q0 = RN(v * inv)`` is within one
+    ulp of ``v / s``; the remainder ``v - q0 * s`` is then exact in one fma, and one
+    correction ``RN(q0 + r * inv)`` is the correctly rounded quotient (Markstein's theorem;
+    no over- or underflow here: |v| <= 65504 and 2^-14 <= s, as fp16 values). ``q0`` is first
+    clamped to +-2 QMAX so that an infinite ``v`` (fp16 overflow) saturates with its sign
+    instead of becoming NaN; anything beyond QMAX saturates anyway."""
+    q0 = tl.minimum(tl.maximum(v * inv, -2.0 * QMAX), 2.0 * QMAX)
+    r = tl.fma(q0, s, -v)          # minus the remainder: written so that -0 stays -0
+    q = tl.fma(-r, inv, q0)
+    q = tl.minimum(tl.maximum(q, -QMAX), QMAX)
+    return q.to(tl.float8e4nv)
+
+
+@triton.jit
 def _fp8_conv_nhwc_kernel(
         x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, res_ptr, q_ptr, q_scale_ptr,
         M, H, W, C, HO, WO, COUT,
@@ -95,7 +145,7 @@ def _fp8_conv_nhwc_kernel(
         KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
         PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
         RELU: tl.constexpr, EVEN_C: tl.constexpr, RESIDUAL: tl.constexpr,
-        OUT_F16: tl.constexpr, OUT_F8: tl.constexpr, QMAX: tl.constexpr,
+        RES_CONTIG: tl.constexpr, OUT_F16: tl.constexpr, OUT_F8: tl.constexpr, QMAX: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         GROUP_M: tl.constexpr):
     # grouped program order: GROUP_M row tiles share the column tiles' weights in L2
@@ -141,26 +191,31 @@ def _fp8_conv_nhwc_kernel(
             b = tl.load(b_ptrs, mask=n_ok[None, :] & c_ok[:, None], other=0.0)
         acc = tl.dot(a, b, acc)
 
+    # (loaded after the K loop: loaded before it, they stay live in registers through it,
+    # +20-40 registers per thread on sm_90, fewer resident programs for the small tiles)
     scale = tl.load(scale_ptr + offs_n, mask=n_ok, other=0.0)
     bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0)
     y = acc * scale[None, :] + bias[None, :]
     ok = m_ok[:, None] & n_ok[None, :]
-    if RESIDUAL:   # fp16, the output's shape, any NHWC strides (channels contiguous)
-        r_rows = img.to(tl.int64) * stride_rn + ho * stride_rh + wo * stride_rw
-        r = tl.load(res_ptr + r_rows[:, None] + offs_n[None, :], mask=ok, other=0.0)
+    out_offs = offs_m.to(tl.int64)[:, None] * COUT + offs_n[None, :]
+    if RESIDUAL:   # fp16, the output's shape, channels contiguous
+        if RES_CONTIG:     # dense NHWC (the fused model's residuals): the output's offsets
+            r = tl.load(res_ptr + out_offs, mask=ok, other=0.0)
+        else:              # any NHWC strides (a view)
+            r_rows = img.to(tl.int64) * stride_rn + ho * stride_rh + wo * stride_rw
+            r = tl.load(res_ptr + r_rows[:, None] + offs_n[None, :], mask=ok, other=0.0)
         # the graph's fp16 Conv output, then its fp16 Add (two roundings, as ONNX has them)
         y = y.to(tl.float16).to(tl.float32) + r.to(tl.float32)
     if RELU:
         y = tl.maximum(y, 0.0)
     y16 = y.to(tl.float16)
-    out_offs = offs_m.to(tl.int64)[:, None] * COUT + offs_n[None, :]
     if OUT_F16:
         tl.store(out_ptr + out_offs, y16, mask=ok)
     if OUT_F8:     # QuantizeLinear of the fp16 value with the next layer's scale
         q_scale = tl.load(q_scale_ptr)
-        q = tl.math.div_rn(y16.to(tl.float32), q_scale)
-        q = tl.minimum(tl.maximum(q, -QMAX), QMAX)
-        tl.store(q_ptr + out_offs, q.to(tl.float8e4nv), mask=ok)
+        q_inv = tl.math.div_rn(tl.full([], 1.0, tl.float32), q_scale)   # RN(1 / scale), once
+        tl.store(q_ptr + out_offs, _quantize_e4m3(y16.to(tl.float32), q_scale, q_inv, QMAX),
+                 mask=ok)
 
 
 @triton_op(OP, mutates_args={})
@@ -183,7 +238,7 @@ def fp8_conv_nhwc(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         x, weight, scale, bias, out, scale, scale, scale, m, h, w, c, ho, wo, cout,
         x.stride(0), x.stride(1), x.stride(2), weight.stride(0), 0, 0, 0,
         KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, RELU=relu,
-        EVEN_C=c % block_k == 0, RESIDUAL=False, OUT_F16=True, OUT_F8=False, QMAX=E4M3_MAX,
+        EVEN_C=c % block_k == 0, RESIDUAL=False, RES_CONTIG=False, OUT_F16=True, OUT_F8=False, QMAX=E4M3_MAX,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         GROUP_M=group_m, num_warps=num_warps, num_stages=num_stages)
     return out
@@ -222,7 +277,8 @@ def fp8_conv_nhwc_fused(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
         m, h, w, c, ho, wo, cout,
         x.stride(0), x.stride(1), x.stride(2), weight.stride(0), rs[0], rs[1], rs[2],
         KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, RELU=relu,
-        EVEN_C=c % block_k == 0, RESIDUAL=residual is not None, OUT_F16=out_f16,
+        EVEN_C=c % block_k == 0, RESIDUAL=residual is not None,
+        RES_CONTIG=residual is not None and residual.is_contiguous(), OUT_F16=out_f16,
         OUT_F8=out_scale is not None, QMAX=E4M3_MAX, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         GROUP_M=group_m, num_warps=num_warps, num_stages=num_stages)
     return out, q
