@@ -37,23 +37,33 @@ def test_cpu_seconds_counts_this_process_work():
 
 
 def test_thread_cpu_seconds_names_the_busy_thread():
+    """The spinning thread stays alive until the second read: a thread that has exited
+    has no /proc task entry, and its time would be read as nobody's."""
     rc = _role_cpu()
     import os
     import threading
-    done = threading.Event()
+    spun = threading.Event()
+    release = threading.Event()
     tid = []
 
     def spin():
         tid.append(threading.get_native_id())
-        _spin(0.3)
-        done.set()
+        end = time.thread_time() + 0.3     # this thread's own CPU time, not the process's
+        while time.thread_time() < end:
+            pass
+        spun.set()
+        release.wait()
 
     before = rc.thread_cpu_seconds(os.getpid())
     t = threading.Thread(target=spin)
     t.start()
-    done.wait()
-    after = rc.thread_cpu_seconds(os.getpid())
-    t.join()
+    try:
+        assert spun.wait(30)
+        after = rc.thread_cpu_seconds(os.getpid())
+    finally:
+        release.set()
+        t.join()
+    assert tid[0] in after, "the spinning thread's /proc task entry was not read"
     grew = {k: after[k] - before.get(k, 0.0) for k in after}
     assert max(grew, key=grew.get) == tid[0] and grew[tid[0]] >= 0.2
 
