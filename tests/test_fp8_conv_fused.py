@@ -268,3 +268,23 @@ def test_the_benchmark_measures_each_layer_with_its_fused_epilogue():
     assert bench.choose_tiles(rows)[shape]["tiles"] == a
     assert bench.tile_table(chosen) == {tile_key(64, 256, (1, 1), (1, 1)):
                                         Fp8ConvConfig(64, 64, 128, 4, 3)}
+
+
+def test_the_measured_tile_table_covers_resnet50s_fp8_layers_with_measured_configs():
+    """MEASURED_TILES is timm ResNet-50's table: one entry per shape of its 52 FP8
+    convolutions (every conv but the 7x7 stem), each a config the benchmark measures
+    (a candidate or the default rule's), and config_for hands it out."""
+    timm = pytest.importorskip("timm")
+    from bundler.targets.torch_aoti.kernels.fp8_conv import (CANDIDATE_CONFIGS, MEASURED_TILES,
+                                                             config_for, default_config,
+                                                             tile_key)
+
+    model = timm.create_model("resnet50", pretrained=False)
+    shapes = {tile_key(m.in_channels, m.out_channels, m.kernel_size, m.stride)
+              for name, m in model.named_modules()
+              if isinstance(m, torch.nn.Conv2d) and name != "conv1"}
+    assert set(MEASURED_TILES) == shapes
+    for key, tiles in MEASURED_TILES.items():
+        cin, cout, kh, kw, sh, sw = key
+        assert tiles in CANDIDATE_CONFIGS or tiles == default_config(cin, cout, (kh, kw)), key
+        assert config_for(cin, cout, (kh, kw), (sh, sw)) == tiles

@@ -87,9 +87,36 @@ TileKey = tuple[int, int, int, int, int, int]
 TileTable = dict[TileKey, Fp8ConvConfig]
 
 #: Tiles measured per layer shape on the GPU (``benchmarks/fp8_conv_bench.py --fused-layers``
-#: prints this literal), preferred over ``default_config``'s rule by ``config_for``. Empty
-#: until a measurement is pasted here.
-MEASURED_TILES: TileTable = {}
+#: prints this literal), preferred over ``default_config``'s rule by ``config_for``. These:
+#: timm ResNet-50's 22 FP8 layer shapes at 224x224, batch 32, the fused op with the epilogue
+#: the fused model gives each layer (count-weighted where a shape has several), NVIDIA H200,
+#: torch 2.11 / triton 3.6, 2026-12-01 (``docs/measurements/h200-2026-12-01-s6/tiles.log``).
+#: The comment after each entry: that shape's summed time with these tiles, then with the
+#: default rule's. Another GPU or network: measure again and paste its table here.
+MEASURED_TILES: TileTable = {
+    (64, 64, 1, 1, 1, 1): Fp8ConvConfig(128, 64, 64, 4, 4, 8),  # 1x1 s1 64->64 @56: 0.0171 ms, default 0.0171
+    (64, 64, 3, 3, 1, 1): Fp8ConvConfig(128, 64, 64, 4, 4, 8),  # 3x3 s1 64->64 @56: 0.0753 ms, default 0.0753
+    (64, 256, 1, 1, 1, 1): Fp8ConvConfig(64, 128, 64, 4, 4, 8),  # 1x1 s1 64->256 @56: 0.2202 ms, default 0.3184
+    (256, 64, 1, 1, 1, 1): Fp8ConvConfig(128, 64, 128, 4, 3, 8),  # 1x1 s1 256->64 @56: 0.0358 ms, default 0.0358
+    (256, 128, 1, 1, 1, 1): Fp8ConvConfig(256, 128, 64, 8, 3, 8),  # 1x1 s1 256->128 @56: 0.0276 ms, default 0.0289
+    (128, 128, 3, 3, 2, 2): Fp8ConvConfig(128, 64, 128, 4, 3, 8),  # 3x3 s2 128->128 @56: 0.0182 ms, default 0.0227
+    (128, 512, 1, 1, 1, 1): Fp8ConvConfig(128, 64, 128, 4, 3, 8),  # 1x1 s1 128->512 @28: 0.1509 ms, default 0.2012
+    (256, 512, 1, 1, 2, 2): Fp8ConvConfig(256, 128, 64, 8, 3, 8),  # 1x1 s2 256->512 @56: 0.0222 ms, default 0.0286
+    (512, 128, 1, 1, 1, 1): Fp8ConvConfig(128, 64, 128, 4, 3, 8),  # 1x1 s1 512->128 @28: 0.0391 ms, default 0.0421
+    (128, 128, 3, 3, 1, 1): Fp8ConvConfig(128, 64, 128, 4, 3, 8),  # 3x3 s1 128->128 @28: 0.0601 ms, default 0.0714
+    (512, 256, 1, 1, 1, 1): Fp8ConvConfig(128, 128, 128, 8, 3, 8),  # 1x1 s1 512->256 @28: 0.0209 ms, default 0.0209
+    (256, 256, 3, 3, 2, 2): Fp8ConvConfig(64, 64, 128, 4, 3, 8),  # 3x3 s2 256->256 @28: 0.0175 ms, default 0.0184
+    (256, 1024, 1, 1, 1, 1): Fp8ConvConfig(64, 128, 64, 4, 4, 8),  # 1x1 s1 256->1024 @14: 0.1475 ms, default 0.1663
+    (512, 1024, 1, 1, 2, 2): Fp8ConvConfig(64, 128, 64, 4, 4, 8),  # 1x1 s2 512->1024 @28: 0.0208 ms, default 0.0220
+    (1024, 256, 1, 1, 1, 1): Fp8ConvConfig(64, 64, 128, 4, 3, 8),  # 1x1 s1 1024->256 @14: 0.0592 ms, default 0.0603
+    (256, 256, 3, 3, 1, 1): Fp8ConvConfig(64, 64, 128, 4, 3, 8),  # 3x3 s1 256->256 @14: 0.0975 ms, default 0.1018
+    (1024, 512, 1, 1, 1, 1): Fp8ConvConfig(128, 64, 128, 4, 3, 8),  # 1x1 s1 1024->512 @14: 0.0164 ms, default 0.0174
+    (512, 512, 3, 3, 2, 2): Fp8ConvConfig(64, 64, 128, 4, 3, 8),  # 3x3 s2 512->512 @14: 0.0215 ms, default 0.0279
+    (512, 2048, 1, 1, 1, 1): Fp8ConvConfig(256, 128, 64, 8, 3, 8),  # 1x1 s1 512->2048 @7: 0.0534 ms, default 0.0549
+    (1024, 2048, 1, 1, 2, 2): Fp8ConvConfig(256, 128, 64, 8, 3, 8),  # 1x1 s2 1024->2048 @14: 0.0162 ms, default 0.0190
+    (2048, 512, 1, 1, 1, 1): Fp8ConvConfig(128, 64, 128, 4, 3, 8),  # 1x1 s1 2048->512 @7: 0.0336 ms, default 0.0339
+    (512, 512, 3, 3, 1, 1): Fp8ConvConfig(64, 64, 128, 4, 3, 8),  # 3x3 s1 512->512 @7: 0.0460 ms, default 0.0595
+}
 
 
 def tile_key(cin: int, cout: int, kernel: tuple[int, int], stride: tuple[int, int]) -> TileKey:
