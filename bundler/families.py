@@ -78,6 +78,10 @@ MAX_STATIC_BATCHES = 8
 #: torch._scaled_mm's ``use_fast_accum`` (Hopper's FP8 accumulation without the periodic
 #: promotion to fp32).
 TORCH_AOTI_FP8_GEMMS = ("rowwise", "tensorwise", "rowwise-fp16", "dequantized")
+#: ``torch_aoti.fp8_conv``: how the torch-aoti fp8 engine runs dense k x k FP8 convolutions
+#: (the meaning of each: bundler.targets.torch_aoti.model.FP8_CONVS); "im2col" unless the
+#: family names another; ``$TRT_BUNDLE_FP8_CONV`` overrides it for one build.
+TORCH_AOTI_FP8_CONVS = ("im2col", "triton", "triton-fused")
 #: Keys a layer-selection rule may use (their meaning: ``bundler.graphs.fp8``).
 RULE_KEYS = frozenset({"op_type", "kernel_shape", "group", "depthwise", "module_prefix", "name_regex"})
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -221,6 +225,12 @@ class Family:
         """How the torch-aoti fp8 engine runs its FP8 layers (``TORCH_AOTI_FP8_GEMMS``),
         "rowwise" unless the family says otherwise."""
         return str((self.spec.get("torch_aoti") or {}).get("fp8_gemm", "rowwise"))
+
+    @property
+    def torch_aoti_fp8_conv(self) -> str:
+        """How the torch-aoti fp8 engine runs dense k x k FP8 convolutions
+        (``TORCH_AOTI_FP8_CONVS``), "im2col" unless the family says otherwise."""
+        return str((self.spec.get("torch_aoti") or {}).get("fp8_conv", "im2col"))
 
     @property
     def torch_aoti_fp8_fast_accum(self) -> bool:
@@ -425,6 +435,8 @@ def parse_family(data: Any, *, folder: Path, expected_name: str | None = None) -
             problems.append(f"torch_aoti.fp16_layout: must be one of {list(TORCH_AOTI_FP16_LAYOUTS)}")
         if aoti.get("fp8_gemm", "rowwise") not in TORCH_AOTI_FP8_GEMMS:
             problems.append(f"torch_aoti.fp8_gemm: must be one of {list(TORCH_AOTI_FP8_GEMMS)}")
+        if aoti.get("fp8_conv", "im2col") not in TORCH_AOTI_FP8_CONVS:
+            problems.append(f"torch_aoti.fp8_conv: must be one of {list(TORCH_AOTI_FP8_CONVS)}")
         if not isinstance(aoti.get("fp8_fast_accum", False), bool):
             problems.append("torch_aoti.fp8_fast_accum: must be true or false")
         problems += _static_batch_problems(aoti.get("static_batches", []), batch)

@@ -135,7 +135,7 @@ def test_selected_convolutions_outside_a_bottleneck_and_unfusable_blocks_are_ref
 
     model, fp8 = _tiny_and_scales()
     with_stem = {**fp8, "conv1": fp8["layer1.0.conv1"]}
-    with pytest.raises(UsageError, match="outside one .first: 'conv1'.*fp8_conv=triton"):
+    with pytest.raises(UsageError, match="outside one .first: 'conv1'.*torch_aoti.fp8_conv.*to triton or im2col"):
         rewrite_fused(model, with_stem)
     model.layer1[1].se = nn.Identity()
     with pytest.raises(UsageError, match="squeeze-excitation"):
@@ -288,3 +288,28 @@ def test_the_measured_tile_table_covers_resnet50s_fp8_layers_with_measured_confi
         cin, cout, kh, kw, sh, sw = key
         assert tiles in CANDIDATE_CONFIGS or tiles == default_config(cin, cout, (kh, kw)), key
         assert config_for(cin, cout, (kh, kw), (sh, sw)) == tiles
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="needs torch with a CUDA GPU (none visible)")
+
+
+@pytest.mark.gpu
+@needs_cuda
+@needs_triton
+def test_gpu_the_fused_model_compiles_with_aotinductor_and_matches_eager(tmp_path):
+    """The bundle path, not torch.compile's: torch.export with a dynamic batch +
+    AOTInductor's cpp wrapper launching the Triton kernel (its output scales must reach it
+    as buffers, fused.SCALE_SLOTS), then the package against the eager module."""
+    pytest.importorskip("timm")
+    from bundler.targets.torch_aoti.build import compile_package, engine_model, smoke_check
+
+    model, fp8 = _tiny_and_scales()
+    module, _ = engine_model(model, "fp8", fp8, fp8_conv="triton-fused")
+    module = module.cuda().eval()
+    path, _ = compile_package(module, (3, 16, 16), {"min": 1, "max": 8}, "cuda",
+                              {"max_autotune": False}, tmp_path / "fused.pt2")
+    diffs = smoke_check(path, module, (3, 16, 16), [1, 3, 8], "cuda")
+    with torch.no_grad():
+        scale = float(module(torch.randn(4, 3, 16, 16, device="cuda")).abs().max())
+    assert max(diffs.values()) <= 1e-2 * scale, diffs

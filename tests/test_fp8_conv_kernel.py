@@ -152,7 +152,7 @@ def test_emulated_models_keep_im2col_and_a_missing_triton_is_named(monkeypatch):
     assert fp8_conv_kernel("im2col") == "im2col"
     assert fp8_conv_kernel("triton", emulate=True) == "im2col"
     monkeypatch.setattr(kernels, "available", lambda: (False, "triton is missing (test)"))
-    with pytest.raises(UsageError, match="triton is missing .test.*fp8_conv=im2col"):
+    with pytest.raises(UsageError, match="triton is missing .test.*TRT_BUNDLE_FP8_CONV=im2col"):
         fp8_conv_kernel("triton")
 
 
@@ -248,3 +248,33 @@ def test_the_benchmark_lists_resnet50_s_quantized_convolutions():
         h.remove()
     assert found == bench.RESNET50_CONVS
     assert sum(found.values()) == 52
+
+
+def test_the_family_picks_the_conv_kernel_and_the_environment_overrides_it(monkeypatch,
+                                                                          tmp_path):
+    """family.json torch_aoti.fp8_conv is the default of the family's fp8 builds;
+    $TRT_BUNDLE_FP8_CONV overrides it for one build; an unknown name is refused at load."""
+    import json
+    import shutil
+
+    from bundler.families import FamilyError, families_root, load_family
+    from bundler.targets.torch_aoti.build import FP8_CONV_ENV, default_fp8_conv
+
+    assert load_family("timm_resnet50").torch_aoti_fp8_conv == "triton-fused"
+    assert load_family("timm_xception").torch_aoti_fp8_conv == "im2col"     # no key: im2col
+    monkeypatch.delenv(FP8_CONV_ENV, raising=False)
+    assert default_fp8_conv(None, "triton-fused") == "triton-fused"
+    assert default_fp8_conv("triton", "triton-fused") == "triton"          # the caller's
+    monkeypatch.setenv(FP8_CONV_ENV, "im2col")
+    assert default_fp8_conv(None, "triton-fused") == "im2col"              # one build's
+    monkeypatch.delenv(FP8_CONV_ENV)
+    with pytest.raises(UsageError, match="the family's torch_aoti.fp8_conv is 'fast'"):
+        default_fp8_conv(None, "fast")
+
+    shutil.copytree(families_root() / "timm_resnet50", tmp_path / "timm_resnet50")
+    spec_path = tmp_path / "timm_resnet50" / "family.json"
+    spec = json.loads(spec_path.read_text())
+    spec["torch_aoti"]["fp8_conv"] = "cudnn"
+    spec_path.write_text(json.dumps(spec))
+    with pytest.raises(FamilyError, match=r"torch_aoti.fp8_conv: must be one of"):
+        load_family("timm_resnet50", root=tmp_path)

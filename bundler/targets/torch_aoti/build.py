@@ -117,16 +117,19 @@ def default_pad_channels(precision: str, pad_channels: bool | None = None) -> bo
     return precision == "fp8" if pad_channels is None else bool(pad_channels)
 
 
-def default_fp8_conv(fp8_conv: str | None = None) -> str:
+def default_fp8_conv(fp8_conv: str | None = None, family_default: str = "im2col") -> str:
     """How fp8 builds run dense k x k convolutions (``model.FP8_CONVS``): ``fp8_conv`` if
-    given, else ``$TRT_BUNDLE_FP8_CONV``, else "im2col". "triton" (the implicit-GEMM kernel,
-    ``kernels/fp8_conv.py``) stays opt-in until ``benchmarks/fp8_conv_bench.py`` has
-    measured it on the H200 against im2col and cuDNN's fp16 convolution."""
+    given, else ``$TRT_BUNDLE_FP8_CONV`` (one build's override, e.g. im2col on a host
+    without triton), else ``family_default`` (family.json ``torch_aoti.fp8_conv``), else
+    "im2col". A family opts into a Triton kernel only once ``benchmarks/fp8_conv_bench.py``
+    and ``bundle study`` have measured it against cuDNN's fp16 convolution on the GPU."""
     from bundler.targets.torch_aoti.model import FP8_CONVS
 
-    chosen = fp8_conv if fp8_conv is not None else (os.environ.get(FP8_CONV_ENV) or "im2col")
+    chosen = fp8_conv if fp8_conv is not None else (os.environ.get(FP8_CONV_ENV) or family_default)
     if chosen not in FP8_CONVS:
-        source = "fp8_conv" if fp8_conv is not None else f"${FP8_CONV_ENV}"
+        source = ("fp8_conv" if fp8_conv is not None
+                  else f"${FP8_CONV_ENV}" if os.environ.get(FP8_CONV_ENV)
+                  else "the family's torch_aoti.fp8_conv")
         raise UsageError(f"{source} is {chosen!r}: choose one of {', '.join(FP8_CONVS)}")
     return chosen
 
@@ -565,7 +568,8 @@ def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] |
     re-read. ``smoke_check`` is off by default (a load in the build process; see
     ``build_engine``): ``bundle verify --numerics`` loads the package in the runtime and
     checks it against the ONNX Runtime reference instead. ``fp8_conv``: how dense k x k
-    FP8 convolutions run, default ``$TRT_BUNDLE_FP8_CONV`` or im2col (``default_fp8_conv``).
+    FP8 convolutions run, default ``$TRT_BUNDLE_FP8_CONV``, else the family's
+    ``torch_aoti.fp8_conv``, else im2col (``default_fp8_conv``).
     ``fp8_gemm`` and ``fp8_fast_accum``: how the FP8 layers run (``model.FP8_GEMMS``,
     ``use_fast_accum``), default the family's ``torch_aoti.fp8_gemm`` and
     ``torch_aoti.fp8_fast_accum`` (family.json).
@@ -585,6 +589,8 @@ def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] |
             log(f"fp8 recipe {context.variant or 'base'}: {len(fp8)} layers from the bundle")
     ext = family.extension()
     fp8_gemm, fp8_fast_accum = fp8_gemm_options(family, fp8_gemm, fp8_fast_accum)
+    if precision == "fp8":    # the caller's, else $TRT_BUNDLE_FP8_CONV, else the family's
+        fp8_conv = default_fp8_conv(fp8_conv, family.torch_aoti_fp8_conv)
     # the family's fp16 form (family.json torch_aoti.fp16_layout) unless nhwc is asked
     channels_last = (precision == "fp16" and nhwc is None
                      and family.torch_aoti_fp16_layout == "channels_last")

@@ -52,8 +52,16 @@ _IDENTITIES = ("bn1", "bn2", "bn3", "drop_block", "aa")
 _RELUS = ("act1", "act2", "act3")
 
 
+#: Elements of an output-scale buffer (all the same value; the kernel reads the first).
+#: AOTInductor turns a 0-d constant into a scalar literal and inlines a 1-d one of <= 8
+#: elements as a computed tensor (``GraphLowering.get_attr``); the first broke the cpp
+#: wrapper's launch of the Triton kernel, which takes a pointer (H200, torch 2.11:
+#: "'<=' not supported between instances of 'Constant' and 'int'"). 16 keeps it a buffer.
+SCALE_SLOTS = 16
+
+
 def _scale_tensor(scale: float) -> torch.Tensor:
-    return torch.tensor(float(stored_scale(scale)), dtype=torch.float32)
+    return torch.full((SCALE_SLOTS,), float(stored_scale(scale)), dtype=torch.float32)
 
 
 class FusedConv(nn.Module):
@@ -107,7 +115,7 @@ class FusedConv(nn.Module):
                 y = y + residual
             if self.relu:
                 y = torch.relu(y)
-            q = quantize(y, self.out_scale) if self.out_scale is not None else None
+            q = quantize(y, self.out_scale[:1]) if self.out_scale is not None else None
             return (y if self.out16 else None), q
         from bundler.targets.torch_aoti.kernels.fp8_conv import fp8_conv_fused
 
@@ -243,7 +251,8 @@ def rewrite_fused(model: nn.Module, fp8: Mapping[str, tuple[float, Any]],
     if outside:
         raise UsageError(f"the fused FP8 model runs FP8 only inside ResNet bottlenecks; "
                          f"{len(outside)} selected convolution(s) are outside one "
-                         f"(first: {outside[0]!r}): build with fp8_conv=triton",
+                         f"(first: {outside[0]!r}): set the family's torch_aoti.fp8_conv "
+                         f"(or TRT_BUNDLE_FP8_CONV) to triton or im2col",
                          problems=outside)
     if not blocks:
         raise UsageError("the fused FP8 model needs ResNet bottlenecks; this model has none")

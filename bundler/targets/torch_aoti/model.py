@@ -62,7 +62,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bundler.families import TORCH_AOTI_FP8_GEMMS
+from bundler.families import TORCH_AOTI_FP8_CONVS, TORCH_AOTI_FP8_GEMMS
 from bundler.fp8 import E4M3_MAX, quantize as quantize_fp8, stored_scale
 from runtime_py.errors import UsageError
 
@@ -97,9 +97,9 @@ ROWWISE_GEMMS = ("rowwise", "rowwise-fp16")
 #: taps as it loads its tiles. "triton-fused": not this NHWC rewrite but the channels_last
 #: model with its ResNet bottlenecks fused (``fused.rewrite_fused``: every FP8 convolution,
 #: 1x1 too, on that kernel, writing e4m3 for the next one, residual add and ReLU in its
-#: epilogue). im2col stays the default until the H200 says otherwise
-#: (``benchmarks/fp8_conv_bench.py``).
-FP8_CONVS = ("im2col", "triton", "triton-fused")
+#: epilogue). A family picks one in family.json (``torch_aoti.fp8_conv``, default im2col);
+#: timm_resnet50 runs triton-fused, measured on the H200 (its README).
+FP8_CONVS = TORCH_AOTI_FP8_CONVS
 
 #: Spatial layers with no channel arithmetic: run on the NCHW view of NHWC data (``NCHWView``).
 _SPATIAL = (nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveMaxPool2d, nn.AdaptiveAvgPool2d)
@@ -416,7 +416,8 @@ def fp8_conv_kernel(requested: str, *, emulate: bool = False) -> str:
     ok, why = available()
     if not ok:
         raise UsageError(f"the Triton FP8 convolution was asked for, but {why}: install the "
-                         "triton that matches this torch, or build with fp8_conv=im2col")
+                         "triton that matches this torch, or build with "
+                         "TRT_BUNDLE_FP8_CONV=im2col (build_engine: fp8_conv=\"im2col\")")
     return "triton"
 
 

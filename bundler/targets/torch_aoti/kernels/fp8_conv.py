@@ -280,7 +280,7 @@ def fp8_conv_nhwc_fused(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
                         num_stages: int, group_m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``fp8_conv_nhwc`` with the fused epilogues: ``residual`` fp16 [N, Ho, Wo, cout] (any
     strides, channels contiguous) added before the ReLU; ``out_f16``: write the fp16 result;
-    ``out_scale`` (fp32, one element): also write it quantized to e4m3 with that scale.
+    ``out_scale`` (fp32, its first element read): also write it quantized to e4m3 with that scale.
     Returns (fp16 [N, Ho, Wo, cout], e4m3 [N, Ho, Wo, cout]); an output not asked for is an
     empty tensor (shape [0])."""
     if not out_f16 and out_scale is None:
