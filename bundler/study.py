@@ -166,6 +166,15 @@ def reuse_mismatch(path: Path, family, req, target: str, source: dict,
     if target == "torch-aoti":
         checks["static-batch graph list"] = (m["engine"]["details"].get("static_batches", []),
                                          list(family.torch_aoti_static_batches))
+        if req.precision == "fp8" and family.torch_aoti_layout != "as_is":
+            # the family's torch_aoti.fp8_conv (or $TRT_BUNDLE_FP8_CONV) as this make would
+            # build it: a bundle of another convolution form is rebuilt, not reused
+            from bundler.targets.torch_aoti.build import FP8_CONV_DESCRIPTIONS, default_fp8_conv
+
+            want = default_fp8_conv(None, family.torch_aoti_fp8_conv)
+            have = m["engine"]["details"].get("compile_options", {}).get("fp8_conv")
+            names = {text: name for name, text in FP8_CONV_DESCRIPTIONS.items()}
+            checks["fp8 convolution form"] = (names.get(have, have), want)
     inputs_source = reference_set(family, req).source
     checks["reference inputs"] = ((m["quality"]["images"], m["quality"]["inputs_source"]),
                                   (req.reference_count, inputs_source))

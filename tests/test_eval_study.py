@@ -345,3 +345,43 @@ def test_study_and_eval_share_one_labels_from_option(tmp_path):
     assert result.exit_code == 6 and "Traceback" not in result.output
     assert "pass --eval-data DIR, or leave --labels-from out" in result.stderr
     assert not out.exists()
+
+
+def test_reuse_needs_the_fp8_convolution_form_the_family_names(xception_bundles, tmp_path,
+                                                               monkeypatch):
+    """A torch-aoti fp8 bundle built with another k x k convolution form than the family's
+    torch_aoti.fp8_conv (or $TRT_BUNDLE_FP8_CONV) asks for is rebuilt, not reused."""
+    pytest.importorskip("torch")
+    import dataclasses
+
+    from bundler.families import load_family
+    from bundler.make import MakeRequest
+    from bundler.study import expected_source, reuse_mismatch
+    from bundler.targets.torch_aoti.build import (FP8_CONV_DESCRIPTIONS, FP8_CONV_ENV)
+    from bundler.writer import write_bundle
+    from runtime_py.compat import GpuInfo, HostInfo
+    from runtime_py.format import open_bundle
+
+    with open_bundle(xception_bundles["fp8"]) as bundle:
+        body = {k: v for k, v in bundle.manifest.items() if k not in ("format", "members")}
+        members = {name: bundle.read_member(name) for name in bundle.member_names}
+    details = {"torch_version": "2.11.0+cu130", "cuda_version": "13.0",
+               "compute_capability": "9.0", "device_name": "NVIDIA H200", "device": "cuda",
+               "compile_options": {"fp8_conv": FP8_CONV_DESCRIPTIONS["im2col"]}}
+    h200 = HostInfo(gpus=(GpuInfo("NVIDIA H200", (9, 0)),), torch_version="2.11.0",
+                    torch_cuda_version="13.0")   # where the bundle runs
+    body["engine"] = {"backend": "torch-aoti", "member": "engine.pt2", "details": details}
+    path, _ = write_bundle(tmp_path / "x.bundle", body, {**members, "engine.pt2": b"pt2"})
+    family = load_family("timm_xception")
+    cal = body["calibration"]
+    req = MakeRequest(family=family.name, precision="fp8", random_weights=True,
+                      calib_count=16, reference_count=4, calib_method=cal["method"])
+    source = expected_source(family, req)
+    monkeypatch.delenv(FP8_CONV_ENV, raising=False)
+    assert reuse_mismatch(path, family, req, "torch-aoti", source, cal["data_digest"], h200) is None
+    fused = dataclasses.replace(family, spec={**family.spec,
+                                              "torch_aoti": {"fp8_conv": "triton-fused"}})
+    assert "fp8 convolution form differs ('im2col' vs 'triton-fused')" in reuse_mismatch(
+        path, fused, req, "torch-aoti", source, cal["data_digest"], h200)
+    monkeypatch.setenv(FP8_CONV_ENV, "im2col")            # one build's override: reused
+    assert reuse_mismatch(path, fused, req, "torch-aoti", source, cal["data_digest"], h200) is None
