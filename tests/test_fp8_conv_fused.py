@@ -313,3 +313,25 @@ def test_gpu_the_fused_model_compiles_with_aotinductor_and_matches_eager(tmp_pat
     with torch.no_grad():
         scale = float(module(torch.randn(4, 3, 16, 16, device="cuda")).abs().max())
     assert max(diffs.values()) <= 1e-2 * scale, diffs
+
+
+@needs_triton
+def test_no_fused_op_takes_a_0d_buffer():
+    """AOTInductor lowers a 0-d constant buffer to a scalar literal, and its cpp wrapper
+    then cannot launch the Triton kernel with it (the bundle build failed on the H200 until
+    the output scales had fused.SCALE_SLOTS elements). Checked here on the exported graph,
+    without a GPU: every buffer a fused op reads has at least one dimension."""
+    pytest.importorskip("timm")
+    from bundler.targets.torch_aoti.build import engine_model
+
+    model, fp8 = _tiny_and_scales()
+    module, _ = engine_model(model, "fp8", fp8, fp8_conv="triton-fused")
+    program = torch.export.export(module.eval(), (torch.randn(2, 3, 16, 16),))
+    buffers = program.graph_signature.inputs_to_buffers
+    state = program.state_dict
+    read = [(n.name, buffers[a.name]) for n in program.graph.nodes
+            if "fp8_conv_nhwc_fused" in str(n.target)
+            for a in n.args if isinstance(a, torch.fx.Node) and a.name in buffers]
+    assert len(read) >= 11 * 3                      # weight, scale, bias of each of the 11
+    assert [r for r in read if state[r[1]].dim() == 0] == []
+    assert any(name.endswith("out_scale") for _, name in read)
