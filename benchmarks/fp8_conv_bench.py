@@ -548,16 +548,19 @@ def run_fused_layers(args, budget: Budget, results: dict) -> dict:
     ``results`` ("layers": name -> entry, "tiles": the best config per shape)."""
     import torch
 
-    from bundler.targets.torch_aoti.kernels.fp8_conv import CANDIDATE_CONFIGS, default_config
+    from bundler.targets.torch_aoti.kernels.fp8_conv import (CANDIDATE_CONFIGS,
+                                                             SMALL_BATCH_CONFIGS, default_config)
 
-    log("phase: fused layers (the fused op with each layer's epilogue, every tile config)")
+    candidates = CANDIDATE_CONFIGS + (SMALL_BATCH_CONFIGS if args.batch <= SMALL_BATCH else ())
+    log("phase: fused layers (the fused op with each layer's epilogue, every tile config"
+        + (", small-batch tiles too)" if args.batch <= SMALL_BATCH else ")"))
     epilogues = fused_layer_epilogues()
     reserve = args.model_reserve_s * args.fused_reserve_models if args.model else 0.0
     rows = results.setdefault("layers", {})
     for shape, by_epilogue in epilogues.items():
         cin, cout, _hw, k, st, _p = shape
         base = default_config(cin, cout, (k, k))
-        configs = [base] + [c for c in CANDIDATE_CONFIGS if c != base]
+        configs = [base] + [c for c in candidates if c != base]
         if args.fused_configs == "default":
             configs = [base]
         layer = None
@@ -589,6 +592,10 @@ def run_fused_layers(args, budget: Budget, results: dict) -> dict:
         torch.cuda.empty_cache()
     results["tiles"] = choose_tiles(rows)
     return results
+
+
+#: --batch at or below which --fused-layers also tries ``SMALL_BATCH_CONFIGS``.
+SMALL_BATCH = 8
 
 
 def choose_tiles(rows: dict) -> dict:
@@ -670,9 +677,12 @@ def print_fused_layers(results: dict, batch: int) -> None:
             if "failed" in t:
                 print(f"FAILED {name} {cfg}: {t['failed']}")
     if chosen:
+        name = ("MEASURED_TILES" if batch == 32 else f"MEASURED_TILES_BATCH{batch}")
         print("\n== tiles per layer shape, count-weighted over its epilogues (paste into "
-              "bundler/targets/torch_aoti/kernels/fp8_conv.py MEASURED_TILES)")
-        print("MEASURED_TILES: TileTable = {")
+              f"bundler/targets/torch_aoti/kernels/fp8_conv.py as {name}"
+              + ("" if batch == 32 else f", listed in MEASURED_TILES_BY_BATCH under {batch}")
+              + ")")
+        print(f"{name}: TileTable = {{")
         for shape, c in chosen.items():
             cin, cout, _hw, k, st, _p = shape
             cfg = tiles_from_name(c["tiles"])

@@ -225,6 +225,45 @@ def test_a_tile_table_sets_the_tiles_of_the_layers_it_names():
     assert launched.count(tuple(chosen)) == 1 and launched.count((32, 16, 32, 2, 2, 8)) == 2
 
 
+@needs_triton
+def test_a_graph_traced_for_a_static_batch_launches_that_batchs_tiles():
+    """Tile tables per static batch (family.json torch_aoti.static_batches): the graph
+    exported for batch 1 launches the batch-1 table's tiles, the dynamic-batch graph of the
+    same module the default ones; a caller's one table wins over both."""
+    pytest.importorskip("timm")
+    from bundler.targets.torch_aoti.fused import rewrite_fused
+    from bundler.targets.torch_aoti.kernels.fp8_conv import (Fp8ConvConfig, default_config,
+                                                             tile_key)
+    from bundler.targets.torch_aoti.model import EngineModule
+
+    model, fp8 = _tiny_and_scales()
+    small = Fp8ConvConfig(16, 32, 128, 2, 4, 8)
+    batch1 = {1: {tile_key(8, 8, (3, 3), (1, 1)): small}}    # layer1's two conv2s
+    module = EngineModule(rewrite_fused(model, fp8, batch_tiles=batch1), torch.float16,
+                          False, True).eval()
+
+    def launched(program):
+        return [tuple(n.args[-6:]) for n in program.graph.nodes
+                if "fp8_conv_nhwc_fused" in str(n.target)]
+
+    static = launched(torch.export.export(module, (torch.randn(1, 3, 16, 16),)))
+    dynamic = launched(torch.export.export(module, (torch.randn(2, 3, 16, 16),),
+                                           dynamic_shapes=({0: torch.export.Dim(
+                                               "batch", min=1, max=32)},)))
+    other = launched(torch.export.export(module, (torch.randn(4, 3, 16, 16),)))
+    assert len(static) == len(dynamic) == len(other) == 11
+    assert static.count(tuple(small)) == 2
+    assert dynamic.count(tuple(small)) == 0 and other.count(tuple(small)) == 0
+    assert dynamic == other
+    changed = [(a, b) for a, b in zip(static, dynamic) if a != b]
+    assert changed == [(tuple(small), tuple(default_config(8, 8, (3, 3))))] * 2
+    chosen = Fp8ConvConfig(32, 16, 32, 2, 2, 8)
+    mine = EngineModule(rewrite_fused(model, fp8, tiles={tile_key(8, 8, (3, 3), (1, 1)): chosen},
+                                      batch_tiles=batch1), torch.float16, False, True).eval()
+    assert launched(torch.export.export(mine, (torch.randn(1, 3, 16, 16),))).count(
+        tuple(chosen)) == 2
+
+
 def _bench():
     import importlib.util
     from pathlib import Path
@@ -297,19 +336,26 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
 @pytest.mark.gpu
 @needs_cuda
 @needs_triton
-def test_gpu_the_fused_model_compiles_with_aotinductor_and_matches_eager(tmp_path):
-    """The bundle path, not torch.compile's: torch.export with a dynamic batch +
-    AOTInductor's cpp wrapper launching the Triton kernel (its output scales must reach it
-    as buffers, fused.SCALE_SLOTS), then the package against the eager module."""
+@pytest.mark.parametrize("static", [(), (1,)], ids=["dynamic", "static-batch-1"])
+def test_gpu_the_fused_model_compiles_with_aotinductor_and_matches_eager(tmp_path, static):
+    """The bundle path, not torch.compile's: torch.export with a dynamic batch (and a graph
+    for static batch 1 beside it, with its own small tiles) + AOTInductor's cpp wrapper
+    launching the Triton kernel (its output scales must reach it as buffers,
+    fused.SCALE_SLOTS), then the package against the eager module."""
     pytest.importorskip("timm")
-    from bundler.targets.torch_aoti.build import compile_package, engine_model, smoke_check
+    from bundler.targets.torch_aoti.build import compile_package, smoke_check
+    from bundler.targets.torch_aoti.fused import rewrite_fused
+    from bundler.targets.torch_aoti.kernels.fp8_conv import Fp8ConvConfig, tile_key
+    from bundler.targets.torch_aoti.model import EngineModule
 
     model, fp8 = _tiny_and_scales()
-    module, _ = engine_model(model, "fp8", fp8, fp8_conv="triton-fused")
-    module = module.cuda().eval()
+    batch1 = {1: {tile_key(8, 8, (3, 3), (1, 1)): Fp8ConvConfig(16, 32, 128, 2, 4, 8)}}
+    module = EngineModule(rewrite_fused(model, fp8, batch_tiles=batch1), torch.float16,
+                          False, True).cuda().eval()
     path, _ = compile_package(module, (3, 16, 16), {"min": 1, "max": 8}, "cuda",
-                              {"max_autotune": False}, tmp_path / "fused.pt2")
-    diffs = smoke_check(path, module, (3, 16, 16), [1, 3, 8], "cuda")
+                              {"max_autotune": False}, tmp_path / "fused.pt2",
+                              static_batches=static)
+    diffs = smoke_check(path, module, (3, 16, 16), [1, 3, 8], "cuda", static_batches=static)
     with torch.no_grad():
         scale = float(module(torch.randn(4, 3, 16, 16, device="cuda")).abs().max())
     assert max(diffs.values()) <= 1e-2 * scale, diffs

@@ -60,6 +60,14 @@ _RELUS = ("act1", "act2", "act3")
 SCALE_SLOTS = 16
 
 
+def static_batch(x: torch.Tensor) -> int | None:
+    """The batch of ``x`` when it is a plain int (eager, or traced for a static batch:
+    ``torch.export`` without a dynamic batch, ``torch.compile(dynamic=False)``), None when
+    symbolic (a graph exported with a dynamic batch)."""
+    n = x.shape[0]
+    return n if isinstance(n, int) else None
+
+
 def _scale_tensor(scale: float) -> torch.Tensor:
     return torch.full((SCALE_SLOTS,), float(stored_scale(scale)), dtype=torch.float32)
 
@@ -76,7 +84,8 @@ class FusedConv(nn.Module):
 
     def __init__(self, conv: nn.Conv2d, scales: tuple[float, Any] | None, *, relu: bool,
                  out16: bool, out_scale: float | None,
-                 tiles: Mapping[tuple, Any] | None = None) -> None:
+                 tiles: Mapping[tuple, Any] | None = None,
+                 batch_tiles: Mapping[int, Mapping[tuple, Any]] | None = None) -> None:
         super().__init__()
         if not out16 and out_scale is None:
             raise UsageError(f"{conv}: a fused convolution must write fp16 or e4m3")
@@ -87,7 +96,8 @@ class FusedConv(nn.Module):
         if not self.fp8:
             self.conv = copy.deepcopy(conv).half().to(memory_format=torch.channels_last)
             return
-        from bundler.targets.torch_aoti.kernels.fp8_conv import config_for
+        from bundler.targets.torch_aoti.kernels.fp8_conv import (MEASURED_TILES_BY_BATCH,
+                                                                 config_for)
 
         # the buffers of the unfused layer (the same quantized weight, scales and bias)
         layer = Fp8ConvNHWC(conv, *scales, dtype=torch.float16, emulate=True)
@@ -98,6 +108,16 @@ class FusedConv(nn.Module):
         self.kernel, self.stride = layer.kernel, layer.stride
         self.padding, self.dilation = layer.padding, layer.dilation
         self.tiles = config_for(conv.in_channels, self.cout, self.kernel, self.stride, tiles)
+        # a graph traced for a static batch with a table of its own launches its tiles
+        tables = MEASURED_TILES_BY_BATCH if batch_tiles is None else batch_tiles
+        self.tiles_by_batch = {
+            n: config_for(conv.in_channels, self.cout, self.kernel, self.stride, tiles, n, tables)
+            for n in tables}
+
+    def tiles_for(self, x: torch.Tensor):
+        """The tiles of a launch on ``x``: its static batch's, else the dynamic graph's."""
+        n = static_batch(x)
+        return self.tiles if n is None else self.tiles_by_batch.get(n, self.tiles)
 
     @property
     def in_scale(self) -> float | None:
@@ -124,7 +144,7 @@ class FusedConv(nn.Module):
         return fp8_conv_fused(x8, self.weight_fp8, self.conv_scale, self.bias, self.cout,
                               self.kernel, self.stride, self.padding, self.dilation,
                               residual=residual, relu=self.relu, out_f16=self.out16,
-                              out_scale=self.out_scale, config=self.tiles)
+                              out_scale=self.out_scale, config=self.tiles_for(x8))
 
 
 def bottleneck_parts(block: nn.Module) -> tuple[nn.Conv2d, nn.Conv2d, nn.Conv2d,
@@ -173,7 +193,8 @@ class FusedBottleneck(nn.Module):
 
     def __init__(self, parts: tuple, fp8: Mapping[str, tuple[float, Any]], names: tuple,
                  in_scale: float | None, next_scale: float | None,
-                 tiles: Mapping[tuple, Any] | None = None) -> None:
+                 tiles: Mapping[tuple, Any] | None = None,
+                 batch_tiles: Mapping[int, Mapping[tuple, Any]] | None = None) -> None:
         super().__init__()
         c1, c2, c3, down = parts
         s1, s2, s3, sd = (fp8.get(n) for n in names)
@@ -182,13 +203,13 @@ class FusedBottleneck(nn.Module):
             return None if scales is None else float(stored_scale(scales[0]))
 
         self.conv1 = FusedConv(c1, s1, relu=True, out16=s2 is None, out_scale=act(s2),
-                               tiles=tiles)
+                               tiles=tiles, batch_tiles=batch_tiles)
         self.conv2 = FusedConv(c2, s2, relu=True, out16=s3 is None, out_scale=act(s3),
-                               tiles=tiles)
+                               tiles=tiles, batch_tiles=batch_tiles)
         self.conv3 = FusedConv(c3, s3, relu=True, out16=True, out_scale=next_scale,
-                               tiles=tiles)
+                               tiles=tiles, batch_tiles=batch_tiles)
         self.downsample = (FusedConv(down, sd, relu=False, out16=True, out_scale=None,
-                                     tiles=tiles)
+                                     tiles=tiles, batch_tiles=batch_tiles)
                            if down is not None else None)
         # the handed-over e4m3 is used where its scale is the reader's own (the graph's
         # one shared QuantizeLinear); otherwise the reader quantizes the fp16 itself
@@ -220,13 +241,16 @@ class FusedBottleneck(nn.Module):
 
 
 def rewrite_fused(model: nn.Module, fp8: Mapping[str, tuple[float, Any]],
-                  tiles: Mapping[tuple, Any] | None = None) -> nn.Module:
+                  tiles: Mapping[tuple, Any] | None = None,
+                  batch_tiles: Mapping[int, Mapping[tuple, Any]] | None = None) -> nn.Module:
     """A copy of ``model`` (BN-folded, eval) in fp16 channels_last with its bottlenecks
     fused (module docstring). ``fp8``: module path -> (activation scale, weight scales) of
     the FP8 convolutions, every one of which must sit in a fusable bottleneck. ``tiles``:
     the kernel tiles per layer shape (``kernels.fp8_conv.tile_key`` -> ``Fp8ConvConfig``,
     what ``benchmarks/fp8_conv_bench.py --fused-layers`` measures); a layer not in it gets
-    ``config_for``'s (``MEASURED_TILES``, else ``default_config``).
+    ``config_for``'s (``MEASURED_TILES``, else ``default_config``). ``batch_tiles``: batch ->
+    table, for graphs traced with that static batch (default
+    ``kernels.fp8_conv.MEASURED_TILES_BY_BATCH``; ``tiles`` wins over it).
 
     The e4m3 hand-over between consecutive blocks (in module order: ResNet's stages are
     sequential) assumes the next block reads this block's output; a module in between
@@ -261,7 +285,8 @@ def rewrite_fused(model: nn.Module, fp8: Mapping[str, tuple[float, Any]],
     for i, ((name, _m, parts), names) in enumerate(zip(blocks, named)):
         nxt = named[i + 1][0] if i + 1 < len(blocks) else None
         next_scale = float(stored_scale(fp8[nxt][0])) if nxt in fp8 else None
-        replaced[name] = FusedBottleneck(parts, fp8, names, in_scale, next_scale, tiles)
+        replaced[name] = FusedBottleneck(parts, fp8, names, in_scale, next_scale, tiles,
+                                         batch_tiles)
         in_scale = next_scale
     for name, new in replaced.items():
         parent_name, _, child = name.rpartition(".")

@@ -48,8 +48,8 @@ from torch.library import triton_op, wrap_triton
 from bundler.fp8 import E4M3_MAX
 from bundler.targets.torch_aoti.model import conv_output_hw
 
-__all__ = ["Fp8ConvConfig", "CANDIDATE_CONFIGS", "MEASURED_TILES", "TileKey", "TileTable",
-           "tile_key", "default_config", "config_for", "fp8_conv_nhwc", "fp8_conv",
+__all__ = ["Fp8ConvConfig", "CANDIDATE_CONFIGS", "SMALL_BATCH_CONFIGS", "MEASURED_TILES",
+           "MEASURED_TILES_BATCH1", "MEASURED_TILES_BY_BATCH", "TileKey", "TileTable", "tile_key", "default_config", "config_for", "fp8_conv_nhwc", "fp8_conv",
            "fp8_conv_nhwc_fused", "fp8_conv_fused"]
 
 OP = "trt_bundle::fp8_conv_nhwc"
@@ -77,6 +77,20 @@ CANDIDATE_CONFIGS = (
     Fp8ConvConfig(64, 128, 64, 4, 4),
     Fp8ConvConfig(128, 64, 128, 4, 3),
     Fp8ConvConfig(64, 64, 128, 4, 3),
+)
+
+#: What the benchmark also tries at small batches (``--batch`` <= 8): at batch 1 ResNet-50's
+#: layers have 49 to 3,136 output rows, and a 128-row tile leaves most of the 132 SMs idle
+#: (the 7x7 stage's 512 output channels in 64-column tiles: 8 programs). Tiles of 16-64 rows
+#: and 32-64 columns (FP8 dots: block_k >= 32; below 64 rows Triton uses mma.sync, not wgmma).
+SMALL_BATCH_CONFIGS = (
+    Fp8ConvConfig(16, 32, 128, 2, 4),
+    Fp8ConvConfig(16, 64, 128, 4, 4),
+    Fp8ConvConfig(32, 32, 128, 4, 4),
+    Fp8ConvConfig(32, 64, 128, 4, 3),
+    Fp8ConvConfig(16, 32, 256, 4, 3),
+    Fp8ConvConfig(64, 32, 128, 4, 3),
+    Fp8ConvConfig(32, 128, 64, 4, 4),
 )
 
 
@@ -119,17 +133,59 @@ MEASURED_TILES: TileTable = {
 }
 
 
+#: The same at batch 1 (``fp8_conv_bench.py --fused-layers --batch 1``, which also tries
+#: ``SMALL_BATCH_CONFIGS``), for the graph a family compiles for static batch 1 (timm_resnet50:
+#: ``torch_aoti.static_batches: [1]``). NVIDIA H200, torch 2.11 / triton 3.6, 2026-12-01
+#: (``docs/measurements/h200-2026-12-01-s7/tiles-b1.log``): the 52 fused convolutions 0.906 ms
+#: with the batch-32 rule's tiles, 0.616 ms with these; the compiled model 0.444 -> 0.338 ms.
+MEASURED_TILES_BATCH1: TileTable = {
+    (64, 64, 1, 1, 1, 1): Fp8ConvConfig(16, 32, 256, 4, 3, 8),  # 1x1 s1 64->64 @56: 0.0113 ms, default 0.0159
+    (64, 64, 3, 3, 1, 1): Fp8ConvConfig(64, 128, 64, 4, 4, 8),  # 3x3 s1 64->64 @56: 0.0338 ms, default 0.0344
+    (64, 256, 1, 1, 1, 1): Fp8ConvConfig(64, 128, 64, 4, 4, 8),  # 1x1 s1 64->256 @56: 0.0455 ms, default 0.0611
+    (256, 64, 1, 1, 1, 1): Fp8ConvConfig(32, 64, 128, 4, 3, 8),  # 1x1 s1 256->64 @56: 0.0224 ms, default 0.0404
+    (256, 128, 1, 1, 1, 1): Fp8ConvConfig(32, 32, 128, 4, 4, 8),  # 1x1 s1 256->128 @56: 0.0107 ms, default 0.0158
+    (128, 128, 3, 3, 2, 2): Fp8ConvConfig(128, 64, 128, 4, 3, 8),  # 3x3 s2 128->128 @56: 0.0115 ms, default 0.0187
+    (128, 512, 1, 1, 1, 1): Fp8ConvConfig(32, 64, 128, 4, 3, 8),  # 1x1 s1 128->512 @28: 0.0431 ms, default 0.0726
+    (256, 512, 1, 1, 2, 2): Fp8ConvConfig(16, 64, 128, 4, 4, 8),  # 1x1 s2 256->512 @56: 0.0108 ms, default 0.0174
+    (512, 128, 1, 1, 1, 1): Fp8ConvConfig(64, 32, 128, 4, 3, 8),  # 1x1 s1 512->128 @28: 0.0498 ms, default 0.0548
+    (128, 128, 3, 3, 1, 1): Fp8ConvConfig(32, 32, 128, 4, 4, 8),  # 3x3 s1 128->128 @28: 0.0333 ms, default 0.0448
+    (512, 256, 1, 1, 1, 1): Fp8ConvConfig(16, 32, 256, 4, 3, 8),  # 1x1 s1 512->256 @28: 0.0112 ms, default 0.0175
+    (256, 256, 3, 3, 2, 2): Fp8ConvConfig(64, 64, 128, 4, 3, 8),  # 3x3 s2 256->256 @28: 0.0119 ms, default 0.0199
+    (256, 1024, 1, 1, 1, 1): Fp8ConvConfig(16, 32, 128, 2, 4, 8),  # 1x1 s1 256->1024 @14: 0.0663 ms, default 0.1070
+    (512, 1024, 1, 1, 2, 2): Fp8ConvConfig(256, 128, 64, 8, 3, 8),  # 1x1 s2 512->1024 @28: 0.0115 ms, default 0.0180
+    (1024, 256, 1, 1, 1, 1): Fp8ConvConfig(128, 64, 128, 4, 3, 8),  # 1x1 s1 1024->256 @14: 0.0538 ms, default 0.0868
+    (256, 256, 3, 3, 1, 1): Fp8ConvConfig(32, 32, 128, 4, 4, 8),  # 3x3 s1 256->256 @14: 0.0550 ms, default 0.0990
+    (1024, 512, 1, 1, 1, 1): Fp8ConvConfig(32, 64, 128, 4, 3, 8),  # 1x1 s1 1024->512 @14: 0.0107 ms, default 0.0120
+    (512, 512, 3, 3, 2, 2): Fp8ConvConfig(16, 32, 256, 4, 3, 8),  # 3x3 s2 512->512 @14: 0.0139 ms, default 0.0298
+    (512, 2048, 1, 1, 1, 1): Fp8ConvConfig(32, 32, 128, 4, 4, 8),  # 1x1 s1 512->2048 @7: 0.0312 ms, default 0.0335
+    (1024, 2048, 1, 1, 2, 2): Fp8ConvConfig(32, 32, 128, 4, 4, 8),  # 1x1 s2 1024->2048 @14: 0.0107 ms, default 0.0111
+    (2048, 512, 1, 1, 1, 1): Fp8ConvConfig(16, 32, 256, 4, 3, 8),  # 1x1 s1 2048->512 @7: 0.0333 ms, default 0.0348
+    (512, 512, 3, 3, 1, 1): Fp8ConvConfig(16, 32, 256, 4, 3, 8),  # 3x3 s1 512->512 @7: 0.0352 ms, default 0.0605
+}
+
+
+#: Tables for graphs compiled for one static batch (family.json ``torch_aoti.static_batches``):
+#: batch -> its table. A layer traced with a static batch that has a table here takes its tiles
+#: from it (``config_for(batch=)``); a dynamic-batch graph takes ``MEASURED_TILES``.
+MEASURED_TILES_BY_BATCH: dict[int, TileTable] = {1: MEASURED_TILES_BATCH1, 32: MEASURED_TILES}
+
+
 def tile_key(cin: int, cout: int, kernel: tuple[int, int], stride: tuple[int, int]) -> TileKey:
     """The key of a layer in a tile table (``TileKey``)."""
     return (int(cin), int(cout), int(kernel[0]), int(kernel[1]), int(stride[0]), int(stride[1]))
 
 
 def config_for(cin: int, cout: int, kernel: tuple[int, int], stride: tuple[int, int],
-               tiles: TileTable | None = None) -> Fp8ConvConfig:
-    """The tiles of a layer: from ``tiles`` (a caller's measured table), else from
+               tiles: TileTable | None = None, batch: int | None = None,
+               batch_tables: dict[int, TileTable] | None = None) -> Fp8ConvConfig:
+    """The tiles of a layer: from ``tiles`` (a caller's measured table), else from the
+    table measured for exactly ``batch`` (``batch_tables``, default
+    ``MEASURED_TILES_BY_BATCH``; batch None: a dynamic batch), else from
     ``MEASURED_TILES``, else ``default_config``'s rule."""
     key = tile_key(cin, cout, kernel, stride)
-    for table in (tiles or {}, MEASURED_TILES):
+    tables = MEASURED_TILES_BY_BATCH if batch_tables is None else batch_tables
+    by_batch = tables.get(batch, {}) if batch is not None else {}
+    for table in (tiles or {}, by_batch, MEASURED_TILES):
         if key in table:
             return Fp8ConvConfig(*table[key])
     return default_config(cin, cout, kernel)
