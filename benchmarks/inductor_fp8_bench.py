@@ -31,6 +31,9 @@ suffixes of an fp8 base (``model.FP8_GEMMS``):
   -dequant     GEMM mode "dequantized": the same FP8 operands dequantized, fp16 GEMM (the
                ONNX graph's arithmetic; isolates the FP8 GEMMs' gain from the quantize cost)
   -rowcols     rowwise with a row-scale column built per GEMM (no shared ones column)
+  -sbtriton    NHWC families: at a static batch <= 8 (--static), the FP8 1x1 convolutions on
+               the Triton implicit-GEMM kernel with small tiles instead of _scaled_mm
+               (``model.Fp8Pointwise(small_batch_kernel="triton")``)
   -unpadded    NHWC families: channel counts not carried padded to 16 (-padded: carried,
                the fp8 default since 2026-11-29; the older logs' plain "fp8" was unpadded)
 Default: fp16,fp8,fp8-fp16out-fastacc,fp8-fp16out,fp8-fastacc,fp8-dequant.
@@ -74,7 +77,7 @@ DEFAULT_VARIANTS = "fp16,fp8,fp8-fp16out-fastacc,fp8-fp16out,fp8-fastacc,fp8-deq
 SUFFIXES = {"-fastacc": ("fast_accum", True), "-fp16out": ("gemm", "rowwise-fp16"),
             "-tensorwise": ("gemm", "tensorwise"), "-dequant": ("gemm", "dequantized"),
             "-rowcols": ("shared_ones", False), "-unpadded": ("padded", False),
-            "-padded": ("padded", True)}
+            "-padded": ("padded", True), "-sbtriton": ("small_batch_pointwise", "triton")}
 STARTED = time.monotonic()
 
 
@@ -94,6 +97,7 @@ class Variant:
     fast_accum: bool = False
     shared_ones: bool = True
     padded: bool | None = None       # None: the target's default
+    small_batch_pointwise: str = "gemm"
 
 
 def parse_variant(name: str, family) -> Variant:
@@ -143,7 +147,8 @@ def engine_module(variant: Variant, model, family, fp8: dict | None, max_batch: 
         input_shape=shape if variant.shared_ones else None,
         max_batch=max_batch if variant.shared_ones else None, layout=layout,
         fp8_conv=default_fp8_conv(None) if variant.precision == "fp8" else "im2col",
-        hook=getattr(ext, "nhwc_module", None), channels_last=channels_last and not nhwc)
+        hook=getattr(ext, "nhwc_module", None), channels_last=channels_last and not nhwc,
+        small_batch_pointwise=variant.small_batch_pointwise)
     return module
 
 

@@ -82,6 +82,10 @@ TORCH_AOTI_FP8_GEMMS = ("rowwise", "tensorwise", "rowwise-fp16", "dequantized")
 #: (the meaning of each: bundler.targets.torch_aoti.model.FP8_CONVS); "im2col" unless the
 #: family names another; ``$TRT_BUNDLE_FP8_CONV`` overrides it for one build.
 TORCH_AOTI_FP8_CONVS = ("im2col", "triton", "triton-fused")
+#: ``torch_aoti.fp8_pointwise_small_batch``: how the NHWC rewrite's FP8 1x1 convolutions run
+#: in a static-batch graph of at most 8 images (``torch_aoti.static_batches``; the meaning of
+#: each: bundler.targets.torch_aoti.model.SMALL_BATCH_POINTWISE); "gemm" unless named.
+TORCH_AOTI_SMALL_BATCH_POINTWISE = ("gemm", "triton")
 #: Keys a layer-selection rule may use (their meaning: ``bundler.graphs.fp8``).
 RULE_KEYS = frozenset({"op_type", "kernel_shape", "group", "depthwise", "module_prefix", "name_regex"})
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -231,6 +235,12 @@ class Family:
         """How the torch-aoti fp8 engine runs dense k x k FP8 convolutions
         (``TORCH_AOTI_FP8_CONVS``), "im2col" unless the family says otherwise."""
         return str((self.spec.get("torch_aoti") or {}).get("fp8_conv", "im2col"))
+
+    @property
+    def torch_aoti_fp8_pointwise_small_batch(self) -> str:
+        """How FP8 1x1 convolutions run in small static-batch graphs
+        (``TORCH_AOTI_SMALL_BATCH_POINTWISE``), "gemm" unless the family says otherwise."""
+        return str((self.spec.get("torch_aoti") or {}).get("fp8_pointwise_small_batch", "gemm"))
 
     @property
     def torch_aoti_fp8_fast_accum(self) -> bool:
@@ -437,6 +447,9 @@ def parse_family(data: Any, *, folder: Path, expected_name: str | None = None) -
             problems.append(f"torch_aoti.fp8_gemm: must be one of {list(TORCH_AOTI_FP8_GEMMS)}")
         if aoti.get("fp8_conv", "im2col") not in TORCH_AOTI_FP8_CONVS:
             problems.append(f"torch_aoti.fp8_conv: must be one of {list(TORCH_AOTI_FP8_CONVS)}")
+        if aoti.get("fp8_pointwise_small_batch", "gemm") not in TORCH_AOTI_SMALL_BATCH_POINTWISE:
+            problems.append("torch_aoti.fp8_pointwise_small_batch: must be one of "
+                            f"{list(TORCH_AOTI_SMALL_BATCH_POINTWISE)}")
         if not isinstance(aoti.get("fp8_fast_accum", False), bool):
             problems.append("torch_aoti.fp8_fast_accum: must be true or false")
         problems += _static_batch_problems(aoti.get("static_batches", []), batch)

@@ -175,6 +175,18 @@ def reuse_mismatch(path: Path, family, req, target: str, source: dict,
             have = m["engine"]["details"].get("compile_options", {}).get("fp8_conv")
             names = {text: name for name, text in FP8_CONV_DESCRIPTIONS.items()}
             checks["fp8 convolution form"] = (names.get(have, have), want)
+            # and its small-batch 1x1 form (recorded only where a small static graph has it)
+            from bundler.targets.torch_aoti.build import SMALL_BATCH_POINTWISE_DESCRIPTIONS
+            from bundler.targets.torch_aoti.model import SMALL_BATCH
+
+            small = any(n <= SMALL_BATCH for n in family.torch_aoti_static_batches)
+            want_pw = (family.torch_aoti_fp8_pointwise_small_batch
+                       if small and want != "triton-fused" else "gemm")
+            have_pw = m["engine"]["details"].get("compile_options", {}).get(
+                "fp8_pointwise_small_batch")
+            pw_names = {text: name for name, text in SMALL_BATCH_POINTWISE_DESCRIPTIONS.items()}
+            checks["fp8 small-batch 1x1 form"] = (pw_names.get(have_pw, have_pw or "gemm"),
+                                                  want_pw)
     inputs_source = reference_set(family, req).source
     checks["reference inputs"] = ((m["quality"]["images"], m["quality"]["inputs_source"]),
                                   (req.reference_count, inputs_source))

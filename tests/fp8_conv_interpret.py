@@ -67,6 +67,27 @@ def module_case() -> float:
     return float((got - ref).abs().max() / ref.abs().max())
 
 
+def pointwise_case() -> float:
+    """``Fp8Pointwise``'s small-batch Triton path (1x1 window, its stride, channels padded
+    to 16 as the NHWC rewrite carries them) against its emulated GEMM on the same input."""
+    from bundler.targets.torch_aoti.model import Fp8Pointwise
+
+    torch.manual_seed(1)
+    conv = nn.Conv2d(40, 24, 1, 2)             # 40 -> 48 and 24 -> 32 padded
+    ws = (conv.weight.detach().abs().amax(dim=(1, 2, 3)) / 448).numpy()
+    triton_path = Fp8Pointwise(conv, 0.02, ws, torch.float16, padded_io=True,
+                               small_batch_kernel="triton")
+    gemm = Fp8Pointwise(conv, 0.02, ws, torch.float16, padded_io=True, emulate=True)
+    x = torch.zeros(1, 9, 7, 48).half()
+    x[..., :40] = torch.randn(1, 9, 7, 40).half()
+    got, ref = triton_path.implicit_gemm(x).float(), gemm(x).float()
+    if got.shape != ref.shape:
+        raise AssertionError(f"shape {tuple(got.shape)} != {tuple(ref.shape)}")
+    if got[..., 24:].abs().max() != 0:
+        raise AssertionError("the padded output channels are not zero")
+    return float((got - ref).abs().max() / ref.abs().max())
+
+
 def main() -> None:
     from bundler.targets.torch_aoti.kernels.fp8_conv import Fp8ConvConfig, fp8_conv
 
@@ -81,6 +102,7 @@ def main() -> None:
     for name, case in CASES.items():
         results["cases"][name] = run_case(fp8_conv, config, case, dtype)
     results["module"] = module_case() if fp8_error is None else None
+    results["pointwise"] = pointwise_case() if fp8_error is None else None
     json.dump(results, sys.stdout)
 
 

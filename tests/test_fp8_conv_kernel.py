@@ -54,6 +54,43 @@ def test_the_triton_layer_equals_the_im2col_layer_under_the_interpreter(interpre
 
 
 @needs_triton
+def test_the_small_batch_pointwise_kernel_equals_the_gemm_under_the_interpreter(interpreted):
+    """``Fp8Pointwise(small_batch_kernel="triton")``: the Triton 1x1 path (stride 2, padded
+    channels) gives the GEMM path's output, zeros in the padded channels."""
+    if interpreted["pointwise"] is None:
+        pytest.skip(f"this triton's interpreter does not run FP8 dots: "
+                    f"{interpreted['fp8_error']}")
+    assert interpreted["pointwise"] < 2e-3
+
+
+@needs_triton
+def test_small_static_batches_trace_the_pointwise_kernel_and_others_the_gemm():
+    """On CUDA inputs of a static batch of at most model.SMALL_BATCH, the layer takes the
+    Triton path (small tiles for its rows); a larger batch and a CPU input keep
+    torch._scaled_mm. Fake CUDA tensors (FakeTensorMode) stand in for the GPU."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from bundler.targets.torch_aoti.kernels.fp8_conv import small_batch_config
+    from bundler.targets.torch_aoti.model import SMALL_BATCH, Fp8Pointwise
+
+    conv = nn.Conv2d(64, 32, 1)
+    ws = torch.full((32,), 0.01).numpy()
+    layer = Fp8Pointwise(conv, 0.05, ws, torch.float16, small_batch_kernel="triton")
+    calls = []
+    layer.implicit_gemm = lambda x: calls.append(tuple(x.shape)) or x[..., :32]
+    layer.matmul = lambda x: calls.append("gemm") or x[..., :32].reshape(-1, 32)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        for n in (1, SMALL_BATCH, SMALL_BATCH + 1):
+            layer(torch.empty(n, 5, 5, 64, dtype=torch.float16, device="cuda"))
+    layer(torch.zeros(1, 5, 5, 64, dtype=torch.float16))              # on the CPU
+    assert calls == [(1, 5, 5, 64), (SMALL_BATCH, 5, 5, 64), "gemm", "gemm"]
+    assert small_batch_config(728, 728, 361).block_m == 32
+    assert small_batch_config(728, 728, 100).block_m == 16
+    with pytest.raises(UsageError, match="small-batch pointwise kernel"):
+        Fp8Pointwise(conv, 0.05, ws, torch.float16, small_batch_kernel="cudnn")
+
+
+@needs_triton
 def test_the_op_is_exported_with_a_dynamic_batch():
     """torch.export keeps ``trt_bundle::fp8_conv_nhwc`` as one op with a symbolic batch:
     what AOTInductor lowers to the Triton kernel (a GPU compiles it; none here)."""
@@ -278,3 +315,35 @@ def test_the_family_picks_the_conv_kernel_and_the_environment_overrides_it(monke
     spec_path.write_text(json.dumps(spec))
     with pytest.raises(FamilyError, match=r"torch_aoti.fp8_conv: must be one of"):
         load_family("timm_resnet50", root=tmp_path)
+
+
+def test_the_family_setting_of_small_batch_pointwise_is_checked_and_recorded(tmp_path):
+    """family.json torch_aoti.fp8_pointwise_small_batch: "gemm" unless named, an unknown
+    name refused at load; a package built with "triton" says so in its manifest details."""
+    import json
+    import shutil
+
+    from bundler.families import FamilyError, families_root, load_family
+    from bundler.targets.torch_aoti.build import engine_details
+
+    assert load_family("timm_resnet50").torch_aoti_fp8_pointwise_small_batch == "gemm"
+    shutil.copytree(families_root() / "timm_xception", tmp_path / "timm_xception")
+    spec_path = tmp_path / "timm_xception" / "family.json"
+    spec = json.loads(spec_path.read_text())
+    spec.setdefault("torch_aoti", {})["fp8_pointwise_small_batch"] = "triton"
+    spec_path.write_text(json.dumps(spec))
+    assert load_family("timm_xception", root=tmp_path).torch_aoti_fp8_pointwise_small_batch == \
+        "triton"
+    spec["torch_aoti"]["fp8_pointwise_small_batch"] = "cublas"
+    spec_path.write_text(json.dumps(spec))
+    with pytest.raises(FamilyError, match=r"torch_aoti.fp8_pointwise_small_batch: must be one of"):
+        load_family("timm_xception", root=tmp_path)
+
+    host = {"torch_version": "2", "cuda_version": "13.0", "compute_capability": "9.0",
+            "device_name": "H200", "device": "cuda"}
+    common = dict(nhwc=True, fast_accum=False, padding={}, batch_sizes=[1], seconds=None,
+                  static_batches=[1])
+    with_triton = engine_details(host, "fp8", {}, small_batch_pointwise="triton", **common)
+    assert "small tiles" in with_triton["compile_options"]["fp8_pointwise_small_batch"]
+    assert "fp8_pointwise_small_batch" not in engine_details(host, "fp8", {}, **common)[
+        "compile_options"]

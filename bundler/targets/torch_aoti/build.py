@@ -139,8 +139,8 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
                  fast_accum: bool = False, fp8_gemm: str = "rowwise",
                  pad_channels: bool = False, input_shape: tuple[int, ...] | None = None,
                  max_batch: int | None = None, layout: str = "nhwc",
-                 fp8_conv: str = "im2col", hook=None, channels_last: bool = False
-                 ) -> tuple[torch.nn.Module, dict]:
+                 fp8_conv: str = "im2col", hook=None, channels_last: bool = False,
+                 small_batch_pointwise: str = "gemm") -> tuple[torch.nn.Module, dict]:
     """The module to export (fp32 NCHW in, fp32 out) and its fp8 padding record.
 
     ``input_shape`` and ``max_batch`` (both or neither): rowwise FP8 GEMMs then share one
@@ -157,7 +157,9 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
     FP8 convolutions run (``rewrite.FP8_CONVS``; "triton-fused": no NHWC rewrite but
     ``fused.rewrite_fused``, the channels_last model with fused ResNet bottlenecks). ``channels_last`` (without ``nhwc``): the
     model as it is in channels_last memory format, the torch.compile user's form
-    (family.json ``torch_aoti.fp16_layout``).
+    (family.json ``torch_aoti.fp16_layout``). ``small_batch_pointwise``: how the NHWC
+    rewrite's FP8 1x1 convolutions run in a static-batch graph of a small batch
+    (``rewrite.SMALL_BATCH_POINTWISE``).
     """
     torch = import_torch()
     from bundler.targets.torch_aoti import model as rewrite
@@ -224,7 +226,8 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
     body = rewrite.rewrite_nhwc(torch_model, dtype, fp8=pointwise, fp8_depthwise=depthwise,
                                    fast_accum=fast_accum, fp8_gemm=fp8_gemm,
                                    pad_channels=pad_channels, fp8_rows=rows,
-                                   fp8_conv=fp8_conv, hook=hook)
+                                   fp8_conv=fp8_conv, hook=hook,
+                                   small_batch_pointwise=small_batch_pointwise)
     return rewrite.EngineModule(body, dtype, True), padding
 
 
@@ -361,7 +364,8 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
                  log: Callable[[str], None] | None = None,
                  pixel_scale_bias: tuple[Any, Any] | None = None, layout: str = "nhwc",
                  fp8_conv: str | None = None, hook=None, channels_last: bool = False,
-                 static_batches: Sequence[int] = ()) -> tuple[bytes, dict]:
+                 static_batches: Sequence[int] = (),
+                 small_batch_pointwise: str = "gemm") -> tuple[bytes, dict]:
     """Compile one package from a torch model; returns (package bytes, engine details).
 
     ``fp8`` maps *module paths* to (activation scale, weight scales); ``build_target``
@@ -374,7 +378,9 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
     ``fp8_conv``: the k x k FP8 convolution kernel (``default_fp8_conv``). ``channels_last``:
     ``engine_model``'s (used when the model is not the NHWC rewrite). ``static_batches``:
     sizes compiled once more with a static batch, into the same package (``compile_package``;
-    family.json ``torch_aoti.static_batches``).
+    family.json ``torch_aoti.static_batches``). ``small_batch_pointwise``: how FP8 1x1
+    convolutions of the NHWC rewrite run in the static graphs of small batches
+    (``engine_model``; family.json ``torch_aoti.fp8_pointwise_small_batch``).
     """
     log = log or (lambda _msg: None)
     check_host(device=device, precision=precision)
@@ -387,11 +393,17 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
     fp8_conv = default_fp8_conv(fp8_conv) if precision == "fp8" else "im2col"
     if fp8_conv == "triton-fused":     # the channels_last model, bottlenecks fused
         nhwc, pad_channels, channels_last = False, False, True
+    static = static_sizes(static_batches, lo, hi)
+    from bundler.targets.torch_aoti.model import SMALL_BATCH
+
+    if precision != "fp8" or not nhwc or not any(n <= SMALL_BATCH for n in static):
+        small_batch_pointwise = "gemm"        # nothing it would apply to: not recorded
     module, padding = engine_model(torch_model, precision, fp8, nhwc=nhwc, fast_accum=fast_accum,
                                    fp8_gemm=fp8_gemm, pad_channels=pad_channels,
                                    input_shape=input_shape, max_batch=hi, layout=layout,
                                    fp8_conv=fp8_conv, hook=hook,
-                                   channels_last=channels_last and not nhwc)
+                                   channels_last=channels_last and not nhwc,
+                                   small_batch_pointwise=small_batch_pointwise)
     export_shape = tuple(input_shape)
     if pixel_scale_bias is not None:
         module = pixel_head(module, *pixel_scale_bias)
@@ -400,7 +412,6 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
     sizes = sorted({int(b) for b in (batch_sizes or [lo, hi])})
     if any(not lo <= b <= hi for b in sizes):
         raise UsageError(f"batch sizes {sizes} are outside the family's range {lo}..{hi}")
-    static = static_sizes(static_batches, lo, hi)
     if nhwc:
         import copy
 
@@ -425,7 +436,7 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
                              pad_channels=pad_channels, padding=padding, batch_sizes=sizes,
                              seconds=time.monotonic() - started, cxx=cxx, layout=layout,
                              fp8_conv=fp8_conv, channels_last=channels_last and not nhwc,
-                             static_batches=static)
+                             static_batches=static, small_batch_pointwise=small_batch_pointwise)
     if pixel_scale_bias is not None:
         details["compile_options"]["input"] = "uint8 NHWC pixels; rescale, normalize, layout " \
                                               "and cast in the graph"
@@ -438,7 +449,8 @@ def engine_details(host: dict, precision: str, options: dict, *, nhwc: bool,
                    seconds: float | None, fp8_gemm: str = "rowwise",
                    pad_channels: bool = False, cxx: str | None = None,
                    layout: str = "nhwc", fp8_conv: str = "im2col",
-                   channels_last: bool = False, static_batches: Sequence[int] = ()) -> dict:
+                   channels_last: bool = False, static_batches: Sequence[int] = (),
+                   small_batch_pointwise: str = "gemm") -> dict:
     """The manifest's ``engine.details`` (schema ``$defs/torch_aoti_details``): the build
     host (``host_details``), what was compiled and how, the fp8 padding per layer, the
     batch sizes the package was checked at, and the sizes with a static graph of their own
@@ -460,6 +472,8 @@ def engine_details(host: dict, precision: str, options: dict, *, nhwc: bool,
             "fp8_fast_accum": bool(fast_accum)} if precision == "fp8" else {}),
         **({"fp8_conv": FP8_CONV_DESCRIPTIONS[fp8_conv]}
            if precision == "fp8" and layout != "as_is" else {}),
+        **({"fp8_pointwise_small_batch": SMALL_BATCH_POINTWISE_DESCRIPTIONS[small_batch_pointwise]}
+           if small_batch_pointwise != "gemm" else {}),
         **({"cxx": cxx} if cxx else {}),
     }
     if precision == "fp8":
@@ -483,6 +497,13 @@ FP8_GEMM_DESCRIPTIONS = {
                     "scales: one shared column of ones), fp16 out",
     "dequantized": "no FP8 GEMM: the FP8 operands dequantized to fp16 (DequantizeLinear), "
                    "fp16 GEMM",
+}
+
+
+SMALL_BATCH_POINTWISE_DESCRIPTIONS = {
+    "gemm": "FP8 1x1 convolutions on torch._scaled_mm at every batch",
+    "triton": "in the static graphs of batches up to 8: FP8 1x1 convolutions on the "
+              "implicit-GEMM Triton kernel with small tiles (torch._scaled_mm elsewhere)",
 }
 
 
@@ -605,6 +626,7 @@ def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] |
                                  layout=family.torch_aoti_layout, fp8_conv=fp8_conv,
                                  hook=getattr(ext, "nhwc_module", None),
                                  channels_last=channels_last,
-                                 static_batches=family.torch_aoti_static_batches)
+                                 static_batches=family.torch_aoti_static_batches,
+                                 small_batch_pointwise=family.torch_aoti_fp8_pointwise_small_batch)
     return TargetBuild(backend=BACKEND, member=MEMBER, engine_bytes=data, details=details,
                        tag=BACKEND)

@@ -62,11 +62,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bundler.families import TORCH_AOTI_FP8_CONVS, TORCH_AOTI_FP8_GEMMS
+from bundler.families import (TORCH_AOTI_FP8_CONVS, TORCH_AOTI_FP8_GEMMS,
+                              TORCH_AOTI_SMALL_BATCH_POINTWISE)
 from bundler.fp8 import E4M3_MAX, quantize as quantize_fp8, stored_scale
 from runtime_py.errors import UsageError
 
-__all__ = ["FP8_ALIGN", "FP8_GEMMS", "FP8_CONVS", "fp8_conv_kernel", "padded", "map_nodes_to_modules", "rewrite_nhwc",
+__all__ = ["FP8_ALIGN", "FP8_GEMMS", "FP8_CONVS", "SMALL_BATCH", "SMALL_BATCH_POINTWISE", "fp8_conv_kernel", "padded", "map_nodes_to_modules", "rewrite_nhwc",
            "rewrite_as_is", "fp8_gemm_rows", "shape_pass", "EngineModule", "check_rewrite",
            "fake_quant_reference"]
 
@@ -100,6 +101,10 @@ ROWWISE_GEMMS = ("rowwise", "rowwise-fp16")
 #: epilogue). A family picks one in family.json (``torch_aoti.fp8_conv``, default im2col);
 #: timm_resnet50 runs triton-fused, measured on the H200 (its README).
 FP8_CONVS = TORCH_AOTI_FP8_CONVS
+#: How ``Fp8Pointwise`` runs in a graph traced for a small static batch: "gemm"
+#: (``torch._scaled_mm``, as at every batch) or "triton" (the implicit-GEMM kernel with
+#: small tiles; family.json ``torch_aoti.fp8_pointwise_small_batch``).
+SMALL_BATCH_POINTWISE = TORCH_AOTI_SMALL_BATCH_POINTWISE
 
 #: Spatial layers with no channel arithmetic: run on the NCHW view of NHWC data (``NCHWView``).
 _SPATIAL = (nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveMaxPool2d, nn.AdaptiveAvgPool2d)
@@ -316,24 +321,61 @@ class Fp8Gemm(nn.Module):
         return y.to(self.dtype)
 
 
+#: Static batches up to this run ``Fp8Pointwise(small_batch_kernel="triton")`` on the Triton
+#: kernel; larger ones, and a dynamic batch, on ``torch._scaled_mm``.
+SMALL_BATCH = 8
+
+
 class Fp8Pointwise(Fp8Gemm):
-    """1x1 convolution as an FP8 GEMM on NHWC activations (module docstring)."""
+    """1x1 convolution as an FP8 GEMM on NHWC activations (module docstring).
+
+    ``small_batch_kernel="triton"``: traced for a static batch of at most ``SMALL_BATCH``
+    (a package's static-batch graph, ``torch.compile(dynamic=False)``) on CUDA, the layer
+    runs as ``kernels/fp8_conv.py``'s implicit GEMM with a 1x1 window and small tiles
+    (``small_batch_config``) on the same FP8 operands, instead of ``torch._scaled_mm``,
+    whose kernels are sized for many rows (batch 1 of timm_xception: 100 to 22,500).
+    Same arithmetic: fp32 accumulation, activation scale times channel scale and the fp16
+    graph's bias in the epilogue, fp16 out."""
 
     def __init__(self, conv: nn.Conv2d, act_scale: float, weight_scale: Any,
-                 dtype: torch.dtype, **options: Any) -> None:
+                 dtype: torch.dtype, small_batch_kernel: str = "gemm", **options: Any) -> None:
         if conv.kernel_size != (1, 1) or conv.groups != 1 or conv.padding not in ((0, 0), "valid"):
             raise UsageError(f"Fp8Pointwise takes 1x1 dense convolutions without padding, "
                              f"got {conv}")
+        if small_batch_kernel not in SMALL_BATCH_POINTWISE:
+            raise UsageError(f"small-batch pointwise kernel {small_batch_kernel!r} is not one "
+                             f"of {', '.join(SMALL_BATCH_POINTWISE)}")
         super().__init__(conv.weight.reshape(conv.out_channels, conv.in_channels), conv.bias,
                          act_scale, weight_scale, dtype, **options)
         self.stride = tuple(conv.stride)
+        self.small_batch_kernel = "gemm" if self.emulate else small_batch_kernel
+        if self.small_batch_kernel == "triton":
+            self.register_buffer("conv_scale", self.weight_scale_row[0] * self.act_scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.small_batch_kernel == "triton" and x.is_cuda:
+            n = x.shape[0]
+            if isinstance(n, int) and n <= SMALL_BATCH:
+                return self.implicit_gemm(x)
         sh, sw = self.stride
         if (sh, sw) != (1, 1):
             x = x[:, ::sh, ::sw, :]
         n, h, w, _ = x.shape
         return self.matmul(x).reshape(n, h, w, self.out)
+
+    def implicit_gemm(self, x: torch.Tensor) -> torch.Tensor:
+        """The small-batch path: quantize (fused by Inductor into the producer's kernel),
+        then the Triton kernel; the stride is the kernel's, no strided view is copied."""
+        from bundler.targets.torch_aoti.kernels.fp8_conv import fp8_conv, small_batch_config
+
+        if x.shape[-1] != self.kpad:
+            x = F.pad(x, (0, self.kpad - self.cin))
+        n, h, w, _ = x.shape
+        ho, wo = conv_output_hw(h, w, (1, 1), self.stride, (0, 0), (1, 1))
+        y = fp8_conv(quantize(x, self.act_scale), self.weight_fp8, self.conv_scale,
+                     self.bias_out, self.out, (1, 1), self.stride, (0, 0),
+                     config=small_batch_config(self.kpad, self.out, n * ho * wo))
+        return y if self.dtype == torch.float16 else y.to(self.dtype)
 
 
 class Fp8Linear(Fp8Gemm):
@@ -571,7 +613,7 @@ def rewrite_nhwc(model: torch.nn.Module, dtype: torch.dtype, *,
                  emulate: bool = False, fast_accum: bool = False,
                  fp8_gemm: str = "rowwise", pad_channels: bool = False,
                  fp8_rows: int | None = None, fp8_conv: str = "im2col",
-                 hook=None) -> torch.nn.Module:
+                 small_batch_pointwise: str = "gemm", hook=None) -> torch.nn.Module:
     """A copy of ``model`` (BN-folded, eval) computing NHWC in ``dtype``.
 
     ``fp8_rows`` (rowwise GEMMs): the most rows any FP8 GEMM will see (``fp8_gemm_rows``);
@@ -592,7 +634,8 @@ def rewrite_nhwc(model: torch.nn.Module, dtype: torch.dtype, *,
     convolutions to run as FP8 GEMMs (1x1: ``Fp8Pointwise``; k x k: ``Fp8ConvNHWC``);
     ``fp8_depthwise``: the same for depthwise convolutions to quantize-dequantize (variant
     fp8-depthwise). ``fp8_conv`` (``FP8_CONVS``): how the k x k ones run
-    (``fp8_conv_kernel``). ``hook(name, module, dtype)``: the family's own NHWC replacement
+    (``fp8_conv_kernel``); ``small_batch_pointwise`` (``SMALL_BATCH_POINTWISE``): how the 1x1
+    ones run in a graph traced for a small static batch (``Fp8Pointwise``). ``hook(name, module, dtype)``: the family's own NHWC replacement
     (``family.py``'s ``nhwc_module``), asked first; None keeps the rules here.
 
     The layout rules: convolutions and global average pools are replaced; spatial layers
@@ -604,6 +647,8 @@ def rewrite_nhwc(model: torch.nn.Module, dtype: torch.dtype, *,
     """
     fp8, fp8_depthwise = dict(fp8 or {}), dict(fp8_depthwise or {})
     fp8_conv_kernel(fp8_conv, emulate=True)          # a known name, before any work
+    if small_batch_pointwise == "triton" and fp8 and not emulate:
+        fp8_conv_kernel("triton")                    # refuses a missing triton by name
     ones = OnesColumn(fp8_rows) if fp8 and fp8_rows and fp8_gemm in ROWWISE_GEMMS else None
     body = copy.deepcopy(model).eval()
     modules = dict(body.named_modules())
@@ -628,7 +673,8 @@ def rewrite_nhwc(model: torch.nn.Module, dtype: torch.dtype, *,
             if name in fp8 and pointwise:
                 new = Fp8Pointwise(m, *fp8[name], dtype=dtype, emulate=emulate,
                                    fast_accum=fast_accum, gemm=fp8_gemm,
-                                   padded_io=pad_channels, ones=ones)
+                                   padded_io=pad_channels, ones=ones,
+                                   small_batch_kernel=small_batch_pointwise)
             elif name in fp8 and m.groups == 1:
                 new = Fp8ConvNHWC(m, *fp8[name], dtype=dtype, emulate=emulate,
                                   fast_accum=fast_accum, gemm=fp8_gemm, ones=ones,

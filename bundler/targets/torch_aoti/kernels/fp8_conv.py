@@ -49,7 +49,7 @@ from bundler.fp8 import E4M3_MAX
 from bundler.targets.torch_aoti.model import conv_output_hw
 
 __all__ = ["Fp8ConvConfig", "CANDIDATE_CONFIGS", "SMALL_BATCH_CONFIGS", "MEASURED_TILES",
-           "MEASURED_TILES_BATCH1", "MEASURED_TILES_BY_BATCH", "TileKey", "TileTable", "tile_key", "default_config", "config_for", "fp8_conv_nhwc", "fp8_conv",
+           "MEASURED_TILES_BATCH1", "MEASURED_TILES_BY_BATCH", "TileKey", "TileTable", "tile_key", "small_batch_config", "default_config", "config_for", "fp8_conv_nhwc", "fp8_conv",
            "fp8_conv_nhwc_fused", "fp8_conv_fused"]
 
 OP = "trt_bundle::fp8_conv_nhwc"
@@ -189,6 +189,19 @@ def config_for(cin: int, cout: int, kernel: tuple[int, int], stride: tuple[int, 
         if key in table:
             return Fp8ConvConfig(*table[key])
     return default_config(cin, cout, kernel)
+
+
+def small_batch_config(cin: int, cout: int, rows: int) -> Fp8ConvConfig:
+    """Tiles for a layer of ``rows`` output pixels at a small batch, from what ResNet-50's
+    batch-1 layers measured best (``MEASURED_TILES_BATCH1``): 16-row tiles and a deep k tile
+    up to 256 rows, 32x32 up to 1,024, 32x64 beyond. A first rule, not a measurement of
+    the layer itself (``fp8_conv_bench.py --fused-layers --batch 1`` measures ResNet-50's)."""
+    if rows <= 256:
+        return (Fp8ConvConfig(16, 32, 256, 4, 3) if cin >= 256
+                else Fp8ConvConfig(16, 32, 128, 2, 4))
+    if rows <= 1024:
+        return Fp8ConvConfig(32, 32, 128, 4, 4)
+    return Fp8ConvConfig(32, 64, 128, 4, 3)
 
 
 def default_config(cin: int, cout: int, kernel: tuple[int, int]) -> Fp8ConvConfig:
