@@ -44,7 +44,9 @@ residual + ReLU -> fp16 + e4m3, the last conv3 fp16 only, downsample fp16), for 
 config (``default_config`` and ``CANDIDATE_CONFIGS``), next to the plain op with the same tiles
 (fp16 out, the same ReLU, no residual, no e4m3): the epilogue's cost and the tiles' are told
 apart. It prints per layer the default tiles' and the best tiles' times, the totals over the
-52 layers, and the best tiles per layer shape as a ``MEASURED_TILES`` literal; variant
+52 layers, and the best tiles per layer shape as a ``MEASURED_TILES`` literal (at another
+``--batch``: ``MEASURED_TILES_BATCH<n>``, for ``MEASURED_TILES_BY_BATCH``; at ``--batch`` <= 8
+the candidates include ``SMALL_BATCH_CONFIGS``); variant
 fp8-fused-tuned is built with them, and "-eager" variants (fp8-fused-eager, ...) run without
 torch.compile: the model's launches as the per-layer measurements make them.
 
