@@ -9,7 +9,12 @@ Design (after polygraphy's TrtRunner, minus its generality):
   buffers of the same sizes are allocated once with cuda-python (`cudaMalloc`,
   `cudaHostAlloc`): `infer` never allocates. One non-blocking stream per runner.
 * `infer`: copy inputs into pinned memory, H2D async, `execute_async_v3`, D2H async,
-  synchronize, copy outputs out of pinned memory (the pinned buffers are reused).
+  synchronize, copy outputs out of pinned memory (the pinned buffers are reused). A feed
+  that lies in pinned memory from `input_buffers()` is copied to the device in place.
+* `infer_async` (the batcher's path): two batches in flight on copy-in, compute and
+  copy-out streams with events (`engines/cuda_pipeline.py`, the torch-aoti runner's
+  design in cuda-python): the copies of the next and the previous batch overlap the plan's
+  run of the current one; feeds from `input_buffers()` are read in place.
 * CUDA graphs (option `cuda_graphs=True`, the default): captured lazily the first time a
   batch size is seen. A captured graph bakes in the kernels' shapes and the addresses
   of the IO buffers and the activation memory, so each captured batch size gets its own
@@ -31,9 +36,11 @@ from typing import Any
 import numpy as np
 
 from runtime_py.compat import import_cudart, probe_host
+from runtime_py.engines.cuda_pipeline import CudaPipeline, IOSpec
 from runtime_py.engines.tensorrt_compat import check_tensorrt_target
 from runtime_py.engines.base import Runner, require_own_engine
 from runtime_py.hostcopy import copy_rows
+from runtime_py.pending import Pending
 from runtime_py.errors import (
     BundleError,
     CompatibilityError,
@@ -114,6 +121,7 @@ class TensorRTRunner(Runner):
         self._graphs: dict[int, tuple[Any, Any, Any]] = {}   # batch -> (context, graph, exec)
         self._current_batch: int | None = None
         self._logger = None
+        self._pipeline: CudaPipeline | None = None
 
     # -- activation -----------------------------------------------------------------
     def activate_impl(self) -> None:
@@ -157,6 +165,9 @@ class TensorRTRunner(Runner):
             self._scratch = cuda.check(rt.cudaMalloc(self._scratch_size), "cudaMalloc(activations)")
         self._context = self._new_context(trt)
         self._allocate_bindings(trt, cuda)
+        self._pipeline = CudaPipeline(cuda, self._stream, [
+            IOSpec(b.name, b.is_input, b.dtype, b.max_shape[1:], b.device_ptr, b.max_shape[0])
+            for b in self._bindings.values()])
 
     def _device_memory_size(self) -> int:
         """Activation memory one context needs (0: let TensorRT allocate per context)."""
@@ -237,29 +248,56 @@ class TensorRTRunner(Runner):
             return self._infer(feeds, n)
 
     def _infer(self, feeds: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
-        self._stage_inputs(feeds)
-        self._copy_inputs(n)
+        self._copy_inputs(n, self._stage_inputs(feeds))
         outputs = self._copy_outputs(self._run(n))
         self._cuda.check(self._cuda.rt.cudaStreamSynchronize(self._stream), "cudaStreamSynchronize")
         return {name: host[:count].reshape(shape).copy()
                 for name, (host, count, shape) in outputs.items()}
 
-    def _stage_inputs(self, feeds: dict[str, np.ndarray]) -> None:
-        """Into the pinned host buffers (one copy, split over threads when large)."""
+    def _stage_inputs(self, feeds: dict[str, np.ndarray]) -> dict[str, int]:
+        """Each input's host address for the H2D copy: the caller's own array where it lies
+        in pinned memory from ``input_buffers`` (read in place), else the binding's pinned
+        buffer after one copy into it (split over threads when large)."""
+        sources = {}
         for b in self._bindings.values():
             if b.is_input:
                 arr = feeds[b.name]
-                copy_rows(b.host[:arr.size].reshape(arr.shape), arr)
+                ptr = self._pipeline.pinned_pointer(arr) if self._pipeline else None
+                if ptr is None:
+                    copy_rows(b.host[:arr.size].reshape(arr.shape), arr)
+                    ptr = b.host_ptr
+                sources[b.name] = ptr
+        return sources
 
-    def _copy_inputs(self, n: int) -> None:
-        """Enqueue the host -> device copies of batch ``n``'s inputs."""
+    def _copy_inputs(self, n: int, sources: dict[str, int] | None = None) -> None:
+        """Enqueue the host -> device copies of batch ``n``'s inputs (from ``sources``,
+        default the bindings' pinned buffers)."""
         cuda, rt = self._cuda, self._cuda.rt
         for b in self._bindings.values():
             if b.is_input:
                 count = n * int(np.prod(b.max_shape[1:], dtype=np.int64))
-                cuda.check(rt.cudaMemcpyAsync(b.device_ptr, b.host_ptr, count * b.dtype.itemsize,
+                src = b.host_ptr if sources is None else sources[b.name]
+                cuda.check(rt.cudaMemcpyAsync(b.device_ptr, src, count * b.dtype.itemsize,
                                               rt.cudaMemcpyKind.cudaMemcpyHostToDevice,
                                               self._stream), f"cudaMemcpyAsync(H2D {b.name})")
+
+    def infer_async_impl(self, feeds: dict[str, np.ndarray], n: int) -> Pending:
+        """Enqueue batch ``n`` on the pipeline (module docstring) and return at once."""
+        with self._lock:
+            return self._pipeline.enqueue(feeds, n, self._enqueue_plan)
+
+    def _enqueue_plan(self, n: int) -> dict[str, tuple[int, ...]]:
+        """The pipeline's compute step: the plan on batch ``n``, and its output shapes."""
+        context = self._run(n)
+        return {b.name: tuple(context.get_tensor_shape(b.name))
+                for b in self._bindings.values() if not b.is_input}
+
+    def allocate_host(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """Pinned memory (``cudaHostAlloc``) that ``infer`` and ``infer_async`` read in
+        place; plain numpy memory before ``activate``."""
+        if self._pipeline is None:
+            return np.empty(shape, dtype)
+        return self._pipeline.allocate_host(shape, dtype)
 
     def _copy_outputs(self, context) -> dict[str, tuple[np.ndarray, int, tuple[int, ...]]]:
         """Enqueue the device -> host copies of the outputs ``context`` describes."""
@@ -301,7 +339,12 @@ class TensorRTRunner(Runner):
             sync()
 
         with self._lock:
-            self._stage_inputs(feeds)
+            if self._pipeline is not None:
+                self._pipeline.drain()     # nothing of infer_async may still be in flight
+            for b in self._bindings.values():     # the feeds into the bindings' own buffers
+                if b.is_input:
+                    arr = feeds[b.name]
+                    copy_rows(b.host[:arr.size].reshape(arr.shape), arr)
             self._copy_inputs(n)
             sync()
             return time_boundaries({"graph_replay": engine_only, "with_copies": with_copies},
@@ -370,6 +413,9 @@ class TensorRTRunner(Runner):
         cuda = self._cuda
         if cuda is not None:
             rt = cuda.rt
+            if self._pipeline is not None:
+                self._pipeline.close()      # its batches read out, its memory freed
+                self._pipeline = None
             if self._stream is not None:
                 rt.cudaStreamSynchronize(self._stream)
             for _context, graph, graph_exec in self._graphs.values():
