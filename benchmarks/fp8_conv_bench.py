@@ -32,7 +32,9 @@ pass), with ratios cudnn / variant (> 1: faster than fp16).
 channels_last, as the family's fp16 bundle and the torch.compile peer run it), and the
 torch-aoti fp8 engine module (``build.engine_model``) with its 3x3 layers on the Triton
 kernel, on im2col, or in fp16 (fp8-pointwise), and the fused form (fp8-fused: the
-channels_last model, bottlenecks fused, ``fp8_conv="triton-fused"``); ``--model-variants``,
+channels_last model, bottlenecks fused, ``fp8_conv="triton-fused"``; fp8-fused-allf16: the
+same with every block writing its fp16 output, also where the next block reads only e4m3,
+as before 2026-12-01's seventh session); ``--model-variants``,
 ``--model-only`` (no per-layer tables). Each is
 ``torch.compile``-d (default mode, batch static) and CUDA-graph replayed: ms per batch,
 ratios to fp16, top-1 agreement with fp16. Needs timm.
@@ -773,7 +775,7 @@ def ptxas_report(arch: int = 90) -> int:
 #: its eager forward CUDA-graph replayed (no Inductor: for the fused variants, the kernel
 #: launches as the per-layer measurements launch it).
 MODEL_VARIANTS = ("fp16", "fp8-triton", "fp8-pointwise", "fp8-im2col", "fp16-nhwc",
-                  "fp8-fused", "fp8-fused-pointwise", "fp8-fused-tuned")
+                  "fp8-fused", "fp8-fused-pointwise", "fp8-fused-tuned", "fp8-fused-allf16")
 
 
 def run_model(args, budget: Budget, results: dict, tiles: dict | None = None) -> dict:
@@ -836,6 +838,11 @@ def run_model(args, budget: Budget, results: dict, tiles: dict | None = None) ->
                 log(f"model {name}: {len(table)} layer shapes with measured tiles")
                 module = EngineModule(rewrite_fused(model, fp8, tiles=table), torch.float16,
                                       False, True)
+            elif variant == "fp8-fused-allf16":   # every block writes fp16 (the older form)
+                from bundler.targets.torch_aoti.fused import rewrite_fused
+
+                module = EngineModule(rewrite_fused(model, fp8, drop_unread_f16=False),
+                                      torch.float16, False, True)
             elif variant.startswith("fp8-fused"):   # channels_last, bottlenecks fused
                 layers = pointwise if variant.endswith("-pointwise") else fp8
                 module, _ = engine_model(model, "fp8", layers, fp8_conv="triton-fused")

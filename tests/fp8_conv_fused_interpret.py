@@ -258,6 +258,7 @@ def block_case(select: str, own_downsample_scale: bool = False, model: str = "ti
                           if type(c).__name__ == "FusedConv"),
         "reads_fp8": [[b.conv1_reads_fp8, b.down_reads_fp8] for b in blocks],
         "emits_fp8": [b.emits_fp8 for b in blocks],
+        "writes_f16": [b.conv3.out16 for b in blocks],
         "top1_agree": float((got.argmax(1) == ref.argmax(1)).float().mean()),
     }
 

@@ -77,6 +77,9 @@ def test_the_fused_bottlenecks_equal_the_unfused_fp8_model(interpreted, which):
     assert r["emits_fp8"] == [True, True, False]           # the last block feeds the pool
     downsample_reads = which != "own-downsample-scale"
     assert r["reads_fp8"] == [[False, False], [True, False], [True, downsample_reads]]
+    # block 2 (the next stage's first) reads only e4m3 where its downsample shares it:
+    # then block 1 writes no fp16 (the model still equals the unfused one, above)
+    assert r["writes_f16"] == [True, not downsample_reads, True]
 
 
 @needs_triton
@@ -89,6 +92,9 @@ def test_timm_resnet50_fused_equals_its_unfused_fp8_model(interpreted):
     assert r["emits_fp8"] == [True] * 15 + [False]
     assert [c1 for c1, _ in r["reads_fp8"]] == [False] + [True] * 15
     assert sum(d for _, d in r["reads_fp8"]) == 3
+    # the last block of stages 1-3 (blocks 2, 6, 12) writes e4m3 only: the next stage's
+    # first block reads that (conv1 and downsample); every other block writes fp16 too
+    assert [i for i, w in enumerate(r["writes_f16"]) if not w] == [2, 6, 12]
     assert r["err"] < 1e-2 and r["err"] < r["err_vs_fp32"] / 5
     assert r["top1_agree"] == 1.0
 
@@ -289,8 +295,13 @@ def test_the_benchmark_measures_each_layer_with_its_fused_epilogue():
     assert {s: sum(e.values()) for s, e in found.items()} == bench.RESNET50_CONVS
     relu_f8, res_f16_f8, res_f16, f16 = ((True, False, False, True), (True, True, True, True),
                                          (True, True, True, False), (False, False, True, False))
+    res_f8 = (True, True, False, True)
     assert found[(64, 64, 56, 3, 1, 1)] == {relu_f8: 3}
-    assert found[(64, 256, 56, 1, 1, 0)] == {res_f16_f8: 3, f16: 1}    # conv3s + downsample
+    # conv3s + downsample; the stage's last conv3 writes e4m3 only (the next stage's first
+    # block reads nothing else)
+    assert found[(64, 256, 56, 1, 1, 0)] == {res_f16_f8: 2, res_f8: 1, f16: 1}
+    assert found[(128, 512, 28, 1, 1, 0)] == {res_f16_f8: 3, res_f8: 1}
+    assert found[(256, 1024, 14, 1, 1, 0)] == {res_f16_f8: 5, res_f8: 1}
     assert found[(512, 2048, 7, 1, 1, 0)] == {res_f16_f8: 2, res_f16: 1}   # the last block
     assert found[(1024, 2048, 14, 1, 2, 0)] == {f16: 1}
     assert sum(e.get(relu_f8, 0) for e in found.values()) == 32
