@@ -155,6 +155,42 @@ def test_device_timings_time_the_plan_then_the_copies(tmp_path):
     np.testing.assert_allclose(got, ort_outputs(tiny_onnx(), x), atol=1e-3)
 
 
+@pytest.mark.parametrize("cuda_graphs", [False, True])
+def test_batches_in_flight_and_pinned_feeds_give_infers_outputs(tmp_path, cuda_graphs):
+    """infer_async (two batches in flight, engines/cuda_pipeline.py) and feeds written into
+    input_buffers() (pinned, read in place) give what infer gives, batch sizes mixed, results
+    read two behind as the batcher reads them; the batcher over the runner too."""
+    import runtime_py
+    from runtime_py.batcher import Batcher
+
+    path = plan_bundle(tmp_path)
+    rng = np.random.default_rng(7)
+    xs = [rng.standard_normal((n, 3, 8, 8)).astype(np.float32) for n in (1, 4, 3, 4, 2, 1, 4)]
+    with open_bundle(path) as b, TensorRTRunner(b, cuda_graphs=cuda_graphs) as r:
+        want = [r.infer({"input": x})["logits"] for x in xs]
+        buffers = [r.input_buffers()["input"] for _ in range(3)]
+        assert all(r._pipeline.pinned_pointer(buf) is not None for buf in buffers)
+        pending = []
+        for i, x in enumerate(xs):
+            feed = x
+            if i % 2:                                    # pinned, read in place
+                feed = buffers[i % 3][:len(x)]
+                feed[...] = x
+            pending.append(r.infer_async({"input": feed}))
+            if i >= 2:
+                np.testing.assert_allclose(pending[i - 2].result()["logits"], want[i - 2],
+                                           atol=1e-5)
+        for p, w in zip(pending[-2:], want[-2:]):
+            np.testing.assert_allclose(p.result()["logits"], w, atol=1e-5)
+        pinned_infer = buffers[0][:4]
+        pinned_infer[...] = xs[1]
+        np.testing.assert_allclose(r.infer({"input": pinned_infer})["logits"], want[1], atol=1e-5)
+    with runtime_py.load(path, backend="tensorrt") as model, Batcher(model) as batcher:
+        futures = [batcher.submit(x[:1]) for x in xs]
+        for f, w in zip(futures, want):
+            np.testing.assert_allclose(f.result(timeout=30)["logits"], w[:1], atol=1e-5)
+
+
 def test_runner_refuses_a_batch_over_the_plan_max(tmp_path):
     from runtime_py.errors import InferenceInputError
 
