@@ -49,3 +49,14 @@ class Pending:
         if self._error is not None:
             raise self._error
         return self._outputs  # type: ignore[return-value]
+
+
+def read_out(pending: "Pending | None") -> None:
+    """Wait for ``pending`` (None: nothing to wait for) so that the buffers it reads may be
+    reused; its outputs stay in it for its own caller, and so does its error (not raised
+    here: it belongs to that caller). GPU runners call it before reusing a batch slot."""
+    if pending is not None:
+        try:
+            pending.result()
+        except Exception:
+            pass

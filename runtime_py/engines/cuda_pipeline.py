@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from runtime_py.hostcopy import HostBufferRegistry, copy_rows
-from runtime_py.pending import Pending
+from runtime_py.pending import Pending, read_out
 
 #: Batches in flight.
 SLOTS = 2
@@ -165,12 +165,8 @@ class CudaPipeline:
     @staticmethod
     def resolve(slot: _Slot) -> None:
         """Read out the slot's previous batch (into its Pending) before the slot is reused."""
-        if slot.pending is not None:
-            try:
-                slot.pending.result()
-            except Exception:
-                pass                    # that batch's error belongs to its own caller
-            slot.pending = None
+        read_out(slot.pending)
+        slot.pending = None
 
     def drain(self) -> None:
         """Read out every batch in flight."""

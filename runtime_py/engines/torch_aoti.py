@@ -64,7 +64,7 @@ from runtime_py.engines.base import Runner, require_own_engine
 from runtime_py.engines.torch_aoti_compat import check_torch_aoti_target
 from runtime_py.errors import BundleError, CompatibilityError, EngineUnavailableError
 from runtime_py.hostcopy import HostBufferRegistry, copy_rows
-from runtime_py.pending import Pending
+from runtime_py.pending import Pending, read_out
 from runtime_py.native_libs import static_cxx_runtime_libraries
 from runtime_py.tensors import TensorSpec
 
@@ -391,12 +391,8 @@ class TorchAotiRunner(Runner):
     @staticmethod
     def _resolve(slot: "_Slot") -> None:
         """Read out the slot's previous batch (into its Pending) before the slot is reused."""
-        if slot.pending is not None:
-            try:
-                slot.pending.result()
-            except Exception:
-                pass                   # that batch's error belongs to its own caller
-            slot.pending = None
+        read_out(slot.pending)
+        slot.pending = None
 
     @property
     def static_batches(self) -> list[int]:
