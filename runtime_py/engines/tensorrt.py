@@ -341,11 +341,7 @@ class TensorRTRunner(Runner):
         with self._lock:
             if self._pipeline is not None:
                 self._pipeline.drain()     # nothing of infer_async may still be in flight
-            for b in self._bindings.values():     # the feeds into the bindings' own buffers
-                if b.is_input:
-                    arr = feeds[b.name]
-                    copy_rows(b.host[:arr.size].reshape(arr.shape), arr)
-            self._copy_inputs(n)
+            self._copy_inputs(n, self._stage_inputs(feeds))   # (fresh feeds: staged)
             sync()
             return time_boundaries({"graph_replay": engine_only, "with_copies": with_copies},
                                    iterations, warmup)
