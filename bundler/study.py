@@ -176,12 +176,12 @@ def reuse_mismatch(path: Path, family, req, target: str, source: dict,
             names = {text: name for name, text in FP8_CONV_DESCRIPTIONS.items()}
             checks["fp8 convolution form"] = (names.get(have, have), want)
             # and its small-batch 1x1 form (recorded only where a small static graph has it)
-            from bundler.targets.torch_aoti.build import SMALL_BATCH_POINTWISE_DESCRIPTIONS
-            from bundler.targets.torch_aoti.model import SMALL_BATCH
+            from bundler.targets.torch_aoti.build import (SMALL_BATCH_POINTWISE_DESCRIPTIONS,
+                                                          effective_small_batch_pointwise)
 
-            small = any(n <= SMALL_BATCH for n in family.torch_aoti_static_batches)
-            want_pw = (family.torch_aoti_fp8_pointwise_small_batch
-                       if small and want != "triton-fused" else "gemm")
+            want_pw = effective_small_batch_pointwise(
+                family.torch_aoti_fp8_pointwise_small_batch, "fp8", want != "triton-fused",
+                family.torch_aoti_static_batches)
             have_pw = m["engine"]["details"].get("compile_options", {}).get(
                 "fp8_pointwise_small_batch")
             pw_names = {text: name for name, text in SMALL_BATCH_POINTWISE_DESCRIPTIONS.items()}

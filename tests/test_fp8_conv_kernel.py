@@ -347,3 +347,10 @@ def test_the_family_setting_of_small_batch_pointwise_is_checked_and_recorded(tmp
     assert "small tiles" in with_triton["compile_options"]["fp8_pointwise_small_batch"]
     assert "fp8_pointwise_small_batch" not in engine_details(host, "fp8", {}, **common)[
         "compile_options"]
+    # where it applies, for builds and for bundle study's reuse check alike
+    from bundler.targets.torch_aoti.build import effective_small_batch_pointwise as applies
+
+    assert applies("triton", "fp8", True, [1]) == "triton"
+    assert applies("triton", "fp8", True, [16, 32]) == "gemm"      # no small static graph
+    assert applies("triton", "fp8", False, [1]) == "gemm"          # not the NHWC rewrite
+    assert applies("triton", "fp16", True, [1]) == "gemm"

@@ -346,6 +346,18 @@ def static_sizes(static_batches: Sequence[int], lo: int, hi: int) -> list[int]:
     return sizes
 
 
+def effective_small_batch_pointwise(requested: str, precision: str, nhwc: bool,
+                                    static_batches: Sequence[int]) -> str:
+    """The small-batch 1x1 form a build records (``model.SMALL_BATCH_POINTWISE``):
+    ``requested`` where it applies (an fp8 NHWC rewrite with a static graph of at most
+    ``model.SMALL_BATCH`` images), else "gemm" (nothing it would change: not recorded).
+    `bundle study` asks the same to decide whether a bundle can be reused."""
+    from bundler.targets.torch_aoti.model import SMALL_BATCH
+
+    applies = precision == "fp8" and nhwc and any(n <= SMALL_BATCH for n in static_batches)
+    return requested if applies else "gemm"
+
+
 def compile_options_for(compile_options: dict | None) -> dict:
     options = {**DEFAULT_COMPILE_OPTIONS, **(compile_options or {})}
     refused = [k for k in REFUSED_COMPILE_OPTIONS if options.get(k)]
@@ -394,10 +406,8 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
     if fp8_conv == "triton-fused":     # the channels_last model, bottlenecks fused
         nhwc, pad_channels, channels_last = False, False, True
     static = static_sizes(static_batches, lo, hi)
-    from bundler.targets.torch_aoti.model import SMALL_BATCH
-
-    if precision != "fp8" or not nhwc or not any(n <= SMALL_BATCH for n in static):
-        small_batch_pointwise = "gemm"        # nothing it would apply to: not recorded
+    small_batch_pointwise = effective_small_batch_pointwise(small_batch_pointwise, precision,
+                                                            nhwc, static)
     module, padding = engine_model(torch_model, precision, fp8, nhwc=nhwc, fast_accum=fast_accum,
                                    fp8_gemm=fp8_gemm, pad_channels=pad_channels,
                                    input_shape=input_shape, max_batch=hi, layout=layout,
