@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bundler.fp8 import stored_scale
-from bundler.targets.torch_aoti.model import Fp8ConvNHWC, quantize
+from bundler.targets.torch_aoti.model import Fp8ConvNHWC, quantize, static_batch
 from runtime_py.errors import UsageError
 
 __all__ = ["FusedConv", "FusedBottleneck", "bottleneck_parts", "rewrite_fused"]
@@ -60,14 +60,6 @@ _RELUS = ("act1", "act2", "act3")
 #: wrapper's launch of the Triton kernel, which takes a pointer (H200, torch 2.11:
 #: "'<=' not supported between instances of 'Constant' and 'int'"). 16 keeps it a buffer.
 SCALE_SLOTS = 16
-
-
-def static_batch(x: torch.Tensor) -> int | None:
-    """The batch of ``x`` when it is a plain int (eager, or traced for a static batch:
-    ``torch.export`` without a dynamic batch, ``torch.compile(dynamic=False)``), None when
-    symbolic (a graph exported with a dynamic batch)."""
-    n = x.shape[0]
-    return n if isinstance(n, int) else None
 
 
 def _scale_tensor(scale: float) -> torch.Tensor:

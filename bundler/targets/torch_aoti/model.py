@@ -156,6 +156,14 @@ def map_nodes_to_modules(model: torch.nn.Module, nodes: list[str],
 # --- the modules -------------------------------------------------------------------------
 
 
+def static_batch(x: torch.Tensor) -> int | None:
+    """The batch of ``x`` when it is a plain int (eager, or traced for a static batch:
+    ``torch.export`` without a dynamic batch, ``torch.compile(dynamic=False)``), None when
+    symbolic (a graph exported with a dynamic batch)."""
+    n = x.shape[0]
+    return n if isinstance(n, int) else None
+
+
 def quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """fp8(x / scale): fp32 division, saturation, round to nearest even (QuantizeLinear)."""
     return torch.clamp(x.float() / scale, -E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
@@ -354,8 +362,8 @@ class Fp8Pointwise(Fp8Gemm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.small_batch_kernel == "triton" and x.is_cuda:
-            n = x.shape[0]
-            if isinstance(n, int) and n <= SMALL_BATCH:
+            n = static_batch(x)
+            if n is not None and n <= SMALL_BATCH:
                 return self.implicit_gemm(x)
         sh, sw = self.stride
         if (sh, sw) != (1, 1):
