@@ -199,10 +199,12 @@ class Engine:
         ok = False
         try:
             feeds = dict(call.feeds)
+            alive: set[str] = set()   # regions found alive at this request's start
             for name, s in call.shm_inputs.items():
-                feeds[name] = self.shm.read(s.ref, s.dtype, s.shape, f"input {name!r}")
+                feeds[name] = self.shm.read(s.ref, s.dtype, s.shape, f"input {name!r}", alive)
             for name, ref in call.shm_outputs.items():
-                self.shm.view(ref, f"output {name!r}")   # refuse a bad window before running
+                # refuse a bad window before running
+                self.shm.view(ref, f"output {name!r}", alive)
             results = await self.batchers[info.name].submit_async(feeds)
             out: dict[str, np.ndarray | ShmOutput] = {}
             for o in call.outputs:
@@ -211,6 +213,7 @@ class Engine:
                 if ref is None:
                     out[o.name] = arr
                 else:
+                    # checked again: the key may have been truncated while the batch ran
                     self.shm.write(ref, arr, f"output {o.name!r}")
                     out[o.name] = ShmOutput(arr.shape, arr.dtype, ref)
             ok = True

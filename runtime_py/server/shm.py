@@ -9,7 +9,8 @@ client's region.
 Safety rules, and why:
 - Every reference is checked against the *registered* window (offset, byte_size) before
   any view is made, so a request can never read or write outside what was registered.
-- Each use checks that the key still names the mapped file (same inode) and that the file
+- Each request checks, at its start and again before writing its outputs, that the key
+  still names the mapped file (same inode) and that the file
   is still long enough: a region the client unlinked or truncated is refused with a 400
   instead of reading stale memory or dying of SIGBUS on a shrunk mapping.
 - Unregistering only drops the registry's reference: views held by requests in flight
@@ -134,8 +135,14 @@ class ShmRegistry:
         with self._lock:
             return list(self._regions)
 
-    def view(self, ref: ShmRef, what: str) -> memoryview:
-        """The bytes of ``ref`` inside its region, after every bounds check."""
+    def view(self, ref: ShmRef, what: str, checked: set[str] | None = None) -> memoryview:
+        """The bytes of ``ref`` inside its region, after every bounds check.
+
+        ``checked``: names of regions whose key was found alive a moment ago, at the start
+        of the same request (its input and its output windows: one stat of ``/dev/shm``
+        per region instead of one per tensor); ``view`` adds to it. Writing the outputs
+        after the batch checks again (no ``checked``): a key truncated meanwhile would
+        otherwise be a SIGBUS."""
         with self._lock:
             region = self._regions.get(ref.region)
         if region is None:
@@ -148,27 +155,32 @@ class ShmRegistry:
             raise RequestError(
                 f"{what}: offset {off} + byte_size {size} is beyond the {region.byte_size} "
                 f"bytes of shared memory region {ref.region!r}")
-        region.check_alive()
+        if checked is None or ref.region not in checked:
+            region.check_alive()
+            if checked is not None:
+                checked.add(ref.region)
         start = region.offset + off
         return memoryview(region.map)[start:start + size]
 
-    def read(self, ref: ShmRef, dtype: np.dtype, shape: list[int], what: str) -> np.ndarray:
+    def read(self, ref: ShmRef, dtype: np.dtype, shape: list[int], what: str,
+             checked: set[str] | None = None) -> np.ndarray:
         """A zero-copy array over a registered region (the input of a request)."""
         need = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if ref.byte_size != need:
             raise RequestError(f"{what}: shared_memory_byte_size is {ref.byte_size} but shape "
                                f"{shape} of {dtype.name} needs {need} bytes")
-        buf = self.view(ref, what)
+        buf = self.view(ref, what, checked)
         arr = np.frombuffer(buf, dtype=dtype.newbyteorder("<")).reshape(shape)
         return arr if arr.dtype == dtype else arr.astype(dtype)
 
-    def write(self, ref: ShmRef, array: np.ndarray, what: str) -> int:
+    def write(self, ref: ShmRef, array: np.ndarray, what: str,
+              checked: set[str] | None = None) -> int:
         """Copy an output into a registered region; returns the bytes written."""
         data = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
         if data.nbytes > ref.byte_size:
             raise RequestError(f"{what}: the output has {data.nbytes} bytes but the shared "
                                f"memory window given holds {ref.byte_size}")
-        buf = self.view(ref, what)
+        buf = self.view(ref, what, checked)
         np.frombuffer(buf, dtype=np.uint8, count=data.nbytes)[:] = data.reshape(-1).view(np.uint8)
         return data.nbytes
 
