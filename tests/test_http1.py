@@ -375,11 +375,9 @@ def test_worker_reads_the_body_into_its_arena_and_sends_it_by_place(toy):
     import mmap
     from types import SimpleNamespace
 
-    import msgpack
-
     from runtime_py.server import create_engine_app
     from runtime_py.server.engine import ModelInfo
-    from runtime_py.server.workers import RemoteEngine, SlotArena
+    from runtime_py.server.workers import RemoteEngine, SlotArena, _messages
 
     model, _ = toy
     info = ModelInfo.of(model, SimpleNamespace(max_batch_size=8, max_delay_s=0.001))
@@ -389,7 +387,7 @@ def test_worker_reads_the_body_into_its_arena_and_sends_it_by_place(toy):
 
     class Conn:
         def send_bytes(self, data: bytes) -> None:
-            sent.append(msgpack.unpackb(data, raw=False))
+            sent.extend(_messages(data))
 
     engine = RemoteEngine(Conn(), arena, {"toy": info})
     app = create_engine_app(engine, max_body_bytes=MAX_BODY)
@@ -427,10 +425,8 @@ def test_worker_sends_the_request_reports_of_one_loop_turn_in_one_message(toy):
     import mmap
     from types import SimpleNamespace
 
-    import msgpack
-
     from runtime_py.server.engine import ModelInfo
-    from runtime_py.server.workers import EngineHost, RemoteEngine, SlotArena
+    from runtime_py.server.workers import EngineHost, RemoteEngine, SlotArena, _messages
 
     model, _ = toy
     info = ModelInfo.of(model, SimpleNamespace(max_batch_size=8, max_delay_s=0.001))
@@ -438,7 +434,7 @@ def test_worker_sends_the_request_reports_of_one_loop_turn_in_one_message(toy):
 
     class Conn:
         def send_bytes(self, data: bytes) -> None:
-            sent.append(msgpack.unpackb(data, raw=False))
+            sent.extend(_messages(data))
 
     engine = RemoteEngine(Conn(), SlotArena(mmap.mmap(-1, 4 * 4096), 4096, 4), {"toy": info})
     recorded = []
@@ -469,3 +465,89 @@ def test_worker_sends_the_request_reports_of_one_loop_turn_in_one_message(toy):
     assert recorded == [["toy", "grpc_infer", 200, 0.0], ["toy", "grpc_infer", 200, 0.001],
                         ["toy", "grpc_infer", 200, 0.002], ["toy", "infer", 400, 0.5]]
     assert "records" not in sent[-1]            # taken off before the op is answered
+
+
+def test_worker_and_engine_write_the_messages_of_one_loop_turn_as_one_frame(toy):
+    """The requests a worker makes in one turn of its loop go to the engine in one frame,
+    and the engine's replies of one turn (a batch's requests finish together) go back in
+    one frame per worker; each reply still reaches its own request."""
+    import mmap
+    from types import SimpleNamespace
+
+    from runtime_py.server.engine import ModelInfo
+    from runtime_py.server.workers import (EngineHost, RemoteEngine, SlotArena, _Worker,
+                                           _messages)
+
+    model, _ = toy
+    info = ModelInfo.of(model, SimpleNamespace(max_batch_size=8, max_delay_s=0.001))
+    frames: list[list[dict]] = []
+
+    class Conn:
+        def send_bytes(self, data: bytes) -> None:
+            frames.append(_messages(data))
+
+    worker_side = RemoteEngine(Conn(), SlotArena(mmap.mmap(-1, 4 * 4096), 4096, 4),
+                               {"toy": info})
+    replies: list[list[dict]] = []
+
+    class WorkerConn:
+        def send_bytes(self, data: bytes) -> None:
+            replies.append(_messages(data))
+
+    async def stats(name, version):
+        await asyncio.sleep(0.01)
+        return {"model": name}
+    host = EngineHost(SimpleNamespace(record_request=lambda *a: None, stats=stats))
+    w = _Worker(0, None, WorkerConn(), None)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        worker_side._loop = loop
+        worker_side._outbox.bind(loop)
+        w.outbox.bind(loop)
+        calls = [asyncio.ensure_future(worker_side._call(
+            {"op": "stats", "name": f"m{k}", "version": None})) for k in range(3)]
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert [[m["name"] for m in f] for f in frames] == [["m0", "m1", "m2"]]
+        await asyncio.gather(*(host.handle(w, m) for m in frames[0]))
+        await asyncio.sleep(0)
+        assert len(replies) == 1 and len(replies[0]) == 3
+        for r in replies[0]:
+            worker_side._resolve(r)
+        got = await asyncio.gather(*calls)
+        assert [g["value"]["model"] for g in got] == ["m0", "m1", "m2"]
+
+    asyncio.run(main())
+
+
+def test_a_frame_that_cannot_be_written_fails_its_requests_with_503(toy):
+    import mmap
+    from types import SimpleNamespace
+
+    from runtime_py.server.engine import ModelInfo
+    from runtime_py.server.protocol import RequestError
+    from runtime_py.server.workers import RemoteEngine, SlotArena
+
+    model, _ = toy
+    info = ModelInfo.of(model, SimpleNamespace(max_batch_size=8, max_delay_s=0.001))
+
+    class BrokenConn:
+        def send_bytes(self, data: bytes) -> None:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    engine = RemoteEngine(BrokenConn(), SlotArena(mmap.mmap(-1, 4 * 4096), 4096, 4),
+                          {"toy": info})
+    released = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        engine._loop = loop
+        engine._outbox.bind(loop)
+        with pytest.raises(RequestError) as e:
+            await engine._call({"op": "stats", "name": None, "version": None},
+                               on_reply=lambda: released.append(1))
+        assert e.value.status == 503 and released == [1]
+        assert engine._pending == {}
+
+    asyncio.run(main())

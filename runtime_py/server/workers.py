@@ -20,12 +20,19 @@ The data path, and why it is shaped so:
 - Messages are msgpack over a socketpair (``multiprocessing.connection.Connection``'s
   framing, never its pickling). Workers are started with ``subprocess`` (no pickled
   arguments): the listening HTTP socket, the IPC socket and the arena go by fd.
+- Messages go in frames: what one side has to say within one turn of its event loop is
+  one frame (a msgpack list of messages), written at the end of that turn. The 32 replies
+  of a batch finish in one turn of the engine's loop, so a worker gets one frame per batch
+  instead of 32 writes and wake-ups; the requests a worker parses in one turn reach the
+  engine together. The engine's loop is the one point every request crosses twice, and
+  the time it spends on each of a batch's requests delays the last of them: on the H200,
+  closed-loop clients lost 25-45% of the batcher's rate there (docs/measurements).
 - Metrics and statistics stay in the engine process: workers report the requests they
-  answered, and ``/metrics`` asks the engine, so one scrape sees every worker. Reports are
-  gathered over one turn of the worker's event loop (the requests of a batch finish
-  together) and sent in one message at its end, or with the worker's next request to the
-  engine if that comes first: one message per request was a write and a wake-up of the
-  engine per request, ~5% of a gRPC worker's loop on 2 cores.
+  answered, and ``/metrics`` asks the engine, so one scrape sees every worker. Reports ride
+  with the frame of the turn they were made in (a request of that turn carries them, so
+  the engine applies them before it), or as a "records" message of their own: one message
+  per report was a write and a wake-up of the engine per request, ~5% of a gRPC worker's
+  loop on 2 cores.
 - The engine ends on SIGINT/SIGTERM: workers get SIGTERM, finish their requests in flight
   (the engine still answers them), exit; then the batchers drain. A worker exits when the
   engine goes away (EOF on its socket); a worker that dies stops the server (exit 7).
@@ -70,6 +77,51 @@ def _pack(obj: Any) -> bytes:
 
 def _unpack(data: bytes) -> Any:
     return msgpack.unpackb(data, raw=False)
+
+
+def _messages(data: bytes) -> list[dict]:
+    """The messages of one frame (a list; a lone message, as ``hello`` is, counts as one)."""
+    obj = _unpack(data)
+    return obj if isinstance(obj, list) else [obj]
+
+
+class _Outbox:
+    """Messages to one peer, written as one frame at the end of this turn of the event loop
+    (module docstring). ``write`` sends a frame; ``on_error`` gets the messages of a frame
+    that could not be written."""
+
+    def __init__(self, write: Callable[[bytes], None],
+                 on_error: Callable[[list[dict]], None]) -> None:
+        self._write = write
+        self._on_error = on_error
+        self._items: list[dict] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def put(self, msg: dict) -> None:
+        if self._loop is None:          # no loop to wait for: written at once
+            self._send([msg])
+            return
+        if not self._items:
+            self._loop.call_soon(self.flush)
+        self._items.append(msg)
+
+    @property
+    def pending(self) -> list[dict]:
+        return self._items
+
+    def flush(self) -> None:
+        items, self._items = self._items, []
+        if items:
+            self._send(items)
+
+    def _send(self, items: list[dict]) -> None:
+        try:
+            self._write(_pack(items))
+        except OSError:
+            self._on_error(items)
 
 
 def slot_bytes(infos: list[ModelInfo]) -> int:
@@ -160,6 +212,7 @@ class RemoteEngine:
         self.lost = threading.Event()
         self._space = asyncio.Event()   # set when arena slots are released
         self._records: list[list] = []   # request reports not sent yet (``record_request``)
+        self._outbox = _Outbox(self._write, self._unsent)
         view = np.frombuffer(arena.buf, np.uint8)
         self._arena_addr = view.ctypes.data   # where the arena is mapped in this process
         del view                              # (no export left: the mmap stays closable)
@@ -170,20 +223,22 @@ class RemoteEngine:
         blocks ``recv_bytes`` for long."""
         self._loop = loop
         self._on_lost = on_lost
+        self._outbox.bind(loop)
         loop.add_reader(self.conn.fileno(), self._on_readable)
         os.set_blocking(self.conn.fileno(), True)   # uvloop's add_reader made it non-blocking
 
     def _on_readable(self) -> None:
         while True:
             try:
-                msg = _unpack(self.conn.recv_bytes())
+                msgs = _messages(self.conn.recv_bytes())
             except (EOFError, OSError):
                 self._loop.remove_reader(self.conn.fileno())
                 self.lost.set()
                 self._fail_all()
                 self._on_lost()
                 return
-            self._resolve(msg)
+            for msg in msgs:
+                self._resolve(msg)
             if not self.conn.poll(0):
                 return
 
@@ -203,9 +258,21 @@ class RemoteEngine:
         self._pending.clear()
 
     def _send(self, msg: dict) -> None:
-        data = _pack(msg)
+        """Write one message now, outside any frame (``hello``, before the loop runs)."""
+        self._write(_pack(msg))
+
+    def _write(self, data: bytes) -> None:
         with self._send_lock:
             self.conn.send_bytes(data)
+
+    def _unsent(self, msgs: list[dict]) -> None:
+        """A frame that could not be written: its requests fail as if the engine were gone."""
+        for msg in msgs:
+            fut, on_reply = self._pending.pop(msg.get("id"), (None, None))
+            if on_reply is not None:
+                on_reply()
+            if fut is not None and not fut.done():
+                fut.set_exception(RequestError("the engine process is gone", 503))
 
     async def _call(self, msg: dict, on_reply: Callable[[], None] | None = None) -> dict:
         """Send ``msg`` and await the reply. ``on_reply`` runs when the reply arrives (or
@@ -221,13 +288,7 @@ class RemoteEngine:
             msg["records"], self._records = self._records, []
         fut = asyncio.get_running_loop().create_future()
         self._pending[self._next] = (fut, on_reply)
-        try:
-            self._send(msg)
-        except OSError:
-            self._pending.pop(msg["id"], None)
-            if on_reply is not None:
-                on_reply()
-            raise RequestError("the engine process is gone", 503) from None
+        self._outbox.put(msg)     # an unwritable frame fails ``fut`` (``_unsent``)
         reply = await fut
         if not reply["ok"]:
             raise RequestError(reply["message"], reply["status"])
@@ -370,14 +431,14 @@ class RemoteEngine:
             self._flush_records()
 
     def _flush_records(self) -> None:
+        """Reports no request of this turn took along: a message of their own, in this
+        turn's frame (scheduled after the frame's flush, so the frame is out already)."""
         if not self._records or self.lost.is_set():
             self._records.clear()
             return
         records, self._records = self._records, []
-        try:
-            self._send({"op": "records", "records": records})
-        except OSError:
-            pass
+        self._outbox.put({"op": "records", "records": records})
+        self._outbox.flush()
 
 
 def worker_main(argv: list[str] | None = None) -> int:
@@ -432,11 +493,21 @@ class _Worker:
         self.index, self.proc, self.conn, self.arena = index, proc, conn, arena
         self.lock = threading.Lock()
         self.hello: dict | None = None
+        # replies of one turn of the engine's loop, one frame; a worker that cannot be
+        # written to is gone, and its requests with it
+        self.outbox = _Outbox(self._write, lambda msgs: None)
 
-    def send(self, msg: dict) -> None:
-        data = _pack(msg)
+    def _write(self, data: bytes) -> None:
         with self.lock:
             self.conn.send_bytes(data)
+
+    def send(self, msg: dict) -> None:
+        """Write one message now, outside any frame (``hello``)."""
+        self._write(_pack(msg))
+
+    def reply(self, msg: dict) -> None:
+        """Queue a reply for this turn's frame (``send`` before the loop is bound)."""
+        self.outbox.put(msg)
 
 
 class EngineHost:
@@ -462,10 +533,7 @@ class EngineHost:
             from .app import error_message
             reply = {"id": msg["id"], "ok": False, "status": status,
                      "message": error_message(e, status)}
-        try:
-            w.send(reply)
-        except OSError:
-            pass   # the worker is gone; its requests with it
+        w.reply(reply)
 
     async def _answer(self, w: _Worker, op: str, msg: dict) -> dict:
         e = self.engine
@@ -580,16 +648,17 @@ async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, ma
         # lag behind another worker's /metrics request.
         while True:
             try:
-                msg = _unpack(w.conn.recv_bytes())
+                msgs = _messages(w.conn.recv_bytes())
             except (EOFError, OSError):
                 loop.remove_reader(w.conn.fileno())
                 if not stopping.is_set():
                     failure.append(f"front-end worker {w.index} exited (code {w.proc.poll()})")
                     stopping.set()
                 return
-            if msg.get("op") == "hello":
-                w.hello = msg
-            else:
+            for msg in msgs:
+                if msg.get("op") == "hello":
+                    w.hello = msg
+                    continue
                 host_.record(msg)   # reports first, in order, without a task
                 if msg["op"] != "records":
                     task = loop.create_task(host_.handle(w, msg))
@@ -626,6 +695,7 @@ async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, ma
             conn = Connection(os.dup(ours.fileno()))
             ours.close()
             w = _Worker(i, proc, conn, arena)
+            w.outbox.bind(loop)
             procs.append(w)
             w.send(hello)
             loop.add_reader(conn.fileno(), on_message, w)
