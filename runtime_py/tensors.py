@@ -111,22 +111,25 @@ class FeedChecker:
 
     def __init__(self, specs: Sequence[TensorSpec]) -> None:
         self.specs = list(specs)
-        self._rules = [
-            (s.name, np.dtype(s.dtype), len(s.shape),
-             tuple((i, d) for i, d in enumerate(s.shape) if i > 0 and not is_dynamic(d)))
-            for s in self.specs
-        ]
+        # per input: name, dtype, rank, the fixed non-batch dims, and when every non-batch
+        # dim is fixed, all of them as one tuple (one comparison instead of a generator)
+        self._rules = []
+        for s in self.specs:
+            fixed = tuple((i, d) for i, d in enumerate(s.shape) if i > 0 and not is_dynamic(d))
+            tail = tuple(d for _, d in fixed) if len(fixed) == len(s.shape) - 1 else None
+            self._rules.append((s.name, np.dtype(s.dtype), len(s.shape), fixed, tail))
 
     def __call__(self, feeds: Mapping[str, object]) -> int:
         """The shared batch size of valid ``feeds``; raises ``InferenceInputError`` otherwise."""
         try:
             if len(feeds) == len(self._rules):
                 n = -1
-                for name, dtype, ndim, fixed in self._rules:
+                for name, dtype, ndim, fixed, tail in self._rules:
                     arr = feeds[name]
                     shape = arr.shape  # type: ignore[union-attr]
                     if (type(arr) is not np.ndarray or arr.dtype != dtype or len(shape) != ndim
-                            or ndim == 0 or any(shape[i] != d for i, d in fixed)):
+                            or ndim == 0 or (shape[1:] != tail if tail is not None
+                                             else any(shape[i] != d for i, d in fixed))):
                         break
                     if n == -1:
                         n = shape[0]

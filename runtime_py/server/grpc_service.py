@@ -163,7 +163,7 @@ def encode_grpc_response(info: Any, call: InferCall, results: dict) -> pb.ModelI
         t = resp.outputs.add(name=name, datatype=protocol.kserve_datatype(r.dtype),
                              shape=list(r.shape))
         t.parameters[SHM_REGION].string_param = r.ref.region
-        t.parameters[SHM_SIZE].int64_param = int(np.prod(r.shape)) * r.dtype.itemsize
+        t.parameters[SHM_SIZE].int64_param = math.prod(r.shape) * r.dtype.itemsize
     return resp
 
 

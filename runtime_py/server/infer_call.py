@@ -9,6 +9,7 @@ the engine resolves (it owns the registry). Parsing of everything else is ``prot
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -119,7 +120,7 @@ def encode_http_response(info_name: str, version: str, call: InferCall,
     for o in call.outputs:
         r = results[o.name]
         if isinstance(r, ShmOutput):
-            size = int(np.prod(r.shape, dtype=np.int64)) * r.dtype.itemsize
+            size = math.prod(r.shape) * r.dtype.itemsize
             entries.append({"name": o.name, "datatype": protocol.kserve_datatype(r.dtype),
                             "shape": list(r.shape),
                             "parameters": {SHM_REGION: r.ref.region, SHM_SIZE: size}})

@@ -22,6 +22,7 @@ Safety rules, and why:
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import re
@@ -165,7 +166,7 @@ class ShmRegistry:
     def read(self, ref: ShmRef, dtype: np.dtype, shape: list[int], what: str,
              checked: set[str] | None = None) -> np.ndarray:
         """A zero-copy array over a registered region (the input of a request)."""
-        need = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        need = math.prod(shape) * dtype.itemsize
         if ref.byte_size != need:
             raise RequestError(f"{what}: shared_memory_byte_size is {ref.byte_size} but shape "
                                f"{shape} of {dtype.name} needs {need} bytes")

@@ -42,7 +42,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
+import math
 import mmap
 import os
 import signal
@@ -61,7 +63,7 @@ from ..errors import AddressInUseError, ServingError
 from ..tensors import TensorSpec
 from .engine import (Engine, InferCall, ModelInfo, ShmInput, ShmOutput, lookup_info,
                      status_of)
-from .protocol import OutputRequest, RequestError
+from .protocol import OutputRequest, RequestError, dtype_name
 from .shm import ShmRef
 
 log = logging.getLogger(__name__)
@@ -77,6 +79,12 @@ def _pack(obj: Any) -> bytes:
 
 def _unpack(data: bytes) -> Any:
     return msgpack.unpackb(data, raw=False)
+
+
+@functools.lru_cache(maxsize=64)
+def _dtype(name: str) -> np.dtype:
+    """``np.dtype(name)`` for the names on the wire, cached (every tensor of every request)."""
+    return np.dtype(name)
 
 
 def _messages(data: bytes) -> list[dict]:
@@ -377,14 +385,14 @@ class RemoteEngine:
                     dst = np.frombuffer(self.arena.buf, np.uint8, arr.nbytes, offset)
                     dst[:] = arr.reshape(-1).view(np.uint8)
                     where = ["arena", offset]
-                feeds.append([name, arr.dtype.name, list(arr.shape), where])
+                feeds.append([name, dtype_name(arr.dtype), list(arr.shape), where])
         except BaseException:
             release()
             raise
         reply = await self._call({
             "op": "infer", "model": call.model, "version": call.version,
             "feeds": feeds,
-            "shm_in": [[n, *s.ref, s.dtype.name, s.shape] for n, s in call.shm_inputs.items()],
+            "shm_in": [[n, *s.ref, dtype_name(s.dtype), s.shape] for n, s in call.shm_inputs.items()],
             "outputs": [[o.name, o.binary] for o in call.outputs],
             "shm_out": [[n, *r] for n, r in call.shm_outputs.items()],
         }, on_reply=release)
@@ -560,15 +568,17 @@ class EngineHost:
         raise RequestError(f"unknown engine operation {op!r}", 500)
 
     async def _infer(self, w: _Worker, msg: dict) -> list:
+        # This runs for every request on the engine's one event loop (module docstring):
+        # math.prod and the dtype cache instead of np.prod and np.dtype (a few us each).
         feeds = {}
         for name, dtype, shape, (kind, where) in msg["feeds"]:
-            dt = np.dtype(dtype)
-            count = int(np.prod(shape, dtype=np.int64))
+            dt = _dtype(dtype)
+            count = math.prod(shape)
             if kind == "arena":
                 feeds[name] = np.frombuffer(w.arena, dt, count, where).reshape(shape)
             else:
                 feeds[name] = np.frombuffer(where, dt, count).reshape(shape)
-        shm_in = {n: ShmInput(ShmRef(r, o, s), np.dtype(dt), shape)
+        shm_in = {n: ShmInput(ShmRef(r, o, s), _dtype(dt), shape)
                   for n, r, o, s, dt, shape in msg["shm_in"]}
         call = InferCall(msg["model"], msg["version"], None, feeds, shm_in,
                          [OutputRequest(n, b) for n, b in msg["outputs"]],
@@ -577,10 +587,10 @@ class EngineHost:
         out = []
         for name, r in results.items():
             if isinstance(r, ShmOutput):
-                out.append([name, r.dtype.name, list(r.shape), None, list(r.ref)])
+                out.append([name, dtype_name(r.dtype), list(r.shape), None, list(r.ref)])
             else:
                 le = np.ascontiguousarray(r, dtype=r.dtype.newbyteorder("<"))
-                out.append([name, r.dtype.name, list(r.shape), le.tobytes(), None])
+                out.append([name, dtype_name(r.dtype), list(r.shape), le.tobytes(), None])
         return out
 
 

@@ -1,0 +1,108 @@
+"""CPU per request on the engine process's event loop, the one point every request of the
+front-end workers crosses twice (``runtime_py/server/workers.py``: ``EngineHost``).
+
+    python benchmarks/engine_loop_bench.py [--rounds 100] [--repeats 7] [--image-size 32]
+
+Drives ``EngineHost.handle`` on one asyncio loop with batches of 32 infer messages as a
+worker sends them (one uint8 image each in the worker's arena, or in a registered
+shared-memory region with ``--shm``), over a real ``Batcher`` and the synthetic GPU-like
+model of ``serve_bench.py --synthetic --light`` (no per-batch cost), and prints the loop
+thread's CPU time per request (``time.thread_time``: the batcher's and the model's threads
+are not counted), each repeat, sorted. A small image keeps the batcher's copy out of the
+way; what is left is the per-request Python on the loop.
+
+Not a GPU figure: on the H200 this cost repeats for each of a batch's 32 requests between
+one batch's end and the next one's start, which is why it is worth a benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import mmap
+import os
+import sys
+import time
+from multiprocessing import shared_memory
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import serve_bench  # noqa: E402
+from runtime_py.batcher import Batcher  # noqa: E402
+from runtime_py.server.engine import Engine  # noqa: E402
+from runtime_py.server.workers import EngineHost, _Worker  # noqa: E402
+
+BATCH = 32
+
+
+class _Sink:
+    """The worker's end of the connection: replies are counted, not read."""
+
+    frames = 0
+
+    def send_bytes(self, data: bytes) -> None:
+        _Sink.frames += 1
+
+
+def main(argv: list[str] | None = None) -> list[float]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=100, help="batches of 32 per repeat")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--image-size", type=int, default=32)
+    ap.add_argument("--shm", action="store_true",
+                    help="inputs and outputs in a registered shared-memory region")
+    args = ap.parse_args(argv)
+
+    model = serve_bench.make_model(argparse.Namespace(
+        synthetic=True, light=True, image_size=args.image_size, batch=BATCH, cost_ms=0.0,
+        per_row_ms=0.0, dtype="uint8"))
+    batcher = Batcher(model, max_batch_size=BATCH, max_delay_ms=2.0)
+    engine = Engine({"synthetic": model}, {"synthetic": batcher})
+    host = EngineHost(engine)
+    shape = [1, 3, args.image_size, args.image_size]
+    nbytes = 3 * args.image_size * args.image_size
+    slot = -(-nbytes // 4096) * 4096
+    arena = mmap.mmap(-1, BATCH * slot)
+    worker = _Worker(0, None, _Sink(), arena)
+    seg = None
+    if args.shm:
+        seg = shared_memory.SharedMemory(create=True, size=BATCH * (slot + 4096))
+        engine.shm.register("bench", "/" + seg.name, 0, seg.size)
+
+    def message(i: int) -> dict:
+        k = i % BATCH
+        msg = {"op": "infer", "id": i, "model": "synthetic", "version": None, "feeds": [],
+               "shm_in": [], "outputs": [["logits", True]], "shm_out": []}
+        if seg is None:
+            msg["feeds"] = [["input", "uint8", shape, ["arena", k * slot]]]
+        else:
+            msg["shm_in"] = [["input", "bench", k * slot, nbytes, "uint8", shape]]
+            msg["shm_out"] = [["logits", "bench", BATCH * slot + k * 128, 128]]
+        return msg
+
+    async def repeat(rounds: int) -> float:
+        worker.outbox.bind(asyncio.get_running_loop())
+        t = time.thread_time()
+        for r in range(rounds):
+            await asyncio.gather(*(host.handle(worker, message(r * BATCH + i))
+                                   for i in range(BATCH)))
+        return (time.thread_time() - t) / (rounds * BATCH) * 1e6
+
+    try:
+        asyncio.run(repeat(10))   # warm-up
+        figures = sorted(asyncio.run(repeat(args.rounds)) for _ in range(args.repeats))
+    finally:
+        batcher.close()
+        engine.close()
+        if seg is not None:
+            seg.close()
+            seg.unlink()
+    where = "shared memory" if seg is not None else "arena"
+    print(f"engine loop CPU per request ({where}, {args.image_size}x{args.image_size} uint8, "
+          f"batches of {BATCH}): " + ", ".join(f"{f:.1f}" for f in figures) + " us")
+    return figures
+
+
+if __name__ == "__main__":
+    main()
