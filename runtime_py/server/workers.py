@@ -116,10 +116,6 @@ class _Outbox:
             self._loop.call_soon(self.flush)
         self._items.append(msg)
 
-    @property
-    def pending(self) -> list[dict]:
-        return self._items
-
     def flush(self) -> None:
         items, self._items = self._items, []
         if items:
@@ -514,7 +510,7 @@ class _Worker:
         self._write(_pack(msg))
 
     def reply(self, msg: dict) -> None:
-        """Queue a reply for this turn's frame (``send`` before the loop is bound)."""
+        """Queue a reply for this turn's frame."""
         self.outbox.put(msg)
 
 
