@@ -365,13 +365,19 @@ class Batcher:
         Cancelling the awaiting task cancels the request if it has not started yet.
         Results reach the loop in one wake-up per batch where they can (`_LoopPost`).
         """
+        return await self.submit_future(feeds)
+
+    def submit_future(self, feeds: Mapping[str, np.ndarray] | np.ndarray) -> asyncio.Future:
+        """``submit_async`` without the coroutine: an asyncio future of the running loop,
+        for callers that complete requests in a done-callback rather than a task per
+        request. Cancelling the future cancels the request if it has not started yet."""
         loop = asyncio.get_running_loop()
         post = self._posts.get(loop)
         if post is None:
             post = self._posts.setdefault(loop, _LoopPost(loop))
         fut = loop.create_future()
         self._enqueue(feeds, _AsyncWaiter(fut, post))
-        return await fut
+        return fut
 
     def infer(self, feeds: Mapping[str, np.ndarray] | np.ndarray, timeout: float | None = None) -> Feeds:
         """Blocking: queue one request and wait for its outputs (``submit(feeds).result(

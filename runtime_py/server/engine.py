@@ -11,9 +11,10 @@ shared-memory registry and one metrics registry, so nothing is counted per worke
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 import numpy as np
 
@@ -194,9 +195,26 @@ class Engine:
         return not self.batchers[name].closed
 
     async def infer(self, call: InferCall) -> dict[str, np.ndarray | ShmOutput]:
+        fut, finish = self.start_infer(call)
+        try:
+            await fut
+        except BaseException:
+            fut.cancel()          # the awaiting task was cancelled (no-op once done)
+            with contextlib.suppress(BaseException):
+                finish(fut)       # counts the failure
+            raise
+        return finish(fut)
+
+    def start_infer(self, call: InferCall) -> tuple[asyncio.Future, Callable[
+            [asyncio.Future], dict[str, np.ndarray | ShmOutput]]]:
+        """``infer`` in two halves, for callers that finish requests in a done-callback
+        instead of a task per request (the worker host on the engine's loop, which every
+        request crosses): checks, shared-memory inputs and the batcher's future now;
+        ``finish(future)``, once it is done, writes shared-memory outputs, counts the
+        request, and returns the outputs or raises the request's error."""
         info = self.lookup(call.model, call.version)
+        stats = self._stats[info.name]
         t0 = time.perf_counter()
-        ok = False
         try:
             feeds = dict(call.feeds)
             alive: set[str] = set()   # regions found alive at this request's start
@@ -205,21 +223,30 @@ class Engine:
             for name, ref in call.shm_outputs.items():
                 # refuse a bad window before running
                 self.shm.view(ref, f"output {name!r}", alive)
-            results = await self.batchers[info.name].submit_async(feeds)
-            out: dict[str, np.ndarray | ShmOutput] = {}
-            for o in call.outputs:
-                arr = results[o.name]
-                ref = call.shm_outputs.get(o.name)
-                if ref is None:
-                    out[o.name] = arr
-                else:
-                    # checked again: the key may have been truncated while the batch ran
-                    self.shm.write(ref, arr, f"output {o.name!r}")
-                    out[o.name] = ShmOutput(arr.shape, arr.dtype, ref)
-            ok = True
-            return out
-        finally:
-            self._stats[info.name].on_request(ok, time.perf_counter() - t0)
+            fut = self.batchers[info.name].submit_future(feeds)
+        except BaseException:
+            stats.on_request(False, time.perf_counter() - t0)
+            raise
+
+        def finish(done: asyncio.Future) -> dict[str, np.ndarray | ShmOutput]:
+            ok = False
+            try:
+                results = done.result()
+                out: dict[str, np.ndarray | ShmOutput] = {}
+                for o in call.outputs:
+                    arr = results[o.name]
+                    ref = call.shm_outputs.get(o.name)
+                    if ref is None:
+                        out[o.name] = arr
+                    else:
+                        # checked again: the key may have been truncated while the batch ran
+                        self.shm.write(ref, arr, f"output {o.name!r}")
+                        out[o.name] = ShmOutput(arr.shape, arr.dtype, ref)
+                ok = True
+                return out
+            finally:
+                stats.on_request(ok, time.perf_counter() - t0)
+        return fut, finish
 
     async def classify(self, name: str, image: bytes, k: int) -> list[tuple[int, str, float]]:
         """Top-k of one encoded image through the model's own preprocessing."""

@@ -531,13 +531,39 @@ class EngineHost:
             reply = {"id": msg["id"], "ok": True}
             reply.update(await self._answer(w, op, msg))
         except Exception as e:
-            status = status_of(e)
-            if status >= 500 and not isinstance(e, RequestError):
-                log.error("engine: %s failed", op, exc_info=e)
-            from .app import error_message
-            reply = {"id": msg["id"], "ok": False, "status": status,
-                     "message": error_message(e, status)}
+            reply = self._error_reply(msg["id"], op, e)
         w.reply(reply)
+
+    def start_infer(self, w: _Worker, msg: dict) -> asyncio.Future | None:
+        """Answer an infer message without a task: the request goes to the batcher now and
+        its reply is written from the batcher future's done-callback. A task per request
+        (creation, two steps, its coroutine frames) was most of the Python the engine's
+        loop spent on a request, and every request crosses that loop. Returns the future
+        (for shutdown to wait on), or None when the request was refused at once."""
+        try:
+            fut, finish = self.engine.start_infer(self._call_of(w, msg))
+        except Exception as e:
+            w.reply(self._error_reply(msg["id"], "infer", e))
+            return None
+        msg_id = msg["id"]
+
+        def done(f: asyncio.Future) -> None:
+            try:
+                reply = {"id": msg_id, "ok": True, "outputs": self._outputs(finish(f))}
+            except BaseException as e:   # CancelledError too: the worker still gets a reply
+                reply = self._error_reply(msg_id, "infer", e)
+            w.reply(reply)
+        fut.add_done_callback(done)
+        return fut
+
+    @staticmethod
+    def _error_reply(msg_id: int, op: str, e: BaseException) -> dict:
+        status = status_of(e)
+        if status >= 500 and not isinstance(e, RequestError):
+            log.error("engine: %s failed", op, exc_info=e)
+        from .app import error_message
+        return {"id": msg_id, "ok": False, "status": status,
+                "message": error_message(e, status)}
 
     async def _answer(self, w: _Worker, op: str, msg: dict) -> dict:
         e = self.engine
@@ -564,6 +590,10 @@ class EngineHost:
         raise RequestError(f"unknown engine operation {op!r}", 500)
 
     async def _infer(self, w: _Worker, msg: dict) -> list:
+        return self._outputs(await self.engine.infer(self._call_of(w, msg)))
+
+    @staticmethod
+    def _call_of(w: _Worker, msg: dict) -> InferCall:
         # This runs for every request on the engine's one event loop (module docstring):
         # math.prod and the dtype cache instead of np.prod and np.dtype (a few us each).
         feeds = {}
@@ -576,10 +606,12 @@ class EngineHost:
                 feeds[name] = np.frombuffer(where, dt, count).reshape(shape)
         shm_in = {n: ShmInput(ShmRef(r, o, s), _dtype(dt), shape)
                   for n, r, o, s, dt, shape in msg["shm_in"]}
-        call = InferCall(msg["model"], msg["version"], None, feeds, shm_in,
+        return InferCall(msg["model"], msg["version"], None, feeds, shm_in,
                          [OutputRequest(n, b) for n, b in msg["outputs"]],
                          {n: ShmRef(r, o, s) for n, r, o, s in msg["shm_out"]})
-        results = await self.engine.infer(call)
+
+    @staticmethod
+    def _outputs(results: dict[str, np.ndarray | ShmOutput]) -> list:
         out = []
         for name, r in results.items():
             if isinstance(r, ShmOutput):
@@ -647,7 +679,7 @@ async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, ma
     procs: list[_Worker] = []
     stopping = asyncio.Event()
     failure: list[str] = []
-    tasks: set[asyncio.Task] = set()
+    tasks: set[asyncio.Future] = set()   # requests in flight (tasks, or infer futures)
 
     def on_message(w: _Worker) -> None:
         # Every message already here, in order: a worker's one-way metric reports must not
@@ -666,7 +698,13 @@ async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, ma
                     w.hello = msg
                     continue
                 host_.record(msg)   # reports first, in order, without a task
-                if msg["op"] != "records":
+                op = msg["op"]
+                if op == "infer":
+                    fut = host_.start_infer(w, msg)
+                    if fut is not None:
+                        tasks.add(fut)
+                        fut.add_done_callback(tasks.discard)
+                elif op != "records":
                     task = loop.create_task(host_.handle(w, msg))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
