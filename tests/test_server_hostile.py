@@ -105,6 +105,24 @@ def test_json_limits_follow_the_model():
     assert small.max_depth == big.max_depth == 4 + 4
 
 
+def test_json_depth_limit_is_exact_whatever_the_bracket_count():
+    """``load_json`` walks a document only when it has more brackets than the depth limit
+    (fewer cannot nest deeper); the limit itself is the same either way."""
+    limits = protocol.json_limits(ToyModel(size=8, max_batch_size=1).inputs, 1)
+    d = limits.max_depth
+
+    def nested(levels: int, extra: str = "") -> bytes:
+        return ("[" * (levels - 1) + "{" + extra + "}" + "]" * (levels - 1)).encode()
+    assert protocol.load_json(nested(d), limits)                  # exactly d brackets, d deep
+    with pytest.raises(protocol.RequestError, match="deeper"):
+        protocol.load_json(nested(d + 1), limits)
+    # brackets inside strings add to the count (a walk) but not to the depth
+    assert protocol.load_json(nested(d, '"k": "[[[[{{{{"'), limits)
+    # many shallow brackets: walked, and accepted
+    wide = json.dumps({"outputs": [{"name": f"o{i}", "parameters": {}} for i in range(20)]})
+    assert protocol.load_json(wide.encode(), limits)["outputs"][19]["name"] == "o19"
+
+
 def _rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

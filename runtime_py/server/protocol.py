@@ -174,22 +174,26 @@ def load_json(data: bytes | memoryview, limits: JsonLimits | None = None) -> Any
     comma, so commas bound the count from above at C speed), and one nested deeper than
     any valid request right after.
     """
+    if limits is not None and len(data) > limits.max_bytes:
+        raise RequestError(
+            f"JSON request of {len(data)} bytes is larger than any valid request for "
+            f"this model ({limits.max_bytes} bytes); send large tensors as binary data",
+            413)
+    raw = data if isinstance(data, bytes) else bytes(data)
     if limits is not None:
-        if len(data) > limits.max_bytes:
-            raise RequestError(
-                f"JSON request of {len(data)} bytes is larger than any valid request for "
-                f"this model ({limits.max_bytes} bytes); send large tensors as binary data",
-                413)
-        commas = bytes(data).count(b",") if isinstance(data, memoryview) else data.count(b",")
+        commas = raw.count(b",")
         if commas + 1 > limits.max_elements:
             raise RequestError(
                 f"JSON request holds up to {commas + 1} values, more than any valid request "
                 f"for this model ({limits.max_elements})")
     try:
-        document = json.loads(bytes(data))
+        document = json.loads(raw)
     except (ValueError, RecursionError) as e:   # JSONDecodeError, UnicodeDecodeError
         raise RequestError(f"request body is not valid JSON: {str(e)[:200]}") from None
-    if limits is not None and _depth_exceeds(document, limits.max_depth):
+    # Each level of nesting opens with a bracket, so a document with no more brackets than
+    # the limit cannot nest deeper (the header of a binary request: no walk, ~5 us saved)
+    if (limits is not None and raw.count(b"[") + raw.count(b"{") > limits.max_depth
+            and _depth_exceeds(document, limits.max_depth)):
         del document
         raise RequestError(f"JSON request nests deeper than {limits.max_depth} levels")
     return document
