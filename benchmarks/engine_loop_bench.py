@@ -9,9 +9,9 @@ worker sends them (one uint8 image each in the worker's arena, or in a registere
 shared-memory region with ``--shm``), over a real ``Batcher`` and the synthetic GPU-like
 model of ``serve_bench.py --synthetic --light`` (no per-batch cost), and prints the loop
 thread's CPU time per request (``time.thread_time``: the batcher's and the model's threads
-are not counted), each repeat, sorted, for the path the server takes (the reply written
-from the batcher future's done-callback) and, interleaved with it, the former one (a task
-per request, ``EngineHost.handle``). A small image keeps the batcher's copy out of the
+are not counted), each repeat, sorted. (The reply is written from the batcher future's
+done-callback; the former task per request measured 1.25x this in one interleaved run,
+``docs/measurements/serve_2core.md``.) A small image keeps the batcher's copy out of the
 way; what is left is the per-request Python on the loop.
 
 Not a GPU figure: on the H200 this cost repeats for each of a batch's 32 requests between
@@ -85,29 +85,21 @@ def main(argv: list[str] | None = None) -> list[float]:
             msg["shm_out"] = [["logits", "bench", BATCH * slot + k * 128, 128]]
         return msg
 
-    async def repeat(rounds: int, via_task: bool) -> float:
-        loop = asyncio.get_running_loop()
-        worker.outbox.bind(loop)
+    async def repeat(rounds: int) -> float:
+        worker.outbox.bind(asyncio.get_running_loop())
         frames = _Sink.frames
         t = time.thread_time()
         for r in range(rounds):
-            msgs = [message(r * BATCH + i) for i in range(BATCH)]
-            if via_task:     # the former path: a task per request (EngineHost.handle)
-                futures = [loop.create_task(host.handle(worker, m)) for m in msgs]
-            else:
-                futures = [host.start_infer(worker, m) for m in msgs]
+            futures = [host.start_infer(worker, message(r * BATCH + i)) for i in range(BATCH)]
             await asyncio.gather(*futures)
             await asyncio.sleep(0)     # the replies' callbacks and the frame
         if _Sink.frames == frames:
             raise SystemExit("no reply was written")
         return (time.thread_time() - t) / (rounds * BATCH) * 1e6
 
-    figures: dict[str, list[float]] = {"callback": [], "task": []}
     try:
-        asyncio.run(repeat(10, False))   # warm-up
-        for _ in range(args.repeats):    # interleaved: the host's drift hits both alike
-            for path in figures:
-                figures[path].append(asyncio.run(repeat(args.rounds, path == "task")))
+        asyncio.run(repeat(10))   # warm-up
+        figures = sorted(asyncio.run(repeat(args.rounds)) for _ in range(args.repeats))
     finally:
         batcher.close()
         engine.close()
@@ -116,11 +108,8 @@ def main(argv: list[str] | None = None) -> list[float]:
             seg.unlink()
     where = "shared memory" if seg is not None else "arena"
     print(f"engine loop CPU per request ({where}, {args.image_size}x{args.image_size} uint8, "
-          f"batches of {BATCH}), sorted, us:")
-    for path, values in figures.items():
-        print(f"  {path:8s} " + ", ".join(f"{f:.1f}" for f in sorted(values)))
-    med = {p: statistics.median(v) for p, v in figures.items()}
-    print(f"  callback / task (medians): {med['callback'] / med['task']:.3f}")
+          f"batches of {BATCH}), sorted: " + ", ".join(f"{f:.1f}" for f in figures)
+          + f" us (median {statistics.median(figures):.1f})")
     return figures
 
 

@@ -566,9 +566,7 @@ class EngineHost:
                 "message": error_message(e, status)}
 
     async def _answer(self, w: _Worker, op: str, msg: dict) -> dict:
-        e = self.engine
-        if op == "infer":
-            return {"outputs": await self._infer(w, msg)}
+        e = self.engine   # "infer" never comes here: ``start_infer`` answers it
         if op == "ready":
             name = msg["name"]
             return {"value": await e.ready(e.lookup(name).name if name else None)}
@@ -588,9 +586,6 @@ class EngineHost:
         if op == "shm_status":
             return {"value": await e.shm_status(msg["name"])}
         raise RequestError(f"unknown engine operation {op!r}", 500)
-
-    async def _infer(self, w: _Worker, msg: dict) -> list:
-        return self._outputs(await self.engine.infer(self._call_of(w, msg)))
 
     @staticmethod
     def _call_of(w: _Worker, msg: dict) -> InferCall:
