@@ -60,6 +60,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from batch_timeline import BatchTimeline, format_summary  # noqa: E402
 from role_cpu import RoleSampler, children_running, format_report  # noqa: E402
 from runtime_py.batcher import Batcher  # noqa: E402
 
@@ -93,7 +94,10 @@ def make_model(args):
         return cls("synthetic", size=args.image_size, max_batch_size=args.batch,
                    cost_ms=args.cost_ms, per_row_ms=args.per_row_ms, dtype=args.dtype)
     import runtime_py
-    return runtime_py.load(args.bundle, backend=args.backend)
+    model = runtime_py.load(args.bundle, backend=args.backend)
+    if args.enqueue and hasattr(model.runner, "enqueue"):
+        model.runner.enqueue = args.enqueue      # torch-aoti: "held" (default) or "torch"
+    return model
 
 
 def one_image(model, n: int = 1) -> dict[str, np.ndarray]:
@@ -118,10 +122,15 @@ def bench_raw(model, batch: int, seconds: float) -> float:
     return done / elapsed
 
 
+#: The batcher's per-batch timeline over each measured window (listener added in main).
+TIMELINE = BatchTimeline()
+
+
 def bench_batcher(batcher: Batcher, feeds, clients: int, seconds: float, warmup: float
                   ) -> tuple[float, dict]:
-    """``clients`` threads, one image per request; images completed per second, and the
-    CPU of this process over the window (the clients are its threads here: role "engine")."""
+    """``clients`` threads, one image per request (``Batcher.infer``, the blocking call a
+    threaded service makes); images completed per second, and the CPU of this process
+    over the window (the clients are its threads here: role "engine")."""
     start = threading.Barrier(clients + 1)
     t_begin = t_end = 0.0
     counts = [0] * clients
@@ -130,7 +139,7 @@ def bench_batcher(batcher: Batcher, feeds, clients: int, seconds: float, warmup:
         start.wait()
         n = 0
         while True:
-            batcher.submit(feeds).result()
+            batcher.infer(feeds)
             now = time.perf_counter()
             if now >= t_end:
                 break
@@ -147,7 +156,9 @@ def bench_batcher(batcher: Batcher, feeds, clients: int, seconds: float, warmup:
     start.wait()
     time.sleep(max(0.0, t_begin - time.perf_counter()))
     sampler.start()
+    TIMELINE.start()
     time.sleep(max(0.0, t_end - time.perf_counter()))
+    TIMELINE.stop()
     sampler.stop()
     for t in threads:
         t.join()
@@ -506,7 +517,9 @@ def _sample_window(sampler: RoleSampler, t_begin: float, t_end: float) -> None:
     the clients count completions by it)."""
     time.sleep(max(0.0, t_begin - time.time()))
     sampler.start()
+    TIMELINE.start()
     time.sleep(max(0.0, t_end - time.time()))
+    TIMELINE.stop()
     sampler.stop()
 
 
@@ -540,6 +553,9 @@ def main(argv=None) -> dict:
     src.add_argument("--bundle", help="path of a .bundle (loaded with runtime_py.load)")
     src.add_argument("--synthetic", action="store_true", help="numpy model with a fixed per-batch cost")
     ap.add_argument("--backend", default="auto")
+    ap.add_argument("--enqueue", choices=["held", "torch"],
+                    help="torch-aoti bundles: enqueue batches through CUDA runtime calls that "
+                         "keep the GIL (held, the default) or through torch's calls")
     ap.add_argument("--batch", type=int, default=32, help="raw batch size and the batcher's max batch")
     ap.add_argument("--clients", type=int, default=32, help="batcher clients (single images)")
     ap.add_argument("--http-clients", type=int, default=16, help="clients of each network path")
@@ -579,13 +595,18 @@ def main(argv=None) -> dict:
     feeds = one_image(model, 1)
     raw = bench_raw(model, args.batch, args.seconds)
     paths = {}
+    timelines = {}
     with Batcher(model, max_batch_size=args.batch, max_delay_ms=args.max_delay_ms) as b:
+        b.add_listener(TIMELINE)
         batched, cpu_batched = bench_batcher(b, feeds, args.clients, args.seconds, args.warmup)
+        timelines["batcher"] = TIMELINE.summary()
         batched_h, cpu_batched_h = bench_batcher(b, feeds, args.http_clients, args.seconds,
                                                  args.warmup)
+        timelines["batcher_same_clients"] = TIMELINE.summary()
         refs, cpu = {}, {}
         if not args.json:   # each figure as it is measured (a run cut short keeps them)
-            _print_head(model, args, raw, batched, batched_h, cpu_batched, cpu_batched_h)
+            _print_head(model, args, raw, batched, batched_h, cpu_batched, cpu_batched_h,
+                        timelines)
         for workers in [int(w) for w in args.workers_list.split(",") if w.strip()]:
             with _Server(model, b, workers, args.http_server) as server:
                 for kind in [k for k in args.paths.split(",") if k]:
@@ -596,8 +617,9 @@ def main(argv=None) -> dict:
                         args.seconds, args.warmup, args.http_client, args.profile_server,
                         args.grpc_channels)
                     paths[f"{kind}_w{workers}"] = v
+                    timelines[f"{kind}_w{workers}"] = TIMELINE.summary()
                     if not args.json:
-                        _print_path(f"{kind}_w{workers}", v, refs, cpu, args)
+                        _print_path(f"{kind}_w{workers}", v, refs, cpu, args, timelines)
         sizes = dict(sorted(b.batch_size_counts.items()))
     result = {
         "model": model.name,
@@ -619,6 +641,7 @@ def main(argv=None) -> dict:
                                if not isinstance(v, str)},
         "cpu_by_role": {"batcher": cpu_batched, "batcher_same_clients": cpu_batched_h, **cpu},
         "batch_size_counts": sizes,
+        "timeline_ms": timelines,
         "cpus": os.cpu_count(),
     }
     if args.json:
@@ -628,7 +651,8 @@ def main(argv=None) -> dict:
     return result
 
 
-def _print_head(model, args, raw, batched, batched_h, cpu_batched, cpu_batched_h) -> None:
+def _print_head(model, args, raw, batched, batched_h, cpu_batched, cpu_batched_h,
+                timelines) -> None:
     feeds = one_image(model, 1)
     print(f"model {model.name}  input { {k: [*v.shape[1:], v.dtype.name] for k, v in feeds.items()} }"
           f"  cpus {os.cpu_count()}  http server {args.http_server}, client {args.http_client}"
@@ -638,11 +662,13 @@ def _print_head(model, args, raw, batched, batched_h, cpu_batched, cpu_batched_h
     print(f"batcher, {args.clients} clients x 1 image             {batched:10.1f} img/s"
           f"   {batched / raw:.3f} x raw      (target >= 0.90)")
     print(f"    {format_report(cpu_batched)}  (clients are threads of the engine process)")
+    print(f"    {format_summary(timelines['batcher'])}")
     print(f"batcher, {args.http_clients} clients x 1 image             {batched_h:10.1f} img/s")
-    print(f"    {format_report(cpu_batched_h)}", flush=True)
+    print(f"    {format_report(cpu_batched_h)}")
+    print(f"    {format_summary(timelines['batcher_same_clients'])}", flush=True)
 
 
-def _print_path(key: str, v: float | str, refs: dict, cpu: dict, args) -> None:
+def _print_path(key: str, v: float | str, refs: dict, cpu: dict, args, timelines) -> None:
     kind, workers = key.rsplit("_w", 1)
     label = f"{kind:<8} {args.http_clients} clients, workers={workers}"
     if isinstance(v, str):
@@ -650,7 +676,8 @@ def _print_path(key: str, v: float | str, refs: dict, cpu: dict, args) -> None:
         return
     print(f"{label:<40} {v:10.1f} img/s   {v / refs[key]:.3f} x batcher"
           f" ({refs[key]:.0f} just before)  (target >= {TARGETS[kind]:.2f})")
-    print(f"    {format_report(cpu[key])}", flush=True)
+    print(f"    {format_report(cpu[key])}")
+    print(f"    {format_summary(timelines[key])}", flush=True)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ from typing import Callable, Mapping, NamedTuple, Protocol, Sequence
 import numpy as np
 
 from .errors import BatcherClosedError, BatcherError, QueueFullError, UsageError
-from .hostcopy import copy_many
+from .hostcopy import gather_rows
 from .pending import Pending
 from .tensors import FeedChecker, TensorSpec
 
@@ -83,6 +83,14 @@ class BatchStats(NamedTuple):
     ``queue_s`` holds, per request slice in the batch, the time from ``submit`` to
     dispatch; ``compute_s`` is the ``model.infer`` wall time of the merged call (plus the
     per-request reruns if it failed); ``failed`` counts requests that got an exception.
+
+    The batch's timeline, for finding where a closed loop of clients loses time (the
+    engine idle between batches while the last batch's clients come back;
+    ``benchmarks/batch_timeline.py``): ``dispatched_at`` is the ``time.perf_counter()``
+    at which the batch left the queue, ``enqueue_s`` the time from then until the engine
+    call was started (rows merged into the slot, copies and engine enqueued), ``ready_s``
+    until its outputs were on the host (before they were handed out; ``compute_s`` ends
+    when every client had its answer).
     """
 
     size: int
@@ -90,6 +98,9 @@ class BatchStats(NamedTuple):
     queue_s: tuple[float, ...]
     compute_s: float
     failed: int
+    dispatched_at: float = 0.0
+    enqueue_s: float = 0.0
+    ready_s: float = 0.0
 
 
 class _LightFuture:
@@ -469,7 +480,7 @@ class Batcher:
                 pending = Pending.failed(e)
         else:
             pending = Pending.done({})
-        self._in_flight.put((live, feeds, pending, slot, t0, queue_s))
+        self._in_flight.put((live, feeds, pending, slot, t0, time.perf_counter() - t0, queue_s))
 
     def _start(self, feeds: Feeds) -> Pending:
         start = getattr(self.model, "infer_async", None)
@@ -486,9 +497,9 @@ class Batcher:
             item = self._in_flight.get()
             if item is None:
                 return
-            live, feeds, pending, slot, t0, queue_s = item
+            live, feeds, pending, slot, t0, enqueue_s, queue_s = item
             try:
-                self._finish(live, feeds, pending, t0, queue_s)
+                self._finish(live, feeds, pending, t0, enqueue_s, queue_s)
             except BaseException as e:  # never let the thread die with requests pending
                 log.exception("batcher completion error")
                 for s in live:
@@ -497,11 +508,14 @@ class Batcher:
                 self._free_slots.put(slot)
 
     def _finish(self, live: list[_Slice], feeds: Feeds, pending: Pending, t0: float,
-                queue_s: tuple[float, ...]) -> None:
+                enqueue_s: float, queue_s: tuple[float, ...]) -> None:
         failed = 0
+        ready_s = 0.0
         if live:
             try:
-                outputs = self._detach(pending.result(), feeds)
+                result = pending.result()
+                ready_s = time.perf_counter() - t0
+                outputs = self._detach(result, feeds)
                 parts = _split(outputs, live)
             except Exception as e:
                 if len(live) == 1:
@@ -537,7 +551,8 @@ class Batcher:
         self.failed_requests += failed
         self.batch_size_counts[size] += 1
         if self._listeners:
-            stats = BatchStats(size, len(live), queue_s, compute_s, failed)
+            stats = BatchStats(size, len(live), queue_s, compute_s, failed, t0, enqueue_s,
+                               ready_s or compute_s)
             for fn in list(self._listeners):
                 try:
                     fn(stats)
@@ -622,24 +637,16 @@ class Batcher:
     def _merge(self, slices: list[_Slice], slot: int) -> Feeds:
         """One array per input for the batch: the request's own arrays when one request
         fills it (the engine copies them once), else each slice written straight into the
-        slot's batch buffers (no intermediate concatenation)."""
+        slot's batch buffers (no intermediate concatenation; `gather_rows`: without giving
+        the GIL away per row)."""
         if len(slices) == 1:
             s = slices[0]
             if s.start == 0 and s.stop == s.req.rows:
                 return s.req.feeds
             return {k: v[s.start:s.stop] for k, v in s.req.feeds.items()}
         buffers = self._buffers(slices[0].req, slot)
-        n = sum(s.stop - s.start for s in slices)
-        pairs, out = [], {}
-        for k, buf in buffers.items():
-            offset = 0
-            for s in slices:
-                rows = s.stop - s.start
-                pairs.append((buf[offset:offset + rows], s.req.feeds[k][s.start:s.stop]))
-                offset += rows
-            out[k] = buf[:n]
-        copy_many(pairs)
-        return out
+        return {k: gather_rows(buf, [s.req.feeds[k][s.start:s.stop] for s in slices])
+                for k, buf in buffers.items()}
 
     def _buffers(self, first: _Request, slot: int) -> dict[str, np.ndarray]:
         """The slot's buffers for requests shaped like ``first``: the model's own

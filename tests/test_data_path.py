@@ -14,7 +14,7 @@ import pytest
 
 from runtime_py.batcher import Batcher
 from runtime_py.pending import Pending
-from runtime_py.hostcopy import HostBufferRegistry, copy_many, copy_rows
+from runtime_py.hostcopy import HostBufferRegistry, copy_rows, gather_rows
 from runtime_py.testing import AsyncToyModel, ToyModel
 
 TIMEOUT = 30
@@ -32,21 +32,49 @@ def test_threaded_copies_equal_numpy(threads):
         hc.PARALLEL_MIN_BYTES = 1   # split even this small copy
         copy_rows(dst, src, threads=threads)
         np.testing.assert_array_equal(dst, src)
-        out = np.zeros((40, 3, 64, 64), np.float32)
-        pieces = [src[:5], src[5:6], src[6:17], src[:17]]
-        pairs, offset = [], 0
-        for p in pieces:
-            pairs.append((out[offset:offset + len(p)], p))
-            offset += len(p)
-        copy_many(pairs, threads=threads)
-        np.testing.assert_array_equal(out[:offset], np.concatenate(pieces))
-        assert not out[offset:].any()
     finally:
         hc.PARALLEL_MIN_BYTES = old
     with pytest.raises(ValueError, match="shapes differ"):
         copy_rows(dst[:3], src)
     with pytest.raises(TypeError):
         copy_rows(dst, src.astype(np.float64))          # never a silent cast
+
+
+@pytest.mark.parametrize("use_torch", [False, True])
+@pytest.mark.parametrize("kind", ["writable", "read-only", "strided"])
+def test_gather_rows_equals_concatenate(kind, use_torch):
+    """Every way ``gather_rows`` copies (memcpy under the GIL; one torch.cat where torch
+    is loaded and the parts are writable; np.copyto for a part that is not contiguous)
+    gives numpy's concatenation, and leaves the rest of the buffer alone."""
+    if use_torch:
+        pytest.importorskip("torch", reason="torch is not installed: its path is not taken")
+    rng = np.random.default_rng(0)
+    src = rng.integers(0, 255, (17, 5, 6, 3), dtype=np.uint8)
+    pieces = [src[:5], src[5:6], src[6:17], src[:1]]
+    if kind == "read-only":
+        pieces = [p.copy() for p in pieces]
+        for p in pieces:
+            p.setflags(write=False)
+    elif kind == "strided":
+        pieces[1] = src[5:6, :, ::-1]                   # not C-contiguous
+    out = np.full((40, 5, 6, 3), 7, np.uint8)
+    got = gather_rows(out, pieces, use_torch=use_torch)
+    assert got.shape == (18, 5, 6, 3) and np.shares_memory(got, out)
+    np.testing.assert_array_equal(got, np.concatenate(pieces))
+    assert (out[18:] == 7).all()
+
+
+def test_gather_rows_refuses_what_does_not_fit():
+    out = np.zeros((4, 3), np.float32)
+    with pytest.raises(ValueError, match="do not fit a buffer of 4"):
+        gather_rows(out, [np.zeros((3, 3), np.float32), np.zeros((2, 3), np.float32)])
+    with pytest.raises(ValueError, match="does not fit buffer rows"):
+        gather_rows(out, [np.zeros((1, 3), np.float64)])      # never a silent cast
+    with pytest.raises(ValueError, match="does not fit buffer rows"):
+        gather_rows(out, [np.zeros((1, 4), np.float32)])
+    cols = np.zeros((3, 4), np.float32)[:, :3]                # a buffer that is not contiguous
+    np.testing.assert_array_equal(gather_rows(cols, [np.ones((2, 3), np.float32)]),
+                                  np.ones((2, 3)))
 
 
 def test_registry_recognises_views_of_its_blocks_only():

@@ -778,6 +778,64 @@ def test_gpu_staging_modes_pinned_buffers_and_async_paths_agree(gpu_fp16_tiny):
     assert np.abs(staged[::-1] - reversed_).max() < 1e-3     # rows in other places of the batch
 
 
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_held_enqueue_matches_torch_calls_and_is_taken(gpu_fp16_tiny):
+    """A batch from pinned memory, after its size's graph was captured, is enqueued through
+    the process's CUDA runtime (cudart_held: no GIL release); it gives the same outputs as
+    torch's stream calls, batch after batch with both slots in flight, and a feed that is
+    not pinned (or enqueue = "torch") still takes the torch calls."""
+    from runtime_py.engines import cudart_held
+    from runtime_py.engines.torch_aoti import TorchAotiRunner
+
+    package, details = gpu_fp16_tiny
+    rng = np.random.default_rng(4)
+    batches = [rng.normal(size=(8, 3, 16, 16)).astype(np.float32) for _ in range(6)]
+    runner = TorchAotiRunner(_MemoryBundle("fp16", details, package, (3, 16, 16), 10, 8))
+    with runner:
+        assert cudart_held.find() is not None, "torch's libcudart.so is not mapped"
+        bufs = [runner.input_buffers()["input"] for _ in range(2)]
+        runner.enqueue = "torch"
+        reference = [runner.infer({"input": x})["logits"] for x in batches]
+        taken = []
+        real = runner._enqueue_held
+
+        def spy(slot, arr, n):
+            ok = real(slot, arr, n)
+            taken.append(ok)
+            return ok
+
+        runner._enqueue_held = spy
+        for mode in ("torch", "held"):
+            runner.enqueue = mode
+            taken.clear()
+            pending = []
+            for i, x in enumerate(batches):
+                buf = bufs[i % 2]
+                if len(pending) == 2:
+                    got = pending.pop(0)
+                    assert np.array_equal(got[1].result()["logits"], reference[got[0]]), mode
+                buf[:8] = x
+                pending.append((i, runner.infer_async({"input": buf[:8]})))
+            for i, p in pending:
+                assert np.array_equal(p.result()["logits"], reference[i]), mode
+            assert taken == [mode == "held"] * len(batches)
+        taken.clear()
+        plain = runner.infer_async({"input": batches[0]}).result()["logits"]
+        assert np.array_equal(plain, reference[0]) and taken == [False]
+
+
+def test_the_loaded_cuda_runtime_is_found_in_the_maps_text():
+    from runtime_py.engines.cudart_held import loaded_cudart_path
+
+    maps = ("7f00-7f10 r--p 00000000 08:01 123 /usr/lib/libc.so.6\n"
+            "7f10-7f20 r-xp 00000000 00:00 0 \n"
+            "7f20-7f30 r-xp 00001000 08:01 456 /opt/venv/nvidia/cu13/lib/libcudart.so.13\n")
+    assert loaded_cudart_path(maps) == "/opt/venv/nvidia/cu13/lib/libcudart.so.13"
+    assert loaded_cudart_path("7f00-7f10 r--p 0 08:01 1 /usr/lib/libcudart_static.a\n") is None
+    assert loaded_cudart_path("") is None
+
+
 # --- the child-process load check -------------------------------------------------------------
 
 def test_a_loader_crash_in_the_child_is_a_compatibility_error(tmp_path):

@@ -23,6 +23,13 @@ Design:
   stream, and D2H on the copy-out stream, ordered by events; the copy-in of batch k+1 and
   the copy-out of batch k-1 overlap the compute of batch k. ``Pending.result()`` waits for
   the slot's last event only. A slot is reused only after its previous Pending was resolved.
+* Enqueueing a batch makes no call that gives the GIL away (``enqueue = "held"``,
+  default): where the feed lies in pinned memory and the batch size's CUDA graph is
+  captured, the copies, event records and waits and the graph launch go through
+  ``cudart_held`` (the process's CUDA runtime via ctypes.PyDLL) instead of a dozen torch
+  calls, each of which released the GIL and waited up to 5 ms to get it back from a
+  serving process's event loop. Elsewhere (the first batch of a size, a feed not in
+  pinned memory, no runtime library found, ``enqueue = "torch"``) the torch calls run.
 * Feeds that lie in pinned memory from ``input_buffers()`` are copied to the device in
   place; any other array goes through the CUDA driver's pageable copy (``staging =
   "pageable"``, measured faster on the H200) or is first copied into the slot's pinned
@@ -46,6 +53,7 @@ Design:
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import signal
@@ -63,7 +71,8 @@ from runtime_py.compat import GpuInfo, HostInfo
 from runtime_py.engines.base import Runner, require_own_engine
 from runtime_py.engines.torch_aoti_compat import check_torch_aoti_target
 from runtime_py.errors import BundleError, CompatibilityError, EngineUnavailableError
-from runtime_py.hostcopy import HostBufferRegistry, copy_rows
+from runtime_py.engines import cudart_held
+from runtime_py.hostcopy import HostBufferRegistry, copy_held, copy_rows
 from runtime_py.pending import Pending, read_out
 from runtime_py.native_libs import static_cxx_runtime_libraries
 from runtime_py.tensors import TensorSpec
@@ -249,6 +258,9 @@ class TorchAotiRunner(Runner):
         #: 5.91 ms against 6.47 ms (fp16), 4.91 against 5.32 (fp8); equal at batch 1
         #: (docs/measurements/h200-2026-12-01-s3/serve-run6.log)
         self.staging = "pageable"
+        #: how a batch from pinned memory is enqueued: "held" (CUDA runtime calls that
+        #: keep the GIL, where they can be made) or "torch" (torch's stream calls)
+        self.enqueue = "held"
         self._lock = threading.Lock()
         self._reset()
 
@@ -267,6 +279,8 @@ class TorchAotiRunner(Runner):
         self._pinned = HostBufferRegistry()
         self._static: dict[int, tuple[Any, Any]] = {}   # batch -> (input, output) on device
         self._graphs: dict[int, Any] = {}
+        self._graph_execs: dict[int, int | None] = {}   # batch -> raw cudaGraphExec_t
+        self._held: cudart_held.CudartHeld | None = None
         self._on_cpu = False
 
     # -- activation -------------------------------------------------------------------
@@ -330,6 +344,13 @@ class TorchAotiRunner(Runner):
         self._slots = [self._new_slot() for _ in range(SLOTS)]
         self._name_in = self.input_metadata()[0].name
         self._name_out = self.output_metadata()[0].name
+        if not self._on_cpu:
+            self._stream.synchronize()       # the slots' first event records (_new_slot)
+            self._held = cudart_held.find()
+            spec_in, spec_out = self.input_metadata()[0], self.output_metadata()[0]
+            self._row_bytes = tuple(
+                math.prod(spec.shape[1:]) * np.dtype(spec.dtype).itemsize
+                for spec in (spec_in, spec_out))
 
     def _torch_dtype(self, spec: TensorSpec):
         return self._torch.from_numpy(np.empty(0, np.dtype(spec.dtype))).dtype
@@ -350,6 +371,10 @@ class TorchAotiRunner(Runner):
             slot.consumed = torch.cuda.Event()   # device_in copied into the static input
             slot.computed = torch.cuda.Event()   # device_out holds the outputs
             slot.done = torch.cuda.Event()       # host_out holds the outputs
+            # torch makes an event's CUDA handle at its first record: record each once,
+            # so that the held enqueue path has handles to pass
+            for event in (slot.staged, slot.consumed, slot.computed, slot.done):
+                event.record(self._stream)
         return slot
 
     def allocate_host(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -386,7 +411,7 @@ class TorchAotiRunner(Runner):
                 out.copy_(self._run(n, x, None), non_blocking=True)
             # no event to record: the stream is drained before the slot is used again
             self._stream.synchronize()
-            return {self._name_out: out_array.copy()}
+            return {self._name_out: copy_held(out_array)}
 
     @staticmethod
     def _resolve(slot: "_Slot") -> None:
@@ -413,29 +438,88 @@ class TorchAotiRunner(Runner):
             if self._on_cpu:
                 out = self._run_model(self._host_source(slot, feeds[name_in], n))
                 return Pending.done({name_out: out.numpy().copy()})
-            with self._on_in_stream:
-                self._in_stream.wait_event(slot.consumed)      # device_in free again
-                self._stage(slot, feeds[name_in], n, slot.device_in)
-                slot.staged.record(self._in_stream)
-            with self._on_stream:
-                self._stream.wait_event(slot.staged)
-                x, _ = self._static_buffers(n)
-                x.copy_(slot.device_in[:n])
-                slot.consumed.record(self._stream)
-                slot.device_out[:n].copy_(self._run(n, x, None))
-                slot.computed.record(self._stream)
-            with self._on_out_stream:
-                self._out_stream.wait_event(slot.computed)
-                slot.host_out[:n].copy_(slot.device_out[:n], non_blocking=True)
-                slot.done.record(self._out_stream)
-            done, host_out = slot.done, slot.host_out
+            if not self._enqueue_held(slot, feeds[name_in], n):
+                self._enqueue_torch(slot, feeds[name_in], n)
+            done, host_out = slot.done, slot.host_out.numpy()
 
             def wait() -> dict[str, np.ndarray]:
                 done.synchronize()
-                return {name_out: host_out[:n].numpy().copy()}
+                return {name_out: copy_held(host_out[:n])}
 
             slot.pending = Pending(wait)
             return slot.pending
+
+    def _enqueue_held(self, slot: "_Slot", arr: np.ndarray, n: int) -> bool:
+        """The batch's copies, events and graph launch through ``cudart_held`` (no GIL
+        release); False, with nothing enqueued, where that path does not apply: not
+        chosen, no runtime library, the feed not in pinned memory, or no graph captured
+        for this size yet (the torch path captures it)."""
+        held, graph = self._held, self._graphs.get(n)
+        if (held is None or graph is None or self.enqueue != "held"
+                or not arr.flags.c_contiguous or self._pinned.owner_of(arr) is None):
+            return False
+        graph_exec = self._graph_exec(n, graph)
+        x, y = self._static[n]
+        in_bytes, out_bytes = n * self._row_bytes[0], n * self._row_bytes[1]
+        streams = (self._in_stream.cuda_stream, self._stream.cuda_stream,
+                   self._out_stream.cuda_stream)
+        s_in, s_compute, s_out = streams
+        device_in, device_out = slot.device_in.data_ptr(), slot.device_out.data_ptr()
+        previous = held.on_device(self.device_index)
+        try:
+            held.wait(s_in, slot.consumed.cuda_event)          # device_in free again
+            held.memcpy(device_in, arr.__array_interface__["data"][0], in_bytes,
+                        cudart_held.HOST_TO_DEVICE, s_in)
+            held.record(slot.staged.cuda_event, s_in)
+            held.wait(s_compute, slot.staged.cuda_event)
+            held.memcpy(x.data_ptr(), device_in, in_bytes, cudart_held.DEVICE_TO_DEVICE,
+                        s_compute)
+            held.record(slot.consumed.cuda_event, s_compute)
+            if graph_exec is not None:
+                held.launch(graph_exec, s_compute)
+            else:                                              # (one GIL release)
+                with self._on_stream:
+                    graph.replay()
+            held.memcpy(device_out, y.data_ptr(), out_bytes, cudart_held.DEVICE_TO_DEVICE,
+                        s_compute)
+            held.record(slot.computed.cuda_event, s_compute)
+            held.wait(s_out, slot.computed.cuda_event)
+            held.memcpy(slot.host_out.data_ptr(), device_out, out_bytes,
+                        cudart_held.DEVICE_TO_HOST, s_out)
+            held.record(slot.done.cuda_event, s_out)
+        finally:
+            if previous != self.device_index:
+                held.on_device(previous)
+        return True
+
+    def _graph_exec(self, n: int, graph) -> int | None:
+        """The captured graph's cudaGraphExec_t (None where this torch cannot say: the
+        held path then replays it through torch)."""
+        if n not in self._graph_execs:
+            try:
+                self._graph_execs[n] = int(graph.raw_cuda_graph_exec()) or None
+            except (AttributeError, RuntimeError):
+                self._graph_execs[n] = None
+        return self._graph_execs[n]
+
+    def _enqueue_torch(self, slot: "_Slot", arr: np.ndarray, n: int) -> None:
+        """The batch's copies, events and engine through torch's stream calls (and the
+        capture of the size's CUDA graph on its first batch)."""
+        with self._on_in_stream:
+            self._in_stream.wait_event(slot.consumed)      # device_in free again
+            self._stage(slot, arr, n, slot.device_in)
+            slot.staged.record(self._in_stream)
+        with self._on_stream:
+            self._stream.wait_event(slot.staged)
+            x, _ = self._static_buffers(n)
+            x.copy_(slot.device_in[:n])
+            slot.consumed.record(self._stream)
+            slot.device_out[:n].copy_(self._run(n, x, None))
+            slot.computed.record(self._stream)
+        with self._on_out_stream:
+            self._out_stream.wait_event(slot.computed)
+            slot.host_out[:n].copy_(slot.device_out[:n], non_blocking=True)
+            slot.done.record(self._out_stream)
 
     def _host_source(self, slot: "_Slot", arr: np.ndarray, n: int):
         """The batch as a host tensor: the slot's staging buffer (pinned on a GPU) after one
