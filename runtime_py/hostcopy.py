@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -103,21 +102,23 @@ class HostBufferRegistry:
         return None
 
 
-def gather_rows(dst: np.ndarray, parts: list[np.ndarray], use_torch: bool | None = None
-                ) -> np.ndarray:
+def gather_rows(dst: np.ndarray, parts: list[np.ndarray]) -> np.ndarray:
     """Write ``parts`` one after another along the first axis into ``dst`` (e.g. many
     requests' rows into one batch buffer); returns ``dst[:rows written]``. Same dtype and
     row shape required, never a cast.
 
-    Why not a loop of ``np.copyto`` or copies shared over threads: numpy releases the GIL
-    for each copy, and a thread that gives the GIL away must wait to get it back while
-    another thread runs Python (a server's event loop, client threads): up to the
-    interpreter's switch interval, 5 ms, per copy. Measured on 2 cores with one thread
-    spinning in Python, 32 rows of a uint8 299x299x3 batch took 110 ms over threads and 43
-    ms in a loop of ``np.copyto``, against 0.3-0.4 ms here. So the copy holds the GIL
-    throughout (memcpy through memoryviews: no release at all), or, where the process
-    has torch loaded (a GPU engine's), runs as one ``torch.cat`` (one release, torch's
-    intra-op threads). ``use_torch``: None takes torch where it is loaded; False never.
+    The copy holds the GIL throughout (memcpy through memoryviews), because both ways of
+    sharing it out cost more than they gain in a serving process:
+    - numpy releases the GIL for each copy, and a thread that gives the GIL away waits to
+      get it back while another thread runs Python (an event loop, client threads): up
+      to the interpreter's switch interval, 5 ms, per copy. On 2 cores with one thread
+      spinning in Python, 32 rows of a uint8 299x299x3 batch took 110 ms over threads and
+      43 ms in a loop of ``np.copyto``, against 0.3-0.9 ms here.
+    - one ``torch.cat`` releases the GIL once, but wakes torch's intra-op threads, which
+      spin after each call: on the H200 the serving process went from 1.6 to 14.8 busy
+      cores and every path lost 30-60% (docs/measurements/h200-2026-12-02-b, call 4).
+    A part that is not C-contiguous (rare: requests are built from bytes) is copied by
+    numpy.
     """
     n = 0
     for part in parts:
@@ -128,27 +129,26 @@ def gather_rows(dst: np.ndarray, parts: list[np.ndarray], use_torch: bool | None
     if n > dst.shape[0]:
         raise ValueError(f"gather_rows: {n} rows do not fit a buffer of {dst.shape[0]}")
     out = dst[:n]
-    if not out.flags.c_contiguous:
-        for part, offset in zip(parts, _offsets(parts)):
-            np.copyto(out[offset:offset + part.shape[0]], part, casting="no")
+    if not out.size:
         return out
-    torch = sys.modules.get("torch") if use_torch is not False else None
-    if use_torch and torch is None:
-        import torch
-    if (torch is not None and len(parts) > 1 and out.dtype in _TORCH_DTYPES
-            and all(p.flags.c_contiguous and p.flags.writeable for p in parts)):
-        # (read-only arrays are left to the memcpy below: torch warns about them)
-        torch.cat([torch.from_numpy(p) for p in parts], out=torch.from_numpy(out))
+    if not out.flags.c_contiguous:
+        at = 0
+        for part in parts:
+            np.copyto(out[at:at + part.shape[0]], part, casting="no")
+            at += part.shape[0]
         return out
     flat = memoryview(out).cast("B")
-    at = 0
-    for part, offset in zip(parts, _offsets(parts)):
+    at = row = 0
+    for part in parts:
         size = part.nbytes
+        if not size:
+            continue
         if part.flags.c_contiguous:
             flat[at:at + size] = memoryview(part).cast("B")
         else:
-            np.copyto(out[offset:offset + part.shape[0]], part, casting="no")
+            np.copyto(out[row:row + part.shape[0]], part, casting="no")
         at += size
+        row += part.shape[0]
     return out
 
 
@@ -165,14 +165,3 @@ def copy_held(arr: np.ndarray) -> np.ndarray:
     return out
 
 
-def _offsets(parts: list[np.ndarray]) -> list[int]:
-    offsets, at = [], 0
-    for part in parts:
-        offsets.append(at)
-        at += part.shape[0]
-    return offsets
-
-
-#: numpy dtypes ``torch.from_numpy`` takes (the ones a batch buffer has in practice).
-_TORCH_DTYPES = frozenset(np.dtype(t) for t in (
-    "float32", "float16", "float64", "uint8", "int8", "int16", "int32", "int64", "bool"))
