@@ -461,9 +461,8 @@ class TorchAotiRunner(Runner):
         graph_exec = self._graph_exec(n, graph)
         x, y = self._static[n]
         in_bytes, out_bytes = n * self._row_bytes[0], n * self._row_bytes[1]
-        streams = (self._in_stream.cuda_stream, self._stream.cuda_stream,
-                   self._out_stream.cuda_stream)
-        s_in, s_compute, s_out = streams
+        s_in, s_compute, s_out = (self._in_stream.cuda_stream, self._stream.cuda_stream,
+                                  self._out_stream.cuda_stream)
         device_in, device_out = slot.device_in.data_ptr(), slot.device_out.data_ptr()
         previous = held.on_device(self.device_index)
         try:
