@@ -553,6 +553,8 @@ def main(argv=None) -> dict:
     src.add_argument("--bundle", help="path of a .bundle (loaded with runtime_py.load)")
     src.add_argument("--synthetic", action="store_true", help="numpy model with a fixed per-batch cost")
     ap.add_argument("--backend", default="auto")
+    ap.add_argument("--early-dispatch", action="store_true",
+                    help="the batcher's early_dispatch (bundle serve --early-dispatch)")
     ap.add_argument("--enqueue", choices=["held", "torch"],
                     help="torch-aoti bundles: enqueue batches through CUDA runtime calls that "
                          "keep the GIL (held, the default) or through torch's calls")
@@ -596,7 +598,8 @@ def main(argv=None) -> dict:
     raw = bench_raw(model, args.batch, args.seconds)
     paths = {}
     timelines = {}
-    with Batcher(model, max_batch_size=args.batch, max_delay_ms=args.max_delay_ms) as b:
+    with Batcher(model, max_batch_size=args.batch, max_delay_ms=args.max_delay_ms,
+                 early_dispatch=args.early_dispatch) as b:
         b.add_listener(TIMELINE)
         batched, cpu_batched = bench_batcher(b, feeds, args.clients, args.seconds, args.warmup)
         timelines["batcher"] = TIMELINE.summary()

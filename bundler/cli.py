@@ -486,6 +486,11 @@ def rebuild(bundle_path, backend, checkpoint, out_dir, force, timing_cache, hard
                    "--max-delay-ms; without them they split into half-empty batches). "
                    "Default: the engine's recent time per batch (up to 50 ms); "
                    "--max-wait-ms equal to --max-delay-ms turns the wait off.")
+@click.option("--early-dispatch", is_flag=True,
+              help="Cap that wait where a GPU engine would run out of work: the next batch "
+                   "starts, with the requests it has, when the batch in flight is due to "
+                   "finish. For engines whose time grows with the batch, behind front-ends "
+                   "whose round trip outlasts a batch (docs/serving.md).")
 @click.option("--max-queue", default=1024, show_default=True,
               help="Queued requests per model before 503 (back-pressure).")
 @click.option("--backend", default="auto", show_default=True, type=backend_choice(auto=True),
@@ -511,8 +516,9 @@ def rebuild(bundle_path, backend, checkpoint, out_dir, force, timing_cache, hard
                    "answers in one write; uvicorn serves every request through ASGI. Both "
                    "serve the same routes.")
 @handle_errors
-def serve(bundle_paths, host, port, max_batch, max_delay_ms, max_wait_ms, max_queue, backend,
-          threads, trusted_dirs, grpc_port, workers, max_body_mb, http_server) -> None:
+def serve(bundle_paths, host, port, max_batch, max_delay_ms, max_wait_ms, early_dispatch,
+          max_queue, backend, threads, trusted_dirs, grpc_port, workers, max_body_mb,
+          http_server) -> None:
     """Serve bundles: the KServe v2 inference protocol over HTTP (and gRPC).
 
     \b
@@ -566,8 +572,9 @@ def serve(bundle_paths, host, port, max_batch, max_delay_ms, max_wait_ms, max_qu
             click.echo(f"serving on {where} ({mode}; Ctrl-C stops)", err=True)
 
         run_server(models, host=host, port=port, max_batch=max_batch,
-                   max_delay_ms=max_delay_ms, max_wait_ms=max_wait_ms, max_queue=max_queue,
-                   grpc_port=grpc_port, workers=n_workers, max_body_bytes=max_body_mb * 1024 * 1024,
+                   max_delay_ms=max_delay_ms, max_wait_ms=max_wait_ms,
+                   early_dispatch=early_dispatch, max_queue=max_queue, grpc_port=grpc_port,
+                   workers=n_workers, max_body_bytes=max_body_mb * 1024 * 1024,
                    http_server=http_server, on_ready=ready)
     except KeyboardInterrupt:
         pass

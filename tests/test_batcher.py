@@ -428,3 +428,67 @@ def test_expected_clients_that_never_come_back_cost_one_bounded_wait():
 def test_negative_max_wait_is_refused():
     with pytest.raises(UsageError, match="max wait"):
         Batcher(ToyModel(), max_wait_ms=-1)
+
+
+def test_early_dispatch_starts_a_batch_before_the_engine_runs_dry():
+    """Closed-loop clients whose round trip (50-350 ms) is longer than an engine batch
+    (150 ms, run on the model's own thread as a GPU's): with ``early_dispatch`` the
+    collecting batch goes when the batch in flight is due to finish, with the rows it has,
+    so the engine barely idles; without it the batcher waits for the whole cohort and the
+    engine idles for the difference. Outputs stay right either way."""
+    from runtime_py.testing import AsyncToyModel
+
+    def run(early: bool):
+        model = AsyncToyModel("toy", max_batch_size=4, cost_ms=150)
+        stats, errors = [], []
+        with Batcher(model, max_delay_ms=1, max_wait_ms=1000.0, early_dispatch=early) as b:
+            b.add_listener(stats.append)
+
+            def client(i: int) -> None:
+                x = np.full((1, 3, 8, 8), float(i), np.float32)
+                try:
+                    for _ in range(6):
+                        out = b.infer({"input": x}, timeout=TIMEOUT)
+                        np.testing.assert_allclose(out["logits"], model.reference(x))
+                        time.sleep(0.05 + 0.1 * (i % 4))
+                except Exception as e:  # noqa: BLE001 (reported below)
+                    errors.append(e)
+
+            threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(TIMEOUT)
+        model.close()
+        assert not errors, errors[0]
+        idle = [max(0.0, (s.dispatched_at + s.enqueue_s) - (p.dispatched_at + p.ready_s))
+                for p, s in zip(stats, stats[1:])]
+        return [s.size for s in stats], sum(idle) / len(idle)
+
+    waited, idle_waited = run(False)
+    early, idle_early = run(True)
+    assert waited.count(4) >= 0.7 * len(waited), waited     # whole cohorts (but at the ends)
+    assert any(size < 4 for size in early), early              # went without some of them
+    assert idle_early < 0.5 * idle_waited, (idle_early, idle_waited)
+
+
+def test_early_dispatch_leaves_an_engine_that_computes_in_the_call_alone():
+    """A synchronous engine (no time between the engine call's start and its outputs):
+    nothing to run dry, so cohorts are waited for as without the option."""
+    model = ToyModel("toy", max_batch_size=4, cost_ms=20)
+    sizes = []
+    with Batcher(model, max_delay_ms=1, max_wait_ms=1000.0, early_dispatch=True) as b:
+        b.add_listener(lambda s: sizes.append(s.size))
+
+        def client(i: int) -> None:
+            x = np.full((1, 3, 8, 8), float(i), np.float32)
+            for _ in range(5):
+                b.infer({"input": x}, timeout=TIMEOUT)
+                time.sleep(0.01 + 0.01 * (i % 4))
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(TIMEOUT)
+    assert sizes.count(4) >= 0.7 * len(sizes), sizes

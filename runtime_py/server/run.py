@@ -45,6 +45,7 @@ def serve(
     max_delay_ms: float = 2.0,
     *,
     max_wait_ms: float | None = None,
+    early_dispatch: bool = False,
     grpc_port: int | None = None,
     workers: int = 0,
     max_queue: int = 1024,
@@ -58,7 +59,8 @@ def serve(
     """Serve ``models`` (a name -> model mapping, or models keyed by ``model.name``) until
     SIGINT/SIGTERM. ``max_batch`` defaults to each model's max batch size (and is capped
     to it). ``max_wait_ms``: how long a batch may wait for the last batch's clients
-    (``Batcher``; None follows the engine's time per batch). HTTP always; gRPC too when ``grpc_port`` is given. ``workers`` > 0 runs that
+    (``Batcher``; None follows the engine's time per batch); ``early_dispatch``: cap that
+    wait where the engine would run dry (``Batcher``). HTTP always; gRPC too when ``grpc_port`` is given. ``workers`` > 0 runs that
     many front-end processes over this process's engine (``workers.serve_with_workers``);
     0 runs the front-ends in this process. ``http_server``: ``"builtin"`` (``http1``: the
     inference body read from the socket straight into its buffer) or ``"uvicorn"``.
@@ -78,7 +80,7 @@ def serve(
         for name, model in named.items():
             batchers[name] = Batcher(model, max_batch_size=capped_max_batch(max_batch, model),
                                      max_delay_ms=max_delay_ms, max_wait_ms=max_wait_ms,
-                                     max_queue=max_queue)
+                                     max_queue=max_queue, early_dispatch=early_dispatch)
         engine = Engine(named, batchers)
         http_sock = bind_http(host, port)
         try:
