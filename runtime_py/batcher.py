@@ -25,14 +25,15 @@ Rules it keeps, and why:
 - ``early_dispatch=True`` (off by default) caps that wait at the moment the engine runs
   dry: while a batch is in flight on an asynchronous engine, the collecting batch goes
   when that one is due to finish, less the time a dispatch takes to start (both from
-  recent batches), with the rows it has; with none in flight, after ``max_delay_ms``. Behind network front-ends the clients' round trip
-  can outlast an engine batch (H200, HTTP: 5.3-6.6 ms against 3.9), and the engine idles
-  for the difference on every batch. Whether a smaller batch in time beats a full one late
-  depends on the engine and the clients. In a toy (8 clients, batches of 4, an
-  ``AsyncToyModel`` batch of 150 ms fixed or growing with its rows, round trips of
-  50-350 ms): -1% to +41% img/s against waiting for whole cohorts, within 4% of the
-  default wait (whose timeouts already cut cohorts there). Not yet measured on a GPU,
-  hence off by default (``benchmarks/serve_bench.py --early-dispatch`` measures it).
+  recent batches), with the rows it has; with none in flight, after ``max_delay_ms``.
+  Behind network front-ends the clients' round trip can outlast an engine batch (H200,
+  HTTP: 5.3-6.6 ms against 3.9), and the engine idles for the difference on every batch.
+  Whether a smaller batch in time beats a full one late depends on the engine and the
+  clients. In a toy (8 clients, batches of 4, an ``AsyncToyModel`` batch of 150 ms fixed
+  or growing with its rows, round trips of 50-350 ms): -1% to +41% img/s against waiting
+  for whole cohorts, within 4% of the default wait (whose timeouts already cut cohorts
+  there). Not yet measured on a GPU, hence off by default (``benchmarks/serve_bench.py
+  --early-dispatch`` measures it).
 - Requests are validated in ``submit`` (names, dtypes, fixed dimensions) so a bad request
   is refused alone, with a clear ``InferenceInputError``, before it can poison a batch.
 - If a merged batch still fails in ``model.infer`` (a data-dependent failure), each of its
