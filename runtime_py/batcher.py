@@ -538,10 +538,20 @@ class Batcher:
         else:
             pending = Pending.done({})
         started = time.perf_counter()
+        item = (live, feeds, pending, slot, t0, started - t0, queue_s)
         with self._cond:
+            inline = pending.finished and not self._running
             self._running += 1
             self._last_started = started
-        self._in_flight.put((live, feeds, pending, slot, t0, started - t0, queue_s))
+        if inline:
+            # An engine that computed the batch in this call (onnxruntime, a CPU package):
+            # deliver it here, so that the rows it hands back count in the next batch's
+            # wait (``_expected``) before this thread collects that batch; handed to the
+            # completion thread, a loaded host could let the worker collect first, with
+            # the last batch's count, and split closed-loop clients for good.
+            self._complete_one(item)
+        else:
+            self._in_flight.put(item)
 
     def _start(self, feeds: Feeds) -> Pending:
         start = getattr(self.model, "infer_async", None)
@@ -558,19 +568,23 @@ class Batcher:
             item = self._in_flight.get()
             if item is None:
                 return
-            live, feeds, pending, slot, t0, enqueue_s, queue_s = item
-            try:
-                with _one_wake_up_per_loop():
-                    try:
-                        self._finish(live, feeds, pending, t0, enqueue_s, queue_s)
-                    except BaseException as e:  # never let the thread die, requests pending
-                        log.exception("batcher completion error")
-                        for s in live:
-                            _fail(s.req, e if isinstance(e, Exception) else BatcherError(repr(e)))
-            finally:
-                with self._cond:
-                    self._running -= 1
-                self._free_slots.put(slot)
+            self._complete_one(item)
+
+    def _complete_one(self, item: tuple) -> None:
+        """Wait for one batch, hand each request its rows, free its slot; never raises."""
+        live, feeds, pending, slot, t0, enqueue_s, queue_s = item
+        try:
+            with _one_wake_up_per_loop():
+                try:
+                    self._finish(live, feeds, pending, t0, enqueue_s, queue_s)
+                except BaseException as e:  # never let the thread die with requests pending
+                    log.exception("batcher completion error")
+                    for s in live:
+                        _fail(s.req, e if isinstance(e, Exception) else BatcherError(repr(e)))
+        finally:
+            with self._cond:
+                self._running -= 1
+            self._free_slots.put(slot)
 
     def _finish(self, live: list[_Slice], feeds: Feeds, pending: Pending, t0: float,
                 enqueue_s: float, queue_s: tuple[float, ...]) -> None:

@@ -36,6 +36,12 @@ class Pending:
         p._error = error
         return p
 
+    @property
+    def finished(self) -> bool:
+        """True when ``result()`` has nothing left to wait for (an engine that computed in
+        the call that started it, or a result already read)."""
+        return self._wait is None
+
     def result(self) -> dict[str, np.ndarray]:
         """The outputs (the caller's own arrays); safe to call again and from any thread."""
         if self._wait is not None:
