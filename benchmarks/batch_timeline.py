@@ -17,6 +17,10 @@ Per batch k (times in ms, medians over the measured window):
            round trip through clients and front-ends)
   wake     last request of k arrived -> k dispatched
   period   outputs of k-1 -> outputs of k (mean: the batches' rate)
+
+An engine that computes in the dispatching call (onnxruntime, a CPU package) shows its
+compute under "enqueue" and, since a batch cannot start before the last one is done, as
+"idle"; the figures are made for asynchronous (GPU) engines.
 """
 
 from __future__ import annotations
