@@ -129,39 +129,25 @@ def gather_rows(dst: np.ndarray, parts: list[np.ndarray]) -> np.ndarray:
     if n > dst.shape[0]:
         raise ValueError(f"gather_rows: {n} rows do not fit a buffer of {dst.shape[0]}")
     out = dst[:n]
-    if not out.size:
-        return out
-    if not out.flags.c_contiguous:
-        at = 0
-        for part in parts:
-            np.copyto(out[at:at + part.shape[0]], part, casting="no")
-            at += part.shape[0]
-        return out
-    flat = memoryview(out).cast("B")
+    flat = memoryview(out).cast("B") if out.flags.c_contiguous and out.size else None
     at = row = 0
     for part in parts:
-        size = part.nbytes
-        if not size:
-            continue
-        if part.flags.c_contiguous:
+        rows, size = part.shape[0], part.nbytes
+        if size and flat is not None and part.flags.c_contiguous:
             flat[at:at + size] = memoryview(part).cast("B")
-        else:
-            np.copyto(out[row:row + part.shape[0]], part, casting="no")
+        elif size:
+            np.copyto(out[row:row + rows], part, casting="no")
         at += size
-        row += part.shape[0]
+        row += rows
     return out
 
 
 def copy_held(arr: np.ndarray) -> np.ndarray:
-    """A C-contiguous copy of ``arr`` made without giving the GIL away (a memcpy through
-    memoryviews where ``arr`` is contiguous): for the small copies on a batch's completion
-    path (its outputs out of a reused buffer), where waiting to take the GIL back would
-    cost more than the copy (`gather_rows`)."""
-    out = np.empty(arr.shape, arr.dtype)
-    if arr.flags.c_contiguous and arr.size:
-        memoryview(out).cast("B")[:] = memoryview(arr).cast("B")
-    else:
-        np.copyto(out, arr, casting="no")
-    return out
+    """A C-contiguous copy of ``arr`` made as `gather_rows` copies (without giving the GIL
+    away): for the small copies on a batch's completion path (its outputs out of a reused
+    buffer), where waiting to take the GIL back would cost more than the copy."""
+    if arr.ndim == 0:
+        return arr.copy()
+    return gather_rows(np.empty(arr.shape, arr.dtype), [arr])
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from runtime_py.batcher import Batcher
 from runtime_py.pending import Pending
-from runtime_py.hostcopy import HostBufferRegistry, copy_rows, gather_rows
+from runtime_py.hostcopy import HostBufferRegistry, copy_held, copy_rows, gather_rows
 from runtime_py.testing import AsyncToyModel, ToyModel
 
 TIMEOUT = 30
@@ -58,6 +58,15 @@ def test_gather_rows_equals_concatenate(kind):
     assert got.shape == (18, 5, 6, 3) and np.shares_memory(got, out)
     np.testing.assert_array_equal(got, np.concatenate(pieces))
     assert (out[18:] == 7).all()
+
+
+def test_copy_held_is_an_own_contiguous_copy():
+    src = np.arange(24, dtype=np.float16).reshape(2, 3, 4)
+    for arr in (src, src[:, ::-1], np.float32(3.0) * np.ones(())):
+        got = copy_held(arr)
+        np.testing.assert_array_equal(got, arr)
+        assert got.dtype == arr.dtype and got.flags.c_contiguous
+        assert not np.shares_memory(got, arr)
 
 
 def test_gather_rows_refuses_what_does_not_fit():

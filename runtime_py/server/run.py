@@ -60,9 +60,10 @@ def serve(
     SIGINT/SIGTERM. ``max_batch`` defaults to each model's max batch size (and is capped
     to it). ``max_wait_ms``: how long a batch may wait for the last batch's clients
     (``Batcher``; None follows the engine's time per batch); ``early_dispatch``: cap that
-    wait where the engine would run dry (``Batcher``). HTTP always; gRPC too when ``grpc_port`` is given. ``workers`` > 0 runs that
-    many front-end processes over this process's engine (``workers.serve_with_workers``);
-    0 runs the front-ends in this process. ``http_server``: ``"builtin"`` (``http1``: the
+    wait where the engine would run dry (``Batcher``). HTTP always; gRPC too when
+    ``grpc_port`` is given. ``workers`` > 0 runs that many front-end processes over this
+    process's engine (``workers.serve_with_workers``); 0 runs the front-ends in this
+    process. ``http_server``: ``"builtin"`` (``http1``: the
     inference body read from the socket straight into its buffer) or ``"uvicorn"``.
 
     ``on_ready`` is called once every port is bound, with the addresses actually bound
