@@ -565,6 +565,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--paths", default=",".join(KINDS), help=f"comma-separated, of {KINDS}")
     ap.add_argument("--workers-list", default="0,2",
                     help="front-end worker counts to measure (0: in the engine process)")
+    ap.add_argument("--pinned-slots-list", default="64",
+                    help="slots of each worker's arena page-locked for a GPU engine "
+                         "(runtime_py.server.workers.PINNED_SLOTS, 64); '64,0' measures each "
+                         "path with the rows copied from the arenas and gathered on the host")
     ap.add_argument("--max-delay-ms", type=float, default=2.0)
     ap.add_argument("--seconds", type=float, default=5.0, help="measured time per figure")
     ap.add_argument("--warmup", type=float, default=1.0)
@@ -610,19 +614,30 @@ def main(argv=None) -> dict:
         if not args.json:   # each figure as it is measured (a run cut short keeps them)
             _print_head(model, args, raw, batched, batched_h, cpu_batched, cpu_batched_h,
                         timelines)
-        for workers in [int(w) for w in args.workers_list.split(",") if w.strip()]:
-            with _Server(model, b, workers, args.http_server) as server:
-                for kind in [k for k in args.paths.split(",") if k]:
-                    refs[f"{kind}_w{workers}"], _ = bench_batcher(
-                        b, feeds, args.http_clients, args.seconds, args.warmup)
-                    v, cpu[f"{kind}_w{workers}"] = bench_path(
-                        kind, server, model, feeds, args.http_clients, args.http_procs,
-                        args.seconds, args.warmup, args.http_client, args.profile_server,
-                        args.grpc_channels)
-                    paths[f"{kind}_w{workers}"] = v
-                    timelines[f"{kind}_w{workers}"] = TIMELINE.summary()
-                    if not args.json:
-                        _print_path(f"{kind}_w{workers}", v, refs, cpu, args, timelines)
+        from runtime_py.server import workers as workers_module
+
+        default_pinned = workers_module.PINNED_SLOTS
+        for workers, pinned in [(int(w), int(p)) for w in args.workers_list.split(",") if w.strip()
+                                for p in args.pinned_slots_list.split(",") if p.strip()]:
+            if workers == 0 and pinned != default_pinned:
+                continue     # no arenas without workers
+            workers_module.PINNED_SLOTS = pinned
+            tag = f"_w{workers}" + (f"_p{pinned}" if pinned != default_pinned else "")
+            try:
+                with _Server(model, b, workers, args.http_server) as server:
+                    for kind in [k for k in args.paths.split(",") if k]:
+                        refs[kind + tag], _ = bench_batcher(
+                            b, feeds, args.http_clients, args.seconds, args.warmup)
+                        v, cpu[kind + tag] = bench_path(
+                            kind, server, model, feeds, args.http_clients, args.http_procs,
+                            args.seconds, args.warmup, args.http_client, args.profile_server,
+                            args.grpc_channels)
+                        paths[kind + tag] = v
+                        timelines[kind + tag] = TIMELINE.summary()
+                        if not args.json:
+                            _print_path(kind + tag, v, refs, cpu, args, timelines)
+            finally:
+                workers_module.PINNED_SLOTS = default_pinned
         sizes = dict(sorted(b.batch_size_counts.items()))
     result = {
         "model": model.name,
@@ -673,7 +688,9 @@ def _print_head(model, args, raw, batched, batched_h, cpu_batched, cpu_batched_h
 
 def _print_path(key: str, v: float | str, refs: dict, cpu: dict, args, timelines) -> None:
     kind, workers = key.rsplit("_w", 1)
-    label = f"{kind:<8} {args.http_clients} clients, workers={workers}"
+    workers, _, pinned = workers.partition("_p")
+    label = f"{kind:<8} {args.http_clients} clients, workers={workers}" + (
+        f" pinned={pinned}" if pinned else "")
     if isinstance(v, str):
         print(f"{label:<40} FAILED: {v}", flush=True)
         return

@@ -2,10 +2,12 @@
 
 An engine's throughput grows with the batch size (one kernel launch sequence amortised
 over many images), while clients of a service send one image at a time. The batcher sits
-between them: one worker thread takes queued requests, writes their rows straight into a
-batch slot's input buffers (pinned memory from ``model.input_buffers()`` on GPU engines,
-so the device copy reads them in place), starts the batch with ``model.infer_async`` and
-goes on to the next one; a completion thread waits for each batch in order and hands each
+between them: one worker thread takes queued requests, hands their rows to the engine
+where it copies them to the device itself (``model.infer_rows_async``: torch-aoti on a
+GPU, from pinned or page-locked memory such as the front-end workers' arenas), else
+writes them straight into a batch slot's input buffers (pinned memory from
+``model.input_buffers()`` on GPU engines, so the device copy reads them in place) and
+starts the batch with ``model.infer_async``, and goes on to the next one; a completion thread waits for each batch in order and hands each
 request back its own rows, waking each client once.
 
 Rules it keeps, and why:
@@ -81,8 +83,10 @@ class BatchableModel(Protocol):
     """What the batcher needs of a model (``runtime_py.model.Model`` provides it).
 
     Optional, used when present: ``infer_async(feeds) -> Pending`` (start a batch and
-    return at once) and ``input_buffers() -> dict[str, ndarray]`` (max-batch host buffers
-    the engine reads in place)."""
+    return at once), ``infer_rows_async(parts) -> Pending | None`` (start a batch given
+    as each input's list of request rows; None: not taken, gather them) and
+    ``input_buffers() -> dict[str, ndarray]`` (max-batch host buffers the engine reads in
+    place)."""
 
     inputs: Sequence[TensorSpec]
     max_batch_size: int
@@ -531,8 +535,10 @@ class Batcher:
         feeds: Feeds = {}
         if live:
             try:
-                feeds = self._merge(live, slot)
-                pending = self._start(feeds)
+                pending = self._start_rows(live)
+                if pending is None:
+                    feeds = self._merge(live, slot)
+                    pending = self._start(feeds)
             except Exception as e:
                 pending = Pending.failed(e)
         else:
@@ -552,6 +558,15 @@ class Batcher:
             self._complete_one(item)
         else:
             self._in_flight.put(item)
+
+    def _start_rows(self, slices: list[_Slice]) -> Pending | None:
+        """The batch started from its requests' rows where they lie, by an engine that
+        takes them so (``infer_rows_async``); None: gather them (``_merge``)."""
+        start = getattr(self.model, "infer_rows_async", None)
+        if start is None or len(slices) < 2:
+            return None     # (one request's rows: its own arrays go to infer_async)
+        return start({k: [s.req.feeds[k][s.start:s.stop] for s in slices]
+                      for k in slices[0].req.feeds})
 
     def _start(self, feeds: Feeds) -> Pending:
         start = getattr(self.model, "infer_async", None)

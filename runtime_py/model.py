@@ -97,6 +97,22 @@ class Model:
         this one runs (``runtime_py.batcher.Batcher`` does)."""
         return self.runner.infer_async(self._as_feeds(inputs))
 
+    def infer_rows_async(self, parts: dict[str, list[np.ndarray]]) -> Pending | None:
+        """Start one batch given as each input's rows in pieces (in order; at most
+        ``max_batch_size`` rows, already checked against the inputs, as
+        ``runtime_py.batcher.Batcher`` checks its requests), copied to the device where
+        they lie by engines that can (torch-aoti on a GPU: no host gather of the batch);
+        None, with nothing started, where the engine cannot: gather them and call
+        ``infer_async``."""
+        return self.runner.infer_rows_async(parts)
+
+    def pin_host(self, address: int, nbytes: int):
+        """Page-lock ``nbytes`` of host memory at ``address`` in place, for an engine that
+        copies from page-locked memory without staging (``runtime_py.pinned_host``): the
+        ``PinnedRange`` to ``unpin()`` before that memory is unmapped, or None where the
+        engine has no use for it (CPU engines) or the CUDA runtime refused."""
+        return self.runner.pin_host(address, nbytes)
+
     def input_buffers(self) -> dict[str, np.ndarray]:
         """Host arrays of the max batch, one per input, to write batches into: on GPU
         engines they are pinned memory that ``infer``/``infer_async`` read in place (zero

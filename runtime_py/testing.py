@@ -123,9 +123,13 @@ class AsyncToyModel(ToyModel):
     buffer before the batch's ``Pending.result()`` returned gets wrong outputs, so tests
     of the batcher's buffer reuse catch it. ``input_buffers`` hands out plain arrays that
     the model remembers, like a GPU runner's pinned buffers; ``in_place`` counts feeds
-    that were used in place."""
+    that were used in place. ``takes_rows=True`` adds ``infer_rows_async``, which takes a
+    batch as its requests' rows where they lie and reads them late on the "stream", as
+    the torch-aoti runner's device copies do (``row_batches`` records each batch's piece
+    counts); ``takes_rows`` may also be a predicate on the pieces (False: declined, None
+    returned, as a runner does for a batch size it has no graph for yet)."""
 
-    def __init__(self, *args, read_delay_ms: float = 0.0, **kwargs) -> None:
+    def __init__(self, *args, read_delay_ms: float = 0.0, takes_rows=False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         from concurrent.futures import ThreadPoolExecutor
 
@@ -138,6 +142,8 @@ class AsyncToyModel(ToyModel):
         self.in_place = 0
         self.max_in_flight = 0
         self._in_flight = 0
+        self.takes_rows = takes_rows
+        self.row_batches: list[int] = []
 
     def input_buffers(self) -> dict[str, np.ndarray]:
         spec = self.inputs[0]
@@ -168,6 +174,23 @@ class AsyncToyModel(ToyModel):
 
         future = self._stream.submit(run)
         return Pending(future.result)
+
+    def infer_rows_async(self, parts: dict[str, list[np.ndarray]]):
+        if not self.takes_rows or (callable(self.takes_rows) and not self.takes_rows(parts)):
+            return None
+        from .pending import Pending
+
+        name = self.inputs[0].name
+        pieces = parts[name]
+        with self._lock:
+            self.row_batches.append(len(pieces))
+
+        def run():
+            if self.read_delay_s:
+                time.sleep(self.read_delay_s)       # the "device" copies the rows late
+            return self.infer({name: np.concatenate(pieces)})
+
+        return Pending(self._stream.submit(run).result)
 
     def close(self) -> None:
         self._stream.shutdown(wait=True)

@@ -492,3 +492,56 @@ def test_early_dispatch_leaves_an_engine_that_computes_in_the_call_alone():
         for t in threads:
             t.join(TIMEOUT)
     assert sizes.count(4) >= 0.7 * len(sizes), sizes
+
+
+def _mixed_clients(b: Batcher, model: ToyModel, clients: int = 24, rounds: int = 4) -> None:
+    """``clients`` threads sending 1-3 row requests; each result must be its own rows'."""
+    def client(cid: int) -> None:
+        for j in range(rounds):
+            x = image(cid * 100 + j, n=1 + (cid + j) % 3)
+            out = b.infer({"input": x}, timeout=TIMEOUT)
+            np.testing.assert_array_equal(out["logits"], model.reference(x))
+
+    with ThreadPoolExecutor(clients) as pool:
+        for f in [pool.submit(client, c) for c in range(clients)]:
+            f.result(TIMEOUT * 3)
+
+
+def test_rows_go_to_an_engine_that_copies_them_where_they_lie():
+    """A model with ``infer_rows_async`` gets a merged batch as its requests' rows (one
+    piece per slice, read late by its "stream"), not gathered into the slot buffers; every
+    client still gets its own rows back."""
+    from runtime_py.testing import AsyncToyModel
+
+    model = AsyncToyModel(max_batch_size=16, read_delay_ms=2, takes_rows=True)
+    try:
+        with Batcher(model, max_delay_ms=5) as b:
+            _mixed_clients(b, model)
+    finally:
+        model.close()
+    assert model.row_batches and max(model.row_batches) > 1
+    assert model.in_place == 0            # no batch went through the slot buffers
+    assert len(model.row_batches) <= b.batches
+    assert b.rows == sum(1 + (c + j) % 3 for c in range(24) for j in range(4))
+
+
+def test_rows_an_engine_declines_are_gathered_into_the_slot_buffers():
+    """``infer_rows_async`` returning None (e.g. a batch size without a captured graph):
+    the batcher gathers the rows and starts the batch with ``infer_async`` instead."""
+    from runtime_py.testing import AsyncToyModel
+
+    declined = []
+
+    def takes(parts):
+        declined.append(len(declined) % 2 == 1)      # every other batch declined
+        return not declined[-1]
+
+    model = AsyncToyModel(max_batch_size=16, read_delay_ms=2, takes_rows=takes)
+    try:
+        with Batcher(model, max_delay_ms=5) as b:
+            _mixed_clients(b, model)
+    finally:
+        model.close()
+    assert any(declined) and not all(declined)
+    assert model.in_place == sum(declined)       # each declined batch: slot buffers
+    assert len(model.row_batches) == declined.count(False)

@@ -800,10 +800,9 @@ def test_gpu_held_enqueue_matches_torch_calls_and_is_taken(gpu_fp16_tiny):
         taken = []
         real = runner._enqueue_held
 
-        def spy(slot, arr, n):
-            ok = real(slot, arr, n)
-            taken.append(ok)
-            return ok
+        def spy(slot, sources, n):
+            taken.append(True)
+            return real(slot, sources, n)
 
         runner._enqueue_held = spy
         for mode in ("torch", "held"):
@@ -819,10 +818,57 @@ def test_gpu_held_enqueue_matches_torch_calls_and_is_taken(gpu_fp16_tiny):
                 pending.append((i, runner.infer_async({"input": buf[:8]})))
             for i, p in pending:
                 assert np.array_equal(p.result()["logits"], reference[i]), mode
-            assert taken == [mode == "held"] * len(batches)
+            assert taken == [True] * (len(batches) if mode == "held" else 0)
         taken.clear()
         plain = runner.infer_async({"input": batches[0]}).result()["logits"]
-        assert np.array_equal(plain, reference[0]) and taken == [False]
+        assert np.array_equal(plain, reference[0]) and taken == []
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_rows_are_copied_to_the_device_where_they_lie(gpu_fp16_tiny):
+    """``infer_rows_async``: a batch given as pieces (a batcher's requests) gives the same
+    outputs as the gathered batch, whether a piece lies in memory page-locked in place (an
+    mmap, as the workers' arenas: pinned_host.pin), in ``input_buffers`` or in plain numpy
+    memory (staged); pieces stay unchanged; a size whose graph is not captured yet is
+    declined (None), as are pieces that are not rows of the input."""
+    import mmap
+
+    from runtime_py import pinned_host
+    from runtime_py.engines.torch_aoti import TorchAotiRunner
+
+    package, details = gpu_fp16_tiny
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(8, 3, 16, 16)).astype(np.float32)
+    row = x[0].nbytes
+    runner = TorchAotiRunner(_MemoryBundle("fp16", details, package, (3, 16, 16), 10, 8))
+    arena = mmap.mmap(-1, 16 * row)
+    with runner:
+        reference = runner.infer({"input": x})["logits"]       # captures batch 8's graph
+        assert runner.infer_rows_async({"input": [x[:3], x[3:]]}) is not None
+        assert runner.infer_rows_async({"input": [x[:3]]}) is None       # batch 3: no graph
+        assert runner.infer_rows_async({"input": [x[:4, :, :8]]}) is None  # not input rows
+        region = pinned_host.pin(pinned_host.buffer_address(arena), len(arena))
+        assert region is not None, "cudaHostRegister refused an anonymous shared mapping"
+        try:
+            in_arena = np.frombuffer(arena, np.float32, 4 * row // 4, 5 * row).reshape(4, 3, 16, 16)
+            in_arena[...] = x[2:6]
+            assert pinned_host.holds(in_arena) and not pinned_host.holds(x)
+            own = runner.input_buffers()["input"]
+            own[:2] = x[6:]
+            for _ in range(3):                    # both slots, reused
+                pieces = [x[:2].copy(), in_arena, own[:2]]
+                before = [p.copy() for p in pieces]
+                got = runner.infer_rows_async({"input": pieces}).result()["logits"]
+                assert np.array_equal(got, reference)
+                assert all(np.array_equal(p, b) for p, b in zip(pieces, before))
+            one_by_one = [in_arena[i:i + 1] for i in range(4)] + [x[:2], own[:2]]
+            order = [2, 3, 4, 5, 0, 1, 6, 7]
+            got = runner.infer_rows_async({"input": one_by_one}).result()["logits"]
+            assert np.array_equal(got, reference[order])
+        finally:
+            region.unpin()
+        assert not pinned_host.holds(np.frombuffer(arena, np.uint8, 8))
 
 
 def test_the_loaded_cuda_runtime_is_found_in_the_maps_text():

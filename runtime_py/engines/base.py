@@ -137,6 +137,20 @@ class Runner(abc.ABC):
         n = self.checked_batch(feeds)
         return self.infer_async_impl(feeds, n)
 
+    def infer_rows_async(self, parts: dict[str, list[np.ndarray]]) -> "Pending | None":
+        """Start one batch given as each input's rows in pieces (a batcher's requests, in
+        order), for engines that copy the pieces to the device where they lie; None, with
+        nothing started, where this engine does not (the default): the caller then gathers
+        the pieces into one array per input and calls ``infer_async``. The pieces must stay
+        unchanged until ``result()`` returned."""
+        return None
+
+    def pin_host(self, address: int, nbytes: int):
+        """Page-lock host memory in place for this engine's device copies
+        (``runtime_py.pinned_host.PinnedRange``); None (the default) where the engine has
+        no device, or copies from page-locked memory no faster."""
+        return None
+
     def input_buffers(self) -> dict[str, np.ndarray]:
         """Fresh host arrays of the max batch, one per input, for a caller to write a batch
         into (``buffers[name][:n]``) and pass to ``infer``/``infer_async``.

@@ -25,6 +25,8 @@ import threading
 HOST_TO_DEVICE = 1
 DEVICE_TO_HOST = 2
 DEVICE_TO_DEVICE = 3
+#: cudaHostRegisterPortable
+HOST_REGISTER_PORTABLE = 1
 
 _lock = threading.Lock()
 _found: "CudartHeld | None | bool" = False     # False: not looked for yet
@@ -52,6 +54,8 @@ class CudartHeld:
         self._record = self._bind(lib.cudaEventRecord, [vp, vp])
         self._wait = self._bind(lib.cudaStreamWaitEvent, [vp, vp, ui])
         self._launch = self._bind(lib.cudaGraphLaunch, [vp, vp])
+        self._host_register = self._bind(lib.cudaHostRegister, [vp, sz, ui])
+        self._host_unregister = self._bind(lib.cudaHostUnregister, [vp])
         self._get_device = self._bind(lib.cudaGetDevice, [ctypes.POINTER(i)])
         self._set_device = self._bind(lib.cudaSetDevice, [i])
         self._error_string = lib.cudaGetErrorString
@@ -78,6 +82,15 @@ class CudartHeld:
 
     def launch(self, graph_exec: int, stream: int) -> None:
         self._check(self._launch(graph_exec, stream), "cudaGraphLaunch")
+
+    def host_register(self, address: int, nbytes: int) -> None:
+        """Page-lock ``nbytes`` of this process's memory at ``address`` in place
+        (cudaHostRegister, portable: every device's copies may read it)."""
+        self._check(self._host_register(address, nbytes, HOST_REGISTER_PORTABLE),
+                    "cudaHostRegister")
+
+    def host_unregister(self, address: int) -> None:
+        self._check(self._host_unregister(address), "cudaHostUnregister")
 
     def on_device(self, index: int) -> int:
         """Make ``index`` this thread's current device; return the one it replaced."""

@@ -72,7 +72,8 @@ from runtime_py.engines.base import Runner, require_own_engine
 from runtime_py.engines.torch_aoti_compat import check_torch_aoti_target
 from runtime_py.errors import BundleError, CompatibilityError, EngineUnavailableError
 from runtime_py.engines import cudart_held
-from runtime_py.hostcopy import HostBufferRegistry, copy_held, copy_rows
+from runtime_py import pinned_host
+from runtime_py.hostcopy import HostBufferRegistry, copy_held, copy_rows, gather_rows
 from runtime_py.pending import Pending, read_out
 from runtime_py.native_libs import static_cxx_runtime_libraries
 from runtime_py.tensors import TensorSpec
@@ -90,6 +91,7 @@ class _Slot:
 
     def __init__(self) -> None:
         self.host_in = self.host_out = self.device_in = self.device_out = None
+        self.host_in_array: np.ndarray | None = None     # host_in's memory, as numpy
         self.staged = self.consumed = self.computed = self.done = None
         self.pending: Pending | None = None
         self._outputs: dict[int, tuple[Any, np.ndarray]] = {}
@@ -344,10 +346,11 @@ class TorchAotiRunner(Runner):
         self._slots = [self._new_slot() for _ in range(SLOTS)]
         self._name_in = self.input_metadata()[0].name
         self._name_out = self.output_metadata()[0].name
+        spec_in, spec_out = self.input_metadata()[0], self.output_metadata()[0]
+        self._in_dtype, self._in_row_shape = np.dtype(spec_in.dtype), tuple(spec_in.shape[1:])
         if not self._on_cpu:
             self._stream.synchronize()       # the slots' first event records (_new_slot)
             self._held = cudart_held.find()
-            spec_in, spec_out = self.input_metadata()[0], self.output_metadata()[0]
             self._row_bytes = tuple(
                 math.prod(spec.shape[1:]) * np.dtype(spec.dtype).itemsize
                 for spec in (spec_in, spec_out))
@@ -364,6 +367,7 @@ class TorchAotiRunner(Runner):
         slot = _Slot()
         slot.host_in = torch.empty(in_shape, dtype=in_dtype, pin_memory=pin)
         slot.host_out = torch.empty(out_shape, dtype=out_dtype, pin_memory=pin)
+        slot.host_in_array = slot.host_in.numpy()
         if not self._on_cpu:
             slot.device_in = torch.empty(in_shape, dtype=in_dtype, device=self._device)
             slot.device_out = torch.empty(out_shape, dtype=out_dtype, device=self._device)
@@ -376,6 +380,13 @@ class TorchAotiRunner(Runner):
             for event in (slot.staged, slot.consumed, slot.computed, slot.done):
                 event.record(self._stream)
         return slot
+
+    def pin_host(self, address: int, nbytes: int):
+        """On a GPU, with the held enqueue path's runtime found: page-locked in place
+        (``infer_rows_async`` then copies rows from there to the device, no staging)."""
+        if self._held is None or self._on_cpu:
+            return None
+        return pinned_host.pin(address, nbytes, self._held)
 
     def allocate_host(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """Pinned memory on a GPU (remembered, so that ``infer`` reads it in place)."""
@@ -401,9 +412,7 @@ class TorchAotiRunner(Runner):
         if self._on_cpu:
             return self.infer_async_impl(feeds, n).result()
         with self._lock:
-            slot = self._slots[self._next_slot]
-            self._next_slot = (self._next_slot + 1) % len(self._slots)
-            self._resolve(slot)
+            slot = self._take_slot()
             out, out_array = slot.outputs(n)
             with self._on_stream:
                 x, _ = self._static_buffers(n)
@@ -430,34 +439,94 @@ class TorchAotiRunner(Runner):
         return out[0] if isinstance(out, (list, tuple)) else out
 
     def infer_async_impl(self, feeds: dict[str, np.ndarray], n: int) -> Pending:
-        name_in, name_out = self._name_in, self._name_out
         with self._lock:
-            slot = self._slots[self._next_slot]
-            self._next_slot = (self._next_slot + 1) % len(self._slots)
-            self._resolve(slot)
+            slot = self._take_slot()
             if self._on_cpu:
-                out = self._run_model(self._host_source(slot, feeds[name_in], n))
-                return Pending.done({name_out: out.numpy().copy()})
-            if not self._enqueue_held(slot, feeds[name_in], n):
-                self._enqueue_torch(slot, feeds[name_in], n)
-            done, host_out = slot.done, slot.host_out.numpy()
+                out = self._run_model(self._host_source(slot, feeds[self._name_in], n))
+                return Pending.done({self._name_out: out.numpy().copy()})
+            arr = feeds[self._name_in]
+            if not (self._held_applies(n) and self._in_pinned(arr)):
+                self._enqueue_torch(slot, arr, n)
+            else:
+                self._enqueue_held(slot, [(arr.__array_interface__["data"][0],
+                                          n * self._row_bytes[0])], n)
+            return self._pending(slot, n)
 
-            def wait() -> dict[str, np.ndarray]:
-                done.synchronize()
-                return {name_out: copy_held(host_out[:n])}
+    def infer_rows_async(self, parts: dict[str, list[np.ndarray]]) -> Pending | None:
+        """A batch given as its requests' rows, copied to the device where they lie: one
+        H2D copy per piece in pinned memory (``input_buffers``, or page-locked in place:
+        ``runtime_py.pinned_host``, e.g. the front-end workers' arenas), the others first
+        written into the slot's pinned staging rows (with the GIL held). No host gather of
+        the whole batch. None (nothing started) where the held enqueue path does not apply
+        (see ``_held_applies``) or the pieces are not rows of the input: the caller then
+        gathers them and calls ``infer_async``."""
+        if not self.is_active or self._on_cpu or list(parts) != [self._name_in]:
+            return None
+        rows = parts[self._name_in]
+        n = 0
+        for part in rows:
+            if part.dtype != self._in_dtype or part.shape[1:] != self._in_row_shape:
+                return None
+            n += part.shape[0]
+        if not 1 <= n <= self.max_batch_size or not self._held_applies(n):
+            return None
+        with self._lock:
+            slot = self._take_slot()
+            self._enqueue_held(slot, self._row_sources(slot, rows), n)
+            return self._pending(slot, n)
 
-            slot.pending = Pending(wait)
-            return slot.pending
+    def _take_slot(self) -> "_Slot":
+        """The next batch slot, its previous batch read out (call with the lock held)."""
+        slot = self._slots[self._next_slot]
+        self._next_slot = (self._next_slot + 1) % len(self._slots)
+        self._resolve(slot)
+        return slot
 
-    def _enqueue_held(self, slot: "_Slot", arr: np.ndarray, n: int) -> bool:
+    def _pending(self, slot: "_Slot", n: int) -> Pending:
+        done, host_out, name_out = slot.done, slot.outputs(n)[1], self._name_out
+
+        def wait() -> dict[str, np.ndarray]:
+            done.synchronize()
+            return {name_out: copy_held(host_out)}
+
+        slot.pending = Pending(wait)
+        return slot.pending
+
+    def _held_applies(self, n: int) -> bool:
+        """Whether a batch of ``n`` can be enqueued through ``cudart_held``: chosen, the
+        runtime library found, and the size's CUDA graph captured (the torch path captures
+        it on the size's first batch)."""
+        return self._held is not None and self.enqueue == "held" and n in self._graphs
+
+    def _in_pinned(self, arr: np.ndarray) -> bool:
+        return arr.flags.c_contiguous and (pinned_host.holds(arr)
+                                           or self._pinned.owner_of(arr) is not None)
+
+    def _row_sources(self, slot: "_Slot", parts: list[np.ndarray]) -> list[tuple[int, int]]:
+        """(host address, bytes) of each H2D copy that fills the batch in order: a piece in
+        pinned memory as it is, any other written into the slot's staging rows at its
+        place; pieces adjacent in memory make one copy."""
+        sources: list[tuple[int, int]] = []
+        staging, row = slot.host_in_array, 0
+        for part in parts:
+            rows = part.shape[0]
+            if not rows:
+                continue
+            if not self._in_pinned(part):
+                part = gather_rows(staging[row:row + rows], [part])
+            address, size = part.__array_interface__["data"][0], part.nbytes
+            if sources and sum(sources[-1]) == address:
+                sources[-1] = (sources[-1][0], sources[-1][1] + size)
+            else:
+                sources.append((address, size))
+            row += rows
+        return sources
+
+    def _enqueue_held(self, slot: "_Slot", sources: list[tuple[int, int]], n: int) -> None:
         """The batch's copies, events and graph launch through ``cudart_held`` (no GIL
-        release); False, with nothing enqueued, where that path does not apply: not
-        chosen, no runtime library, the feed not in pinned memory, or no graph captured
-        for this size yet (the torch path captures it)."""
-        held, graph = self._held, self._graphs.get(n)
-        if (held is None or graph is None or self.enqueue != "held"
-                or not arr.flags.c_contiguous or self._pinned.owner_of(arr) is None):
-            return False
+        release), its input copied from ``sources`` ((host address, bytes) in pinned
+        memory, in row order). Only where ``_held_applies(n)``."""
+        held, graph = self._held, self._graphs[n]
         graph_exec = self._graph_exec(n, graph)
         x, y = self._static[n]
         in_bytes, out_bytes = n * self._row_bytes[0], n * self._row_bytes[1]
@@ -467,8 +536,10 @@ class TorchAotiRunner(Runner):
         previous = held.on_device(self.device_index)
         try:
             held.wait(s_in, slot.consumed.cuda_event)          # device_in free again
-            held.memcpy(device_in, arr.__array_interface__["data"][0], in_bytes,
-                        cudart_held.HOST_TO_DEVICE, s_in)
+            at = device_in
+            for address, size in sources:
+                held.memcpy(at, address, size, cudart_held.HOST_TO_DEVICE, s_in)
+                at += size
             held.record(slot.staged.cuda_event, s_in)
             held.wait(s_compute, slot.staged.cuda_event)
             held.memcpy(x.data_ptr(), device_in, in_bytes, cudart_held.DEVICE_TO_DEVICE,
@@ -489,7 +560,6 @@ class TorchAotiRunner(Runner):
         finally:
             if previous != self.device_index:
                 held.on_device(previous)
-        return True
 
     def _graph_exec(self, n: int, graph) -> int | None:
         """The captured graph's cudaGraphExec_t (None where this torch cannot say: the

@@ -275,6 +275,18 @@ class Engine:
     async def shm_status(self, name: str | None = None) -> list[dict]:
         return self.shm.status(name)
 
+    def pin_host(self, address: int, nbytes: int) -> Any:
+        """Page-lock host memory that requests' tensors arrive in (a worker's arena), so
+        that a GPU engine copies them to the device from where they lie; the range (to
+        ``unpin()`` before the memory is unmapped), or None when no model here reads
+        page-locked memory (CPU engines)."""
+        for model in self.models.values():
+            pin = getattr(model, "pin_host", None)
+            region = pin(address, nbytes) if pin is not None else None
+            if region is not None:
+                return region
+        return None
+
     def close(self) -> None:
         """Detach from the batchers (which the caller closes) and drop every region."""
         for batcher, fn in self._listeners:

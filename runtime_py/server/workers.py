@@ -60,6 +60,7 @@ import msgpack
 import numpy as np
 
 from ..errors import AddressInUseError, ServingError
+from ..pinned_host import buffer_address
 from ..tensors import TensorSpec
 from .engine import (Engine, InferCall, ModelInfo, ShmInput, ShmOutput, lookup_info,
                      status_of)
@@ -69,6 +70,8 @@ from .shm import ShmRef
 log = logging.getLogger(__name__)
 
 SLOTS = 64
+#: Slots of each arena page-locked for a GPU engine: the lowest, handed out first.
+PINNED_SLOTS = 64
 MIN_SLOT_BYTES = 64 * 1024
 _PAGE = 4096
 
@@ -675,6 +678,7 @@ async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, ma
     stopping = asyncio.Event()
     failure: list[str] = []
     tasks: set[asyncio.Future] = set()   # requests in flight (tasks, or infer futures)
+    pinned: list = []                    # page-locked arena ranges (unlocked last)
 
     def on_message(w: _Worker) -> None:
         # Every message already here, in order: a worker's one-way metric reports must not
@@ -715,6 +719,11 @@ async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, ma
             fd = os.memfd_create(f"trt-bundle-arena-{i}", os.MFD_CLOEXEC)
             os.ftruncate(fd, slot * slots)
             arena = mmap.mmap(fd, slot * slots)
+            # The arena's first slots (those handed out first) page-locked for a GPU
+            # engine, which then copies rows from there (no host gather of a batch).
+            region = engine.pin_host(buffer_address(arena), min(len(arena), PINNED_SLOTS * slot))
+            if region is not None:
+                pinned.append(region)
             child_fd = os.dup(fd)    # inheritable (memfd's own fd is close-on-exec)
             os.close(fd)
             cmd = [sys.executable, "-m", "runtime_py.server.workers",
@@ -793,6 +802,8 @@ async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, ma
             w.conn.close()
         if tasks:
             await asyncio.gather(*list(tasks), return_exceptions=True)
+        for region in pinned:     # every request answered: no copy reads them any more
+            region.unpin()
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)

@@ -1,0 +1,80 @@
+"""Page-locking host memory in place (``runtime_py.pinned_host``), with a stand-in for the
+CUDA runtime that records its calls (the real one: the GPU test
+``test_gpu_rows_are_copied_to_the_device_where_they_lie``)."""
+
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+
+from runtime_py import pinned_host
+from runtime_py.server.engine import Engine
+
+
+class RecordingRuntime:
+    """The two calls ``pinned_host`` makes of ``cudart_held.CudartHeld``."""
+
+    def __init__(self, refuse: bool = False) -> None:
+        self.calls: list[tuple] = []
+        self.refuse = refuse
+
+    def host_register(self, address: int, nbytes: int) -> None:
+        self.calls.append(("register", address, nbytes))
+        if self.refuse:
+            raise RuntimeError("cudaHostRegister failed: CUDA error 1 (invalid argument)")
+
+    def host_unregister(self, address: int) -> None:
+        self.calls.append(("unregister", address))
+
+
+def test_a_pinned_range_holds_arrays_inside_it_until_unpinned():
+    buf = mmap.mmap(-1, 1 << 16)
+    runtime = RecordingRuntime()
+    address = pinned_host.buffer_address(buf)
+    region = pinned_host.pin(address, 1 << 15, runtime)      # the first half
+    try:
+        inside = np.frombuffer(buf, np.uint8, 4096, 8192)
+        straddling = np.frombuffer(buf, np.uint8, 4096, (1 << 15) - 100)
+        assert pinned_host.holds(inside)
+        assert pinned_host.holds(inside.reshape(64, 64)[::2])    # a strided view inside
+        assert not pinned_host.holds(straddling)                 # runs past the range
+        assert not pinned_host.holds(np.zeros(16, np.uint8))     # elsewhere
+        assert runtime.calls == [("register", address, 1 << 15)]
+    finally:
+        region.unpin()
+        region.unpin()                                           # idempotent
+    assert runtime.calls[1:] == [("unregister", address)]
+    assert not pinned_host.holds(inside)
+    del inside, straddling
+    buf.close()                      # buffer_address kept no export: the mmap closes
+
+
+def test_a_refused_or_missing_runtime_pins_nothing():
+    buf = bytearray(4096)
+    address = pinned_host.buffer_address(buf)
+    assert pinned_host.pin(address, 4096, RecordingRuntime(refuse=True)) is None
+    assert pinned_host.pin(address, 0, RecordingRuntime()) is None
+    assert not pinned_host.holds(np.frombuffer(buf, np.uint8))
+
+
+def test_the_engine_pins_through_the_first_model_that_takes_it():
+    class Cpu:          # an engine without device copies: no pin_host, or None
+        def pin_host(self, address, nbytes):
+            return None
+
+    class Gpu:
+        def __init__(self):
+            self.asked = []
+
+        def pin_host(self, address, nbytes):
+            self.asked.append((address, nbytes))
+            return ("range", address, nbytes)
+
+    gpu = Gpu()
+    engine = Engine.__new__(Engine)       # only ``models`` matters to pin_host
+    engine.models = {"a": Cpu(), "b": object(), "c": gpu, "d": Gpu()}
+    assert engine.pin_host(4096, 8192) == ("range", 4096, 8192)
+    assert gpu.asked == [(4096, 8192)] and not engine.models["d"].asked
+    engine.models = {"a": Cpu()}
+    assert engine.pin_host(4096, 8192) is None
