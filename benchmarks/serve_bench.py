@@ -625,6 +625,10 @@ def main(argv=None) -> dict:
             tag = f"_w{workers}" + (f"_p{pinned}" if pinned != default_pinned else "")
             try:
                 with _Server(model, b, workers, args.http_server) as server:
+                    # workers that just said hello still finish starting (imports, the gRPC
+                    # server's threads): measured at once, the first path's batcher figure
+                    # came out 25% low on the H200 (docs/measurements/h200-2026-12-02-c)
+                    time.sleep(2.0)
                     for kind in [k for k in args.paths.split(",") if k]:
                         refs[kind + tag], _ = bench_batcher(
                             b, feeds, args.http_clients, args.seconds, args.warmup)

@@ -78,3 +78,36 @@ def test_the_engine_pins_through_the_first_model_that_takes_it():
     assert gpu.asked == [(4096, 8192)] and not engine.models["d"].asked
     engine.models = {"a": Cpu()}
     assert engine.pin_host(4096, 8192) is None
+
+
+def test_a_shared_memory_region_is_page_locked_until_its_last_view_is_gone(tmp_path):
+    """``ShmRegistry(pin=...)``: a registered region's mapping is page-locked (its inputs
+    are then read by the device where they lie); unregistering while a request still
+    holds a view keeps the lock until that view is gone, then unlocks before unmapping."""
+    import gc
+    import uuid
+
+    from runtime_py.server.shm import ShmRef, ShmRegistry
+
+    runtime = RecordingRuntime()
+    registry = ShmRegistry(pin=lambda address, nbytes: pinned_host.pin(address, nbytes, runtime))
+    key = f"trt-bundle-test-{uuid.uuid4().hex[:12]}"
+    path = f"/dev/shm/{key}"
+    with open(path, "wb") as f:
+        f.write(np.arange(64, dtype=np.float32).tobytes())
+    try:
+        registry.register("r", key, 0, 256)
+        assert [c[0] for c in runtime.calls] == ["register"] and runtime.calls[0][2] == 256
+        x = registry.read(ShmRef("r", 16, 32), np.dtype(np.float32), [8], "input 'x'")
+        assert np.array_equal(x, np.arange(4, 12, dtype=np.float32))
+        assert pinned_host.holds(x)
+        registry.unregister("r")
+        gc.collect()
+        assert [c[0] for c in runtime.calls] == ["register"]     # x is still in flight
+        del x
+        gc.collect()
+        assert [c[0] for c in runtime.calls] == ["register", "unregister"]
+        assert runtime.calls[1][1] == runtime.calls[0][1]
+    finally:
+        import os
+        os.unlink(path)

@@ -174,7 +174,7 @@ class Engine:
         self.models = dict(models)
         self.batchers = dict(batchers)
         self.metrics = metrics or ServerMetrics()
-        self.shm = ShmRegistry()
+        self.shm = ShmRegistry(pin=self.pin_host)
         self.infos = {n: ModelInfo.of(m, self.batchers[n]) for n, m in self.models.items()}
         self._stats = {n: _Stats() for n in self.models}
         self._listeners = []

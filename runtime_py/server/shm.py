@@ -16,24 +16,34 @@ Safety rules, and why:
 - Unregistering only drops the registry's reference: views held by requests in flight
   keep the mapping alive (numpy holds the buffer), and the mapping is unmapped when the
   last of them is gone. Unregistering while in use is therefore safe.
+- For a GPU engine a region is page-locked where it lies (``pin``, ``cudaHostRegister``
+  through the engine's CUDA runtime), so the device copies a request's rows from it
+  directly instead of gathering them on the host. Views are made from one ctypes array
+  over the mapping that carries the lock; the lock is released when that array goes, after
+  the last view in flight (and so after the last device copy, which the batcher's request
+  outlives) and before the mapping is unmapped.
 - Keys are single path components under ``/dev/shm`` (a leading ``/`` as in shm_open);
   anything else is refused, so a key can never name another file.
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
 import mmap
 import os
 import re
 import threading
-from typing import NamedTuple
+import weakref
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
 from .protocol import RequestError
 
 SHM_DIR = "/dev/shm"
+#: Larger regions are not page-locked (locking pins all their pages in RAM at once).
+PIN_MAX_BYTES = 256 << 20
 _KEY = re.compile(r"^/?[A-Za-z0-9_.\-]{1,255}$")
 
 
@@ -46,9 +56,10 @@ class ShmRef(NamedTuple):
 
 
 class _Region:
-    __slots__ = ("name", "key", "offset", "byte_size", "path", "inode", "map")
+    __slots__ = ("name", "key", "offset", "byte_size", "path", "inode", "map", "buffer")
 
-    def __init__(self, name: str, key: str, offset: int, byte_size: int) -> None:
+    def __init__(self, name: str, key: str, offset: int, byte_size: int,
+                 pin: Callable[[int, int], Any] | None = None) -> None:
         self.name, self.key, self.offset, self.byte_size = name, key, offset, byte_size
         self.path = os.path.join(SHM_DIR, key.lstrip("/"))
         try:
@@ -69,6 +80,12 @@ class _Region:
                                  mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
+        # what views are made from (see the module docstring: it carries the page lock)
+        self.buffer = (ctypes.c_char * len(self.map)).from_buffer(self.map)
+        if pin is not None and len(self.map) <= PIN_MAX_BYTES:
+            locked = pin(ctypes.addressof(self.buffer), len(self.map))
+            if locked is not None:
+                weakref.finalize(self.buffer, locked.unpin)
 
     def status(self) -> dict:
         return {"name": self.name, "key": self.key, "offset": self.offset,
@@ -91,9 +108,12 @@ class _Region:
 class ShmRegistry:
     """Registered system shared-memory regions by name; thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, pin: Callable[[int, int], Any] | None = None) -> None:
+        """``pin(address, nbytes)``: page-lock a region's mapping for the engine's device
+        copies, returning what to ``unpin()`` (``Engine.pin_host``), or None."""
         self._regions: dict[str, _Region] = {}
         self._lock = threading.Lock()
+        self._pin = pin
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         if not isinstance(name, str) or not name:
@@ -108,7 +128,7 @@ class ShmRegistry:
             if name in self._regions:
                 raise RequestError(f"shared memory region {name!r} is already registered; "
                                    f"unregister it first", 409)
-        region = _Region(name, key, offset, byte_size)
+        region = _Region(name, key, offset, byte_size, self._pin)
         with self._lock:
             if name in self._regions:
                 raise RequestError(f"shared memory region {name!r} is already registered", 409)
@@ -161,7 +181,7 @@ class ShmRegistry:
             if checked is not None:
                 checked.add(ref.region)
         start = region.offset + off
-        return memoryview(region.map)[start:start + size]
+        return memoryview(region.buffer)[start:start + size]
 
     def read(self, ref: ShmRef, dtype: np.dtype, shape: list[int], what: str,
              checked: set[str] | None = None) -> np.ndarray:
