@@ -869,6 +869,27 @@ def test_gpu_rows_are_copied_to_the_device_where_they_lie(gpu_fp16_tiny):
         finally:
             region.unpin()
         assert not pinned_host.holds(np.frombuffer(arena, np.uint8, 8))
+        # a client's /dev/shm region, as the server maps it (ShmRegistry, locked by the runner)
+        import os
+        import uuid
+
+        from runtime_py.server.shm import ShmRef, ShmRegistry
+
+        key = f"trt-bundle-gpu-test-{uuid.uuid4().hex[:12]}"
+        with open(f"/dev/shm/{key}", "wb") as f:
+            f.write(x.tobytes())
+        try:
+            registry = ShmRegistry(pin=runner.pin_host)
+            registry.register("r", key, 0, x.nbytes)
+            rows = registry.read(ShmRef("r", 0, x.nbytes), np.dtype(np.float32),
+                                 list(x.shape), "input 'input'")
+            assert pinned_host.holds(rows), "a /dev/shm mapping was not page-locked"
+            got = runner.infer_rows_async({"input": [rows[:5], rows[5:]]}).result()["logits"]
+            assert np.array_equal(got, reference)
+            registry.unregister("r")
+            del rows
+        finally:
+            os.unlink(f"/dev/shm/{key}")
 
 
 def test_the_loaded_cuda_runtime_is_found_in_the_maps_text():
