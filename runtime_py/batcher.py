@@ -34,8 +34,11 @@ Rules it keeps, and why:
   clients. In a toy (8 clients, batches of 4, an ``AsyncToyModel`` batch of 150 ms fixed
   or growing with its rows, round trips of 50-350 ms): -1% to +41% img/s against waiting
   for whole cohorts, within 4% of the default wait (whose timeouts already cut cohorts
-  there). Not yet measured on a GPU, hence off by default (``benchmarks/serve_bench.py
-  --early-dispatch`` measures it).
+  there). On the H200 (64 network clients, docs/measurements/h200-2026-12-02-c) it gave
+  +7-18% where the engine batch (3.9-4.4 ms) was shorter than the clients' round trip
+  and -2% to -16% where it was longer (6.0 ms: it cut batches the engine had time to
+  wait for), hence off by default (``benchmarks/serve_bench.py --early-dispatch``
+  measures it).
 - Requests are validated in ``submit`` (names, dtypes, fixed dimensions) so a bad request
   is refused alone, with a clear ``InferenceInputError``, before it can poison a batch.
 - If a merged batch still fails in ``model.infer`` (a data-dependent failure), each of its
