@@ -528,6 +528,47 @@ def test_serve_reports_caps_binds_and_shuts_down_cleanly(tiny_bundle):
     assert set(os.listdir("/dev/shm")) - shm_before == set()
 
 
+def _sockets(pid: int) -> int:
+    """How many sockets process ``pid`` holds open."""
+    n = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            n += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+        except OSError:
+            pass
+    return n
+
+
+def test_http_connections_are_dealt_out_evenly_to_the_workers(tiny_bundle):
+    """The engine process accepts HTTP connections and hands each worker its share (with
+    the listening socket shared, whichever worker woke first took it: on the H200 the
+    busiest worker did 3x the idlest's work): 8 connections over 2 workers are 4 each,
+    and every one is answered."""
+    import http.client
+
+    s = Server(tiny_bundle, "--workers", "2")
+    conns = []
+    try:
+        workers = _children(s.proc.pid)
+        before = {pid: _sockets(pid) for pid in workers}
+        for _ in range(8):
+            c = http.client.HTTPConnection("127.0.0.1", s.http_port, timeout=30)
+            c.request("GET", "/v2/health/ready")
+            r = c.getresponse()
+            r.read()
+            assert r.status == 200
+            conns.append(c)
+        held = {pid: _sockets(pid) - before[pid] for pid in workers}
+        assert sorted(held.values()) == [4, 4], held
+        for c in conns:                                 # keep-alive: each still served
+            c.request("GET", "/v2/health/live")
+            assert c.getresponse().status == 200
+    finally:
+        for c in conns:
+            c.close()
+        assert s.stop(signal.SIGTERM) == 0
+
+
 def _gone(pid: int) -> bool:
     """True once ``pid`` no longer exists (reaped by its parent)."""
     return not os.path.exists(f"/proc/{pid}")

@@ -32,6 +32,7 @@ import asyncio
 import http
 import logging
 import re
+import socket
 import time
 from email.utils import formatdate
 from typing import Any, Callable
@@ -583,6 +584,20 @@ class BuiltinHttpServer:
                 return got
         buf = self.pool.get(size)
         return buf, lambda: self.pool.put(buf)
+
+    async def adopt(self, sock: socket.socket) -> None:
+        """Serve a connection accepted elsewhere (the engine process hands each front-end
+        worker its share: ``workers.py``); closed at once while shutting down."""
+        if self.stopping:
+            sock.close()
+            return
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(
+                lambda: HttpConnection(self), sock)
+        except OSError:            # the client went away before we got to it
+            sock.close()
 
     def spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

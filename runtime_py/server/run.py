@@ -162,9 +162,14 @@ async def run_front_ends(engine: Any, http_sock: socket.socket, host: str,
                          grpc_port: int | None, *, max_body_bytes: int, log_level: str,
                          access_log: bool, on_bound: Callable[[dict[str, str]], None]
                          | None = None, stop: threading.Event | None = None,
-                         grpc_reuse_port: bool = False, http_server: str = "builtin") -> None:
+                         grpc_reuse_port: bool = False, http_server: str = "builtin",
+                         handoff: socket.socket | None = None) -> None:
     """HTTP (``http_server``, on the given socket) and gRPC on one event loop, until a
-    signal (caught on this loop, on the main thread) or ``stop``."""
+    signal (caught on this loop, on the main thread) or ``stop``.
+
+    ``handoff`` (the built-in server in a front-end worker): HTTP connections are not
+    accepted from ``http_sock`` here but received, accepted, over this Unix socket from
+    the engine process, which deals them out to its workers in turn."""
     from .grpc_service import start_grpc_server
 
     check_http_server(http_server)
@@ -205,7 +210,11 @@ async def run_front_ends(engine: Any, http_sock: socket.socket, host: str,
 
     watcher = asyncio.create_task(watch_stop()) if stop is not None else None
     try:
-        serving = asyncio.create_task(server.serve(sockets=[http_sock]))
+        if handoff is not None and http_server == "builtin":
+            serving = asyncio.create_task(server.serve(sockets=[]))
+            receive_connections(loop, handoff, server)
+        else:
+            serving = asyncio.create_task(server.serve(sockets=[http_sock]))
         while not server.started and not serving.done():
             await asyncio.sleep(0.01)
         if server.started and on_bound is not None:
@@ -231,6 +240,28 @@ class _QuietServer(uvicorn.Server):
 
     def install_signal_handlers(self) -> None:   # older uvicorn
         pass
+
+
+def receive_connections(loop: asyncio.AbstractEventLoop, handoff: socket.socket,
+                        server: Any) -> None:
+    """Serve each connection the engine process sends over ``handoff`` (SCM_RIGHTS)."""
+    handoff.setblocking(False)
+
+    def on_readable() -> None:
+        while True:
+            try:
+                data, fds, _, _ = socket.recv_fds(handoff, 256, 64)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data, fds = b"", []
+            if not data and not fds:       # the engine closed its end: no more connections
+                loop.remove_reader(handoff.fileno())
+                return
+            for fd in fds:
+                server.spawn(server.adopt(socket.socket(fileno=fd)))
+
+    loop.add_reader(handoff.fileno(), on_readable)
 
 
 async def _serve_here(engine: Engine, http_sock: socket.socket, host: str,

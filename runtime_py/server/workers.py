@@ -458,6 +458,7 @@ def worker_main(argv: list[str] | None = None) -> int:
         ap.add_argument(flag, type=int, required=True)
     ap.add_argument("--host", required=True)
     ap.add_argument("--grpc-port", type=int, default=None)
+    ap.add_argument("--handoff-fd", type=int, default=None)
     ap.add_argument("--log-level", default="warning")
     ap.add_argument("--access-log", action="store_true")
     ap.add_argument("--http-server", default="builtin")
@@ -471,6 +472,8 @@ def worker_main(argv: list[str] | None = None) -> int:
     engine = RemoteEngine(conn, SlotArena(buf, args.slot_bytes, args.arena_bytes // args.slot_bytes),
                           infos)
     http_sock = socket.socket(fileno=args.http_fd)
+    handoff = (socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=args.handoff_fd)
+               if args.handoff_fd is not None else None)
 
     def bound(addresses: dict) -> None:
         engine._send({"op": "hello", "ok": True, "addresses": addresses})
@@ -480,7 +483,7 @@ def worker_main(argv: list[str] | None = None) -> int:
         await run_front_ends(engine, http_sock, args.host, args.grpc_port,
                              max_body_bytes=args.max_body_bytes, log_level=args.log_level,
                              access_log=args.access_log, on_bound=bound, grpc_reuse_port=True,
-                             http_server=args.http_server)
+                             http_server=args.http_server, handoff=handoff)
 
     try:
         run_async(main())
@@ -496,8 +499,10 @@ def worker_main(argv: list[str] | None = None) -> int:
 
 class _Worker:
     def __init__(self, index: int, proc: subprocess.Popen, conn: Connection,
-                 arena: mmap.mmap) -> None:
+                 arena: mmap.mmap, handoff: socket.socket | None = None) -> None:
         self.index, self.proc, self.conn, self.arena = index, proc, conn, arena
+        self.handoff = handoff      # where its HTTP connections are sent (built-in server)
+        self.connections = 0        # HTTP connections handed to it
         self.lock = threading.Lock()
         self.hello: dict | None = None
         # replies of one turn of the engine's loop, one frame; a worker that cannot be
@@ -620,6 +625,36 @@ class EngineHost:
         return out
 
 
+def deal_connections(http_sock: socket.socket, workers: list[_Worker]) -> None:
+    """Accept every pending HTTP connection and send each to the worker that holds the
+    fewest so far (SCM_RIGHTS over its handoff socket).
+
+    Why: with the listening socket shared, whichever worker woke first took a connection;
+    on the H200 (64 clients, 8 workers) the busiest worker did 3x the work of the idlest,
+    and the clients it held came back last in every batch's round trip. Dealt out here,
+    each worker holds its share. (Connections are counted as handed out, not as closed:
+    clients of a service keep theirs open.)"""
+    while True:
+        try:
+            conn, _ = http_sock.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:          # out of descriptors, a connection reset in the queue
+            log.warning("accepting an HTTP connection failed: %s", e)
+            return
+        try:
+            for w in sorted((w for w in workers if w.handoff is not None),
+                            key=lambda w: w.connections):
+                try:
+                    socket.send_fds(w.handoff, [b"c"], [conn.fileno()])
+                except (BlockingIOError, InterruptedError, OSError):
+                    continue          # a worker not reading (busy, exiting): the next one
+                w.connections += 1
+                break
+        finally:
+            conn.close()              # the worker holds its own descriptor now
+
+
 def _reserve_grpc_port(host: str, port: int) -> socket.socket:
     """A bound, non-listening SO_REUSEPORT socket holding the gRPC port while the workers'
     servers (SO_REUSEPORT too) bind it. A plain bind first proves the port free: with
@@ -679,6 +714,10 @@ async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, ma
     failure: list[str] = []
     tasks: set[asyncio.Future] = set()   # requests in flight (tasks, or infer futures)
     pinned: list = []                    # page-locked arena ranges (unlocked last)
+    # The built-in HTTP server's connections are accepted here and dealt out to the workers
+    # in turn (``deal_connections``); uvicorn's workers accept from the shared socket.
+    deal = http_server == "builtin"
+    dealing = False
 
     def on_message(w: _Worker) -> None:
         # Every message already here, in order: a worker's one-way metric reports must not
@@ -716,6 +755,10 @@ async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, ma
             for sock in (ours, theirs):   # deep buffers: neither side waits on a busy peer
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            handoff = theirs_handoff = None
+            if deal:
+                handoff, theirs_handoff = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+                handoff.setblocking(False)
             fd = os.memfd_create(f"trt-bundle-arena-{i}", os.MFD_CLOEXEC)
             os.ftruncate(fd, slot * slots)
             arena = mmap.mmap(fd, slot * slots)
@@ -735,14 +778,20 @@ async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, ma
                 cmd += ["--grpc-port", str(gport)]
             if access_log:
                 cmd.append("--access-log")
-            proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(), http_sock.fileno(), child_fd),
+            pass_fds = [theirs.fileno(), http_sock.fileno(), child_fd]
+            if theirs_handoff is not None:
+                cmd += ["--handoff-fd", str(theirs_handoff.fileno())]
+                pass_fds.append(theirs_handoff.fileno())
+            proc = subprocess.Popen(cmd, pass_fds=pass_fds,
                                     start_new_session=True,   # Ctrl-C reaches the engine only
                                     env=env)
             os.close(child_fd)
             theirs.close()
+            if theirs_handoff is not None:
+                theirs_handoff.close()
             conn = Connection(os.dup(ours.fileno()))
             ours.close()
-            w = _Worker(i, proc, conn, arena)
+            w = _Worker(i, proc, conn, arena, handoff)
             w.outbox.bind(loop)
             procs.append(w)
             w.send(hello)
@@ -768,6 +817,10 @@ async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, ma
             signals = ()   # a caller on another thread stops us through ``stop``
         for sig in signals:
             loop.add_signal_handler(sig, stopping.set)
+        if deal:
+            http_sock.setblocking(False)
+            loop.add_reader(http_sock.fileno(), deal_connections, http_sock, procs)
+            dealing = True
         if on_ready is not None:
             addresses = {"http": http_url(host, bound_port(http_sock))}
             if gport is not None:
@@ -782,6 +835,12 @@ async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, ma
                 pass
     finally:
         stopping.set()   # from here on a worker's exit is expected
+        if dealing:
+            loop.remove_reader(http_sock.fileno())
+            http_sock.setblocking(True)
+        for w in procs:
+            if w.handoff is not None:
+                w.handoff.close()      # the worker's receiver sees the end
         if reserved is not None:
             reserved.close()
         for w in procs:
