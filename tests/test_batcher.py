@@ -507,18 +507,24 @@ def _mixed_clients(b: Batcher, model: ToyModel, clients: int = 24, rounds: int =
             f.result(TIMEOUT * 3)
 
 
-def test_rows_go_to_an_engine_that_copies_them_where_they_lie():
-    """A model with ``infer_rows_async`` gets a merged batch as its requests' rows (one
-    piece per slice, read late by its "stream"), not gathered into the slot buffers; every
-    client still gets its own rows back."""
+def _mixed_clients_of_rows_model(takes_rows):
+    """``_mixed_clients`` through a batcher over an ``AsyncToyModel(takes_rows=...)``."""
     from runtime_py.testing import AsyncToyModel
 
-    model = AsyncToyModel(max_batch_size=16, read_delay_ms=2, takes_rows=True)
+    model = AsyncToyModel(max_batch_size=16, read_delay_ms=2, takes_rows=takes_rows)
     try:
         with Batcher(model, max_delay_ms=5) as b:
             _mixed_clients(b, model)
     finally:
         model.close()
+    return model, b
+
+
+def test_rows_go_to_an_engine_that_copies_them_where_they_lie():
+    """A model with ``infer_rows_async`` gets a merged batch as its requests' rows (one
+    piece per slice, read late by its "stream"), not gathered into the slot buffers; every
+    client still gets its own rows back."""
+    model, b = _mixed_clients_of_rows_model(takes_rows=True)
     assert model.row_batches and max(model.row_batches) > 1
     assert model.in_place == 0            # no batch went through the slot buffers
     assert len(model.row_batches) <= b.batches
@@ -528,20 +534,13 @@ def test_rows_go_to_an_engine_that_copies_them_where_they_lie():
 def test_rows_an_engine_declines_are_gathered_into_the_slot_buffers():
     """``infer_rows_async`` returning None (e.g. a batch size without a captured graph):
     the batcher gathers the rows and starts the batch with ``infer_async`` instead."""
-    from runtime_py.testing import AsyncToyModel
-
     declined = []
 
     def takes(parts):
         declined.append(len(declined) % 2 == 1)      # every other batch declined
         return not declined[-1]
 
-    model = AsyncToyModel(max_batch_size=16, read_delay_ms=2, takes_rows=takes)
-    try:
-        with Batcher(model, max_delay_ms=5) as b:
-            _mixed_clients(b, model)
-    finally:
-        model.close()
+    model, _ = _mixed_clients_of_rows_model(takes_rows=takes)
     assert any(declined) and not all(declined)
     assert model.in_place == sum(declined)       # each declined batch: slot buffers
     assert len(model.row_batches) == declined.count(False)
