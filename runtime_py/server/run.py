@@ -169,7 +169,7 @@ async def run_front_ends(engine: Any, http_sock: socket.socket, host: str,
 
     ``handoff`` (the built-in server in a front-end worker): HTTP connections are not
     accepted from ``http_sock`` here but received, accepted, over this Unix socket from
-    the engine process, which deals them out to its workers in turn."""
+    the engine process, which deals them out to its workers evenly."""
     from .grpc_service import start_grpc_server
 
     check_http_server(http_server)
