@@ -714,7 +714,7 @@ async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, ma
     failure: list[str] = []
     tasks: set[asyncio.Future] = set()   # requests in flight (tasks, or infer futures)
     pinned: list = []                    # page-locked arena ranges (unlocked last)
-    # The built-in HTTP server's connections are accepted here and dealt out to the workers
+    # The built-in HTTP server's connections are accepted here and dealt out to the workers,
     # each to the one that has had the fewest (``deal_connections``); uvicorn's workers
     # accept from the shared socket.
     deal = http_server == "builtin"
