@@ -599,8 +599,9 @@ class TorchAotiRunner(Runner):
 
     def _pinned_source(self, arr: np.ndarray):
         """``arr`` as a tensor the device copy reads in place when it lies in pinned
-        memory from ``input_buffers``, else None."""
-        if arr.flags.c_contiguous and self._pinned.owner_of(arr) is not None:
+        memory (``_in_pinned``: ``input_buffers``, or page-locked in place), else None.
+        (torch wraps only writable arrays without a warning.)"""
+        if arr.flags.writeable and self._in_pinned(arr):
             return self._torch.from_numpy(arr)
         return None
 
