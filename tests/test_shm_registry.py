@@ -1,6 +1,7 @@
 """The server's registry of client shared-memory regions (``runtime_py/server/shm.py``),
 below the protocol: what one request checks, and how often."""
 
+import os
 from multiprocessing import shared_memory
 
 import numpy as np
@@ -57,3 +58,26 @@ def test_bounds_are_checked_on_every_view_even_of_a_region_found_alive(region):
         registry.view(ShmRef("r", 4000, 200), "output", alive)
     with pytest.raises(RequestError, match="not registered"):
         registry.view(ShmRef("other", 0, 4), "output", alive)
+
+
+def test_a_truncated_or_replaced_key_is_refused_before_any_view(region):
+    """The per-request check (a GIL-keeping stat, ``runtime_py.stat_held``) sees a key
+    truncated below the registered window and a key removed and created again (another
+    inode under the same name)."""
+    registry, seg = region
+    path = "/dev/shm/" + seg.name
+    registry.view(ShmRef("r", 0, 64), "input", set())
+    os.truncate(path, 1024)
+    with pytest.raises(RequestError, match="truncated to 1024 bytes"):
+        registry.view(ShmRef("r", 0, 64), "input", set())
+    os.truncate(path, 4096)
+    registry.view(ShmRef("r", 0, 64), "input", set())
+    seg.unlink()
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, 4096)
+        with pytest.raises(RequestError, match="removed or replaced"):
+            registry.view(ShmRef("r", 0, 64), "input", set())
+    finally:
+        os.close(fd)
+        os.unlink(path)

@@ -39,6 +39,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
+from ..stat_held import stat_function
 from .protocol import RequestError
 
 SHM_DIR = "/dev/shm"
@@ -56,12 +57,15 @@ class ShmRef(NamedTuple):
 
 
 class _Region:
-    __slots__ = ("name", "key", "offset", "byte_size", "path", "inode", "map", "buffer")
+    __slots__ = ("name", "key", "offset", "byte_size", "path", "inode", "map", "buffer",
+                 "path_bytes", "_stat")
 
     def __init__(self, name: str, key: str, offset: int, byte_size: int,
                  pin: Callable[[int, int], Any] | None = None) -> None:
         self.name, self.key, self.offset, self.byte_size = name, key, offset, byte_size
         self.path = os.path.join(SHM_DIR, key.lstrip("/"))
+        self.path_bytes = os.fsencode(self.path)
+        self._stat = stat_function()    # keeps the GIL: see check_alive
         try:
             fd = os.open(self.path, os.O_RDWR)
         except FileNotFoundError:
@@ -92,17 +96,18 @@ class _Region:
                 "byte_size": self.byte_size}
 
     def check_alive(self) -> None:
-        """Refuse a region whose key was unlinked, replaced or truncated since registering."""
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            st = None
-        if st is None or (st.st_dev, st.st_ino) != self.inode:
+        """Refuse a region whose key was unlinked, replaced or truncated since registering.
+
+        Runs on the engine's event loop for every request, so the stat keeps the GIL
+        (``runtime_py.stat_held``): ``os.stat`` gave it away and then waited for the
+        batcher's threads to give it back."""
+        st = self._stat(self.path_bytes)
+        if st is None or (st.dev, st.ino) != self.inode:
             raise RequestError(f"shared memory region {self.name!r}: key {self.key!r} was "
                                f"removed or replaced; unregister and register it again")
-        if st.st_size < self.offset + self.byte_size:
+        if st.size < self.offset + self.byte_size:
             raise RequestError(f"shared memory region {self.name!r}: key {self.key!r} was "
-                               f"truncated to {st.st_size} bytes")
+                               f"truncated to {st.size} bytes")
 
 
 class ShmRegistry:
@@ -202,7 +207,9 @@ class ShmRegistry:
             raise RequestError(f"{what}: the output has {data.nbytes} bytes but the shared "
                                f"memory window given holds {ref.byte_size}")
         buf = self.view(ref, what, checked)
-        np.frombuffer(buf, dtype=np.uint8, count=data.nbytes)[:] = data.reshape(-1).view(np.uint8)
+        # a memcpy that keeps the GIL (numpy's copy of a few KB gives it away: the
+        # engine's loop then waits for the batcher's threads, as ``check_alive`` explains)
+        buf.cast("B")[:data.nbytes] = memoryview(data).cast("B")
         return data.nbytes
 
     def close(self) -> None:
