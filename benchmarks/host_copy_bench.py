@@ -14,6 +14,8 @@ hundred microseconds; this says which piece is slow. Per size, medians in ms and
   H2D pinned        tensor.copy_ from pinned memory, synchronized
   H2D pageable      tensor.copy_ from the numpy array (the driver's staged copy)
   staged total      copy_rows (default threads) + async H2D from pinned, synchronized
+  pipelined total   copy_rows with each chunk's async H2D enqueued once it is copied
+                    (what the torch-aoti runner's staging = "pinned" does), synchronized
 
 Needs torch with CUDA; without a GPU it prints the host rows only.
 """
@@ -80,9 +82,17 @@ def main() -> None:
                 dev.copy_(pinned_t, non_blocking=True)
                 stream.synchronize()
 
+            def pipelined() -> None:
+                def send(first: int, count: int) -> None:
+                    dev[first:first + count].copy_(pinned_t[first:first + count],
+                                                   non_blocking=True)
+                copy_rows(pinned, src, on_chunk=send)
+                stream.synchronize()
+
             rows_out += [("H2D pinned", median_ms(h2d_pinned, args.iterations)),
                          ("H2D pageable", median_ms(h2d_pageable, args.iterations)),
-                         ("staged total", median_ms(staged, args.iterations))]
+                         ("staged total", median_ms(staged, args.iterations)),
+                         ("pipelined total", median_ms(pipelined, args.iterations))]
         print(f"{src.nbytes / 1e6:.2f} MB ({rows} rows)")
         for name, ms in rows_out:
             print(f"  {name:<22} {ms:8.3f} ms  {src.nbytes / ms / 1e6:7.2f} GB/s")

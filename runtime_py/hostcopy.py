@@ -10,6 +10,7 @@ import functools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 import numpy as np
 
@@ -41,22 +42,38 @@ def _executor() -> ThreadPoolExecutor:
         return _pool
 
 
-def copy_rows(dst: np.ndarray, src: np.ndarray, threads: int | None = None) -> None:
+def copy_rows(dst: np.ndarray, src: np.ndarray, threads: int | None = None,
+              on_chunk: Callable[[int, int], None] | None = None) -> None:
     """``dst[...] = src`` (same shape and dtype, no casting), split over ``threads``
-    (default ``copy_threads()``) along the first axis when the copy is large."""
+    (default ``copy_threads()``) along the first axis when the copy is large.
+
+    ``on_chunk(first_row, rows)`` is called on this thread for each chunk as soon as it
+    and every chunk before it are copied, in row order (once, for all rows, when the copy
+    is not split): a caller can start sending the first rows (e.g. an async H2D copy)
+    while the threads still copy the last ones. The copy is finished when this returns,
+    also when ``on_chunk`` raised."""
     if dst.shape != src.shape:
         raise ValueError(f"copy_rows: shapes differ ({dst.shape} vs {src.shape})")
     threads = copy_threads() if threads is None else int(threads)
     rows = dst.shape[0] if dst.ndim else 1
     if threads <= 1 or rows < 2 or dst.nbytes < PARALLEL_MIN_BYTES:
         np.copyto(dst, src, casting="no")
+        if on_chunk is not None:
+            on_chunk(0, rows)
         return
     parts = min(threads, rows)
     bounds = [rows * i // parts for i in range(parts + 1)]
+    chunks = [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
     futures = [_executor().submit(np.copyto, dst[a:b], src[a:b], casting="no")
-               for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
-    for f in futures:
-        f.result()
+               for a, b in chunks]
+    try:
+        for (a, b), f in zip(chunks, futures):
+            f.result()
+            if on_chunk is not None:
+                on_chunk(a, b - a)
+    finally:
+        for f in futures:      # never return while a thread still writes ``dst``
+            f.exception()
 
 
 def byte_range(arr: np.ndarray) -> tuple[int, int]:

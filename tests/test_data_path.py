@@ -40,6 +40,35 @@ def test_threaded_copies_equal_numpy(threads):
         copy_rows(dst, src.astype(np.float64))          # never a silent cast
 
 
+def test_copy_rows_hands_out_each_chunk_in_row_order_once_it_is_copied():
+    """``on_chunk`` (what the torch-aoti runner enqueues each chunk's H2D copy from): called
+    in row order, each time for rows that are already in ``dst`` together with every row
+    before them, covering the batch once; when it raises, the copy still finishes before
+    the error comes out (no thread writes ``dst`` after the call)."""
+    rng = np.random.default_rng(1)
+    src = rng.standard_normal((16, 3, 160, 160)).astype(np.float32)   # 4.9 MB: split
+    for threads in (1, 4):
+        dst = np.zeros_like(src)
+        seen = []
+
+        def on_chunk(first, rows):
+            seen.append((first, rows))
+            np.testing.assert_array_equal(dst[:first + rows], src[:first + rows])
+        copy_rows(dst, src, threads=threads, on_chunk=on_chunk)
+        assert [f for f, _ in seen] == sorted(f for f, _ in seen)
+        assert sum(r for _, r in seen) == 16 and seen[0][0] == 0
+        assert len(seen) == threads
+        np.testing.assert_array_equal(dst, src)
+
+    dst = np.zeros_like(src)
+
+    def fails(first, rows):
+        raise RuntimeError("cudaMemcpyAsync failed")
+    with pytest.raises(RuntimeError, match="cudaMemcpyAsync"):
+        copy_rows(dst, src, threads=4, on_chunk=fails)
+    np.testing.assert_array_equal(dst, src)
+
+
 @pytest.mark.parametrize("kind", ["writable", "read-only", "strided"])
 def test_gather_rows_equals_concatenate(kind):
     """Both ways ``gather_rows`` copies (memcpy under the GIL; np.copyto for a part that

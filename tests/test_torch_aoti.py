@@ -826,6 +826,48 @@ def test_gpu_held_enqueue_matches_torch_calls_and_is_taken(gpu_fp16_tiny):
 
 @pytest.mark.gpu
 @needs_gpu
+def test_gpu_infer_runs_through_the_held_path_and_agrees(gpu_fp16_tiny):
+    """``infer`` (one caller waiting) enqueues through ``cudart_held`` once its size's
+    graph is captured, for a pinned feed and, with ``staging = "pinned"``, for a plain one
+    (staged rows, each chunk's H2D as it is copied); the driver's pageable copy keeps the
+    torch calls. The same outputs every way, sizes with and without a graph."""
+    from runtime_py.engines.torch_aoti import TorchAotiRunner
+
+    package, details = gpu_fp16_tiny
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(8, 3, 16, 16)).astype(np.float32)
+    runner = TorchAotiRunner(_MemoryBundle("fp16", details, package, (3, 16, 16), 10, 8))
+    with runner:
+        runner.enqueue = "torch"
+        reference = {n: runner.infer({"input": x[:n]})["logits"] for n in (1, 8)}
+        runner.enqueue = "held"
+        taken = []
+        real = runner._infer_held
+
+        def spy(slot, arr, n):
+            taken.append(n)
+            return real(slot, arr, n)
+
+        runner._infer_held = spy
+        pinned = runner.input_buffers()["input"]
+        for staging, expect_held in (("pinned", True), ("pageable", False)):
+            runner.staging = staging
+            for n in (1, 8):
+                taken.clear()
+                for _ in range(3):
+                    assert np.array_equal(runner.infer({"input": x[:n]})["logits"], reference[n])
+                assert taken == ([n] * 3 if expect_held else []), staging
+                pinned[:n] = x[:n]
+                taken.clear()
+                assert np.array_equal(runner.infer({"input": pinned[:n]})["logits"], reference[n])
+                assert taken == [n]                # a pinned feed: held either way
+        taken.clear()
+        five = runner.infer({"input": x[:5]})["logits"]     # no graph yet for 5: torch calls
+        assert taken == [] and np.abs(five - reference[8][:5]).max() < 1e-3
+
+
+@pytest.mark.gpu
+@needs_gpu
 def test_gpu_rows_are_copied_to_the_device_where_they_lie(gpu_fp16_tiny):
     """``infer_rows_async``: a batch given as pieces (a batcher's requests) gives the same
     outputs as the gathered batch, whether a piece lies in memory page-locked in place (an

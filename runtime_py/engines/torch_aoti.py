@@ -32,9 +32,12 @@ Design:
   pinned memory, no runtime library found, ``enqueue = "torch"``) the torch calls run.
 * Feeds that lie in pinned memory from ``input_buffers()`` are copied to the device in
   place; any other array goes through the CUDA driver's pageable copy (``staging =
-  "pageable"``, measured faster on the H200) or is first copied into the slot's pinned
-  staging buffer, split over threads (``staging = "pinned"``, ``runtime_py.hostcopy``):
-  at most one host copy either way.
+  "pageable"``) or is first copied into the slot's pinned staging buffer, split over
+  threads (``staging = "pinned"``, ``runtime_py.hostcopy.copy_rows``), each chunk's H2D
+  copy enqueued as soon as that chunk is copied: at most one host copy either way.
+* ``infer`` (a caller that waits) runs on the compute stream alone, and once its size's
+  graph is captured it enqueues through ``cudart_held`` as well (``_infer_held``), for
+  a pinned feed or a plain one with ``staging = "pinned"``.
 * CUDA graphs (``cuda_graphs=True``, default): captured the first time a batch size is
   seen, after one warm-up run on that size (first runs allocate workspace and load
   kernels, which must not be captured). The package is loaded with
@@ -256,7 +259,8 @@ class TorchAotiRunner(Runner):
         #: how a plain (not pinned) batch reaches the device: "pageable" (the CUDA
         #: driver's own staged copy of the caller's memory; blocks the caller until the
         #: bytes are on their way) or "pinned" (a threaded copy into the slot's pinned
-        #: staging buffer, then an async H2D). H200, xception uint8 at batch 32: pageable
+        #: staging buffer, each chunk's async H2D enqueued once it is copied). H200,
+        #: xception uint8 at batch 32, before the chunks overlapped their H2D: pageable
         #: 5.91 ms against 6.47 ms (fp16), 4.91 against 5.32 (fp8); equal at batch 1
         #: (docs/measurements/h200-2026-12-01-s3/serve-run6.log)
         self.staging = "pageable"
@@ -411,16 +415,56 @@ class TorchAotiRunner(Runner):
         batch 1 and up to 1.7 ms at batch 32 more than this)."""
         if self._on_cpu:
             return self.infer_async_impl(feeds, n).result()
+        arr = feeds[self._name_in]
         with self._lock:
             slot = self._take_slot()
             out, out_array = slot.outputs(n)
-            with self._on_stream:
-                x, _ = self._static_buffers(n)
-                self._stage(slot, feeds[self._name_in], n, x)
-                out.copy_(self._run(n, x, None), non_blocking=True)
+            if self._held_applies(n) and (self.staging == "pinned" or self._in_pinned(arr)):
+                self._infer_held(slot, arr, n)
+            else:
+                with self._on_stream:
+                    x, _ = self._static_buffers(n)
+                    self._stage(slot, arr, n, x)
+                    out.copy_(self._run(n, x, None), non_blocking=True)
             # no event to record: the stream is drained before the slot is used again
             self._stream.synchronize()
             return {self._name_out: copy_held(out_array)}
+
+    def _infer_held(self, slot: "_Slot", arr: np.ndarray, n: int) -> None:
+        """``infer_impl``'s batch on the compute stream through ``cudart_held``: the input
+        straight into the graph's static input (from ``arr`` where it lies in pinned
+        memory, else from the slot's staging rows: ``copy_rows`` over threads, each
+        chunk's H2D copy enqueued as soon as it is copied, so the copy of the first rows
+        to the device overlaps the host copy of the last), the graph, the output to the
+        slot's pinned output. Not synchronized. Only where ``_held_applies(n)``."""
+        held, graph = self._held, self._graphs[n]
+        graph_exec = self._graph_exec(n, graph)
+        x, y = self._static[n]
+        row_in = self._row_bytes[0]
+        stream, x_at = self._stream.cuda_stream, x.data_ptr()
+        previous = held.on_device(self.device_index)
+        try:
+            if self._in_pinned(arr):
+                held.memcpy(x_at, arr.__array_interface__["data"][0], n * row_in,
+                            cudart_held.HOST_TO_DEVICE, stream)
+            else:
+                staging = slot.host_in_array[:n]
+                base = staging.__array_interface__["data"][0]
+
+                def send(first: int, rows: int) -> None:
+                    held.memcpy(x_at + first * row_in, base + first * row_in, rows * row_in,
+                                cudart_held.HOST_TO_DEVICE, stream)
+                copy_rows(staging, arr, on_chunk=send)
+            if graph_exec is not None:
+                held.launch(graph_exec, stream)
+            else:                                              # (one GIL release)
+                with self._on_stream:
+                    graph.replay()
+            held.memcpy(slot.host_out.data_ptr(), y.data_ptr(), n * self._row_bytes[1],
+                        cudart_held.DEVICE_TO_HOST, stream)
+        finally:
+            if previous != self.device_index:
+                held.on_device(previous)
 
     @staticmethod
     def _resolve(slot: "_Slot") -> None:
@@ -619,7 +663,11 @@ class TorchAotiRunner(Runner):
             dst.copy_(self._torch.from_numpy(arr))    # (torch cannot wrap other layouts)
             return
         slot.staged.synchronize()          # the previous H2D from host_in has finished
-        dst.copy_(self._host_source(slot, arr, n), non_blocking=True)
+        staging = slot.host_in[:n]
+
+        def send(first: int, rows: int) -> None:   # each chunk's H2D as soon as it is copied
+            dst[first:first + rows].copy_(staging[first:first + rows], non_blocking=True)
+        copy_rows(staging.numpy(), arr, on_chunk=send)
 
     def run_device(self, n: int):
         """Run the engine on its own device input buffer of batch ``n`` (for benchmarks:
