@@ -8,12 +8,14 @@ bundle after bundle in one process), at batch 1 and --batch:
                 input (CUDA graph replay), no host copies                      [median]
   with_copies   device_timings "with_copies": pinned H2D + replay + D2H         [median]
   infer         Model.infer on a plain numpy batch (the runner's default staging: on
-                torch-aoti the CUDA driver's pageable copy)                    [median]
+                torch-aoti "auto", pinned staging below 4 MB, else the CUDA
+                driver's pageable copy)                                        [median]
   infer_pinned  Model.infer on a batch written into Model.input_buffers() (pinned:
                 read in place, no host copy)                                   [median]
   staged        infer on the plain batch with the runner's staging = "pinned": a
-                threaded copy into pinned staging, then the async H2D (the default
-                before H200 run 6 measured the pageable copy faster)           [median]
+                threaded copy into pinned staging, each chunk's async H2D as soon
+                as it is copied                                                [median]
+  pageable      the same with staging = "pageable" (the driver's copy)         [median]
                 (engine, with_copies and the infer variants are timed in 5 interleaved
                 rounds, so clock drift during the run hits all of them alike)
   raw img/s     Model.infer of plain batches of --batch, back to back, one thread
@@ -154,7 +156,7 @@ def measure(model, batch: int, clients: int, seconds: float, delay_ms: float, it
         buffers[name][:n] = plain[name]
         pinned = {name: buffers[name][:n]}
         t: dict[str, list[float]] = {k: [] for k in ("engine", "copies", "infer", "infer_staged",
-                                                     "infer_pinned")}
+                                                     "infer_pageable", "infer_pinned")}
         # --iterations at the full batch, as many more at batch 1 as the time allows (the
         # same seconds per size): 12 samples per round left b1 ratios 5% apart from
         # infer_overhead.py's 1,500-call figure in one run (h200-2026-12-01-s4/bench.log)
@@ -165,22 +167,26 @@ def measure(model, batch: int, clients: int, seconds: float, delay_ms: float, it
             t["copies"] += dev.get("with_copies", [])
             t["infer"] += samples_s(lambda: model.infer(plain), per, warmup=3)
             if choice:
-                with staging(model.runner, "pinned"):
-                    t["infer_staged"] += samples_s(lambda: model.infer(plain), per, warmup=3)
+                for mode, key in (("pinned", "infer_staged"), ("pageable", "infer_pageable")):
+                    with staging(model.runner, mode):
+                        t[key] += samples_s(lambda: model.infer(plain), per, warmup=3)
             t["infer_pinned"] += samples_s(lambda: model.infer(pinned), per, warmup=3)
         med = {k: statistics.median(v) * 1e3 if v else None for k, v in t.items()}
         engine, copies, infer, infer_pinned = (med["engine"], med["copies"], med["infer"],
                                                med["infer_pinned"])
         out[f"b{n}"] = {"engine_ms": engine, "with_copies_ms": copies, "infer_ms": infer,
-                        "infer_staged_ms": med["infer_staged"], "infer_pinned_ms": infer_pinned}
+                        "infer_staged_ms": med["infer_staged"],
+                        "infer_pageable_ms": med["infer_pageable"], "infer_pinned_ms": infer_pinned}
         line = f"  b{n:<3} infer {infer:.3f} ms, infer_pinned {infer_pinned:.3f} ms"
         if med["infer_staged"]:
-            line += f", infer (pinned staging) {med['infer_staged']:.3f} ms"
+            line += (f", infer (pinned staging) {med['infer_staged']:.3f} ms, infer (pageable) "
+                     f"{med['infer_pageable']:.3f} ms")
         if copies:
             line += (f", engine {engine:.3f} ms, with_copies {copies:.3f} ms: infer/with_copies "
                      f"{infer / copies:.3f}, infer_pinned/with_copies {infer_pinned / copies:.3f}")
             if med["infer_staged"]:
-                line += f", staged/with_copies {med['infer_staged'] / copies:.3f}"
+                line += (f", staged/with_copies {med['infer_staged'] / copies:.3f}, "
+                         f"pageable/with_copies {med['infer_pageable'] / copies:.3f}")
         print(line, flush=True)
     raw = raw_rate(model, batch, seconds)
     served, sizes = batcher_rate(model, clients, seconds, delay_ms)

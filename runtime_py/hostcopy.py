@@ -16,6 +16,10 @@ import numpy as np
 
 #: Below this many bytes one thread is faster than handing chunks to others.
 PARALLEL_MIN_BYTES = 4 << 20
+#: A default split gives each thread at least this much: on the H200's host (16 cores,
+#: ~11.5 GB/s for one thread's memcpy) 8.6 MB took 0.37 ms over 4 threads and 0.48 ms
+#: over 8; 34 MB 1.08 ms over 4 and 0.98 over 8 (docs/measurements/h200-2026-12-02-d).
+MIN_CHUNK_BYTES = 2 << 20
 MAX_THREADS = 8
 
 _pool: ThreadPoolExecutor | None = None
@@ -45,7 +49,8 @@ def _executor() -> ThreadPoolExecutor:
 def copy_rows(dst: np.ndarray, src: np.ndarray, threads: int | None = None,
               on_chunk: Callable[[int, int], None] | None = None) -> None:
     """``dst[...] = src`` (same shape and dtype, no casting), split over ``threads``
-    (default ``copy_threads()``) along the first axis when the copy is large.
+    (default ``copy_threads()``, fewer where a thread would get less than
+    ``MIN_CHUNK_BYTES``) along the first axis when the copy is large.
 
     ``on_chunk(first_row, rows)`` is called on this thread for each chunk as soon as it
     and every chunk before it are copied, in row order (once, for all rows, when the copy
@@ -54,7 +59,9 @@ def copy_rows(dst: np.ndarray, src: np.ndarray, threads: int | None = None,
     also when ``on_chunk`` raised."""
     if dst.shape != src.shape:
         raise ValueError(f"copy_rows: shapes differ ({dst.shape} vs {src.shape})")
-    threads = copy_threads() if threads is None else int(threads)
+    if threads is None:
+        threads = min(copy_threads(), max(1, dst.nbytes // MIN_CHUNK_BYTES))
+    threads = int(threads)
     rows = dst.shape[0] if dst.ndim else 1
     if threads <= 1 or rows < 2 or dst.nbytes < PARALLEL_MIN_BYTES:
         np.copyto(dst, src, casting="no")
@@ -81,6 +88,8 @@ def byte_range(arr: np.ndarray) -> tuple[int, int]:
     start = lo = hi = int(arr.__array_interface__["data"][0])
     if arr.size == 0:
         return start, start
+    if arr.flags.c_contiguous:     # (asked on every infer call: the loop costs microseconds)
+        return start, start + arr.nbytes
     for dim, stride in zip(arr.shape, arr.strides):
         span = (dim - 1) * stride
         lo, hi = (lo + span, hi) if span < 0 else (lo, hi + span)
@@ -165,6 +174,10 @@ def copy_held(arr: np.ndarray) -> np.ndarray:
     buffer), where waiting to take the GIL back would cost more than the copy."""
     if arr.ndim == 0:
         return arr.copy()
-    return gather_rows(np.empty(arr.shape, arr.dtype), [arr])
+    out = np.empty(arr.shape, arr.dtype)
+    if arr.flags.c_contiguous and arr.size:    # (every infer's outputs: the short way)
+        memoryview(out).cast("B")[:] = memoryview(arr).cast("B")
+        return out
+    return gather_rows(out, [arr])
 
 

@@ -828,9 +828,9 @@ def test_gpu_held_enqueue_matches_torch_calls_and_is_taken(gpu_fp16_tiny):
 @needs_gpu
 def test_gpu_infer_runs_through_the_held_path_and_agrees(gpu_fp16_tiny):
     """``infer`` (one caller waiting) enqueues through ``cudart_held`` once its size's
-    graph is captured, for a pinned feed and, with ``staging = "pinned"``, for a plain one
-    (staged rows, each chunk's H2D as it is copied); the driver's pageable copy keeps the
-    torch calls. The same outputs every way, sizes with and without a graph."""
+    graph is captured, for a pinned feed and for a plain one that is staged (``staging``
+    "pinned", or "auto" for a small batch: each chunk's H2D as it is copied); the
+    driver's pageable copy keeps the torch calls. The same outputs every way, sizes with and without a graph."""
     from runtime_py.engines.torch_aoti import TorchAotiRunner
 
     package, details = gpu_fp16_tiny
@@ -844,13 +844,14 @@ def test_gpu_infer_runs_through_the_held_path_and_agrees(gpu_fp16_tiny):
         taken = []
         real = runner._infer_held
 
-        def spy(slot, arr, n):
+        def spy(slot, arr, n, pinned):
             taken.append(n)
-            return real(slot, arr, n)
+            return real(slot, arr, n, pinned)
 
         runner._infer_held = spy
         pinned = runner.input_buffers()["input"]
-        for staging, expect_held in (("pinned", True), ("pageable", False)):
+        assert runner.staging == "auto"               # small batches: staged, held
+        for staging, expect_held in (("auto", True), ("pinned", True), ("pageable", False)):
             runner.staging = staging
             for n in (1, 8):
                 taken.clear()

@@ -35,9 +35,12 @@ Design:
   "pageable"``) or is first copied into the slot's pinned staging buffer, split over
   threads (``staging = "pinned"``, ``runtime_py.hostcopy.copy_rows``), each chunk's H2D
   copy enqueued as soon as that chunk is copied: at most one host copy either way.
+  ``staging = "auto"`` (default) stages a batch below ``PARALLEL_MIN_BYTES`` (one
+  memcpy) and leaves a larger one to the driver: on the H200's host one thread copies
+  ~11.5 GB/s and the driver's pageable copy of 8.6 MB (0.62 ms) beat every split of it.
 * ``infer`` (a caller that waits) runs on the compute stream alone, and once its size's
   graph is captured it enqueues through ``cudart_held`` as well (``_infer_held``), for
-  a pinned feed or a plain one with ``staging = "pinned"``.
+  a pinned feed or a plain one that is staged.
 * CUDA graphs (``cuda_graphs=True``, default): captured the first time a batch size is
   seen, after one warm-up run on that size (first runs allocate workspace and load
   kernels, which must not be captured). The package is loaded with
@@ -76,7 +79,8 @@ from runtime_py.engines.torch_aoti_compat import check_torch_aoti_target
 from runtime_py.errors import BundleError, CompatibilityError, EngineUnavailableError
 from runtime_py.engines import cudart_held
 from runtime_py import pinned_host
-from runtime_py.hostcopy import HostBufferRegistry, copy_held, copy_rows, gather_rows
+from runtime_py.hostcopy import (PARALLEL_MIN_BYTES, HostBufferRegistry, copy_held, copy_rows,
+                                 gather_rows)
 from runtime_py.pending import Pending, read_out
 from runtime_py.native_libs import static_cxx_runtime_libraries
 from runtime_py.tensors import TensorSpec
@@ -263,7 +267,9 @@ class TorchAotiRunner(Runner):
         #: xception uint8 at batch 32, before the chunks overlapped their H2D: pageable
         #: 5.91 ms against 6.47 ms (fp16), 4.91 against 5.32 (fp8); equal at batch 1
         #: (docs/measurements/h200-2026-12-01-s3/serve-run6.log)
-        self.staging = "pageable"
+        #: "auto" (default): pinned for a batch below ``hostcopy.PARALLEL_MIN_BYTES`` (one
+        #: memcpy, and ``infer`` then takes the held path), pageable above.
+        self.staging = "auto"
         #: how a batch from pinned memory is enqueued: "held" (CUDA runtime calls that
         #: keep the GIL, where they can be made) or "torch" (torch's stream calls)
         self.enqueue = "held"
@@ -419,8 +425,9 @@ class TorchAotiRunner(Runner):
         with self._lock:
             slot = self._take_slot()
             out, out_array = slot.outputs(n)
-            if self._held_applies(n) and (self.staging == "pinned" or self._in_pinned(arr)):
-                self._infer_held(slot, arr, n)
+            pinned = self._in_pinned(arr)
+            if self._held_applies(n) and (pinned or self._stages_pinned(arr)):
+                self._infer_held(slot, arr, n, pinned)
             else:
                 with self._on_stream:
                     x, _ = self._static_buffers(n)
@@ -430,10 +437,15 @@ class TorchAotiRunner(Runner):
             self._stream.synchronize()
             return {self._name_out: copy_held(out_array)}
 
-    def _infer_held(self, slot: "_Slot", arr: np.ndarray, n: int) -> None:
+    def _stages_pinned(self, arr: np.ndarray) -> bool:
+        """Whether ``infer`` stages plain ``arr`` in pinned memory (``staging``)."""
+        return self.staging == "pinned" or (self.staging == "auto"
+                                            and arr.nbytes < PARALLEL_MIN_BYTES)
+
+    def _infer_held(self, slot: "_Slot", arr: np.ndarray, n: int, pinned: bool) -> None:
         """``infer_impl``'s batch on the compute stream through ``cudart_held``: the input
         straight into the graph's static input (from ``arr`` where it lies in pinned
-        memory, else from the slot's staging rows: ``copy_rows`` over threads, each
+        memory (``pinned``), else from the slot's staging rows: ``copy_rows`` over threads, each
         chunk's H2D copy enqueued as soon as it is copied, so the copy of the first rows
         to the device overlaps the host copy of the last), the graph, the output to the
         slot's pinned output. Not synchronized. Only where ``_held_applies(n)``."""
@@ -444,7 +456,7 @@ class TorchAotiRunner(Runner):
         stream, x_at = self._stream.cuda_stream, x.data_ptr()
         previous = held.on_device(self.device_index)
         try:
-            if self._in_pinned(arr):
+            if pinned:
                 held.memcpy(x_at, arr.__array_interface__["data"][0], n * row_in,
                             cudart_held.HOST_TO_DEVICE, stream)
             else:
@@ -659,7 +671,7 @@ class TorchAotiRunner(Runner):
         if source is not None:
             dst.copy_(source, non_blocking=True)
             return
-        if self.staging == "pageable" and arr.flags.c_contiguous and arr.flags.writeable:
+        if self.staging != "pinned" and arr.flags.c_contiguous and arr.flags.writeable:
             dst.copy_(self._torch.from_numpy(arr))    # (torch cannot wrap other layouts)
             return
         slot.staged.synchronize()          # the previous H2D from host_in has finished
