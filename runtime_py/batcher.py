@@ -316,7 +316,9 @@ class Batcher:
     ``max_batch_size`` defaults to (and may not exceed) ``model.max_batch_size``;
     ``max_delay_ms`` bounds how long the oldest request waits for others; ``max_queue``
     bounds the number of queued requests; ``pipeline_depth`` is the number of batches in
-    flight (1 runs one batch at a time). Use as a context manager or call ``close``.
+    flight (1 runs one batch at a time). ``prepare`` (default): ask the model to prepare
+    every batch size up to the max before serving (``Model.prepare``: a GPU engine
+    captures its CUDA graphs). Use as a context manager or call ``close``.
     """
 
     def __init__(
@@ -328,6 +330,7 @@ class Batcher:
         pipeline_depth: int = 2,
         max_wait_ms: float | None = None,
         early_dispatch: bool = False,
+        prepare: bool = True,
     ) -> None:
         model_max = int(model.max_batch_size)
         if max_batch_size is None:
@@ -347,6 +350,10 @@ class Batcher:
             raise UsageError(f"max wait must be >= 0 ms, got {max_wait_ms}")
         self.model = model
         self.max_batch_size = int(max_batch_size)
+        if prepare and hasattr(model, "prepare"):
+            # every size 1..max may come; their per-size setup (CUDA graph captures) now,
+            # not on the first batch of each while clients wait (tens of ms each)
+            model.prepare(range(1, self.max_batch_size + 1))
         self.max_delay_s = max_delay_ms / 1000.0
         # None: follow the engine's time per batch (``_batch_s``), within these bounds.
         self.max_wait_s = None if max_wait_ms is None else max_wait_ms / 1000.0

@@ -106,6 +106,13 @@ class Model:
         ``infer_async``."""
         return self.runner.infer_rows_async(parts)
 
+    def prepare(self, batch_sizes: Iterable[int]) -> None:
+        """Do now what the first batch of each size would otherwise do (a GPU engine
+        captures its CUDA graph for each size): a service calls this before it takes
+        requests (``Batcher`` does), so that no client waits for it. A no-op where the
+        engine has nothing to prepare."""
+        self.runner.prepare(batch_sizes)
+
     def pin_host(self, address: int, nbytes: int):
         """Page-lock ``nbytes`` of host memory at ``address`` in place, for an engine that
         copies from page-locked memory without staging (``runtime_py.pinned_host``): the

@@ -544,3 +544,29 @@ def test_rows_an_engine_declines_are_gathered_into_the_slot_buffers():
     assert any(declined) and not all(declined)
     assert model.in_place == sum(declined)       # each declined batch: slot buffers
     assert len(model.row_batches) == declined.count(False)
+
+
+def test_a_batcher_has_its_model_prepare_every_batch_size_before_serving():
+    """``Model.prepare`` (a GPU engine captures a CUDA graph per size) is asked for every
+    size 1..max_batch_size when the batcher is made, before any request, so that no
+    client waits for a size's first-batch setup; ``prepare=False`` skips it, and a model
+    without ``prepare`` (ToyModel) is served as before."""
+    class Preparing(ToyModel):
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            self.prepared: list[list[int]] = []
+
+        def prepare(self, sizes):
+            assert self.calls == []               # before any batch
+            self.prepared.append(list(sizes))
+
+    model = Preparing(max_batch_size=32)
+    with Batcher(model, max_batch_size=12) as batcher:
+        assert model.prepared == [list(range(1, 13))]
+        x = np.ones((1, 3, 8, 8), np.float32)
+        np.testing.assert_allclose(batcher.infer(x)["logits"], model.reference(x), rtol=1e-6)
+    assert model.prepared == [list(range(1, 13))]
+    unprepared = Preparing(max_batch_size=4)
+    with Batcher(unprepared, prepare=False):
+        pass
+    assert unprepared.prepared == []

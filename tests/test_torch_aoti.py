@@ -869,6 +869,42 @@ def test_gpu_infer_runs_through_the_held_path_and_agrees(gpu_fp16_tiny):
 
 @pytest.mark.gpu
 @needs_gpu
+def test_gpu_prepare_captures_every_size_into_one_pool_and_outputs_agree(gpu_fp16_tiny):
+    """``prepare`` captures the graph of each size before any batch (sizes out of range
+    skipped, a second call a no-op); the graphs share one memory pool, and each size's
+    outputs, run in any order, equal an unprepared runner's (a shared intermediate never
+    overwrites another size's output); ``infer`` then takes the held path at once."""
+    from runtime_py.engines.torch_aoti import TorchAotiRunner
+
+    package, details = gpu_fp16_tiny
+    x = np.random.default_rng(8).normal(size=(8, 3, 16, 16)).astype(np.float32)
+    plain = TorchAotiRunner(_MemoryBundle("fp16", details, package, (3, 16, 16), 10, 8))
+    prepared = TorchAotiRunner(_MemoryBundle("fp16", details, package, (3, 16, 16), 10, 8))
+    with plain, prepared:
+        reference = {n: plain.infer({"input": x[:n]})["logits"] for n in range(1, 9)}
+        prepared.prepare([0, *range(1, 9), 9])
+        assert sorted(prepared._graphs) == list(range(1, 9)) and prepared.graph_failures == {}
+        pools = {id(prepared._graph_pool)}
+        prepared.prepare(range(1, 9))
+        assert {id(prepared._graph_pool)} == pools
+        taken = []
+        real = prepared._infer_held
+
+        def spy(slot, arr, n, pinned):
+            taken.append(n)
+            return real(slot, arr, n, pinned)
+        prepared._infer_held = spy
+        order = [8, 1, 5, 8, 3, 2, 7, 4, 6, 1, 8]
+        for n in order:
+            assert np.array_equal(prepared.infer({"input": x[:n]})["logits"], reference[n]), n
+        assert taken == order
+        pending = [prepared.infer_async({"input": x[:n]}) for n in (8, 3)]
+        assert np.array_equal(pending[0].result()["logits"], reference[8])
+        assert np.array_equal(pending[1].result()["logits"], reference[3])
+
+
+@pytest.mark.gpu
+@needs_gpu
 def test_gpu_rows_are_copied_to_the_device_where_they_lie(gpu_fp16_tiny):
     """``infer_rows_async``: a batch given as pieces (a batcher's requests) gives the same
     outputs as the gathered batch, whether a piece lies in memory page-locked in place (an

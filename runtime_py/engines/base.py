@@ -8,6 +8,7 @@ package, so that importing `runtime_py` never needs onnxruntime, TensorRT or tor
 from __future__ import annotations
 
 import abc
+from typing import Iterable
 
 import numpy as np
 
@@ -143,6 +144,11 @@ class Runner(abc.ABC):
         nothing started, where this engine does not (the default): the caller then gathers
         the pieces into one array per input and calls ``infer_async``. The pieces must stay
         unchanged until ``result()`` returned."""
+        return None
+
+    def prepare(self, batch_sizes: "Iterable[int]") -> None:
+        """Set up now what the first batch of each size would (``Model.prepare``); the
+        default has nothing to set up."""
         return None
 
     def pin_host(self, address: int, nbytes: int):

@@ -292,6 +292,7 @@ class TorchAotiRunner(Runner):
         self._static: dict[int, tuple[Any, Any]] = {}   # batch -> (input, output) on device
         self._graphs: dict[int, Any] = {}
         self._graph_execs: dict[int, int | None] = {}   # batch -> raw cudaGraphExec_t
+        self._graph_pool = None       # the memory pool every size's graph is captured into
         self._held: cudart_held.CudartHeld | None = None
         self._on_cpu = False
 
@@ -748,15 +749,46 @@ class TorchAotiRunner(Runner):
         graph.replay()
         return self._static[n][1]
 
+    def prepare(self, batch_sizes) -> None:
+        """Capture the CUDA graph of each size in ``batch_sizes`` now (sizes outside
+        1..max_batch_size, already captured or failed before are skipped): a size's first
+        batch otherwise runs a warm-up and a capture (tens of ms) while its clients and
+        the batch behind it wait. The graphs share one memory pool (``_capture``)."""
+        if not self.use_cuda_graphs or self._on_cpu or not self.is_active:
+            return
+        with self._lock:
+            for slot in self._slots:            # nothing of infer_async may be in flight
+                self._resolve(slot)
+            for n in batch_sizes:
+                n = int(n)
+                if 1 <= n <= self.max_batch_size and n not in self._graphs \
+                        and n not in self.graph_failures:
+                    with self._on_stream:
+                        self._capture(n, self._static_buffers(n)[0])
+            self._stream.synchronize()
+
     def _capture(self, n: int, x):
         """Capture batch size ``n`` on the runner's stream; None (and the reason recorded)
-        when capture fails."""
+        when capture fails.
+
+        Every size's graph is captured into one memory pool: graphs run one at a time, on
+        the compute stream, and each graph's output stays allocated (``_static``), so a
+        later capture never takes its memory; only the intermediates are shared (one
+        pool per size held each size's activations: 32 sizes, 32 times the memory).
+        ``capture_error_mode="thread_local"``: another thread of the process may make
+        CUDA calls meanwhile (the engine process page-locks a client's shared-memory
+        region as it registers); in the default global mode one such call failed the
+        capture of a size first seen under load, and that batch's requests (H200,
+        docs/measurements/h200-2026-12-02-d, call 2)."""
         torch = self._torch
         try:
             self._run_model(x)                        # warm-up: allocations, kernel loads
             self._stream.synchronize()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=self._stream):
+            if self._graph_pool is None:
+                self._graph_pool = torch.cuda.graph_pool_handle()
+            with torch.cuda.graph(graph, pool=self._graph_pool, stream=self._stream,
+                                  capture_error_mode="thread_local"):
                 y = self._run_model(x)
         except Exception as exc:  # capture is an optimization: fall back, say why
             self.graph_failures[n] = f"{type(exc).__name__}: {exc}"
