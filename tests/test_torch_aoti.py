@@ -824,6 +824,19 @@ def test_gpu_held_enqueue_matches_torch_calls_and_is_taken(gpu_fp16_tiny):
         assert np.array_equal(plain, reference[0]) and taken == []
 
 
+def _record_held_infers(runner) -> list[int]:
+    """The batch sizes ``runner.infer`` sends through ``_infer_held`` from now on (the
+    instance's method wrapped; the runner still runs them)."""
+    taken: list[int] = []
+    real = runner._infer_held
+
+    def spy(slot, arr, n, pinned):
+        taken.append(n)
+        return real(slot, arr, n, pinned)
+    runner._infer_held = spy
+    return taken
+
+
 @pytest.mark.gpu
 @needs_gpu
 def test_gpu_infer_runs_through_the_held_path_and_agrees(gpu_fp16_tiny):
@@ -841,14 +854,7 @@ def test_gpu_infer_runs_through_the_held_path_and_agrees(gpu_fp16_tiny):
         runner.enqueue = "torch"
         reference = {n: runner.infer({"input": x[:n]})["logits"] for n in (1, 8)}
         runner.enqueue = "held"
-        taken = []
-        real = runner._infer_held
-
-        def spy(slot, arr, n, pinned):
-            taken.append(n)
-            return real(slot, arr, n, pinned)
-
-        runner._infer_held = spy
+        taken = _record_held_infers(runner)
         pinned = runner.input_buffers()["input"]
         assert runner.staging == "auto"               # small batches: staged, held
         for staging, expect_held in (("auto", True), ("pinned", True), ("pageable", False)):
@@ -887,13 +893,7 @@ def test_gpu_prepare_captures_every_size_into_one_pool_and_outputs_agree(gpu_fp1
         pools = {id(prepared._graph_pool)}
         prepared.prepare(range(1, 9))
         assert {id(prepared._graph_pool)} == pools
-        taken = []
-        real = prepared._infer_held
-
-        def spy(slot, arr, n, pinned):
-            taken.append(n)
-            return real(slot, arr, n, pinned)
-        prepared._infer_held = spy
+        taken = _record_held_infers(prepared)
         order = [8, 1, 5, 8, 3, 2, 7, 4, 6, 1, 8]
         for n in order:
             assert np.array_equal(prepared.infer({"input": x[:n]})["logits"], reference[n]), n
