@@ -446,10 +446,11 @@ class TorchAotiRunner(Runner):
     def _infer_held(self, slot: "_Slot", arr: np.ndarray, n: int, pinned: bool) -> None:
         """``infer_impl``'s batch on the compute stream through ``cudart_held``: the input
         straight into the graph's static input (from ``arr`` where it lies in pinned
-        memory (``pinned``), else from the slot's staging rows: ``copy_rows`` over threads, each
-        chunk's H2D copy enqueued as soon as it is copied, so the copy of the first rows
-        to the device overlaps the host copy of the last), the graph, the output to the
-        slot's pinned output. Not synchronized. Only where ``_held_applies(n)``."""
+        memory, ``pinned``; else from the slot's staging rows, ``copy_rows`` over threads
+        with each chunk's H2D copy enqueued as soon as it is copied, so the copy of the
+        first rows to the device overlaps the host copy of the last), the graph, the
+        output to the slot's pinned output. Not synchronized. Only where
+        ``_held_applies(n)``."""
         held, graph = self._held, self._graphs[n]
         graph_exec = self._graph_exec(n, graph)
         x, y = self._static[n]
@@ -773,8 +774,8 @@ class TorchAotiRunner(Runner):
 
         Every size's graph is captured into one memory pool: graphs run one at a time, on
         the compute stream, and each graph's output stays allocated (``_static``), so a
-        later capture never takes its memory; only the intermediates are shared (one
-        pool per size held each size's activations: 32 sizes, 32 times the memory).
+        later capture never takes its memory; only the intermediates are shared (a pool
+        per size would hold every size's activations at once).
         ``capture_error_mode="thread_local"``: another thread of the process may make
         CUDA calls meanwhile (the engine process page-locks a client's shared-memory
         region as it registers); in the default global mode one such call failed the
