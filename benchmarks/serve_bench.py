@@ -553,8 +553,11 @@ def main(argv=None) -> dict:
     src.add_argument("--bundle", help="path of a .bundle (loaded with runtime_py.load)")
     src.add_argument("--synthetic", action="store_true", help="numpy model with a fixed per-batch cost")
     ap.add_argument("--backend", default="auto")
-    ap.add_argument("--early-dispatch", action="store_true",
-                    help="the batcher's early_dispatch (bundle serve --early-dispatch)")
+    ap.add_argument("--early-dispatch", default="off", metavar="RULES",
+                    help="the batcher's early_dispatch (bundle serve --early-dispatch): off, "
+                         "on or auto; a comma-separated list (e.g. off,auto) measures each "
+                         "path under each rule in turn, side by side (the order reversed "
+                         "on every other path)")
     ap.add_argument("--enqueue", choices=["held", "torch"],
                     help="torch-aoti bundles: enqueue batches through CUDA runtime calls that "
                          "keep the GIL (held, the default) or through torch's calls")
@@ -596,14 +599,19 @@ def main(argv=None) -> dict:
                          "processes, {seconds}: the window (e.g. py-spy record -p {pid} ...)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = ap.parse_args(argv)
+    rules = [r.strip() for r in args.early_dispatch.split(",") if r.strip()]
+    bad = [r for r in rules if r not in ("off", "on", "auto")]
+    if not rules or bad:
+        ap.error(f"--early-dispatch: each rule must be off, on or auto, got {bad or rules}")
 
     model = make_model(args)
     feeds = one_image(model, 1)
     raw = bench_raw(model, args.batch, args.seconds)
     paths = {}
     timelines = {}
+    rule_use: dict[str, dict] = {}
     with Batcher(model, max_batch_size=args.batch, max_delay_ms=args.max_delay_ms,
-                 early_dispatch=args.early_dispatch) as b:
+                 early_dispatch=rules[0]) as b:
         b.add_listener(TIMELINE)
         batched, cpu_batched = bench_batcher(b, feeds, args.clients, args.seconds, args.warmup)
         timelines["batcher"] = TIMELINE.summary()
@@ -629,17 +637,23 @@ def main(argv=None) -> dict:
                     # server's threads): measured at once, the first path's batcher figure
                     # came out 25% low on the H200 (docs/measurements/h200-2026-12-02-c)
                     time.sleep(2.0)
-                    for kind in [k for k in args.paths.split(",") if k]:
-                        refs[kind + tag], _ = bench_batcher(
-                            b, feeds, args.http_clients, args.seconds, args.warmup)
-                        v, cpu[kind + tag] = bench_path(
-                            kind, server, model, feeds, args.http_clients, args.http_procs,
-                            args.seconds, args.warmup, args.http_client, args.profile_server,
-                            args.grpc_channels)
-                        paths[kind + tag] = v
-                        timelines[kind + tag] = TIMELINE.summary()
-                        if not args.json:
-                            _print_path(kind + tag, v, refs, cpu, args, timelines)
+                    for j, kind in enumerate(k for k in args.paths.split(",") if k):
+                        for rule in (rules if j % 2 == 0 else rules[::-1]):
+                            key = kind + tag + (f"@{rule}" if len(rules) > 1 else "")
+                            b.early_dispatch = rule      # a fresh choice for "auto"
+                            refs[key], _ = bench_batcher(
+                                b, feeds, args.http_clients, args.seconds, args.warmup)
+                            b.early_dispatch = rule
+                            batches0, early0 = b.batches, b.early_batches
+                            v, cpu[key] = bench_path(
+                                kind, server, model, feeds, args.http_clients,
+                                args.http_procs, args.seconds, args.warmup, args.http_client,
+                                args.profile_server, args.grpc_channels)
+                            paths[key] = v
+                            timelines[key] = TIMELINE.summary()
+                            rule_use[key] = _rule_use(b, batches0, early0)
+                            if not args.json:
+                                _print_path(key, v, refs, cpu, args, timelines, rule_use)
             finally:
                 workers_module.PINNED_SLOTS = default_pinned
         sizes = dict(sorted(b.batch_size_counts.items()))
@@ -664,6 +678,8 @@ def main(argv=None) -> dict:
         "cpu_by_role": {"batcher": cpu_batched, "batcher_same_clients": cpu_batched_h, **cpu},
         "batch_size_counts": sizes,
         "timeline_ms": timelines,
+        "early_dispatch": rules,
+        "dispatch_rule_use": rule_use,
         "cpus": os.cpu_count(),
     }
     if args.json:
@@ -690,11 +706,27 @@ def _print_head(model, args, raw, batched, batched_h, cpu_batched, cpu_batched_h
     print(f"    {format_summary(timelines['batcher_same_clients'])}", flush=True)
 
 
-def _print_path(key: str, v: float | str, refs: dict, cpu: dict, args, timelines) -> None:
-    kind, workers = key.rsplit("_w", 1)
+def _rule_use(b: Batcher, batches0: int, early0: int) -> dict:
+    """How the batcher's dispatch rule went over one path's run: the share of batches
+    collected under the early rule and, for "auto", what its last trial measured."""
+    batches = b.batches - batches0
+    use = {"rule": b.early_dispatch if isinstance(b.early_dispatch, str)
+           else ("on" if b.early_dispatch else "off"),
+           "early_share": round((b.early_batches - early0) / batches, 3) if batches else 0.0}
+    choice = b.dispatch_choice
+    if choice is not None:
+        use.update(chosen=choice.chosen, trials=choice.trials, switches=choice.switches,
+                   last_rates_img_s=[round(r) for r in choice.last_rates or ()])
+    return use
+
+
+def _print_path(key: str, v: float | str, refs: dict, cpu: dict, args, timelines,
+                rule_use: dict | None = None) -> None:
+    base, _, rule = key.partition("@")
+    kind, workers = base.rsplit("_w", 1)
     workers, _, pinned = workers.partition("_p")
     label = f"{kind:<8} {args.http_clients} clients, workers={workers}" + (
-        f" pinned={pinned}" if pinned else "")
+        f" pinned={pinned}" if pinned else "") + (f" {rule}" if rule else "")
     if isinstance(v, str):
         print(f"{label:<40} FAILED: {v}", flush=True)
         return
@@ -702,6 +734,9 @@ def _print_path(key: str, v: float | str, refs: dict, cpu: dict, args, timelines
           f" ({refs[key]:.0f} just before)  (target >= {TARGETS[kind]:.2f})")
     print(f"    {format_report(cpu[key])}")
     print(f"    {format_summary(timelines[key])}", flush=True)
+    use = (rule_use or {}).get(key)
+    if use and (use["rule"] != "off" or use["early_share"]):
+        print(f"    dispatch: {use}", flush=True)
 
 
 if __name__ == "__main__":

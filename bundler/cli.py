@@ -486,11 +486,13 @@ def rebuild(bundle_path, backend, checkpoint, out_dir, force, timing_cache, hard
                    "--max-delay-ms; without them they split into half-empty batches). "
                    "Default: the engine's recent time per batch (up to 50 ms); "
                    "--max-wait-ms equal to --max-delay-ms turns the wait off.")
-@click.option("--early-dispatch", is_flag=True,
-              help="Cap that wait where a GPU engine would run out of work: the next batch "
-                   "starts, with the requests it has, when the batch in flight is due to "
-                   "finish. For engines whose time grows with the batch, behind front-ends "
-                   "whose round trip outlasts a batch (docs/serving.md).")
+@click.option("--early-dispatch", type=click.Choice(["off", "on", "auto"]), default="off",
+              is_flag=False, flag_value="on", show_default=True,
+              help="on (also given alone): cap that wait where a GPU engine would run out "
+                   "of work: the next batch starts, with the requests it has, when the "
+                   "batch in flight is due to finish; pays behind front-ends whose round "
+                   "trip outlasts a batch. auto: try both rules in turn on the live traffic "
+                   "and keep whichever serves more images per second (docs/serving.md).")
 @click.option("--max-queue", default=1024, show_default=True,
               help="Queued requests per model before 503 (back-pressure).")
 @click.option("--backend", default="auto", show_default=True, type=backend_choice(auto=True),

@@ -38,7 +38,9 @@ Rules it keeps, and why:
   +7-18% where the engine batch (3.9-4.4 ms) was shorter than the clients' round trip
   and -2% to -16% where it was longer (6.0 ms: it cut batches the engine had time to
   wait for), hence off by default (``benchmarks/serve_bench.py --early-dispatch``
-  measures it).
+  measures it). ``early_dispatch="auto"`` uses whichever of the two rules served more
+  rows per second, each tried in turn on the live traffic (``runtime_py.dispatch_choice``).
+  The rule can be changed on a running batcher (``batcher.early_dispatch = ...``).
 - Requests are validated in ``submit`` (names, dtypes, fixed dimensions) so a bad request
   is refused alone, with a clear ``InferenceInputError``, before it can poison a batch.
 - If a merged batch still fails in ``model.infer`` (a data-dependent failure), each of its
@@ -69,6 +71,7 @@ from typing import Callable, Mapping, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
+from .dispatch_choice import DispatchChooser
 from .errors import BatcherClosedError, BatcherError, QueueFullError, UsageError
 from .hostcopy import gather_rows
 from .pending import Pending
@@ -329,7 +332,7 @@ class Batcher:
         max_queue: int = 1024,
         pipeline_depth: int = 2,
         max_wait_ms: float | None = None,
-        early_dispatch: bool = False,
+        early_dispatch: bool | str = False,
         prepare: bool = True,
     ) -> None:
         model_max = int(model.max_batch_size)
@@ -364,7 +367,9 @@ class Batcher:
         # early_dispatch: batches in flight, the engine's time per batch (from a batch's
         # start, or the previous batch's outputs, to its outputs), the time a dispatch
         # takes to start the engine call, the last batch's start and outputs.
-        self.early_dispatch = bool(early_dispatch)
+        self._dispatch_mode = _dispatch_mode(early_dispatch)
+        self._chooser = DispatchChooser() if self._dispatch_mode == "auto" else None
+        self.early_batches = 0     # batches collected under the early rule
         self._running = 0
         self._engine_s = 0.0
         self._lead_s = 0.0
@@ -482,6 +487,33 @@ class Batcher:
     def closed(self) -> bool:
         """True once ``close`` was called (the batcher accepts no new requests)."""
         return self._closed
+
+    @property
+    def early_dispatch(self) -> bool | str:
+        """The dispatch rule: False (wait for the last batch's clients), True (go when the
+        engine is about to run dry) or ``"auto"`` (the faster of the two, measured in turn:
+        ``runtime_py.dispatch_choice``)."""
+        return {"off": False, "on": True}.get(self._dispatch_mode, self._dispatch_mode)
+
+    @early_dispatch.setter
+    def early_dispatch(self, value: bool | str) -> None:
+        mode = _dispatch_mode(value)
+        with self._cond:
+            self._dispatch_mode = mode
+            self._chooser = DispatchChooser() if mode == "auto" else None
+            self._cond.notify()
+
+    @property
+    def dispatch_choice(self) -> DispatchChooser | None:
+        """With ``early_dispatch="auto"``, what was measured and chosen so far."""
+        return self._chooser
+
+    def _early_now(self) -> bool:
+        """Whether the early rule applies to the batch being collected (lock held)."""
+        mode = self._dispatch_mode
+        if mode == "auto":
+            return self._chooser.early   # type: ignore[union-attr]
+        return mode == "on"
 
     @property
     def queue_length(self) -> int:
@@ -654,6 +686,8 @@ class Batcher:
                                           ready - max(started, self._last_ready))
                 self._lead_s = _average(self._lead_s, enqueue_s)
                 self._last_ready = ready
+                if self._chooser is not None:
+                    self._chooser.on_batch(ready, size)
             self._cond.notify()
         self.batches += 1
         self.rows += size
@@ -707,6 +741,8 @@ class Batcher:
                         break
                     self._cond.wait(limit - now)
                 self._target = 0
+                if self._early_now() and self._engine_s > self._lead_s:
+                    self.early_batches += 1
                 if self._skip_expect:
                     self._skip_expect -= 1
                 elif waited_for_target:
@@ -721,7 +757,7 @@ class Batcher:
         none in flight, the engine is idle already: ``deadline`` (``max_delay_ms``). None
         when off, before anything is known, or for an engine that computes in the
         dispatching call (its time per batch is then not above the lead)."""
-        if not self.early_dispatch or self._engine_s <= self._lead_s:
+        if not self._early_now() or self._engine_s <= self._lead_s:
             return None
         if not self._running:
             return deadline
@@ -813,6 +849,15 @@ class Batcher:
         if not aliased:
             return outputs
         return {k: (v.copy() if k in aliased else v) for k, v in outputs.items()}
+
+
+def _dispatch_mode(value: bool | str) -> str:
+    """``early_dispatch`` as "off", "on" or "auto" (also accepted as given)."""
+    if value is True or value is False:
+        return "on" if value else "off"
+    if isinstance(value, str) and value in ("off", "on", "auto"):
+        return value
+    raise UsageError(f"early dispatch must be off, on or auto, got {value!r}")
 
 
 def _average(mean: float, value: float) -> float:

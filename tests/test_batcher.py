@@ -494,6 +494,56 @@ def test_early_dispatch_leaves_an_engine_that_computes_in_the_call_alone():
     assert sizes.count(4) >= 0.7 * len(sizes), sizes
 
 
+@pytest.mark.parametrize("value", ["sometimes", 1, None])
+def test_an_unknown_early_dispatch_rule_is_refused(value):
+    with pytest.raises(UsageError, match="early dispatch must be off, on or auto"):
+        Batcher(ToyModel(), early_dispatch=value)
+
+
+def test_auto_dispatch_tries_the_other_rule_while_serving_and_outputs_stay_right():
+    """``early_dispatch="auto"``: the batcher feeds every finished batch to its chooser,
+    which after ``HOLD_FIRST`` batches tries the early rule on the live traffic (which rule
+    wins depends on this machine's timing; the bookkeeping is tested in
+    test_dispatch_choice.py). Requests keep their own outputs throughout, and the rule can
+    be switched on a running batcher."""
+    from runtime_py import dispatch_choice as dc
+    from runtime_py.testing import AsyncToyModel
+
+    model = AsyncToyModel("toy", max_batch_size=4, cost_ms=2)
+    errors: list[Exception] = []
+    with Batcher(model, max_delay_ms=1, early_dispatch="auto") as b:
+        assert b.early_dispatch == "auto" and b.dispatch_choice.trials == 0
+
+        def client(i: int) -> None:
+            x = np.full((1, 3, 8, 8), float(i), np.float32)
+            try:
+                while b.dispatch_choice.trials < 1 and time.monotonic() < deadline:
+                    out = b.infer({"input": x}, timeout=TIMEOUT)
+                    np.testing.assert_allclose(out["logits"], model.reference(x))
+                    time.sleep(0.001 * (i % 3))
+            except Exception as e:  # noqa: BLE001 (reported below)
+                errors.append(e)
+
+        deadline = time.monotonic() + TIMEOUT
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(TIMEOUT)
+        assert not errors, errors[0]
+        choice = b.dispatch_choice
+        assert choice.trials >= 1 and choice.last_rates is not None
+        assert all(r > 0 for r in choice.last_rates)
+        assert b.batches >= dc.HOLD_FIRST + dc.SETTLE + dc.MEASURE
+        assert b.early_batches >= dc.SETTLE      # the trial ran under the early rule
+        b.early_dispatch = False                  # switched while running
+        assert b.early_dispatch is False and b.dispatch_choice is None
+        x = np.ones((2, 3, 8, 8), np.float32)
+        np.testing.assert_allclose(b.infer({"input": x}, timeout=TIMEOUT)["logits"],
+                                   model.reference(x))
+    model.close()
+
+
 def _mixed_clients(b: Batcher, model: ToyModel, clients: int = 24, rounds: int = 4) -> None:
     """``clients`` threads sending 1-3 row requests; each result must be its own rows'."""
     def client(cid: int) -> None:

@@ -118,8 +118,10 @@ def tiny_model(tiny_bundle):
 
 @pytest.fixture(scope="module", params=[0, 2], ids=["in-process", "2-workers"])
 def server(request, tiny_bundle):
+    # "auto" dispatch: every test below also runs under the rule that measures itself
     s = Server(tiny_bundle, "--grpc-port", "0", "--workers", str(request.param),
-               "--max-delay-ms", "20", "--max-body-mb", str(MAX_BODY_MB))
+               "--max-delay-ms", "20", "--max-body-mb", str(MAX_BODY_MB),
+               "--early-dispatch", "auto")
     s.workers = request.param
     yield s
     s.stop()
@@ -526,6 +528,14 @@ def test_serve_reports_caps_binds_and_shuts_down_cleanly(tiny_bundle):
     for pid in workers:
         assert _gone(pid)
     assert set(os.listdir("/dev/shm")) - shm_before == set()
+
+
+def test_an_unknown_early_dispatch_rule_is_a_usage_error(tiny_bundle):
+    r = subprocess.run([*BUNDLE_CLI, "serve", str(tiny_bundle), "--early-dispatch", "soon"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "'soon' is not one of 'off', 'on', 'auto'" in r.stderr
+    assert "Traceback" not in r.stderr
 
 
 def _sockets(pid: int) -> int:

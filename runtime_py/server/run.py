@@ -45,7 +45,7 @@ def serve(
     max_delay_ms: float = 2.0,
     *,
     max_wait_ms: float | None = None,
-    early_dispatch: bool = False,
+    early_dispatch: bool | str = False,
     grpc_port: int | None = None,
     workers: int = 0,
     max_queue: int = 1024,
@@ -60,7 +60,7 @@ def serve(
     SIGINT/SIGTERM. ``max_batch`` defaults to each model's max batch size (and is capped
     to it). ``max_wait_ms``: how long a batch may wait for the last batch's clients
     (``Batcher``; None follows the engine's time per batch); ``early_dispatch``: cap that
-    wait where the engine would run dry (``Batcher``). HTTP always; gRPC too when
+    wait where the engine would run dry, or ``"auto"`` (``Batcher``). HTTP always; gRPC too when
     ``grpc_port`` is given. ``workers`` > 0 runs that many front-end processes over this
     process's engine (``workers.serve_with_workers``); 0 runs the front-ends in this
     process. ``http_server``: ``"builtin"`` (``http1``: the
