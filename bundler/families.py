@@ -85,7 +85,7 @@ TORCH_AOTI_FP8_CONVS = ("im2col", "triton", "triton-fused")
 #: ``torch_aoti.fp8_pointwise_small_batch``: how the NHWC rewrite's FP8 1x1 convolutions run
 #: in a static-batch graph of at most 8 images (``torch_aoti.static_batches``; the meaning of
 #: each: bundler.targets.torch_aoti.model.SMALL_BATCH_POINTWISE); "gemm" unless named.
-TORCH_AOTI_SMALL_BATCH_POINTWISE = ("gemm", "triton")
+TORCH_AOTI_SMALL_BATCH_POINTWISE = ("gemm", "triton", "dequantized")
 #: Keys a layer-selection rule may use (their meaning: ``bundler.graphs.fp8``).
 RULE_KEYS = frozenset({"op_type", "kernel_shape", "group", "depthwise", "module_prefix", "name_regex"})
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -217,12 +217,16 @@ class Family:
         default) or "channels_last" (the model as it is, channels_last memory format)."""
         return str((self.spec.get("torch_aoti") or {}).get("fp16_layout", "nhwc"))
 
-    @property
-    def torch_aoti_static_batches(self) -> tuple[int, ...]:
-        """Batch sizes the torch-aoti engine also compiles with a static batch (ascending;
-        empty: the one dynamic-batch graph). Inductor specializes kernels for static sizes,
-        as ``torch.compile(dynamic=False)`` does (bundler.targets.torch_aoti)."""
-        return tuple(sorted((self.spec.get("torch_aoti") or {}).get("static_batches", ())))
+    def torch_aoti_static_batches_for(self, precision: str) -> tuple[int, ...]:
+        """Batch sizes the torch-aoti engine of ``precision`` also compiles with a static
+        batch (ascending; empty: the one dynamic-batch graph). Inductor specializes kernels
+        for static sizes, as ``torch.compile(dynamic=False)`` does (bundler.targets.
+        torch_aoti). family.json ``torch_aoti.static_batches``: a list for every precision,
+        or ``{precision: list}`` for those named (timm_xception: batch 1 for fp8 only)."""
+        sizes = (self.spec.get("torch_aoti") or {}).get("static_batches", ())
+        if isinstance(sizes, Mapping):
+            sizes = sizes.get(precision, ())
+        return tuple(sorted(sizes))
 
     @property
     def torch_aoti_fp8_gemm(self) -> str:
@@ -370,8 +374,15 @@ def load_family(name: str, root: Path | None = None) -> Family:
 
 
 def _static_batch_problems(sizes: Any, batch: BatchRange) -> list[str]:
-    """``torch_aoti.static_batches``: distinct sizes inside the family's batch range."""
+    """``torch_aoti.static_batches``: distinct sizes inside the family's batch range, for
+    every precision (a list) or per precision (an object of lists)."""
     where = "torch_aoti.static_batches"
+    if isinstance(sizes, Mapping):
+        unknown = sorted(k for k in sizes if k not in KNOWN_PRECISIONS)
+        if unknown:
+            return [f"{where}: {unknown} are not precisions ({', '.join(KNOWN_PRECISIONS)})"]
+        return [p.replace(where, f"{where}.{k}", 1)
+                for k, v in sizes.items() for p in _static_batch_problems(v, batch)]
     if not (isinstance(sizes, list) and len(sizes) <= MAX_STATIC_BATCHES
             and all(isinstance(n, int) and not isinstance(n, bool) for n in sizes)):
         return [f"{where}: must be a list of at most {MAX_STATIC_BATCHES} batch sizes (integers)"]

@@ -165,7 +165,8 @@ def reuse_mismatch(path: Path, family, req, target: str, source: dict,
                                  (req.calib_method, calibration_digest))
     if target == "torch-aoti":
         checks["static-batch graph list"] = (m["engine"]["details"].get("static_batches", []),
-                                         list(family.torch_aoti_static_batches))
+                                         list(family.torch_aoti_static_batches_for(
+                                             req.precision)))
         if req.precision == "fp8" and family.torch_aoti_layout != "as_is":
             # the family's torch_aoti.fp8_conv (or $TRT_BUNDLE_FP8_CONV) as this make would
             # build it: a bundle of another convolution form is rebuilt, not reused
@@ -181,7 +182,7 @@ def reuse_mismatch(path: Path, family, req, target: str, source: dict,
 
             want_pw = effective_small_batch_pointwise(
                 family.torch_aoti_fp8_pointwise_small_batch, "fp8", want != "triton-fused",
-                family.torch_aoti_static_batches)
+                family.torch_aoti_static_batches_for("fp8"))
             have_pw = m["engine"]["details"].get("compile_options", {}).get(
                 "fp8_pointwise_small_batch")
             pw_names = {text: name for name, text in SMALL_BATCH_POINTWISE_DESCRIPTIONS.items()}

@@ -205,7 +205,7 @@ def test_reuse_needs_the_static_batch_graphs_the_family_lists(xception_bundles, 
     assert reuse_mismatch(path, family, req, "torch-aoti", source, None) is None
     spec = {**family.spec, "torch_aoti": {"static_batches": [1, 32]}}
     static = dataclasses.replace(family, spec=spec)
-    assert static.torch_aoti_static_batches == (1, 32)
+    assert static.torch_aoti_static_batches_for("fp16") == (1, 32)
     assert "static-batch graph list differs ([] vs [1, 32])" in reuse_mismatch(
         path, static, req, "torch-aoti", source, None)
 
@@ -365,9 +365,15 @@ def test_reuse_needs_the_fp8_convolution_form_the_family_names(xception_bundles,
     with open_bundle(xception_bundles["fp8"]) as bundle:
         body = {k: v for k, v in bundle.manifest.items() if k not in ("format", "members")}
         members = {name: bundle.read_member(name) for name in bundle.member_names}
+    from bundler.targets.torch_aoti.build import SMALL_BATCH_POINTWISE_DESCRIPTIONS
+
+    # as the shipped family builds it: a batch-1 graph whose 1x1 GEMMs run dequantized
     details = {"torch_version": "2.11.0+cu130", "cuda_version": "13.0",
                "compute_capability": "9.0", "device_name": "NVIDIA H200", "device": "cuda",
-               "compile_options": {"fp8_conv": FP8_CONV_DESCRIPTIONS["im2col"]}}
+               "compile_options": {"fp8_conv": FP8_CONV_DESCRIPTIONS["im2col"],
+                                   "fp8_pointwise_small_batch":
+                                       SMALL_BATCH_POINTWISE_DESCRIPTIONS["dequantized"]},
+               "static_batches": [1]}
     h200 = HostInfo(gpus=(GpuInfo("NVIDIA H200", (9, 0)),), torch_version="2.11.0",
                     torch_cuda_version="13.0")   # where the bundle runs
     body["engine"] = {"backend": "torch-aoti", "member": "engine.pt2", "details": details}
@@ -379,8 +385,8 @@ def test_reuse_needs_the_fp8_convolution_form_the_family_names(xception_bundles,
     source = expected_source(family, req)
     monkeypatch.delenv(FP8_CONV_ENV, raising=False)
     assert reuse_mismatch(path, family, req, "torch-aoti", source, cal["data_digest"], h200) is None
-    fused = dataclasses.replace(family, spec={**family.spec,
-                                              "torch_aoti": {"fp8_conv": "triton-fused"}})
+    fused = dataclasses.replace(family, spec={**family.spec, "torch_aoti": {
+        **family.spec["torch_aoti"], "fp8_conv": "triton-fused"}})
     assert "fp8 convolution form differs ('im2col' vs 'triton-fused')" in reuse_mismatch(
         path, fused, req, "torch-aoti", source, cal["data_digest"], h200)
     monkeypatch.setenv(FP8_CONV_ENV, "im2col")            # one build's override: reused

@@ -131,14 +131,25 @@ def test_bad_spec_lists_every_problem(families_copy: Path):
 
 
 def test_torch_aoti_static_batches_are_sizes_of_the_batch_range(families_copy: Path):
-    """torch_aoti.static_batches: opt-in (none by default), ascending, inside input.batch."""
-    assert load_family("timm_xception", root=families_copy).torch_aoti_static_batches == ()
+    """torch_aoti.static_batches: opt-in (none by default), ascending, inside input.batch;
+    a list for every precision or an object of lists per precision (timm_xception ships
+    a batch-1 graph for fp8 only)."""
+    def sizes_of(precision: str) -> tuple[int, ...]:
+        return load_family("timm_xception", root=families_copy).torch_aoti_static_batches_for(
+            precision)
+
+    assert (sizes_of("fp32"), sizes_of("fp16"), sizes_of("fp8")) == ((), (), (1,))
     _edit(families_copy, "timm_xception",
           lambda spec: spec.setdefault("torch_aoti", {}).update(static_batches=[32, 1]))
-    assert load_family("timm_xception", root=families_copy).torch_aoti_static_batches == (1, 32)
+    assert sizes_of("fp16") == sizes_of("fp8") == (1, 32)
+    _edit(families_copy, "timm_xception",
+          lambda spec: spec["torch_aoti"].update(static_batches={"fp16": [8], "fp8": [32, 1]}))
+    assert (sizes_of("fp32"), sizes_of("fp16"), sizes_of("fp8")) == ((), (8,), (1, 32))
     for sizes, needle in (([1, 64], "[64] outside input.batch 1..32"), ([8, 8], "twice"),
                           ("1,32", "list of at most"), ([True], "list of at most"),
-                          (list(range(1, 10)), "list of at most 8")):
+                          (list(range(1, 10)), "list of at most 8"),
+                          ({"int8": [1]}, "['int8'] are not precisions"),
+                          ({"fp8": [1, 64]}, "static_batches.fp8: [64] outside")):
         _edit(families_copy, "timm_xception",
               lambda spec, s=sizes: spec["torch_aoti"].update(static_batches=s))
         with pytest.raises(FamilyError) as info:

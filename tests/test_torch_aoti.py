@@ -308,6 +308,35 @@ def test_fp8_pointwise_real_scaled_mm_matches_the_reference(gemm):
     assert float((got - ref).abs().max()) <= bound * float(ref.abs().max())
 
 
+def test_small_static_batches_run_the_pointwise_dequantized_and_others_the_fp8_gemm():
+    """``small_batch_kernel="dequantized"``: a batch of at most ``SMALL_BATCH`` that is a
+    plain int (eager, or a graph traced for a static batch) takes the dequantized fp16 GEMM
+    on the same FP8 operands, bit for bit the "dequantized" mode's output; a larger one, or
+    a symbolic batch (the dynamic graph), the FP8 GEMM of the layer's own mode."""
+    from bundler.targets.torch_aoti import model as tam
+
+    gen = torch.Generator().manual_seed(3)
+    conv = torch.nn.Conv2d(40, 24, 1, stride=2)
+    w_scale = conv.weight.detach().reshape(24, -1).abs().amax(1).numpy() / 448
+    make = lambda **kw: tam.Fp8Pointwise(conv, 0.05, w_scale, torch.float16, **kw)  # noqa: E731
+    small = make(gemm="rowwise-fp16", small_batch_kernel="dequantized")
+    dequantized, fp8 = make(gemm="dequantized"), make(gemm="rowwise-fp16")
+    for n in (1, tam.SMALL_BATCH, tam.SMALL_BATCH + 1):
+        x = torch.randn(n, 9, 9, 40, generator=gen).half()
+        want = dequantized(x) if n <= tam.SMALL_BATCH else fp8(x)
+        assert torch.equal(small(x), want), n
+    assert not torch.equal(dequantized(x), fp8(x))        # the two forms are told apart
+    # a symbolic batch (torch.export with a dynamic batch) keeps the FP8 GEMM
+    calls = []
+    small.dequantized_matmul = lambda q: calls.append("dequantized")
+    from torch.export import Dim, export
+    export(small, (torch.randn(2, 9, 9, 40).half(),),
+           dynamic_shapes=({0: Dim("batch", min=1, max=32)},))
+    assert calls == []
+    # the emulated form (hosts without FP8 GEMMs) has no small-batch form
+    assert make(emulate=True, small_batch_kernel="dequantized").small_batch_kernel == "gemm"
+
+
 def test_fp8_pointwise_refuses_an_unknown_gemm_mode():
     from bundler.targets.torch_aoti import model as tam
 

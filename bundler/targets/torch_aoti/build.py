@@ -514,6 +514,8 @@ SMALL_BATCH_POINTWISE_DESCRIPTIONS = {
     "gemm": "FP8 1x1 convolutions on torch._scaled_mm at every batch",
     "triton": "in the static graphs of batches up to 8: FP8 1x1 convolutions on the "
               "implicit-GEMM Triton kernel with small tiles (torch._scaled_mm elsewhere)",
+    "dequantized": "in the static graphs of batches up to 8: the FP8 1x1 convolutions' "
+                   "operands dequantized, fp16 GEMMs (torch._scaled_mm elsewhere)",
 }
 
 
@@ -636,7 +638,7 @@ def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] |
                                  layout=family.torch_aoti_layout, fp8_conv=fp8_conv,
                                  hook=getattr(ext, "nhwc_module", None),
                                  channels_last=channels_last,
-                                 static_batches=family.torch_aoti_static_batches,
+                                 static_batches=family.torch_aoti_static_batches_for(precision),
                                  small_batch_pointwise=family.torch_aoti_fp8_pointwise_small_batch)
     return TargetBuild(backend=BACKEND, member=MEMBER, engine_bytes=data, details=details,
                        tag=BACKEND)
