@@ -710,8 +710,7 @@ def _rule_use(b: Batcher, batches0: int, early0: int) -> dict:
     """How the batcher's dispatch rule went over one path's run: the share of batches
     collected under the early rule and, for "auto", what its last trial measured."""
     batches = b.batches - batches0
-    use = {"rule": b.early_dispatch if isinstance(b.early_dispatch, str)
-           else ("on" if b.early_dispatch else "off"),
+    use = {"rule": b.dispatch_mode,
            "early_share": round((b.early_batches - early0) / batches, 3) if batches else 0.0}
     choice = b.dispatch_choice
     if choice is not None:

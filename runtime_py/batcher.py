@@ -504,6 +504,11 @@ class Batcher:
             self._cond.notify()
 
     @property
+    def dispatch_mode(self) -> str:
+        """``early_dispatch`` as "off", "on" or "auto"."""
+        return self._dispatch_mode
+
+    @property
     def dispatch_choice(self) -> DispatchChooser | None:
         """With ``early_dispatch="auto"``, what was measured and chosen so far."""
         return self._chooser

@@ -538,6 +538,7 @@ def test_auto_dispatch_tries_the_other_rule_while_serving_and_outputs_stay_right
         assert b.early_batches >= dc.SETTLE      # the trial ran under the early rule
         b.early_dispatch = False                  # switched while running
         assert b.early_dispatch is False and b.dispatch_choice is None
+        assert b.dispatch_mode == "off"
         x = np.ones((2, 3, 8, 8), np.float32)
         np.testing.assert_allclose(b.infer({"input": x}, timeout=TIMEOUT)["logits"],
                                    model.reference(x))

@@ -296,11 +296,7 @@ class Fp8Gemm(nn.Module):
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` [..., cin or kpad] -> [M, out] in ``dtype`` (M: the product of the
         leading dimensions)."""
-        if x.shape[-1] != self.kpad:
-            x = F.pad(x, (0, self.kpad - self.cin))     # fused into the quantize below
-        # contiguous(): at batch 1 the reshape of an NCHW-backed NHWC view is a
-        # column-major view, which _scaled_mm refuses (seen compiling on an H200).
-        q = quantize(x, self.act_scale).contiguous().reshape(-1, self.kpad)
+        q = self.quantized_rows(x)
         if self.emulate:
             y = (q.float() @ self.weight_fp8.float().t()) * self.act_scale
         elif self.gemm == "dequantized":
@@ -328,6 +324,14 @@ class Fp8Gemm(nn.Module):
                                  use_fast_accum=self.fast_accum)
         y = y[:, :self.out].float() * self.weight_scale_out + self.bias_out
         return y.to(self.dtype)
+
+    def quantized_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` [..., cin or kpad] as the GEMM's FP8 rows [M, kpad]."""
+        if x.shape[-1] != self.kpad:
+            x = F.pad(x, (0, self.kpad - self.cin))     # fused into the quantize below
+        # contiguous(): at batch 1 the reshape of an NCHW-backed NHWC view is a
+        # column-major view, which _scaled_mm refuses (seen compiling on an H200).
+        return quantize(x, self.act_scale).contiguous().reshape(-1, self.kpad)
 
     def dequantized_matmul(self, q: torch.Tensor) -> torch.Tensor:
         """The ONNX graph's arithmetic on the same FP8 operands: DequantizeLinear of the
@@ -388,10 +392,7 @@ class Fp8Pointwise(Fp8Gemm):
             x = x[:, ::sh, ::sw, :]
         n, h, w, _ = x.shape
         if small and self.small_batch_kernel == "dequantized":
-            if x.shape[-1] != self.kpad:
-                x = F.pad(x, (0, self.kpad - self.cin))   # fused into the quantize below
-            q = quantize(x, self.act_scale).contiguous().reshape(-1, self.kpad)
-            return self.dequantized_matmul(q).reshape(n, h, w, self.out)
+            return self.dequantized_matmul(self.quantized_rows(x)).reshape(n, h, w, self.out)
         return self.matmul(x).reshape(n, h, w, self.out)
 
     def implicit_gemm(self, x: torch.Tensor) -> torch.Tensor:
