@@ -34,6 +34,8 @@ suffixes of an fp8 base (``model.FP8_GEMMS``):
   -sbtriton    NHWC families: at a static batch <= 8 (--static), the FP8 1x1 convolutions on
                the Triton implicit-GEMM kernel with small tiles instead of _scaled_mm
                (``model.Fp8Pointwise(small_batch_kernel="triton")``)
+  -sbdequant   the same, with the FP8 operands dequantized through fp16 GEMMs
+               (``small_batch_kernel="dequantized"``: timm_xception's batch-1 graph)
   -unpadded    NHWC families: channel counts not carried padded to 16 (-padded: carried,
                the fp8 default since 2026-11-29; the older logs' plain "fp8" was unpadded)
 Default: fp16,fp8,fp8-fp16out-fastacc,fp8-fp16out,fp8-fastacc,fp8-dequant.
@@ -77,7 +79,8 @@ DEFAULT_VARIANTS = "fp16,fp8,fp8-fp16out-fastacc,fp8-fp16out,fp8-fastacc,fp8-deq
 SUFFIXES = {"-fastacc": ("fast_accum", True), "-fp16out": ("gemm", "rowwise-fp16"),
             "-tensorwise": ("gemm", "tensorwise"), "-dequant": ("gemm", "dequantized"),
             "-rowcols": ("shared_ones", False), "-unpadded": ("padded", False),
-            "-padded": ("padded", True), "-sbtriton": ("small_batch_pointwise", "triton")}
+            "-padded": ("padded", True), "-sbtriton": ("small_batch_pointwise", "triton"),
+            "-sbdequant": ("small_batch_pointwise", "dequantized")}
 STARTED = time.monotonic()
 
 
