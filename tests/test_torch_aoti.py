@@ -761,6 +761,41 @@ def test_gpu_static_batch_graphs_are_captured_and_agree_in_fp16(gpu_fp16_tiny):
 
 @pytest.mark.gpu
 @needs_gpu
+def test_gpu_fp8_batch1_graph_runs_its_pointwise_dequantized_and_agrees():
+    """timm_xception's fp8 form on a tiny model: a static batch-1 graph whose 1x1 GEMM runs
+    the FP8 operands dequantized (``small_batch_pointwise="dequantized"``), recorded in the
+    details; one image at a time (that graph) within the fp8 tolerance of the same images
+    in one batch (the dynamic graph's FP8 GEMM)."""
+    from bundler.targets.torch_aoti import build_engine
+    from bundler.targets.torch_aoti.build import SMALL_BATCH_POINTWISE_DESCRIPTIONS
+    from runtime_py.engines.torch_aoti import TorchAotiRunner
+    from runtime_py.numerics import TOLERANCES
+
+    model = _tiny_model()
+    x = np.random.default_rng(4).normal(size=(4, 3, 16, 16)).astype(np.float32)
+    with torch.no_grad():
+        act = float(model[:3](torch.from_numpy(x)).abs().max()) / 448
+    weights = (model[3].weight.abs().amax(dim=(1, 2, 3)) / 448).numpy()
+    package, details = build_engine(model, "fp8", (3, 16, 16), {"min": 1, "max": 8},
+                                    fp8={"3": (act, weights)}, fp8_gemm="rowwise-fp16",
+                                    smoke=True, static_batches=[1],
+                                    small_batch_pointwise="dequantized")
+    assert details["static_batches"] == [1]
+    assert details["compile_options"]["fp8_pointwise_small_batch"] == \
+        SMALL_BATCH_POINTWISE_DESCRIPTIONS["dequantized"]
+    runner = TorchAotiRunner(_MemoryBundle("fp8", details, package, (3, 16, 16), 10, 8))
+    with runner:
+        assert runner.static_batches == [1]
+        batched = runner.infer({"input": x})["logits"]
+        for i in range(len(x)):
+            one = runner.infer({"input": x[i:i + 1]})["logits"]
+            ref = batched[i:i + 1]
+            assert np.abs(one - ref).max() <= TOLERANCES["fp8"].allowed(ref), i
+        assert runner.graph_failures == {}
+
+
+@pytest.mark.gpu
+@needs_gpu
 def test_gpu_device_timings_time_the_engine_then_the_copies(gpu_fp16_tiny):
     from runtime_py.bench import device_timings
     from runtime_py.engines.torch_aoti import TorchAotiRunner
