@@ -691,8 +691,12 @@ class Batcher:
                                           ready - max(started, self._last_ready))
                 self._lead_s = _average(self._lead_s, enqueue_s)
                 self._last_ready = ready
-                if self._chooser is not None:
-                    self._chooser.on_batch(ready, size)
+                chooser = self._chooser
+                if chooser is not None:
+                    trials, switches = chooser.trials, chooser.switches
+                    chooser.on_batch(ready, size)
+                    if chooser.trials != trials:
+                        _log_choice(chooser, switched=chooser.switches != switches)
             self._cond.notify()
         self.batches += 1
         self.rows += size
@@ -854,6 +858,15 @@ class Batcher:
         if not aliased:
             return outputs
         return {k: (v.copy() if k in aliased else v) for k, v in outputs.items()}
+
+
+def _log_choice(chooser: DispatchChooser, switched: bool) -> None:
+    """What a trial of ``early_dispatch="auto"`` measured: a switch of rule at info level
+    (an operator sees when and why the rule changed), a kept rule at debug."""
+    wait, early = chooser.last_rates or (0.0, 0.0)
+    log.log(logging.INFO if switched else logging.DEBUG,
+            "early dispatch auto: the %s rule %s (last trial: waiting %.0f rows/s, early "
+            "%.0f rows/s)", chooser.chosen, "takes over" if switched else "stays", wait, early)
 
 
 def _dispatch_mode(value: bool | str) -> str:

@@ -500,7 +500,7 @@ def test_an_unknown_early_dispatch_rule_is_refused(value):
         Batcher(ToyModel(), early_dispatch=value)
 
 
-def test_auto_dispatch_tries_the_other_rule_while_serving_and_outputs_stay_right():
+def test_auto_dispatch_tries_the_other_rule_while_serving_and_outputs_stay_right(caplog):
     """``early_dispatch="auto"``: the batcher feeds every finished batch to its chooser,
     which after ``HOLD_FIRST`` batches tries the early rule on the live traffic (which rule
     wins depends on this machine's timing; the bookkeeping is tested in
@@ -511,6 +511,7 @@ def test_auto_dispatch_tries_the_other_rule_while_serving_and_outputs_stay_right
 
     model = AsyncToyModel("toy", max_batch_size=4, cost_ms=2)
     errors: list[Exception] = []
+    caplog.set_level("DEBUG", logger="runtime_py.batcher")
     with Batcher(model, max_delay_ms=1, early_dispatch="auto") as b:
         assert b.early_dispatch == "auto" and b.dispatch_choice.trials == 0
 
@@ -543,6 +544,12 @@ def test_auto_dispatch_tries_the_other_rule_while_serving_and_outputs_stay_right
         np.testing.assert_allclose(b.infer({"input": x}, timeout=TIMEOUT)["logits"],
                                    model.reference(x))
     model.close()
+    # each trial's outcome is logged (a switch at info level), the last one naming the rule
+    # kept (read after close: the completion thread that logs has ended)
+    said = [r for r in caplog.records if "early dispatch auto" in r.getMessage()]
+    assert len(said) == choice.trials
+    assert f"the {choice.chosen} rule" in said[-1].getMessage()
+    assert sum(r.levelname == "INFO" for r in said) == choice.switches
 
 
 def _mixed_clients(b: Batcher, model: ToyModel, clients: int = 24, rounds: int = 4) -> None:
