@@ -681,6 +681,7 @@ class Batcher:
                     _deliver(s, part)
         compute_s = time.perf_counter() - t0
         size = sum(s.stop - s.start for s in live)
+        decided = None     # a trial of early_dispatch="auto" ended: (chooser, switched)
         with self._cond:
             # Who may come back: what this batch delivered, and who is already waiting.
             self._expected = size + self._queued_rows
@@ -696,8 +697,10 @@ class Batcher:
                     trials, switches = chooser.trials, chooser.switches
                     chooser.on_batch(ready, size)
                     if chooser.trials != trials:
-                        _log_choice(chooser, switched=chooser.switches != switches)
+                        decided = chooser, chooser.switches != switches
             self._cond.notify()
+        if decided is not None:
+            _log_choice(*decided)     # outside the lock the worker waits on
         self.batches += 1
         self.rows += size
         self.failed_requests += failed
