@@ -62,7 +62,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from batch_timeline import BatchTimeline, format_summary  # noqa: E402
 from role_cpu import RoleSampler, children_running, format_report  # noqa: E402
-from runtime_py.batcher import Batcher  # noqa: E402
+from runtime_py.batcher import EARLY_DISPATCH_RULES, Batcher  # noqa: E402
 
 
 def make_model(args):
@@ -600,7 +600,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = ap.parse_args(argv)
     rules = [r.strip() for r in args.early_dispatch.split(",") if r.strip()]
-    bad = [r for r in rules if r not in ("off", "on", "auto")]
+    bad = [r for r in rules if r not in EARLY_DISPATCH_RULES]
     if not rules or bad:
         ap.error(f"--early-dispatch: each rule must be off, on or auto, got {bad or rules}")
 

@@ -16,6 +16,7 @@ import click
 
 from bundler.class_labels import RULES as CLASS_FOLDER_RULES
 from bundler.peer import PEERS
+from runtime_py.batcher import EARLY_DISPATCH_RULES
 from runtime_py.errors import EXIT_CODES_HELP, BundleError, MissingExtraError, UsageError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -486,7 +487,7 @@ def rebuild(bundle_path, backend, checkpoint, out_dir, force, timing_cache, hard
                    "--max-delay-ms; without them they split into half-empty batches). "
                    "Default: the engine's recent time per batch (up to 50 ms); "
                    "--max-wait-ms equal to --max-delay-ms turns the wait off.")
-@click.option("--early-dispatch", type=click.Choice(["off", "on", "auto"]), default="off",
+@click.option("--early-dispatch", type=click.Choice(EARLY_DISPATCH_RULES), default="off",
               is_flag=False, flag_value="on", show_default=True,
               help="on (also given alone): cap that wait where a GPU engine would run out "
                    "of work: the next batch starts, with the requests it has, when the "

@@ -81,6 +81,8 @@ log = logging.getLogger(__name__)
 
 Feeds = dict[str, np.ndarray]
 
+#: ``Batcher(early_dispatch=...)`` as a word (``bundle serve --early-dispatch``).
+EARLY_DISPATCH_RULES = ("off", "on", "auto")
 _MAX_AUTO_WAIT_S = 0.05       # the default max wait follows the engine, up to this
 _SKIP_AFTER_TIMEOUT = 8       # batches run without waiting for returning clients
 
@@ -513,12 +515,13 @@ class Batcher:
         """With ``early_dispatch="auto"``, what was measured and chosen so far."""
         return self._chooser
 
-    def _early_now(self) -> bool:
-        """Whether the early rule applies to the batch being collected (lock held)."""
+    def _early_applies(self) -> bool:
+        """Whether the early rule governs the batch being collected (lock held): chosen
+        (on, or auto's choice now), and an engine that computes after the dispatching call
+        returns (its time per batch above the dispatch's lead: something to run dry)."""
         mode = self._dispatch_mode
-        if mode == "auto":
-            return self._chooser.early   # type: ignore[union-attr]
-        return mode == "on"
+        early = self._chooser.early if mode == "auto" else mode == "on"  # type: ignore[union-attr]
+        return early and self._engine_s > self._lead_s
 
     @property
     def queue_length(self) -> int:
@@ -681,7 +684,7 @@ class Batcher:
                     _deliver(s, part)
         compute_s = time.perf_counter() - t0
         size = sum(s.stop - s.start for s in live)
-        decided = None     # a trial of early_dispatch="auto" ended: (chooser, switched)
+        switched = None    # a trial of early_dispatch="auto" ended: whether it switched
         with self._cond:
             # Who may come back: what this batch delivered, and who is already waiting.
             self._expected = size + self._queued_rows
@@ -694,13 +697,10 @@ class Batcher:
                 self._last_ready = ready
                 chooser = self._chooser
                 if chooser is not None:
-                    trials, switches = chooser.trials, chooser.switches
-                    chooser.on_batch(ready, size)
-                    if chooser.trials != trials:
-                        decided = chooser, chooser.switches != switches
+                    switched = chooser.on_batch(ready, size)
             self._cond.notify()
-        if decided is not None:
-            _log_choice(*decided)     # outside the lock the worker waits on
+        if switched is not None:
+            _log_choice(chooser, switched)     # outside the lock the worker waits on
         self.batches += 1
         self.rows += size
         self.failed_requests += failed
@@ -753,7 +753,7 @@ class Batcher:
                         break
                     self._cond.wait(limit - now)
                 self._target = 0
-                if self._early_now() and self._engine_s > self._lead_s:
+                if self._early_applies():
                     self.early_batches += 1
                 if self._skip_expect:
                     self._skip_expect -= 1
@@ -769,7 +769,7 @@ class Batcher:
         none in flight, the engine is idle already: ``deadline`` (``max_delay_ms``). None
         when off, before anything is known, or for an engine that computes in the
         dispatching call (its time per batch is then not above the lead)."""
-        if not self._early_now() or self._engine_s <= self._lead_s:
+        if not self._early_applies():
             return None
         if not self._running:
             return deadline
@@ -873,10 +873,10 @@ def _log_choice(chooser: DispatchChooser, switched: bool) -> None:
 
 
 def _dispatch_mode(value: bool | str) -> str:
-    """``early_dispatch`` as "off", "on" or "auto" (also accepted as given)."""
+    """``early_dispatch`` as one of ``EARLY_DISPATCH_RULES`` (also accepted as given)."""
     if value is True or value is False:
         return "on" if value else "off"
-    if isinstance(value, str) and value in ("off", "on", "auto"):
+    if isinstance(value, str) and value in EARLY_DISPATCH_RULES:
         return value
     raise UsageError(f"early dispatch must be off, on or auto, got {value!r}")
 

@@ -66,9 +66,10 @@ class DispatchChooser:
         trials."""
         return "early" if self._incumbent else "wait"
 
-    def on_batch(self, t: float, rows: int) -> None:
+    def on_batch(self, t: float, rows: int) -> bool | None:
         """A batch's outputs were ready at ``t`` (seconds, any monotonic clock) with
-        ``rows`` rows."""
+        ``rows`` rows. Returns None, or when this batch ended a trial whether the trial's
+        rule took over."""
         if self._last_t is not None and t - self._last_t > GAP_S:
             self._void()
         self._last_t = t
@@ -85,13 +86,15 @@ class DispatchChooser:
                 self._window.append((t, rows))   # the first timed batch starts the clock
                 self._enter("measure")
         elif len(self._window) == self._window.maxlen:    # measure: the trial is timed
-            self._decide(self._rate())
+            return self._decide(self._rate())
+        return None
 
-    def _decide(self, trial_rate: float) -> None:
+    def _decide(self, trial_rate: float) -> bool:
         self.trials += 1
         rates = (self._incumbent_rate, trial_rate)
         self.last_rates = rates[::-1] if self._incumbent else rates
-        if trial_rate > self._incumbent_rate * (1.0 + MARGIN):
+        switched = trial_rate > self._incumbent_rate * (1.0 + MARGIN)
+        if switched:
             self._incumbent = self.early
             self.switches += 1
             self._hold = HOLD_MIN
@@ -100,6 +103,7 @@ class DispatchChooser:
             self._hold = min(2 * self._hold, HOLD_MAX)
         self._window.clear()
         self._enter("hold")
+        return switched
 
     def _void(self) -> None:
         """A pause: what was being measured is void; a trial ends for the incumbent."""
