@@ -20,7 +20,8 @@ calibration prepared by ``benchmarks/aoti_bench.py prepare``) or, by default, ra
 Variants: a base and suffixes.
   fp16         the family's fp16 engine (family.json torch_aoti: the NHWC rewrite, the model
                in channels_last memory, or the model as it is for "as_is" families)
-  fp16-nhwc    fp16, NHWC rewrite;  fp16-nchw: ``.half()`` of the model as it is
+  fp16-nhwc    fp16, NHWC rewrite;  fp16-nchw: ``.half()`` of the model as it is;
+               fp16-cl: the model in fp16 and channels_last memory
   fp8          the fp8 engine with the family's recipe; an fp8 variant of the family by
                its name (fp8-depthwise, fp8-pointwise) with that variant's recipe
 suffixes of an fp8 base (``model.FP8_GEMMS``):
@@ -36,6 +37,11 @@ suffixes of an fp8 base (``model.FP8_GEMMS``):
                (``model.Fp8Pointwise(small_batch_kernel="triton")``)
   -sbdequant   the same, with the FP8 operands dequantized through fp16 GEMMs
                (``small_batch_kernel="dequantized"``: timm_xception's batch-1 graph)
+  -cl          image families: the channels_last form (the model in channels_last memory,
+               its FP8 layers on the NHWC view of their input: ``model.rewrite_channels_last``,
+               family.json ``torch_aoti.fp8_layout: channels_last``); -nhwc: the NHWC rewrite
+  -dwslices    the channels_last form with depthwise convolutions as shifted slices
+               (``DepthwiseNHWC``, the quantize after them fused) instead of cuDNN's
   -unpadded    NHWC families: channel counts not carried padded to 16 (-padded: carried,
                the fp8 default since 2026-11-29; the older logs' plain "fp8" was unpadded)
 Default: fp16,fp8,fp8-fp16out-fastacc,fp8-fp16out,fp8-fastacc,fp8-dequant.
@@ -80,7 +86,9 @@ SUFFIXES = {"-fastacc": ("fast_accum", True), "-fp16out": ("gemm", "rowwise-fp16
             "-tensorwise": ("gemm", "tensorwise"), "-dequant": ("gemm", "dequantized"),
             "-rowcols": ("shared_ones", False), "-unpadded": ("padded", False),
             "-padded": ("padded", True), "-sbtriton": ("small_batch_pointwise", "triton"),
-            "-sbdequant": ("small_batch_pointwise", "dequantized")}
+            "-sbdequant": ("small_batch_pointwise", "dequantized"),
+            "-cl": ("form", "channels_last"), "-nhwc": ("form", "nhwc"),
+            "-dwslices": ("depthwise", "slices")}
 STARTED = time.monotonic()
 
 
@@ -95,16 +103,20 @@ class Variant:
     name: str
     precision: str
     recipe: str | None = None        # the family's fp8 variant, "fp8-depthwise" (None: base)
-    fp16_form: str = "family"        # "family", "nhwc" or "nchw"
+    fp16_form: str = "family"        # "family", "nhwc", "nchw" or "cl"
     gemm: str = "rowwise"
     fast_accum: bool = False
     shared_ones: bool = True
     padded: bool | None = None       # None: the target's default
     small_batch_pointwise: str = "gemm"
+    form: str = "family"             # fp8: "family", "nhwc" or "channels_last"
+    depthwise: str = "cudnn"         # channels_last fp8: "cudnn" or "slices"
 
 
 def parse_variant(name: str, family) -> Variant:
     """``name`` (module docstring) -> Variant; ValueError naming what is wrong."""
+    if name in ("fp16", "fp16-nhwc", "fp16-nchw", "fp16-cl"):
+        return Variant(name, "fp16", fp16_form=name.removeprefix("fp16-") if "-" in name else "family")
     base, fields = name, {}
     found = True
     while found:
@@ -114,12 +126,14 @@ def parse_variant(name: str, family) -> Variant:
                 if field in fields:
                     raise ValueError(f"{name}: two suffixes set {field}")
                 base, fields[field], found = base.removesuffix(suffix), value, True
-    if base in ("fp16", "fp16-nhwc", "fp16-nchw"):
-        if fields:
-            raise ValueError(f"{name}: {', '.join(fields)} apply to fp8 variants only")
-        return Variant(name, "fp16", fp16_form=base.removeprefix("fp16-") if "-" in base else "family")
+    if base == "fp16":
+        raise ValueError(f"{name}: {', '.join(fields)} apply to fp8 variants only")
     if base == "fp8" or (base in family.variants
                          and family.variants[base].get("precision") == "fp8"):
+        if fields.get("depthwise") == "slices":
+            if fields.get("form") == "nhwc":
+                raise ValueError(f"{name}: -dwslices is a channels_last form")
+            fields["form"] = "channels_last"
         return Variant(name, "fp8", recipe=None if base == "fp8" else base, **fields)
     known = ", ".join(sorted(family.variants)) or "none"
     raise ValueError(f"{name}: not fp16, fp16-nhwc, fp16-nchw, fp8 or an fp8 variant of the "
@@ -138,9 +152,13 @@ def engine_module(variant: Variant, model, family, fp8: dict | None, max_batch: 
             nhwc = True
         elif variant.fp16_form == "nchw":
             nhwc = False
-        elif family.torch_aoti_fp16_layout == "channels_last":
+        elif variant.fp16_form == "cl" or family.torch_aoti_fp16_layout == "channels_last":
             nhwc, channels_last = False, True
-    nhwc = default_nhwc(variant.precision, nhwc, layout)
+    elif layout != "as_is":
+        form = family.torch_aoti_fp8_layout if variant.form == "family" else variant.form
+        if form == "channels_last":
+            nhwc, channels_last = False, True
+    nhwc = default_nhwc(variant.precision, False if channels_last else nhwc, layout)
     pad = default_pad_channels(variant.precision, variant.padded) if nhwc else False
     shape = tuple(family.input.shape)
     ext = family.extension()
@@ -151,7 +169,7 @@ def engine_module(variant: Variant, model, family, fp8: dict | None, max_batch: 
         max_batch=max_batch if variant.shared_ones else None, layout=layout,
         fp8_conv=default_fp8_conv(None) if variant.precision == "fp8" else "im2col",
         hook=getattr(ext, "nhwc_module", None), channels_last=channels_last and not nhwc,
-        small_batch_pointwise=variant.small_batch_pointwise)
+        small_batch_pointwise=variant.small_batch_pointwise, depthwise=variant.depthwise)
     return module
 
 

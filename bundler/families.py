@@ -70,6 +70,10 @@ TORCH_AOTI_LAYOUTS = ("nhwc", "as_is")
 #: ``torch_aoti.fp16_layout``: the fp16 engine as the NHWC rewrite, or as the model itself in
 #: channels_last memory format (what torch.compile users run; bundler.targets.torch_aoti).
 TORCH_AOTI_FP16_LAYOUTS = ("nhwc", "channels_last")
+#: ``torch_aoti.fp8_layout``: the fp8 engine as the NHWC rewrite, or as the model in
+#: channels_last memory format with its FP8 layers reading the NHWC view of their input
+#: (``bundler.targets.torch_aoti.model.rewrite_channels_last``).
+TORCH_AOTI_FP8_LAYOUTS = ("nhwc", "channels_last")
 #: ``torch_aoti.static_batches``: at most this many batch sizes get a graph of their own (each
 #: is one more AOTInductor compile at make time: about 2 minutes for ViT-B/16 on the H200).
 MAX_STATIC_BATCHES = 8
@@ -216,6 +220,23 @@ class Family:
         """How the torch-aoti fp16 engine holds images: "nhwc" (the NHWC rewrite, the
         default) or "channels_last" (the model as it is, channels_last memory format)."""
         return str((self.spec.get("torch_aoti") or {}).get("fp16_layout", "nhwc"))
+
+    @property
+    def torch_aoti_fp8_layout(self) -> str:
+        """How the torch-aoti fp8 engine holds images: "nhwc" (the NHWC rewrite, the
+        default) or "channels_last" (the model in channels_last memory, its FP8 layers on
+        the NHWC view of their input)."""
+        return str((self.spec.get("torch_aoti") or {}).get("fp8_layout", "nhwc"))
+
+    def torch_aoti_image_layout(self, precision: str) -> str:
+        """The layout form of the torch-aoti engine of ``precision`` for an image family:
+        "nhwc" or "channels_last" (fp16: ``fp16_layout``, fp8: ``fp8_layout``; fp32 keeps
+        the model as it is and is "nhwc" only when a caller asks)."""
+        if precision == "fp16":
+            return self.torch_aoti_fp16_layout
+        if precision == "fp8":
+            return self.torch_aoti_fp8_layout
+        return "nhwc"
 
     def torch_aoti_static_batches_for(self, precision: str) -> tuple[int, ...]:
         """Batch sizes the torch-aoti engine of ``precision`` also compiles with a static
@@ -454,6 +475,13 @@ def parse_family(data: Any, *, folder: Path, expected_name: str | None = None) -
     else:
         if aoti.get("fp16_layout", "nhwc") not in TORCH_AOTI_FP16_LAYOUTS:
             problems.append(f"torch_aoti.fp16_layout: must be one of {list(TORCH_AOTI_FP16_LAYOUTS)}")
+        if aoti.get("fp8_layout", "nhwc") not in TORCH_AOTI_FP8_LAYOUTS:
+            problems.append(f"torch_aoti.fp8_layout: must be one of {list(TORCH_AOTI_FP8_LAYOUTS)}")
+        elif (aoti.get("fp8_layout") == "channels_last"
+              and aoti.get("fp8_conv", "im2col") == "triton-fused"):
+            problems.append("torch_aoti.fp8_layout: channels_last is a form of its own; "
+                            "fp8_conv triton-fused is another (channels_last with fused "
+                            "bottlenecks): name one")
         if aoti.get("fp8_gemm", "rowwise") not in TORCH_AOTI_FP8_GEMMS:
             problems.append(f"torch_aoti.fp8_gemm: must be one of {list(TORCH_AOTI_FP8_GEMMS)}")
         if aoti.get("fp8_conv", "im2col") not in TORCH_AOTI_FP8_CONVS:

@@ -188,6 +188,20 @@ def reuse_mismatch(path: Path, family, req, target: str, source: dict,
             pw_names = {text: name for name, text in SMALL_BATCH_POINTWISE_DESCRIPTIONS.items()}
             checks["fp8 small-batch 1x1 form"] = (pw_names.get(have_pw, have_pw or "gemm"),
                                                   want_pw)
+        # the model form (NHWC rewrite, channels_last, ...) the family's settings build now
+        from bundler.targets.torch_aoti.build import (default_fp8_conv, default_pad_channels,
+                                                      engine_form, layout_description)
+
+        conv = (default_fp8_conv(None, family.torch_aoti_fp8_conv)
+                if req.precision == "fp8" else "im2col")
+        form = engine_form(family, req.precision, conv)
+        checks["model form"] = (
+            m["engine"]["details"].get("compile_options", {}).get("layout"),
+            layout_description(req.precision, nhwc=form == "nhwc",
+                               pad_channels=form == "nhwc"
+                               and default_pad_channels(req.precision),
+                               layout=family.torch_aoti_layout,
+                               channels_last=form == "channels_last", fp8_conv=conv))
     inputs_source = reference_set(family, req).source
     checks["reference inputs"] = ((m["quality"]["images"], m["quality"]["inputs_source"]),
                                   (req.reference_count, inputs_source))

@@ -195,14 +195,20 @@ def test_reuse_needs_the_static_batch_graphs_the_family_lists(xception_bundles, 
         members = {name: bundle.read_member(name) for name in bundle.member_names}
     details = {"torch_version": str(torch.__version__), "cuda_version": None,
                "compute_capability": None, "device_name": "cpu", "device": "cpu",
-               "compile_options": {}}
+               "compile_options": {"layout": "nchw"}}
     body["engine"] = {"backend": "torch-aoti", "member": "engine.pt2", "details": details}
     path, _ = write_bundle(tmp_path / "x.bundle", body, {**members, "engine.pt2": b"pt2"})
+    # a package of another model form (here the NHWC rewrite) is rebuilt, not reused
+    other = json.loads(json.dumps(body))
+    other["engine"]["details"]["compile_options"]["layout"] = "nhwc"
+    other_path, _ = write_bundle(tmp_path / "y.bundle", other, {**members, "engine.pt2": b"pt2"})
     family = load_family("timm_xception")
     req = MakeRequest(family=family.name, precision="fp32", random_weights=True,
                       calib_count=16, reference_count=4)
     source = expected_source(family, req)
     assert reuse_mismatch(path, family, req, "torch-aoti", source, None) is None
+    assert "model form differs ('nhwc' vs 'nchw')" in reuse_mismatch(
+        other_path, family, req, "torch-aoti", source, None)
     spec = {**family.spec, "torch_aoti": {"static_batches": [1, 32]}}
     static = dataclasses.replace(family, spec=spec)
     assert static.torch_aoti_static_batches_for("fp16") == (1, 32)
@@ -370,7 +376,8 @@ def test_reuse_needs_the_fp8_convolution_form_the_family_names(xception_bundles,
     # as the shipped family builds it: a batch-1 graph whose 1x1 GEMMs run dequantized
     details = {"torch_version": "2.11.0+cu130", "cuda_version": "13.0",
                "compute_capability": "9.0", "device_name": "NVIDIA H200", "device": "cuda",
-               "compile_options": {"fp8_conv": FP8_CONV_DESCRIPTIONS["im2col"],
+               "compile_options": {"layout": "nhwc, channels padded to multiples of 16",
+                                   "fp8_conv": FP8_CONV_DESCRIPTIONS["im2col"],
                                    "fp8_pointwise_small_batch":
                                        SMALL_BATCH_POINTWISE_DESCRIPTIONS["dequantized"]},
                "static_batches": [1]}
@@ -391,3 +398,9 @@ def test_reuse_needs_the_fp8_convolution_form_the_family_names(xception_bundles,
         path, fused, req, "torch-aoti", source, cal["data_digest"], h200)
     monkeypatch.setenv(FP8_CONV_ENV, "im2col")            # one build's override: reused
     assert reuse_mismatch(path, fused, req, "torch-aoti", source, cal["data_digest"], h200) is None
+    # the channels_last fp8 form (torch_aoti.fp8_layout) is another model: rebuilt
+    monkeypatch.delenv(FP8_CONV_ENV)
+    cl = dataclasses.replace(family, spec={**family.spec, "torch_aoti": {
+        **family.spec["torch_aoti"], "fp8_layout": "channels_last"}})
+    assert "model form differs ('nhwc, channels padded" in reuse_mismatch(
+        path, cl, req, "torch-aoti", source, cal["data_digest"], h200)

@@ -796,6 +796,38 @@ def test_gpu_fp8_batch1_graph_runs_its_pointwise_dequantized_and_agrees():
 
 @pytest.mark.gpu
 @needs_gpu
+def test_gpu_channels_last_fp8_package_agrees_with_the_nhwc_one():
+    """The channels_last fp8 form (family.json torch_aoti.fp8_layout) compiled into a
+    package on a tiny model: recorded as such, and within the fp8 tolerance of the NHWC
+    rewrite's package on the same FP8 operands, at the dynamic and the batch-1 graph."""
+    from bundler.targets.torch_aoti import build_engine
+    from runtime_py.engines.torch_aoti import TorchAotiRunner
+    from runtime_py.numerics import TOLERANCES
+
+    model = _tiny_model()
+    x = np.random.default_rng(5).normal(size=(4, 3, 16, 16)).astype(np.float32)
+    with torch.no_grad():
+        act = float(model[:3](torch.from_numpy(x)).abs().max()) / 448
+    weights = (model[3].weight.abs().amax(dim=(1, 2, 3)) / 448).numpy()
+    outs = {}
+    for form in ("nhwc", "channels_last"):
+        package, details = build_engine(
+            model, "fp8", (3, 16, 16), {"min": 1, "max": 8}, fp8={"3": (act, weights)},
+            fp8_gemm="rowwise-fp16", smoke=True, static_batches=[1],
+            small_batch_pointwise="dequantized", nhwc=form == "nhwc",
+            channels_last=form == "channels_last")
+        assert ("NHWC view" in details["compile_options"]["layout"]) is (form != "nhwc")
+        runner = TorchAotiRunner(_MemoryBundle("fp8", details, package, (3, 16, 16), 10, 8))
+        with runner:
+            outs[form] = (runner.infer({"input": x})["logits"],
+                          runner.infer({"input": x[:1]})["logits"])
+            assert runner.graph_failures == {}
+    for got, ref in zip(outs["channels_last"], outs["nhwc"]):
+        assert np.abs(got - ref).max() <= TOLERANCES["fp8"].allowed(ref)
+
+
+@pytest.mark.gpu
+@needs_gpu
 def test_gpu_device_timings_time_the_engine_then_the_copies(gpu_fp16_tiny):
     from runtime_py.bench import device_timings
     from runtime_py.engines.torch_aoti import TorchAotiRunner

@@ -11,11 +11,16 @@ module; IO stays fp32, like the typed ONNX graphs):
 
 * fp32: the model as it is (Inductor picks channels-last for cuDNN);
 * fp16: ``bundler.targets.torch_aoti.model.rewrite_nhwc`` in fp16 (``default_nhwc``:
-  1.69x faster than ``.half()`` of the model at batch 32 on an H200);
+  1.69x faster than ``.half()`` of the NCHW model at batch 32 on an H200), or, where the
+  family says so (family.json ``torch_aoti.fp16_layout: channels_last``), the model in
+  fp16 and channels_last memory, as a ``torch.compile`` user runs it;
 * fp8: the same NHWC rewrite, with exactly the layers of the bundle's graph (make's
   selection, handed over in the ``BuildContext``) as FP8 GEMMs (and, in the fp8-depthwise
   variant, the depthwise ones quantized-dequantized), with the activation and weight
-  scales of the bundle's ``calibration.safetensors``.
+  scales of the bundle's ``calibration.safetensors``; or (``torch_aoti.fp8_layout:
+  channels_last``) the channels_last model with those layers on the NHWC view of their
+  input (``model.rewrite_channels_last``); or (``torch_aoti.fp8_conv: triton-fused``) the
+  channels_last model with its ResNet bottlenecks fused (``fused.rewrite_fused``).
 
 Families whose layout rule is ``"as_is"`` (``family.json`` ``torch_aoti.layout``: a ViT's
 tokens) skip the NHWC rewrite: the model in fp16, and for fp8 its selected Linear layers as
@@ -140,7 +145,8 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
                  pad_channels: bool = False, input_shape: tuple[int, ...] | None = None,
                  max_batch: int | None = None, layout: str = "nhwc",
                  fp8_conv: str = "im2col", hook=None, channels_last: bool = False,
-                 small_batch_pointwise: str = "gemm") -> tuple[torch.nn.Module, dict]:
+                 small_batch_pointwise: str = "gemm",
+                 depthwise: str = "cudnn") -> tuple[torch.nn.Module, dict]:
     """The module to export (fp32 NCHW in, fp32 out) and its fp8 padding record.
 
     ``input_shape`` and ``max_batch`` (both or neither): rowwise FP8 GEMMs then share one
@@ -157,9 +163,11 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
     FP8 convolutions run (``rewrite.FP8_CONVS``; "triton-fused": no NHWC rewrite but
     ``fused.rewrite_fused``, the channels_last model with fused ResNet bottlenecks). ``channels_last`` (without ``nhwc``): the
     model as it is in channels_last memory format, the torch.compile user's form
-    (family.json ``torch_aoti.fp16_layout``). ``small_batch_pointwise``: how the NHWC
-    rewrite's FP8 1x1 convolutions run in a static-batch graph of a small batch
-    (``rewrite.SMALL_BATCH_POINTWISE``).
+    (family.json ``torch_aoti.fp16_layout``); for fp8, that model with its FP8 layers on
+    the NHWC view of their input (``rewrite.rewrite_channels_last``, family.json
+    ``torch_aoti.fp8_layout``; ``depthwise``: its ``CHANNELS_LAST_DEPTHWISE`` form).
+    ``small_batch_pointwise``: how the FP8 1x1 convolutions run in a static-batch graph of
+    a small batch (``rewrite.SMALL_BATCH_POINTWISE``).
     """
     torch = import_torch()
     from bundler.targets.torch_aoti import model as rewrite
@@ -191,14 +199,29 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
         rewrite.fp8_conv_kernel(fp8_conv)            # refuses a missing triton by name
         return rewrite.EngineModule(rewrite_fused(torch_model, fp8 or {}), dtype, False,
                                     True), {}
-    nhwc = default_nhwc(precision, nhwc)
-    if precision == "fp8" and not nhwc:
-        raise UsageError("the fp8 torch-aoti model is NHWC by construction")
+    if channels_last and nhwc:
+        raise UsageError("channels_last and the NHWC rewrite are two forms: ask for one")
+    nhwc = default_nhwc(precision, False if channels_last else nhwc)
+    if precision == "fp8" and not nhwc and not channels_last:
+        raise UsageError("the fp8 torch-aoti model is the NHWC rewrite or the channels_last "
+                         "form (family.json torch_aoti.fp8_layout), not the NCHW model")
     if precision != "fp8" and fp8:
         raise UsageError(f"fp8 layers given for a {precision} build")
     if pad_channels and not nhwc:
         raise UsageError("padded channels are a form of the NHWC rewrite; the NCHW model has none")
     padding: dict = {}
+    if precision == "fp8" and channels_last:
+        rows = None
+        if fp8 and input_shape is not None and max_batch is not None:
+            rows = rewrite.fp8_gemm_rows(torch_model, [p for p, _ in _dense(torch_model, fp8)],
+                                         tuple(input_shape), int(max_batch))
+        pointwise = dict(_dense(torch_model, fp8 or {}))
+        body = rewrite.rewrite_channels_last(
+            torch_model, dtype, fp8=pointwise,
+            fp8_depthwise={p: s for p, s in (fp8 or {}).items() if p not in pointwise},
+            fast_accum=fast_accum, fp8_gemm=fp8_gemm, fp8_rows=rows, fp8_conv=fp8_conv,
+            small_batch_pointwise=small_batch_pointwise, depthwise=depthwise)
+        return rewrite.EngineModule(body, dtype, False, True), padding
     if not nhwc:
         import copy
 
@@ -229,6 +252,14 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
                                    fp8_conv=fp8_conv, hook=hook,
                                    small_batch_pointwise=small_batch_pointwise)
     return rewrite.EngineModule(body, dtype, True), padding
+
+
+def _dense(torch_model, fp8: dict) -> list[tuple[str, Any]]:
+    """The (path, scales) of ``fp8`` that are dense (not grouped) convolutions: the FP8
+    GEMMs; the others are the fp8-depthwise variant's quantized-dequantized ones."""
+    modules = dict(torch_model.named_modules())
+    return [(p, s) for p, s in fp8.items()
+            if p not in modules or getattr(modules[p], "groups", 1) == 1]
 
 
 def compile_package(module: torch.nn.Module, input_shape: tuple[int, ...], batch: dict,
@@ -346,15 +377,17 @@ def static_sizes(static_batches: Sequence[int], lo: int, hi: int) -> list[int]:
     return sizes
 
 
-def effective_small_batch_pointwise(requested: str, precision: str, nhwc: bool,
+def effective_small_batch_pointwise(requested: str, precision: str, pointwise_gemms: bool,
                                     static_batches: Sequence[int]) -> str:
     """The small-batch 1x1 form a build records (``model.SMALL_BATCH_POINTWISE``):
-    ``requested`` where it applies (an fp8 NHWC rewrite with a static graph of at most
+    ``requested`` where it applies (an fp8 form whose 1x1 layers are ``Fp8Pointwise``, the
+    NHWC rewrite or the channels_last form, with a static graph of at most
     ``model.SMALL_BATCH`` images), else "gemm" (nothing it would change: not recorded).
     `bundle study` asks the same to decide whether a bundle can be reused."""
     from bundler.targets.torch_aoti.model import SMALL_BATCH
 
-    applies = precision == "fp8" and nhwc and any(n <= SMALL_BATCH for n in static_batches)
+    applies = (precision == "fp8" and pointwise_gemms
+               and any(n <= SMALL_BATCH for n in static_batches))
     return requested if applies else "gemm"
 
 
@@ -406,8 +439,9 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
     if fp8_conv == "triton-fused":     # the channels_last model, bottlenecks fused
         nhwc, pad_channels, channels_last = False, False, True
     static = static_sizes(static_batches, lo, hi)
-    small_batch_pointwise = effective_small_batch_pointwise(small_batch_pointwise, precision,
-                                                            nhwc, static)
+    small_batch_pointwise = effective_small_batch_pointwise(
+        small_batch_pointwise, precision, nhwc or (channels_last and fp8_conv != "triton-fused"),
+        static)
     module, padding = engine_model(torch_model, precision, fp8, nhwc=nhwc, fast_accum=fast_accum,
                                    fp8_gemm=fp8_gemm, pad_channels=pad_channels,
                                    input_shape=input_shape, max_batch=hi, layout=layout,
@@ -474,9 +508,9 @@ def engine_details(host: dict, precision: str, options: dict, *, nhwc: bool,
         "export": "torch.export, dynamic batch" + (
             f"; static batch {', '.join(map(str, static_batches))} (a graph each)"
             if static_batches else ""),
-        "layout": ("nhwc, channels padded to multiples of 16" if pad_channels else "nhwc")
-                  if nhwc else ("as is (tokens)" if layout == "as_is" else
-                                "channels_last (the model as it is)" if channels_last else "nchw"),
+        "layout": layout_description(precision, nhwc=nhwc, pad_channels=pad_channels,
+                                     layout=layout, channels_last=channels_last,
+                                     fp8_conv=fp8_conv),
         "dtype": PRECISIONS[precision],
         **({"fp8_gemm": FP8_GEMM_DESCRIPTIONS[fp8_gemm],
             "fp8_fast_accum": bool(fast_accum)} if precision == "fp8" else {}),
@@ -494,6 +528,22 @@ def engine_details(host: dict, precision: str, options: dict, *, nhwc: bool,
     if seconds is not None:
         details["build_seconds"] = decimal(seconds)
     return details
+
+
+def layout_description(precision: str, *, nhwc: bool, pad_channels: bool = False,
+                       layout: str = "nhwc", channels_last: bool = False,
+                       fp8_conv: str = "im2col") -> str:
+    """What ``engine.details.compile_options.layout`` says of a package's model form (and
+    what `bundle study` compares before it reuses a bundle)."""
+    if nhwc:
+        return "nhwc, channels padded to multiples of 16" if pad_channels else "nhwc"
+    if layout == "as_is":
+        return "as is (tokens)"
+    if not channels_last:
+        return "nchw"
+    if precision == "fp8" and fp8_conv != "triton-fused":
+        return "channels_last (the model as it is), FP8 layers on the NHWC view of their input"
+    return "channels_last (the model as it is)"
 
 
 FP8_GEMM_DESCRIPTIONS = {
@@ -573,6 +623,19 @@ def pixel_head(module, scale, bias):
     return PixelHead()
 
 
+def engine_form(family, precision: str, fp8_conv: str = "im2col") -> str:
+    """The model form a build of ``family`` in ``precision`` compiles, unless its caller
+    asks: "as_is" (tokens), "channels_last" (family.json ``fp16_layout`` / ``fp8_layout``,
+    or fp8 with ``fp8_conv`` triton-fused) or "nhwc" (fp32: "nchw", the model as it is)."""
+    if family.torch_aoti_layout == "as_is":
+        return "as_is"
+    if precision == "fp8" and fp8_conv == "triton-fused":
+        return "channels_last"
+    if precision == "fp32":
+        return "nchw"
+    return family.torch_aoti_image_layout(precision)
+
+
 def fp8_gemm_options(family, fp8_gemm: str | None = None,
                      fp8_fast_accum: bool | None = None) -> tuple[str, bool]:
     """(GEMM mode, fast accumulation) of a build's FP8 layers: what the caller asks, else
@@ -624,9 +687,8 @@ def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] |
     fp8_gemm, fp8_fast_accum = fp8_gemm_options(family, fp8_gemm, fp8_fast_accum)
     if precision == "fp8":    # the caller's, else $TRT_BUNDLE_FP8_CONV, else the family's
         fp8_conv = default_fp8_conv(fp8_conv, family.torch_aoti_fp8_conv)
-    # the family's fp16 form (family.json torch_aoti.fp16_layout) unless nhwc is asked
-    channels_last = (precision == "fp16" and nhwc is None
-                     and family.torch_aoti_fp16_layout == "channels_last")
+    # the family's form (family.json torch_aoti.fp16_layout / fp8_layout) unless nhwc is asked
+    channels_last = nhwc is None and engine_form(family, precision, fp8_conv) == "channels_last"
     if channels_last:
         nhwc = False
     data, details = build_engine(context.torch_model, precision, tuple(family.input.shape), batch,

@@ -33,6 +33,13 @@ head:
   1x1 convolutions -> ``PointwiseNHWC`` (a plain matmul), the global average pool ->
   ``GlobalAvgPoolNHWC``, max/average pools -> ``NCHWView`` (the pool on the NCHW view).
 
+The channels_last form (``rewrite_channels_last``, family.json ``torch_aoti.fp8_layout:
+channels_last``) keeps the model as it is, in fp16 and channels_last memory (the layout a
+``torch.compile`` user runs: cuDNN's convolutions on NHWC strides), and puts only the
+selected layers in the modules above, each applied to the NHWC view of its input
+(``ChannelsLastView``: a channels_last NCHW tensor *is* a contiguous NHWC one, so the
+permutes are views).
+
 Families whose activations are not images (timm_vit_base: tokens) keep their layout
 (``rewrite_as_is``, family layout rule ``"as_is"``): their selected Linear layers become
 ``Fp8Linear``, the same FP8 GEMM over the last axis.
@@ -68,7 +75,7 @@ from bundler.fp8 import E4M3_MAX, quantize as quantize_fp8, stored_scale
 from runtime_py.errors import UsageError
 
 __all__ = ["FP8_ALIGN", "FP8_GEMMS", "FP8_CONVS", "SMALL_BATCH", "SMALL_BATCH_POINTWISE", "fp8_conv_kernel", "padded", "map_nodes_to_modules", "rewrite_nhwc",
-           "rewrite_as_is", "fp8_gemm_rows", "shape_pass", "EngineModule", "check_rewrite",
+           "rewrite_channels_last", "ChannelsLastView", "rewrite_as_is", "fp8_gemm_rows", "shape_pass", "EngineModule", "check_rewrite",
            "fake_quant_reference"]
 
 #: FP8 GEMM operands need both dimensions of the weight to be multiples of 16 (cuBLASLt).
@@ -598,6 +605,19 @@ class NCHWView(nn.Module):
         return self.layer(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
 
 
+class ChannelsLastView(nn.Module):
+    """An NHWC layer applied to a channels_last NCHW tensor (``rewrite_channels_last``):
+    its NHWC view in, the layer's NHWC output viewed back as NCHW. Both permutes are views
+    (no copy) when the input is in channels_last memory, as the engine keeps it."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
 class GlobalAvgPoolNHWC(nn.Module):
     def __init__(self, flatten: bool) -> None:
         super().__init__()
@@ -746,6 +766,94 @@ def rewrite_nhwc(model: torch.nn.Module, dtype: torch.dtype, *,
                 and not any(name.startswith(r + ".") for r in replaced)):
             m.to(dtype)
     return body.eval().requires_grad_(False)
+
+
+#: How ``rewrite_channels_last`` runs depthwise convolutions: "cudnn" (the model's own,
+#: as the fp16 channels_last engine and a torch.compile user run them) or "slices"
+#: (``DepthwiseNHWC``: shifted slices, which Inductor fuses with the quantize after them).
+CHANNELS_LAST_DEPTHWISE = ("cudnn", "slices")
+
+
+def rewrite_channels_last(model: torch.nn.Module, dtype: torch.dtype, *,
+                          fp8: Mapping[str, tuple[float, Any]] | None = None,
+                          fp8_depthwise: Mapping[str, tuple[float, Any]] | None = None,
+                          emulate: bool = False, fast_accum: bool = False,
+                          fp8_gemm: str = "rowwise", fp8_rows: int | None = None,
+                          fp8_conv: str = "im2col", small_batch_pointwise: str = "gemm",
+                          depthwise: str = "cudnn") -> torch.nn.Module:
+    """A copy of ``model`` (BN-folded, eval) in ``dtype`` and channels_last memory with the
+    ``fp8`` convolutions as the NHWC rewrite's FP8 modules (1x1: ``Fp8Pointwise``, dense
+    k x k: ``Fp8ConvNHWC``) and the ``fp8_depthwise`` ones quantized-dequantized
+    (``DepthwiseNHWC``), each on the NHWC view of its input (``ChannelsLastView``).
+
+    Why: the NHWC rewrite runs every layer as Inductor code (depthwise convolutions as
+    shifted slices, 1x1 as matmuls), which on the H200 left timm_xception's fp16 engine
+    slower at batch 32 than the same model in channels_last memory under torch.compile
+    (5.58 against 4.28 ms, docs/measurements/h200-2026-12-02-e). Here everything but the
+    FP8 layers is the model as that user runs it, so the FP8 GEMMs add to that form
+    instead of to the rewrite. The price: a quantize pass after a cuDNN convolution,
+    which Inductor cannot fuse into it (``depthwise="slices"`` runs depthwise
+    convolutions as ``DepthwiseNHWC`` instead, where it can).
+
+    The arguments mean what they mean for ``rewrite_nhwc``; channel counts are not
+    carried padded (each FP8 layer pads into its quantize and slices its output).
+    """
+    fp8, fp8_depthwise = dict(fp8 or {}), dict(fp8_depthwise or {})
+    fp8_conv_kernel(fp8_conv, emulate=True)
+    if depthwise not in CHANNELS_LAST_DEPTHWISE:
+        raise UsageError(f"depthwise form {depthwise!r}: choose one of "
+                         f"{', '.join(CHANNELS_LAST_DEPTHWISE)}")
+    if small_batch_pointwise == "triton" and fp8 and not emulate:
+        fp8_conv_kernel("triton")
+    ones = OnesColumn(fp8_rows) if fp8 and fp8_rows and fp8_gemm in ROWWISE_GEMMS else None
+    body = copy.deepcopy(model).eval()
+    modules = dict(body.named_modules())
+    unknown = sorted(set(fp8) - set(modules)) + sorted(set(fp8_depthwise) - set(modules))
+    if unknown:
+        raise UsageError(f"fp8 modules not in the model: {unknown[:5]}")
+    replaced: dict[str, nn.Module] = {}
+    problems = []
+    for name, m in modules.items():
+        if not isinstance(m, nn.Conv2d):
+            if name in fp8 or name in fp8_depthwise:
+                problems.append(f"{name}: fp8 selects a {type(m).__name__}, which the "
+                                "channels_last form does not quantize")
+            continue
+        dw = m.groups == m.in_channels == m.out_channels and m.groups > 1
+        pointwise = m.kernel_size == (1, 1) and m.groups == 1 and m.padding in ((0, 0), "valid")
+        if name in fp8 and pointwise:
+            new = Fp8Pointwise(m, *fp8[name], dtype=dtype, emulate=emulate,
+                               fast_accum=fast_accum, gemm=fp8_gemm, ones=ones,
+                               small_batch_kernel=small_batch_pointwise)
+        elif name in fp8 and m.groups == 1:
+            new = Fp8ConvNHWC(m, *fp8[name], dtype=dtype, emulate=emulate,
+                              fast_accum=fast_accum, gemm=fp8_gemm, ones=ones,
+                              conv_kernel=fp8_conv)
+        elif name in fp8:
+            problems.append(f"{name}: fp8 selects a grouped convolution (fp8-depthwise "
+                            "variants quantize depthwise ones)")
+            continue
+        elif name in fp8_depthwise and not dw:
+            problems.append(f"{name}: fp8-depthwise selects a convolution that is not depthwise")
+            continue
+        elif name in fp8_depthwise or (dw and depthwise == "slices"):
+            a, w = fp8_depthwise.get(name, (None, None))
+            new = DepthwiseNHWC(m, dtype, a, w)
+        else:
+            continue
+        replaced[name] = ChannelsLastView(new)
+    if problems:
+        raise UsageError("cannot build the torch-aoti engine model: " + "; ".join(problems[:5]),
+                         problems=problems)
+    for name, new in replaced.items():
+        parent_name, _, child = name.rpartition(".")
+        parent = body.get_submodule(parent_name) if parent_name else body
+        setattr(parent, child, new)
+    for name, m in body.named_modules():  # the model's own leaves: to dtype, channels_last
+        if (not list(m.children()) and name not in replaced
+                and not any(name.startswith(r + ".") for r in replaced)):
+            m.to(dtype)
+    return body.to(memory_format=torch.channels_last).eval().requires_grad_(False)
 
 
 def _gemm_rows(out: torch.Tensor) -> int:

@@ -1,0 +1,165 @@
+"""torch-aoti's channels_last fp8 form (family.json ``torch_aoti.fp8_layout: channels_last``).
+
+The model stays as it is, in fp16 and channels_last memory, and only the recipe's layers
+become the NHWC rewrite's FP8 modules, each on the NHWC view of its input. On the CPU (FP8
+GEMMs emulated in fp32 from the same FP8 operands) it must compute what the bundle's fp8
+ONNX graph computes and what the NHWC rewrite computes; the build must record the form,
+and `bundle study` must not reuse a bundle of another form.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from bundler.families import families_path, load_family
+from runtime_py.errors import UsageError
+
+torch = pytest.importorskip("torch")
+
+
+def _layers(graph, act_scales, weight_scales):
+    from bundler.build_context import fp8_layers
+
+    layers = fp8_layers(graph, list(weight_scales), act_scales, weight_scales)
+    return {n: (layer.act_scale, layer.weight_scales) for n, layer in layers.items()}
+
+
+@pytest.fixture(scope="module")
+def xception_fp8(graphs_fp8, graphs_torch_model, graphs_act_scales, graphs_weight_scales):
+    """module path -> (activation scale, weight scales) of the bundle's 43 FP8 layers."""
+    from bundler.targets.torch_aoti.model import map_nodes_to_modules
+
+    layers = _layers(graphs_fp8, graphs_act_scales, graphs_weight_scales)
+    paths = map_nodes_to_modules(graphs_torch_model, list(layers))
+    return {paths[n]: s for n, s in layers.items()}
+
+
+def _run(body, x, nhwc: bool, channels_last: bool = False):
+    from bundler.targets.torch_aoti.model import EngineModule
+
+    with torch.no_grad():
+        return EngineModule(body, torch.float16, nhwc, channels_last)(x).float()
+
+
+def test_channels_last_fp8_model_matches_onnxruntime_and_the_nhwc_rewrite(
+        graphs_fp8, graphs_torch_model, graphs_inputs, graphs_run, xception_fp8):
+    """The same FP8 operands and scales as the graph: within the fp8 tolerance of ONNX
+    Runtime on the bundle's fp8 graph, same top-1, and what the NHWC rewrite gives (the
+    two differ only in how fp16 layers round), with cuDNN's depthwise convolutions or the
+    shifted-slice ones."""
+    from bundler.targets.torch_aoti.model import (ChannelsLastView, Fp8Pointwise,
+                                                  rewrite_channels_last, rewrite_nhwc)
+
+    x = torch.from_numpy(graphs_inputs["eval"][:4])
+    ref = graphs_run(graphs_fp8, graphs_inputs["eval"][:4])
+    nhwc = _run(rewrite_nhwc(graphs_torch_model, torch.float16, fp8=xception_fp8,
+                             emulate=True), x, True).numpy()
+    for depthwise in ("cudnn", "slices"):
+        body = rewrite_channels_last(graphs_torch_model, torch.float16, fp8=xception_fp8,
+                                     emulate=True, depthwise=depthwise)
+        views = [m for m in body.modules() if isinstance(m, ChannelsLastView)]
+        fp8 = [v for v in views if isinstance(v.layer, Fp8Pointwise)]
+        assert len(fp8) == 43
+        assert (len(views) > 43) is (depthwise == "slices")
+        convs = [m for m in body.modules() if isinstance(m, torch.nn.Conv2d)]
+        assert convs and all(c.weight.dtype == torch.float16 and c.weight.is_contiguous(
+            memory_format=torch.channels_last) for c in convs if c.weight.dim() == 4)
+        got = _run(body, x, False, True).numpy()
+        assert np.abs(got - ref).max() <= 0.02 * np.abs(ref).max(), depthwise
+        assert (got.argmax(1) == ref.argmax(1)).all()
+        assert np.abs(got - nhwc).max() <= 0.01 * np.abs(nhwc).max(), depthwise
+
+
+def test_channels_last_fp8_depthwise_variant_quantizes_the_depthwise_layers(
+        graphs_torch_model, graphs_inputs, xception_fp8):
+    """fp8-depthwise in the channels_last form: the selected depthwise convolutions are
+    quantized-dequantized as in the NHWC rewrite (``DepthwiseNHWC`` with its scales), so
+    the two forms agree; a depthwise layer named as a dense FP8 one is refused by name."""
+    from bundler.targets.torch_aoti.model import (DepthwiseNHWC, rewrite_channels_last,
+                                                  rewrite_nhwc)
+
+    dw = [n for n, m in graphs_torch_model.named_modules()
+          if isinstance(m, torch.nn.Conv2d) and m.groups > 1][:3]
+    scales = {n: (0.05, np.full(graphs_torch_model.get_submodule(n).out_channels, 0.01,
+                                np.float32)) for n in dw}
+    x = torch.from_numpy(graphs_inputs["eval"][:2])
+    body = rewrite_channels_last(graphs_torch_model, torch.float16, fp8=xception_fp8,
+                                 fp8_depthwise=scales, emulate=True)
+    quantized = [m for m in body.modules()
+                 if isinstance(m, DepthwiseNHWC) and m.act_scale is not None]
+    assert len(quantized) == 3
+    nhwc = rewrite_nhwc(graphs_torch_model, torch.float16, fp8=xception_fp8,
+                        fp8_depthwise=scales, emulate=True)
+    a, b = _run(body, x, False, True), _run(nhwc, x, True)
+    assert float((a - b).abs().max()) <= 0.01 * float(b.abs().max())
+    with pytest.raises(UsageError, match="grouped convolution"):
+        rewrite_channels_last(graphs_torch_model, torch.float16, fp8={dw[0]: scales[dw[0]]},
+                              emulate=True)
+    with pytest.raises(UsageError, match="depthwise form"):
+        rewrite_channels_last(graphs_torch_model, torch.float16, depthwise="winograd")
+
+
+def test_engine_model_builds_the_channels_last_fp8_form(graphs_torch_model, xception_fp8):
+    """engine_model(channels_last=True) for fp8: the channels_last form, unpadded, with
+    the shared ones column sized for the batch; channels_last with the NHWC rewrite, or an
+    fp8 NCHW model, is refused."""
+    from bundler.targets.torch_aoti import engine_model
+    from bundler.targets.torch_aoti.model import Fp8Pointwise
+
+    module, padding = engine_model(graphs_torch_model, "fp8", xception_fp8, nhwc=False,
+                                   channels_last=True, input_shape=(3, 299, 299),
+                                   max_batch=4, fp8_gemm="rowwise-fp16")
+    assert padding == {} and module.channels_last and not module.nhwc
+    layers = [m for m in module.modules() if isinstance(m, Fp8Pointwise)]
+    assert len(layers) == 43 and not any(m.padded_io for m in layers)
+    assert {m._ones.rows for m in layers} == {4 * 150 * 150}    # the 150x150 entry block
+    with pytest.raises(UsageError, match="two forms"):
+        engine_model(graphs_torch_model, "fp8", xception_fp8, nhwc=True, channels_last=True)
+    with pytest.raises(UsageError, match="not the NCHW model"):
+        engine_model(graphs_torch_model, "fp8", xception_fp8, nhwc=False)
+
+
+def test_the_form_is_read_from_the_family_and_recorded(tmp_path):
+    """family.json torch_aoti.fp8_layout picks the fp8 form (validated: a known name, and
+    not together with fp8_conv triton-fused); the details say which form was built, and
+    `bundle study` compares that before reusing a bundle."""
+    from bundler.families import FamilyError
+    from bundler.targets.torch_aoti.build import engine_details, engine_form, layout_description
+
+    xception = load_family("timm_xception")
+    spec = json.loads((xception.path / "family.json").read_text())
+    for layout, problem in (("channels_last", None), ("nchw", "fp8_layout"),
+                            ("channels_last+fused", "a form of its own")):
+        changed = json.loads(json.dumps(spec))
+        changed["name"] = "test_cl"
+        changed["torch_aoti"]["fp8_layout"] = layout.split("+")[0]
+        if layout.endswith("fused"):
+            changed["torch_aoti"]["fp8_conv"] = "triton-fused"
+        folder = tmp_path / layout / "test_cl"
+        folder.mkdir(parents=True)
+        (folder / "family.json").write_text(json.dumps(changed))
+        shutil.copy(xception.path / "class_ids.txt", folder / "class_ids.txt")
+        with families_path(tmp_path / layout):
+            if problem is None:
+                family = load_family("test_cl")
+                assert family.torch_aoti_fp8_layout == "channels_last"
+                assert engine_form(family, "fp8") == "channels_last"
+                assert engine_form(family, "fp16") == family.torch_aoti_fp16_layout
+                assert engine_form(family, "fp32") == "nchw"
+            else:
+                with pytest.raises(FamilyError, match=problem):
+                    load_family("test_cl")
+    assert engine_form(load_family("timm_resnet50"), "fp8", "triton-fused") == "channels_last"
+    assert engine_form(load_family("timm_vit_base"), "fp8") == "as_is"
+    text = layout_description("fp8", nhwc=False, channels_last=True)
+    assert "NHWC view" in text
+    assert layout_description("fp8", nhwc=False, channels_last=True,
+                              fp8_conv="triton-fused") == "channels_last (the model as it is)"
+    assert layout_description("fp8", nhwc=True, pad_channels=True).startswith("nhwc, channels padded")
+    details = engine_details({}, "fp8", {}, nhwc=False, fast_accum=False, padding={},
+                             batch_sizes=[1], seconds=None, channels_last=True)
+    assert details["compile_options"]["layout"] == text
