@@ -74,6 +74,10 @@ TORCH_AOTI_FP16_LAYOUTS = ("nhwc", "channels_last")
 #: channels_last memory format with its FP8 layers reading the NHWC view of their input
 #: (``bundler.targets.torch_aoti.model.rewrite_channels_last``).
 TORCH_AOTI_FP8_LAYOUTS = ("nhwc", "channels_last")
+#: ``torch_aoti.small_batch_layout``: the static graphs of at most 8 images in the
+#: precision's own form ("same") or as the NHWC rewrite ("nhwc": timm_xception, whose
+#: channels_last form is the faster at batch 32 and the rewrite at batch 1 on the H200).
+TORCH_AOTI_SMALL_BATCH_LAYOUTS = ("same", "nhwc")
 #: ``torch_aoti.static_batches``: at most this many batch sizes get a graph of their own (each
 #: is one more AOTInductor compile at make time: about 2 minutes for ViT-B/16 on the H200).
 MAX_STATIC_BATCHES = 8
@@ -227,6 +231,13 @@ class Family:
         default) or "channels_last" (the model in channels_last memory, its FP8 layers on
         the NHWC view of their input)."""
         return str((self.spec.get("torch_aoti") or {}).get("fp8_layout", "nhwc"))
+
+    @property
+    def torch_aoti_small_batch_layout(self) -> str:
+        """The form of the torch-aoti static graphs of at most 8 images: "same" (the
+        precision's own form, the default) or "nhwc" (the NHWC rewrite, where the
+        precision's form is channels_last)."""
+        return str((self.spec.get("torch_aoti") or {}).get("small_batch_layout", "same"))
 
     def torch_aoti_image_layout(self, precision: str) -> str:
         """The layout form of the torch-aoti engine of ``precision`` for an image family:
@@ -475,6 +486,9 @@ def parse_family(data: Any, *, folder: Path, expected_name: str | None = None) -
     else:
         if aoti.get("fp16_layout", "nhwc") not in TORCH_AOTI_FP16_LAYOUTS:
             problems.append(f"torch_aoti.fp16_layout: must be one of {list(TORCH_AOTI_FP16_LAYOUTS)}")
+        if aoti.get("small_batch_layout", "same") not in TORCH_AOTI_SMALL_BATCH_LAYOUTS:
+            problems.append("torch_aoti.small_batch_layout: must be one of "
+                            f"{list(TORCH_AOTI_SMALL_BATCH_LAYOUTS)}")
         if aoti.get("fp8_layout", "nhwc") not in TORCH_AOTI_FP8_LAYOUTS:
             problems.append(f"torch_aoti.fp8_layout: must be one of {list(TORCH_AOTI_FP8_LAYOUTS)}")
         elif (aoti.get("fp8_layout") == "channels_last"

@@ -190,7 +190,8 @@ def reuse_mismatch(path: Path, family, req, target: str, source: dict,
                                                   want_pw)
         # the model form (NHWC rewrite, channels_last, ...) the family's settings build now
         from bundler.targets.torch_aoti.build import (default_fp8_conv, default_pad_channels,
-                                                      engine_form, layout_description)
+                                                      engine_form, layout_description,
+                                                      small_batch_form)
 
         conv = (default_fp8_conv(None, family.torch_aoti_fp8_conv)
                 if req.precision == "fp8" else "im2col")
@@ -202,6 +203,12 @@ def reuse_mismatch(path: Path, family, req, target: str, source: dict,
                                and default_pad_channels(req.precision),
                                layout=family.torch_aoti_layout,
                                channels_last=form == "channels_last", fp8_conv=conv))
+        checks["small-batch graph form"] = (
+            m["engine"]["details"].get("compile_options", {}).get("small_batch_layout"),
+            small_batch_form(family.torch_aoti_small_batch_layout, req.precision,
+                             family.torch_aoti_static_batches_for(req.precision),
+                             channels_last=form == "channels_last",
+                             layout=family.torch_aoti_layout, fp8_conv=conv))
     inputs_source = reference_set(family, req).source
     checks["reference inputs"] = ((m["quality"]["images"], m["quality"]["inputs_source"]),
                                   (req.reference_count, inputs_source))

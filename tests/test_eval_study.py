@@ -373,14 +373,18 @@ def test_reuse_needs_the_fp8_convolution_form_the_family_names(xception_bundles,
         members = {name: bundle.read_member(name) for name in bundle.member_names}
     from bundler.targets.torch_aoti.build import SMALL_BATCH_POINTWISE_DESCRIPTIONS
 
-    # as the shipped family builds it: a batch-1 graph whose 1x1 GEMMs run dequantized
+    # as the shipped family builds it: the channels_last form, with batch-1 (the NHWC
+    # rewrite, its 1x1 GEMMs dequantized) and batch-32 graphs
     details = {"torch_version": "2.11.0+cu130", "cuda_version": "13.0",
                "compute_capability": "9.0", "device_name": "NVIDIA H200", "device": "cuda",
-               "compile_options": {"layout": "nhwc, channels padded to multiples of 16",
+               "compile_options": {"layout": "channels_last (the model as it is), FP8 layers "
+                                             "on the NHWC view of their input",
+                                   "small_batch_layout": "nhwc, channels padded to multiples "
+                                                         "of 16 (static graphs of batch 1)",
                                    "fp8_conv": FP8_CONV_DESCRIPTIONS["im2col"],
                                    "fp8_pointwise_small_batch":
                                        SMALL_BATCH_POINTWISE_DESCRIPTIONS["dequantized"]},
-               "static_batches": [1]}
+               "static_batches": [1, 32]}
     h200 = HostInfo(gpus=(GpuInfo("NVIDIA H200", (9, 0)),), torch_version="2.11.0",
                     torch_cuda_version="13.0")   # where the bundle runs
     body["engine"] = {"backend": "torch-aoti", "member": "engine.pt2", "details": details}
@@ -398,9 +402,13 @@ def test_reuse_needs_the_fp8_convolution_form_the_family_names(xception_bundles,
         path, fused, req, "torch-aoti", source, cal["data_digest"], h200)
     monkeypatch.setenv(FP8_CONV_ENV, "im2col")            # one build's override: reused
     assert reuse_mismatch(path, fused, req, "torch-aoti", source, cal["data_digest"], h200) is None
-    # the channels_last fp8 form (torch_aoti.fp8_layout) is another model: rebuilt
+    # the NHWC rewrite (torch_aoti.fp8_layout nhwc) is another model: rebuilt; so is a
+    # batch-1 graph of the channels_last form (small_batch_layout same)
     monkeypatch.delenv(FP8_CONV_ENV)
-    cl = dataclasses.replace(family, spec={**family.spec, "torch_aoti": {
-        **family.spec["torch_aoti"], "fp8_layout": "channels_last"}})
-    assert "model form differs ('nhwc, channels padded" in reuse_mismatch(
-        path, cl, req, "torch-aoti", source, cal["data_digest"], h200)
+    for change, words in (({"fp8_layout": "nhwc"}, "model form differs ('channels_last"),
+                          ({"small_batch_layout": "same"},
+                           "small-batch graph form differs ('nhwc, channels padded")):
+        other = dataclasses.replace(family, spec={**family.spec, "torch_aoti": {
+            **family.spec["torch_aoti"], **change}})
+        assert words in reuse_mismatch(path, other, req, "torch-aoti", source,
+                                       cal["data_digest"], h200)

@@ -117,7 +117,8 @@ def test_bad_spec_lists_every_problem(families_copy: Path):
         spec["opset"] = 17
         spec["fp8"]["select"]["include"] = [{"op_type": "Conv", "kernal_shape": [1, 1]}]
         spec["torch_aoti"] = {"layout": "nhwc", "fp16_layout": "nchw", "fp8_gemm": "blockwise",
-                              "fp8_fast_accum": "yes"}
+                              "fp8_fast_accum": "yes", "fp8_layout": "nchw",
+                              "small_batch_layout": "tiny"}
 
     _edit(families_copy, "timm_xception", breaks)
     with pytest.raises(FamilyError) as info:
@@ -125,7 +126,8 @@ def test_bad_spec_lists_every_problem(families_copy: Path):
     problems = info.value.problems
     for needle in ("version", "checkpoint.revision", "input.batch", "output.name", "precisions",
                    "opset", "kernal_shape", "torch_aoti.fp16_layout", "torch_aoti.fp8_gemm",
-                   "torch_aoti.fp8_fast_accum"):
+                   "torch_aoti.fp8_fast_accum", "torch_aoti.fp8_layout",
+                   "torch_aoti.small_batch_layout"):
         assert any(needle in p for p in problems), (needle, problems)
     assert "family.json" in str(info.value)
 
@@ -133,12 +135,12 @@ def test_bad_spec_lists_every_problem(families_copy: Path):
 def test_torch_aoti_static_batches_are_sizes_of_the_batch_range(families_copy: Path):
     """torch_aoti.static_batches: opt-in (none by default), ascending, inside input.batch;
     a list for every precision or an object of lists per precision (timm_xception ships
-    a batch-1 graph for fp8 only)."""
+    batch-1 and batch-32 graphs for fp16 and fp8, none for fp32)."""
     def sizes_of(precision: str) -> tuple[int, ...]:
         return load_family("timm_xception", root=families_copy).torch_aoti_static_batches_for(
             precision)
 
-    assert (sizes_of("fp32"), sizes_of("fp16"), sizes_of("fp8")) == ((), (), (1,))
+    assert (sizes_of("fp32"), sizes_of("fp16"), sizes_of("fp8")) == ((), (1, 32), (1, 32))
     _edit(families_copy, "timm_xception",
           lambda spec: spec.setdefault("torch_aoti", {}).update(static_batches=[32, 1]))
     assert sizes_of("fp16") == sizes_of("fp8") == (1, 32)

@@ -798,8 +798,9 @@ def test_gpu_fp8_batch1_graph_runs_its_pointwise_dequantized_and_agrees():
 @needs_gpu
 def test_gpu_channels_last_fp8_package_agrees_with_the_nhwc_one():
     """The channels_last fp8 form (family.json torch_aoti.fp8_layout) compiled into a
-    package on a tiny model: recorded as such, and within the fp8 tolerance of the NHWC
-    rewrite's package on the same FP8 operands, at the dynamic and the batch-1 graph."""
+    package on a tiny model, its batch-1 graph the NHWC rewrite (torch_aoti.
+    small_batch_layout "nhwc"): recorded as such, and within the fp8 tolerance of the
+    NHWC rewrite's package on the same FP8 operands, at the dynamic and the batch-1 graph."""
     from bundler.targets.torch_aoti import build_engine
     from runtime_py.engines.torch_aoti import TorchAotiRunner
     from runtime_py.numerics import TOLERANCES
@@ -815,8 +816,11 @@ def test_gpu_channels_last_fp8_package_agrees_with_the_nhwc_one():
             model, "fp8", (3, 16, 16), {"min": 1, "max": 8}, fp8={"3": (act, weights)},
             fp8_gemm="rowwise-fp16", smoke=True, static_batches=[1],
             small_batch_pointwise="dequantized", nhwc=form == "nhwc",
-            channels_last=form == "channels_last")
+            channels_last=form == "channels_last", small_batch_layout="nhwc")
         assert ("NHWC view" in details["compile_options"]["layout"]) is (form != "nhwc")
+        small = details["compile_options"].get("small_batch_layout")
+        assert (small == "nhwc, channels padded to multiples of 16 (static graphs of batch 1)"
+                if form != "nhwc" else small is None), small
         runner = TorchAotiRunner(_MemoryBundle("fp8", details, package, (3, 16, 16), 10, 8))
         with runner:
             outs[form] = (runner.infer({"input": x})["logits"],

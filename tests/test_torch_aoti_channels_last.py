@@ -163,3 +163,24 @@ def test_the_form_is_read_from_the_family_and_recorded(tmp_path):
     details = engine_details({}, "fp8", {}, nhwc=False, fast_accum=False, padding={},
                              batch_sizes=[1], seconds=None, channels_last=True)
     assert details["compile_options"]["layout"] == text
+
+
+def test_small_static_graphs_may_be_the_nhwc_rewrite():
+    """torch_aoti.small_batch_layout "nhwc": the static graphs of <= 8 images are the
+    NHWC rewrite where the precision's form is channels_last (recorded, and compared by
+    the study); nothing changes for other forms, larger static sizes or "same"."""
+    from bundler.targets.torch_aoti.build import small_batch_form
+
+    text = small_batch_form("nhwc", "fp8", [1, 32], channels_last=True)
+    assert text == "nhwc, channels padded to multiples of 16 (static graphs of batch 1)"
+    assert small_batch_form("nhwc", "fp16", [1, 2, 32], channels_last=True) == \
+        "nhwc (static graphs of batch 1, 2)"
+    assert small_batch_form("nhwc", "fp16", [32], channels_last=True) is None
+    assert small_batch_form("same", "fp16", [1], channels_last=True) is None
+    assert small_batch_form("nhwc", "fp16", [1], channels_last=False) is None
+    assert small_batch_form("nhwc", "fp8", [1], channels_last=True,
+                            fp8_conv="triton-fused") is None
+    assert small_batch_form("nhwc", "fp32", [1], channels_last=True) is None
+    with pytest.raises(UsageError, match="small-batch layout"):
+        small_batch_form("nchw", "fp16", [1], channels_last=True)
+    assert load_family("timm_resnet50").torch_aoti_small_batch_layout == "same"

@@ -120,7 +120,7 @@ def test_resnet_fp16_engine_is_the_model_in_channels_last_memory(resnet):
     from bundler.targets.torch_aoti import engine_model
 
     assert load_family("timm_resnet50").torch_aoti_fp16_layout == "channels_last"
-    assert load_family("timm_xception").torch_aoti_fp16_layout == "nhwc"
+    assert load_family("timm_xception").torch_aoti_fp16_layout == "channels_last"
     module, padding = engine_model(resnet, "fp32", nhwc=False, channels_last=True)
     assert padding == {} and module.channels_last and not module.nhwc
     assert module.body.conv1.weight.is_contiguous(memory_format=torch.channels_last)

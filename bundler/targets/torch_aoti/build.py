@@ -42,9 +42,10 @@ import platform
 import tempfile
 import time
 from pathlib import Path
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Callable
 
+from bundler.families import TORCH_AOTI_SMALL_BATCH_LAYOUTS
 from bundler.targets import TargetBuild
 from runtime_py.errors import BundleError, EngineUnavailableError, UsageError
 
@@ -264,13 +265,16 @@ def _dense(torch_model, fp8: dict) -> list[tuple[str, Any]]:
 
 def compile_package(module: torch.nn.Module, input_shape: tuple[int, ...], batch: dict,
                     device: str, compile_options: dict, package_path: Path,
-                    static_batches: Sequence[int] = ()) -> tuple[Path, str]:
+                    static_batches: Sequence[int] = (),
+                    static_modules: Mapping[int, Any] | None = None) -> tuple[Path, str]:
     """torch.export (dynamic batch min..max) + AOTInductor -> (the package file, the C++
     toolchain it was linked with).
 
     ``static_batches``: sizes that also get a graph exported and compiled with that static
     batch, in the same package (``package_graphs``); the dynamic graph stays the package's
     default model, so a loader that knows nothing of them runs every size on it.
+    ``static_modules``: size -> the module that size's graph is exported from (another
+    form of the same model, e.g. the NHWC rewrite for batch 1), default ``module``.
 
     Linked against the shared libstdc++ whatever the host's compiler does by default, and
     checked for it (``bundler.targets.torch_aoti.toolchain``: a statically linked C++ runtime
@@ -293,8 +297,9 @@ def compile_package(module: torch.nn.Module, input_shape: tuple[int, ...], batch
         else:
             programs = {DYNAMIC_MODEL: program}
             for n in static_batches:
+                own = (static_modules or {}).get(n, module).to(device).eval()
                 programs[static_model_name(n)] = torch.export.export(
-                    module, (random_input(n, input_shape, dtype, device),))
+                    own, (random_input(n, input_shape, dtype, device),))
             path = package_graphs(programs, package_path, compile_options)
     check_package_libraries(Path(path))
     return Path(path), toolchain.description
@@ -320,7 +325,8 @@ def package_graphs(programs: dict[str, Any], package_path: Path, compile_options
 
 def smoke_check(package_path: Path, module: torch.nn.Module, input_shape: tuple[int, ...],
                 batch_sizes: list[int], device: str,
-                static_batches: Sequence[int] = ()) -> dict[str, float]:
+                static_batches: Sequence[int] = (),
+                static_modules: Mapping[int, Any] | None = None) -> dict[str, float]:
     """Run the compiled package at ``batch_sizes`` (its dynamic graph) and each static graph
     at its own size against the eager module: max |diff| per run.
 
@@ -332,17 +338,17 @@ def smoke_check(package_path: Path, module: torch.nn.Module, input_shape: tuple[
     torch = import_torch()
     names = [static_model_name(n) for n in static_batches]
     graphs = load_graphs(torch, package_path, [DYNAMIC_MODEL, *names])
-    runs = [(f"batch {n}", graphs[DYNAMIC_MODEL], n) for n in batch_sizes]
-    runs += [(f"batch {n} (static graph)", graphs[name], n)
+    runs = [(f"batch {n}", graphs[DYNAMIC_MODEL], n, module) for n in batch_sizes]
+    runs += [(f"batch {n} (static graph)", graphs[name], n, (static_modules or {}).get(n, module))
              for n, name in zip(static_batches, names)]
     diffs = {}
     gen = torch.Generator(device="cpu").manual_seed(0)
     with torch.no_grad():
-        for label, runner, n in runs:
+        for label, runner, n, eager in runs:
             x = random_input(n, input_shape, module_input_dtype(module), device, gen)
             got = runner(x)
             got = got[0] if isinstance(got, (list, tuple)) else got
-            ref = module(x)
+            ref = eager.to(device)(x)
             if got.shape != ref.shape or not torch.isfinite(got).all():
                 raise BundleError(f"the compiled package gave {tuple(got.shape)} (finite: "
                                   f"{bool(torch.isfinite(got).all())}) for {label}, expected "
@@ -391,6 +397,37 @@ def effective_small_batch_pointwise(requested: str, precision: str, pointwise_ge
     return requested if applies else "gemm"
 
 
+#: family.json ``torch_aoti.small_batch_layout``: "same" (every graph in the model form
+#: of its precision) or "nhwc" (``build_engine``: the small static graphs as the NHWC rewrite).
+SMALL_BATCH_LAYOUTS = TORCH_AOTI_SMALL_BATCH_LAYOUTS
+
+
+def small_static_batches(static_batches: Sequence[int]) -> list[int]:
+    """The static sizes that count as small (<= ``model.SMALL_BATCH``)."""
+    from bundler.targets.torch_aoti.model import SMALL_BATCH
+
+    return [int(n) for n in static_batches if n <= SMALL_BATCH]
+
+
+def small_batch_form(small_batch_layout: str | None, precision: str,
+                     static_batches: Sequence[int], *, channels_last: bool,
+                     layout: str = "nhwc", fp8_conv: str = "im2col") -> str | None:
+    """What ``engine.details.compile_options.small_batch_layout`` says when the small
+    static graphs are the NHWC rewrite while the model form is channels_last; None where
+    every graph has the model form (nothing recorded). `bundle study` compares it too."""
+    if small_batch_layout not in (None, *SMALL_BATCH_LAYOUTS):
+        raise UsageError(f"small-batch layout {small_batch_layout!r}: choose one of "
+                         f"{', '.join(SMALL_BATCH_LAYOUTS)}")
+    small = small_static_batches(static_batches)
+    if not (small_batch_layout == "nhwc" and small and channels_last and layout != "as_is"
+            and precision in ("fp16", "fp8")
+            and not (precision == "fp8" and fp8_conv == "triton-fused")):
+        return None
+    return (layout_description(precision, nhwc=True,
+                               pad_channels=default_pad_channels(precision))
+            + f" (static graphs of batch {', '.join(map(str, small))})")
+
+
 def compile_options_for(compile_options: dict | None) -> dict:
     options = {**DEFAULT_COMPILE_OPTIONS, **(compile_options or {})}
     refused = [k for k in REFUSED_COMPILE_OPTIONS if options.get(k)]
@@ -410,7 +447,8 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
                  pixel_scale_bias: tuple[Any, Any] | None = None, layout: str = "nhwc",
                  fp8_conv: str | None = None, hook=None, channels_last: bool = False,
                  static_batches: Sequence[int] = (),
-                 small_batch_pointwise: str = "gemm") -> tuple[bytes, dict]:
+                 small_batch_pointwise: str = "gemm",
+                 small_batch_layout: str | None = None) -> tuple[bytes, dict]:
     """Compile one package from a torch model; returns (package bytes, engine details).
 
     ``fp8`` maps *module paths* to (activation scale, weight scales); ``build_target``
@@ -426,6 +464,11 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
     family.json ``torch_aoti.static_batches``). ``small_batch_pointwise``: how FP8 1x1
     convolutions of the NHWC rewrite run in the static graphs of small batches
     (``engine_model``; family.json ``torch_aoti.fp8_pointwise_small_batch``).
+    ``small_batch_layout="nhwc"``: the static graphs of at most ``model.SMALL_BATCH``
+    images are the NHWC rewrite even where the model form is channels_last (family.json
+    ``torch_aoti.small_batch_layout``: on the H200 timm_xception's channels_last form
+    was the faster at batch 32 and the NHWC rewrite at batch 1, where cuDNN's depthwise
+    convolutions cost more than the rewrite's fused slices).
     """
     log = log or (lambda _msg: None)
     check_host(device=device, precision=precision)
@@ -448,30 +491,45 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
                                    fp8_conv=fp8_conv, hook=hook,
                                    channels_last=channels_last and not nhwc,
                                    small_batch_pointwise=small_batch_pointwise)
+    small_modules = {}
+    small_form = small_batch_form(small_batch_layout, precision, static,
+                                  channels_last=channels_last and not nhwc, layout=layout,
+                                  fp8_conv=fp8_conv)
+    if small_form is not None:
+        small = small_static_batches(static)
+        small_module, padding = engine_model(
+            torch_model, precision, fp8, nhwc=True, fast_accum=fast_accum, fp8_gemm=fp8_gemm,
+            pad_channels=default_pad_channels(precision), input_shape=input_shape,
+            max_batch=max(small), layout=layout, fp8_conv=fp8_conv, hook=hook,
+            small_batch_pointwise=small_batch_pointwise)
+        small_modules = dict.fromkeys(small, small_module)
     export_shape = tuple(input_shape)
     if pixel_scale_bias is not None:
         module = pixel_head(module, *pixel_scale_bias)
+        small_modules = {n: pixel_head(m, *pixel_scale_bias) for n, m in small_modules.items()}
         export_shape = (*input_shape[1:], input_shape[0])
     module = module.to(device)
     sizes = sorted({int(b) for b in (batch_sizes or [lo, hi])})
     if any(not lo <= b <= hi for b in sizes):
         raise UsageError(f"batch sizes {sizes} are outside the family's range {lo}..{hi}")
-    if nhwc:
+    if nhwc or small_modules:
         import copy
 
         from bundler.targets.torch_aoti.model import check_rewrite
 
         err = check_rewrite(copy.deepcopy(torch_model).to(device), _example(input_shape, device),
-                            pad_channels=pad_channels, hook=hook)
+                            pad_channels=pad_channels if nhwc else default_pad_channels(precision),
+                            hook=hook)
         log(f"NHWC rewrite matches the model (relative max difference {err:.2g})")
     with tempfile.TemporaryDirectory(prefix="trt-bundle-aoti-") as tmp:
         log(f"exporting and compiling the {precision} package for {device} "
             f"(batch {lo}..{hi}{''.join(f', static {n}' for n in static)}, {options})")
         path, cxx = compile_package(module, export_shape, batch, device, options,
-                                    Path(tmp) / MEMBER, static)
+                                    Path(tmp) / MEMBER, static, small_modules)
         log(f"compiled in {time.monotonic() - started:.0f} s")
         if smoke:
-            diffs = smoke_check(path, module, export_shape, sizes, device, static)
+            diffs = smoke_check(path, module, export_shape, sizes, device, static,
+                                small_modules)
             log("compiled package vs eager module, max |diff|: "
                 + ", ".join(f"{label}: {d:.3g}" for label, d in diffs.items()))
         data = path.read_bytes()
@@ -481,6 +539,8 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
                              seconds=time.monotonic() - started, cxx=cxx, layout=layout,
                              fp8_conv=fp8_conv, channels_last=channels_last and not nhwc,
                              static_batches=static, small_batch_pointwise=small_batch_pointwise)
+    if small_form is not None:
+        details["compile_options"]["small_batch_layout"] = small_form
     if pixel_scale_bias is not None:
         details["compile_options"]["input"] = "uint8 NHWC pixels; rescale, normalize, layout " \
                                               "and cast in the graph"
@@ -701,6 +761,7 @@ def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] |
                                  hook=getattr(ext, "nhwc_module", None),
                                  channels_last=channels_last,
                                  static_batches=family.torch_aoti_static_batches_for(precision),
-                                 small_batch_pointwise=family.torch_aoti_fp8_pointwise_small_batch)
+                                 small_batch_pointwise=family.torch_aoti_fp8_pointwise_small_batch,
+                                 small_batch_layout=family.torch_aoti_small_batch_layout)
     return TargetBuild(backend=BACKEND, member=MEMBER, engine_bytes=data, details=details,
                        tag=BACKEND)
