@@ -254,7 +254,8 @@ class Family:
         batch (ascending; empty: the one dynamic-batch graph). Inductor specializes kernels
         for static sizes, as ``torch.compile(dynamic=False)`` does (bundler.targets.
         torch_aoti). family.json ``torch_aoti.static_batches``: a list for every precision,
-        or ``{precision: list}`` for those named (timm_xception: batch 1 for fp8 only)."""
+        or ``{precision: list}`` for those named (timm_xception: batches 1 and 32 for fp16
+        and fp8, none for fp32)."""
         sizes = (self.spec.get("torch_aoti") or {}).get("static_batches", ())
         if isinstance(sizes, Mapping):
             sizes = sizes.get(precision, ())
