@@ -659,6 +659,58 @@ def _global_pool(module) -> Any:
     return None
 
 
+def _rewrite_start(model: torch.nn.Module, fp8: Mapping, fp8_depthwise: Mapping, *,
+                   fp8_conv: str, small_batch_pointwise: str, emulate: bool,
+                   fp8_rows: int | None, fp8_gemm: str):
+    """(copy of ``model``, its modules by path, the shared ones column or None) for a
+    rewrite, after refusing unknown kernels and fp8 paths that are not in the model."""
+    fp8_conv_kernel(fp8_conv, emulate=True)          # a known name, before any work
+    if small_batch_pointwise == "triton" and fp8 and not emulate:
+        fp8_conv_kernel("triton")                    # refuses a missing triton by name
+    ones = OnesColumn(fp8_rows) if fp8 and fp8_rows and fp8_gemm in ROWWISE_GEMMS else None
+    body = copy.deepcopy(model).eval()
+    modules = dict(body.named_modules())
+    unknown = sorted(set(fp8) - set(modules)) + sorted(set(fp8_depthwise) - set(modules))
+    if unknown:
+        raise UsageError(f"fp8 modules not in the model: {unknown[:5]}")
+    return body, modules, ones
+
+
+def _fp8_conv_module(name: str, conv: nn.Conv2d, scales: tuple[float, Any], problems: list[str],
+                     *, dtype: torch.dtype, emulate: bool, fast_accum: bool, gemm: str,
+                     ones: OnesColumn | None, conv_kernel: str, small_batch_kernel: str,
+                     padded_io: bool = False) -> nn.Module | None:
+    """The NHWC FP8 module of a selected dense convolution (1x1: ``Fp8Pointwise``, k x k:
+    ``Fp8ConvNHWC``); None, with the problem noted, for a grouped one."""
+    if conv.groups != 1:
+        problems.append(f"{name}: fp8 selects a grouped convolution (fp8-depthwise "
+                        "variants quantize depthwise ones)")
+        return None
+    if conv.kernel_size == (1, 1) and conv.padding in ((0, 0), "valid"):
+        return Fp8Pointwise(conv, *scales, dtype=dtype, emulate=emulate, fast_accum=fast_accum,
+                            gemm=gemm, padded_io=padded_io, ones=ones,
+                            small_batch_kernel=small_batch_kernel)
+    return Fp8ConvNHWC(conv, *scales, dtype=dtype, emulate=emulate, fast_accum=fast_accum,
+                       gemm=gemm, ones=ones, conv_kernel=conv_kernel)
+
+
+def _rewrite_finish(body: torch.nn.Module, replaced: Mapping[str, nn.Module],
+                    problems: list[str], dtype: torch.dtype) -> None:
+    """Refuse with every problem found, else put the ``replaced`` modules into ``body`` and
+    cast the leaves not replaced to ``dtype``."""
+    if problems:
+        raise UsageError("cannot build the torch-aoti engine model: " + "; ".join(problems[:5]),
+                         problems=problems)
+    for name, new in replaced.items():
+        parent_name, _, child = name.rpartition(".")
+        parent = body.get_submodule(parent_name) if parent_name else body
+        setattr(parent, child, new)
+    for name, m in body.named_modules():
+        if (not list(m.children()) and name not in replaced
+                and not any(name.startswith(r + ".") for r in replaced)):
+            m.to(dtype)
+
+
 def rewrite_nhwc(model: torch.nn.Module, dtype: torch.dtype, *,
                  fp8: Mapping[str, tuple[float, Any]] | None = None,
                  fp8_depthwise: Mapping[str, tuple[float, Any]] | None = None,
@@ -698,15 +750,9 @@ def rewrite_nhwc(model: torch.nn.Module, dtype: torch.dtype, *,
     ``forward`` depends on the layout is caught there.
     """
     fp8, fp8_depthwise = dict(fp8 or {}), dict(fp8_depthwise or {})
-    fp8_conv_kernel(fp8_conv, emulate=True)          # a known name, before any work
-    if small_batch_pointwise == "triton" and fp8 and not emulate:
-        fp8_conv_kernel("triton")                    # refuses a missing triton by name
-    ones = OnesColumn(fp8_rows) if fp8 and fp8_rows and fp8_gemm in ROWWISE_GEMMS else None
-    body = copy.deepcopy(model).eval()
-    modules = dict(body.named_modules())
-    unknown = sorted(set(fp8) - set(modules)) + sorted(set(fp8_depthwise) - set(modules))
-    if unknown:
-        raise UsageError(f"fp8 modules not in the model: {unknown[:5]}")
+    body, modules, ones = _rewrite_start(model, fp8, fp8_depthwise, fp8_conv=fp8_conv,
+                                         small_batch_pointwise=small_batch_pointwise,
+                                         emulate=emulate, fp8_rows=fp8_rows, fp8_gemm=fp8_gemm)
     replaced: dict[str, nn.Module] = {}
     problems = []
 
@@ -722,18 +768,12 @@ def rewrite_nhwc(model: torch.nn.Module, dtype: torch.dtype, *,
         elif isinstance(m, nn.Conv2d):
             depthwise = m.groups == m.in_channels == m.out_channels and m.groups > 1
             pointwise = m.kernel_size == (1, 1) and m.groups == 1 and m.padding in ((0, 0), "valid")
-            if name in fp8 and pointwise:
-                new = Fp8Pointwise(m, *fp8[name], dtype=dtype, emulate=emulate,
-                                   fast_accum=fast_accum, gemm=fp8_gemm,
-                                   padded_io=pad_channels, ones=ones,
-                                   small_batch_kernel=small_batch_pointwise)
-            elif name in fp8 and m.groups == 1:
-                new = Fp8ConvNHWC(m, *fp8[name], dtype=dtype, emulate=emulate,
-                                  fast_accum=fast_accum, gemm=fp8_gemm, ones=ones,
-                                  conv_kernel=fp8_conv)
-            elif name in fp8:
-                problems.append(f"{name}: fp8 selects a grouped convolution (fp8-depthwise "
-                                "variants quantize depthwise ones)")
+            if name in fp8:
+                new = _fp8_conv_module(name, m, fp8[name], problems, dtype=dtype,
+                                       emulate=emulate, fast_accum=fast_accum, gemm=fp8_gemm,
+                                       ones=ones, conv_kernel=fp8_conv,
+                                       small_batch_kernel=small_batch_pointwise,
+                                       padded_io=pad_channels)
             elif depthwise:
                 a, w = fp8_depthwise.get(name, (None, None))
                 new = DepthwiseNHWC(m, dtype, a, w, channels=width(m.out_channels))
@@ -754,17 +794,7 @@ def rewrite_nhwc(model: torch.nn.Module, dtype: torch.dtype, *,
                             "does not quantize")
         if new is not None:
             replaced[name] = new
-    if problems:
-        raise UsageError("cannot build the torch-aoti engine model: " + "; ".join(problems[:5]),
-                         problems=problems)
-    for name, new in replaced.items():
-        parent_name, _, child = name.rpartition(".")
-        parent = body.get_submodule(parent_name) if parent_name else body
-        setattr(parent, child, new)
-    for name, m in body.named_modules():  # the leaves kept as they are (fc): to dtype
-        if (not list(m.children()) and name not in replaced
-                and not any(name.startswith(r + ".") for r in replaced)):
-            m.to(dtype)
+    _rewrite_finish(body, replaced, problems, dtype)     # the leaves kept (fc): to dtype
     return body.eval().requires_grad_(False)
 
 
@@ -798,19 +828,13 @@ def rewrite_channels_last(model: torch.nn.Module, dtype: torch.dtype, *,
     The arguments mean what they mean for ``rewrite_nhwc``; channel counts are not
     carried padded (each FP8 layer pads into its quantize and slices its output).
     """
-    fp8, fp8_depthwise = dict(fp8 or {}), dict(fp8_depthwise or {})
-    fp8_conv_kernel(fp8_conv, emulate=True)
     if depthwise not in CHANNELS_LAST_DEPTHWISE:
         raise UsageError(f"depthwise form {depthwise!r}: choose one of "
                          f"{', '.join(CHANNELS_LAST_DEPTHWISE)}")
-    if small_batch_pointwise == "triton" and fp8 and not emulate:
-        fp8_conv_kernel("triton")
-    ones = OnesColumn(fp8_rows) if fp8 and fp8_rows and fp8_gemm in ROWWISE_GEMMS else None
-    body = copy.deepcopy(model).eval()
-    modules = dict(body.named_modules())
-    unknown = sorted(set(fp8) - set(modules)) + sorted(set(fp8_depthwise) - set(modules))
-    if unknown:
-        raise UsageError(f"fp8 modules not in the model: {unknown[:5]}")
+    fp8, fp8_depthwise = dict(fp8 or {}), dict(fp8_depthwise or {})
+    body, modules, ones = _rewrite_start(model, fp8, fp8_depthwise, fp8_conv=fp8_conv,
+                                         small_batch_pointwise=small_batch_pointwise,
+                                         emulate=emulate, fp8_rows=fp8_rows, fp8_gemm=fp8_gemm)
     replaced: dict[str, nn.Module] = {}
     problems = []
     for name, m in modules.items():
@@ -820,19 +844,13 @@ def rewrite_channels_last(model: torch.nn.Module, dtype: torch.dtype, *,
                                 "channels_last form does not quantize")
             continue
         dw = m.groups == m.in_channels == m.out_channels and m.groups > 1
-        pointwise = m.kernel_size == (1, 1) and m.groups == 1 and m.padding in ((0, 0), "valid")
-        if name in fp8 and pointwise:
-            new = Fp8Pointwise(m, *fp8[name], dtype=dtype, emulate=emulate,
-                               fast_accum=fast_accum, gemm=fp8_gemm, ones=ones,
-                               small_batch_kernel=small_batch_pointwise)
-        elif name in fp8 and m.groups == 1:
-            new = Fp8ConvNHWC(m, *fp8[name], dtype=dtype, emulate=emulate,
-                              fast_accum=fast_accum, gemm=fp8_gemm, ones=ones,
-                              conv_kernel=fp8_conv)
-        elif name in fp8:
-            problems.append(f"{name}: fp8 selects a grouped convolution (fp8-depthwise "
-                            "variants quantize depthwise ones)")
-            continue
+        if name in fp8:
+            new = _fp8_conv_module(name, m, fp8[name], problems, dtype=dtype, emulate=emulate,
+                                   fast_accum=fast_accum, gemm=fp8_gemm, ones=ones,
+                                   conv_kernel=fp8_conv,
+                                   small_batch_kernel=small_batch_pointwise)
+            if new is None:
+                continue
         elif name in fp8_depthwise and not dw:
             problems.append(f"{name}: fp8-depthwise selects a convolution that is not depthwise")
             continue
@@ -842,17 +860,7 @@ def rewrite_channels_last(model: torch.nn.Module, dtype: torch.dtype, *,
         else:
             continue
         replaced[name] = ChannelsLastView(new)
-    if problems:
-        raise UsageError("cannot build the torch-aoti engine model: " + "; ".join(problems[:5]),
-                         problems=problems)
-    for name, new in replaced.items():
-        parent_name, _, child = name.rpartition(".")
-        parent = body.get_submodule(parent_name) if parent_name else body
-        setattr(parent, child, new)
-    for name, m in body.named_modules():  # the model's own leaves: to dtype, channels_last
-        if (not list(m.children()) and name not in replaced
-                and not any(name.startswith(r + ".") for r in replaced)):
-            m.to(dtype)
+    _rewrite_finish(body, replaced, problems, dtype)     # the model's own leaves: to dtype
     return body.to(memory_format=torch.channels_last).eval().requires_grad_(False)
 
 
