@@ -798,33 +798,42 @@ def test_gpu_fp8_batch1_graph_runs_its_pointwise_dequantized_and_agrees():
 @needs_gpu
 def test_gpu_channels_last_fp8_package_agrees_with_the_nhwc_one():
     """The channels_last fp8 form (family.json torch_aoti.fp8_layout) compiled into a
-    package on a tiny model, its batch-1 graph the NHWC rewrite (torch_aoti.
-    small_batch_layout "nhwc"): recorded as such, and within the fp8 tolerance of the
-    NHWC rewrite's package on the same FP8 operands, at the dynamic and the batch-1 graph."""
+    package on a tiny model, taking uint8 pixels (the pixel head in front of both of its
+    forms), its batch-1 graph the NHWC rewrite (torch_aoti.small_batch_layout "nhwc"):
+    recorded as such, and within the fp8 tolerance of the NHWC rewrite's float package fed
+    the host's preprocessing of the same pixels, at the dynamic and the batch-1 graph."""
     from bundler.targets.torch_aoti import build_engine
     from runtime_py.engines.torch_aoti import TorchAotiRunner
     from runtime_py.numerics import TOLERANCES
+    from runtime_py.preprocess import Preprocessor, pixel_input_spec, spec_from_timm_config
 
+    spec = spec_from_timm_config({"input_size": (3, 16, 16), "interpolation": "bicubic",
+                                  "crop_pct": 0.875, "mean": (0.485, 0.456, 0.406),
+                                  "std": (0.229, 0.224, 0.225)}, "input")
+    pixels = np.random.default_rng(5).integers(0, 256, (4, 16, 16, 3), dtype=np.uint8)
+    x = Preprocessor(pixel_input_spec(spec)).normalize(pixels)
     model = _tiny_model()
-    x = np.random.default_rng(5).normal(size=(4, 3, 16, 16)).astype(np.float32)
     with torch.no_grad():
         act = float(model[:3](torch.from_numpy(x)).abs().max()) / 448
     weights = (model[3].weight.abs().amax(dim=(1, 2, 3)) / 448).numpy()
     outs = {}
     for form in ("nhwc", "channels_last"):
+        cl = form == "channels_last"
         package, details = build_engine(
             model, "fp8", (3, 16, 16), {"min": 1, "max": 8}, fp8={"3": (act, weights)},
-            fp8_gemm="rowwise-fp16", smoke=True, static_batches=[1],
-            small_batch_pointwise="dequantized", nhwc=form == "nhwc",
-            channels_last=form == "channels_last", small_batch_layout="nhwc")
-        assert ("NHWC view" in details["compile_options"]["layout"]) is (form != "nhwc")
+            smoke=True, static_batches=[1], small_batch_pointwise="dequantized",
+            nhwc=not cl, channels_last=cl, small_batch_layout="nhwc",
+            pixel_scale_bias=Preprocessor(spec).pixel_scale_bias if cl else None)
+        assert ("NHWC view" in details["compile_options"]["layout"]) is cl
         small = details["compile_options"].get("small_batch_layout")
         assert (small == "nhwc, channels padded to multiples of 16 (static graphs of batch 1)"
-                if form != "nhwc" else small is None), small
-        runner = TorchAotiRunner(_MemoryBundle("fp8", details, package, (3, 16, 16), 10, 8))
-        with runner:
-            outs[form] = (runner.infer({"input": x})["logits"],
-                          runner.infer({"input": x[:1]})["logits"])
+                if cl else small is None), small
+        feed = pixels if cl else x
+        bundle = _MemoryBundle("fp8", details, package, feed.shape[1:], 10, 8,
+                               input_dtype="uint8" if cl else "float32")
+        with TorchAotiRunner(bundle) as runner:
+            outs[form] = (runner.infer({"input": feed})["logits"],
+                          runner.infer({"input": feed[:1]})["logits"])
             assert runner.graph_failures == {}
     for got, ref in zip(outs["channels_last"], outs["nhwc"]):
         assert np.abs(got - ref).max() <= TOLERANCES["fp8"].allowed(ref)
