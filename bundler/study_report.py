@@ -55,6 +55,18 @@ def _static_graphs(bundle: dict) -> str:
     return ", ".join(map(str, sizes)) if sizes else "-"
 
 
+def _model_form(bundle: dict) -> str:
+    """How a torch-aoti engine holds the model (engine.details compile_options layout, and
+    the small static graphs' form where it differs): the rows of one study can compare
+    forms, e.g. the NHWC rewrite against channels_last."""
+    options = (bundle.get("engine_details") or {}).get("compile_options") or {}
+    form = options.get("layout")
+    if not form:
+        return "-"
+    small = options.get("small_batch_layout")
+    return f"{form}; {small}" if small else form
+
+
 def _mib(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB"
 
@@ -99,12 +111,12 @@ def render_markdown(study: dict) -> str:
 
     out += ["", "## Sizes", ""]
     out += _table(["bundle", "bundle file", "engine member", "engine raw", "engine stored",
-                   "layers", "FP8 layers", "static-batch graphs"],
+                   "layers", "FP8 layers", "static-batch graphs", "model form"],
                   [[b["label"], _mib(b["sizes"]["bundle_bytes"]), b["sizes"]["engine_member"],
                     _mib(b["sizes"]["engine_raw_bytes"]), _mib(b["sizes"]["engine_stored_bytes"]),
                     _num(b["sizes"]["layer_count"]),
                     _num((b.get("recipe") or {}).get("quantized_layers")),
-                    _static_graphs(b)] for b in bundles])
+                    _static_graphs(b), _model_form(b)] for b in bundles])
 
     ev, ref = study["eval"], study["reference"]
     out += ["", f"## Quality vs fp32 on {ev['images']} inputs", "",

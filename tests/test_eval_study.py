@@ -412,3 +412,16 @@ def test_reuse_needs_the_fp8_convolution_form_the_family_names(xception_bundles,
             **family.spec["torch_aoti"], **change}})
         assert words in reuse_mismatch(path, other, req, "torch-aoti", source,
                                        cal["data_digest"], h200)
+
+
+def test_the_study_report_names_each_torch_aoti_bundle_s_model_form():
+    """The Sizes table says how each engine holds the model (the details' layout, and the
+    small static graphs' form where it differs); "-" where the target records none."""
+    from bundler.study_report import _model_form
+
+    cl = {"engine_details": {"compile_options": {
+        "layout": "channels_last (the model as it is)",
+        "small_batch_layout": "nhwc (static graphs of batch 1)"}}}
+    assert _model_form(cl) == "channels_last (the model as it is); nhwc (static graphs of batch 1)"
+    assert _model_form({"engine_details": {"compile_options": {"layout": "nhwc"}}}) == "nhwc"
+    assert _model_form({"engine_details": {}}) == "-" == _model_form({})
