@@ -212,14 +212,14 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
         raise UsageError("padded channels are a form of the NHWC rewrite; the NCHW model has none")
     padding: dict = {}
     if precision == "fp8" and channels_last:
+        dense = dict(_dense(torch_model, fp8 or {}))      # FP8 GEMMs; the rest: depthwise
         rows = None
-        if fp8 and input_shape is not None and max_batch is not None:
-            rows = rewrite.fp8_gemm_rows(torch_model, [p for p, _ in _dense(torch_model, fp8)],
-                                         tuple(input_shape), int(max_batch))
-        pointwise = dict(_dense(torch_model, fp8 or {}))
+        if dense and input_shape is not None and max_batch is not None:
+            rows = rewrite.fp8_gemm_rows(torch_model, list(dense), tuple(input_shape),
+                                         int(max_batch))
         body = rewrite.rewrite_channels_last(
-            torch_model, dtype, fp8=pointwise,
-            fp8_depthwise={p: s for p, s in (fp8 or {}).items() if p not in pointwise},
+            torch_model, dtype, fp8=dense,
+            fp8_depthwise={p: s for p, s in (fp8 or {}).items() if p not in dense},
             fast_accum=fast_accum, fp8_gemm=fp8_gemm, fp8_rows=rows, fp8_conv=fp8_conv,
             small_batch_pointwise=small_batch_pointwise, depthwise=depthwise)
         return rewrite.EngineModule(body, dtype, False, True), padding
