@@ -35,7 +35,8 @@ suffixes of an fp8 base (``model.FP8_GEMMS``):
   -sbtriton    NHWC families: at a static batch <= 8 (--static), the FP8 1x1 convolutions on
                the Triton implicit-GEMM kernel with small tiles instead of _scaled_mm
                (``model.Fp8Pointwise(small_batch_kernel="triton")``)
-  -sbdequant   the same, with the FP8 operands dequantized through fp16 GEMMs
+  -sbdequant   at a static batch <= 8 (--static), the FP8 1x1 convolutions (Linear layers
+               of "as_is" families) as their FP8 operands dequantized through fp16 GEMMs
                (``small_batch_kernel="dequantized"``: timm_xception's batch-1 graph)
   -cl          image families: the channels_last form (the model in channels_last memory,
                its FP8 layers on the NHWC view of their input: ``model.rewrite_channels_last``,

@@ -90,8 +90,8 @@ TORCH_AOTI_FP8_GEMMS = ("rowwise", "tensorwise", "rowwise-fp16", "dequantized")
 #: (the meaning of each: bundler.targets.torch_aoti.model.FP8_CONVS); "im2col" unless the
 #: family names another; ``$TRT_BUNDLE_FP8_CONV`` overrides it for one build.
 TORCH_AOTI_FP8_CONVS = ("im2col", "triton", "triton-fused")
-#: ``torch_aoti.fp8_pointwise_small_batch``: how the NHWC rewrite's FP8 1x1 convolutions run
-#: in a static-batch graph of at most 8 images (``torch_aoti.static_batches``; the meaning of
+#: ``torch_aoti.fp8_pointwise_small_batch``: how the FP8 1x1 convolutions (a layout "as_is"
+#: family's FP8 Linear layers: gemm or dequantized) run in a static-batch graph of at most 8 images (``torch_aoti.static_batches``; the meaning of
 #: each: bundler.targets.torch_aoti.model.SMALL_BATCH_POINTWISE); "gemm" unless named.
 TORCH_AOTI_SMALL_BATCH_POINTWISE = ("gemm", "triton", "dequantized")
 #: Keys a layer-selection rule may use (their meaning: ``bundler.graphs.fp8``).
@@ -275,7 +275,7 @@ class Family:
 
     @property
     def torch_aoti_fp8_pointwise_small_batch(self) -> str:
-        """How FP8 1x1 convolutions run in small static-batch graphs
+        """How FP8 1x1 convolutions (or Linear layers) run in small static-batch graphs
         (``TORCH_AOTI_SMALL_BATCH_POINTWISE``), "gemm" unless the family says otherwise."""
         return str((self.spec.get("torch_aoti") or {}).get("fp8_pointwise_small_batch", "gemm"))
 
@@ -501,9 +501,14 @@ def parse_family(data: Any, *, folder: Path, expected_name: str | None = None) -
             problems.append(f"torch_aoti.fp8_gemm: must be one of {list(TORCH_AOTI_FP8_GEMMS)}")
         if aoti.get("fp8_conv", "im2col") not in TORCH_AOTI_FP8_CONVS:
             problems.append(f"torch_aoti.fp8_conv: must be one of {list(TORCH_AOTI_FP8_CONVS)}")
-        if aoti.get("fp8_pointwise_small_batch", "gemm") not in TORCH_AOTI_SMALL_BATCH_POINTWISE:
+        small_gemm = aoti.get("fp8_pointwise_small_batch", "gemm")
+        if small_gemm not in TORCH_AOTI_SMALL_BATCH_POINTWISE:
             problems.append("torch_aoti.fp8_pointwise_small_batch: must be one of "
                             f"{list(TORCH_AOTI_SMALL_BATCH_POINTWISE)}")
+        elif small_gemm == "triton" and aoti.get("layout", "nhwc") == "as_is":
+            problems.append("torch_aoti.fp8_pointwise_small_batch: triton is the 1x1 "
+                            "convolution kernel; the Linear layers of a layout as_is family "
+                            "take gemm or dequantized")
         if not isinstance(aoti.get("fp8_fast_accum", False), bool):
             problems.append("torch_aoti.fp8_fast_accum: must be true or false")
         problems += _static_batch_problems(aoti.get("static_batches", []), batch)

@@ -176,17 +176,21 @@ def reuse_mismatch(path: Path, family, req, target: str, source: dict,
             have = m["engine"]["details"].get("compile_options", {}).get("fp8_conv")
             names = {text: name for name, text in FP8_CONV_DESCRIPTIONS.items()}
             checks["fp8 convolution form"] = (names.get(have, have), want)
-            # and its small-batch 1x1 form (recorded only where a small static graph has it)
+        if req.precision == "fp8":
+            # the small-batch form of its FP8 GEMM layers (1x1 convolutions, Linear layers;
+            # recorded only where a small static graph has it)
             from bundler.targets.torch_aoti.build import (SMALL_BATCH_POINTWISE_DESCRIPTIONS,
+                                                          default_fp8_conv,
                                                           effective_small_batch_pointwise)
 
             want_pw = effective_small_batch_pointwise(
-                family.torch_aoti_fp8_pointwise_small_batch, "fp8", want != "triton-fused",
-                family.torch_aoti_static_batches_for("fp8"))
+                family.torch_aoti_fp8_pointwise_small_batch, "fp8",
+                family.torch_aoti_static_batches_for("fp8"), layout=family.torch_aoti_layout,
+                fp8_conv=default_fp8_conv(None, family.torch_aoti_fp8_conv))
             have_pw = m["engine"]["details"].get("compile_options", {}).get(
                 "fp8_pointwise_small_batch")
             pw_names = {text: name for name, text in SMALL_BATCH_POINTWISE_DESCRIPTIONS.items()}
-            checks["fp8 small-batch 1x1 form"] = (pw_names.get(have_pw, have_pw or "gemm"),
+            checks["fp8 small-batch GEMM form"] = (pw_names.get(have_pw, have_pw or "gemm"),
                                                   want_pw)
         # the model form (NHWC rewrite, channels_last, ...) the family's settings build now
         from bundler.targets.torch_aoti.build import (default_fp8_conv, default_pad_channels,

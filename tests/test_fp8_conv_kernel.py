@@ -350,7 +350,11 @@ def test_the_family_setting_of_small_batch_pointwise_is_checked_and_recorded(tmp
     # where it applies, for builds and for bundle study's reuse check alike
     from bundler.targets.torch_aoti.build import effective_small_batch_pointwise as applies
 
-    assert applies("triton", "fp8", True, [1]) == "triton"
-    assert applies("triton", "fp8", True, [16, 32]) == "gemm"      # no small static graph
-    assert applies("triton", "fp8", False, [1]) == "gemm"          # not the NHWC rewrite
-    assert applies("triton", "fp16", True, [1]) == "gemm"
+    assert applies("triton", "fp8", [1]) == "triton"
+    assert applies("triton", "fp8", [16, 32]) == "gemm"            # no small static graph
+    assert applies("triton", "fp8", [1], fp8_conv="triton-fused") == "gemm"  # no Fp8Pointwise
+    assert applies("triton", "fp16", [1]) == "gemm"
+    # a tokens family's Linear layers (layout as_is) take the small-batch form too
+    assert applies("dequantized", "fp8", [1], layout="as_is") == "dequantized"
+    assert applies("dequantized", "fp8", [1], layout="as_is", fp8_conv="triton-fused") == \
+        "dequantized"

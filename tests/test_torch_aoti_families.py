@@ -6,6 +6,8 @@ modules with torch._scaled_mm instead of the fp32 emulation)."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -13,6 +15,7 @@ torch = pytest.importorskip("torch")
 
 from bundler.families import load_family  # noqa: E402
 from bundler.fp8 import quantize, stored_scale  # noqa: E402
+from runtime_py.errors import UsageError  # noqa: E402
 
 
 def _dequantized(w: torch.Tensor, scales: np.ndarray, axis: int = 0) -> torch.Tensor:
@@ -145,30 +148,43 @@ def test_resnet_fp8_pointwise_variant_keeps_the_3x3_convolutions_fp16(resnet):
 
 
 
-def _inductor_kernels(gemm: str) -> list[str]:
-    """Names of the kernels Inductor generates (CPU codegen, which fuses as the GPU's does)
-    for one ViT block of the fp8 engine model with FP8 GEMM mode ``gemm``."""
-    import re
-
+def _tiny_vit():
     import timm
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return timm.create_model("vit_base_patch16_224", pretrained=False, depth=1, embed_dim=64,
+                                 num_heads=2, img_size=32, num_classes=10).eval()
+
+
+def _inductor_code(gemm: str, batch: int = 2, small_batch: str = "gemm") -> str:
+    """The code Inductor generates (CPU codegen, which fuses as the GPU's does) for one ViT
+    block of the fp8 engine model with FP8 GEMM mode ``gemm``, compiled for a static
+    ``batch`` with the small-batch form ``small_batch``."""
     from torch._inductor.utils import run_and_get_code
 
     from bundler.targets.torch_aoti.model import EngineModule, rewrite_as_is
 
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        vit = timm.create_model("vit_base_patch16_224", pretrained=False, depth=1, embed_dim=64,
-                                num_heads=2, img_size=32, num_classes=10).eval()
+    vit = _tiny_vit()
     fp8 = {n: (0.01, m.weight.detach().abs().amax(1).numpy() / 448)
            for n, m in vit.named_modules() if isinstance(m, torch.nn.Linear) and n.startswith("blocks.")}
-    module = EngineModule(rewrite_as_is(vit, torch.float16, fp8=fp8, fp8_gemm=gemm, fp8_rows=2 * 5),
+    module = EngineModule(rewrite_as_is(vit, torch.float16, fp8=fp8, fp8_gemm=gemm,
+                                        fp8_rows=max(batch, 2) * 5,
+                                        small_batch_pointwise=small_batch),
                           torch.float16, False)
     try:
         with torch.no_grad():
-            _out, codes = run_and_get_code(torch.compile(module), torch.randn(2, 3, 32, 32))
+            _out, codes = run_and_get_code(torch.compile(module, dynamic=False),
+                                           torch.randn(batch, 3, 32, 32))
     finally:
         torch._dynamo.reset()
-    return sorted(set(re.findall(r"\b(cpp_fused_\w+|triton_\w+)\(", "\n".join(codes))))
+    return "\n".join(codes)
+
+
+def _inductor_kernels(gemm: str, batch: int = 2, small_batch: str = "gemm") -> list[str]:
+    """Names of the kernels in ``_inductor_code``."""
+    code = _inductor_code(gemm, batch, small_batch)
+    return sorted(set(re.findall(r"\b(cpp_fused_\w+|triton_\w+)\(", code)))
 
 
 def test_vit_fp8_quantizes_fuse_and_fp16_out_removes_the_attention_convert():
@@ -184,3 +200,69 @@ def test_vit_fp8_quantizes_fuse_and_fp16_out_removes_the_attention_convert():
                    for k in quantizing), kernels
         converts = [k for k in kernels if "scaled_dot_product" in k]
         assert len(converts) == (1 if gemm == "rowwise" else 0), kernels
+
+
+def test_fp8_linear_small_static_batches_run_dequantized_and_others_the_fp8_gemm():
+    """``Fp8Linear(small_batch_kernel="dequantized")``: a batch of at most ``SMALL_BATCH``
+    that is a plain int (eager, or a graph traced for a static batch) takes the fp16 GEMM
+    on the same FP8 operands, bit for bit the "dequantized" mode; a larger one, or a
+    symbolic batch (the dynamic graph), the layer's FP8 GEMM. "triton" is refused: it is
+    the 1x1 convolution kernel."""
+    from torch.export import Dim, export
+
+    from bundler.targets.torch_aoti import model as tam
+
+    gen = torch.Generator().manual_seed(3)
+    linear = torch.nn.Linear(40, 24)
+    w_scale = linear.weight.detach().abs().amax(1).numpy() / 448
+    make = lambda **kw: tam.Fp8Linear(linear, 0.05, w_scale, torch.float16, **kw)  # noqa: E731
+    small = make(gemm="rowwise-fp16", small_batch_kernel="dequantized")
+    dequantized, fp8 = make(gemm="dequantized"), make(gemm="rowwise-fp16")
+    for n in (1, tam.SMALL_BATCH, tam.SMALL_BATCH + 1):
+        x = torch.randn(n, 5, 40, generator=gen).half()
+        want = dequantized(x) if n <= tam.SMALL_BATCH else fp8(x)
+        assert torch.equal(small(x), want), n
+    assert not torch.equal(dequantized(x), fp8(x))        # the two forms are told apart
+    calls = []
+    small.dequantized_matmul = lambda q: calls.append("dequantized")
+    export(small, (torch.randn(2, 5, 40).half(),),
+           dynamic_shapes=({0: Dim("batch", min=1, max=32)},))
+    assert calls == []
+    assert make(emulate=True, small_batch_kernel="dequantized").small_batch_kernel == "gemm"
+    with pytest.raises(UsageError, match="Linear layer: choose gemm or dequantized"):
+        make(small_batch_kernel="triton")
+
+
+def test_vit_small_batch_graph_compiles_without_fp8_gemms_and_keeps_the_quantize_fused():
+    """Compiled for static batch 1 with the dequantized small-batch form, a ViT block has no
+    ``_scaled_mm`` left and every quantize still lands in the kernel of the op before it (no
+    pass of its own); compiled for a batch above ``SMALL_BATCH`` it keeps the FP8 GEMMs."""
+    from bundler.targets.torch_aoti.model import SMALL_BATCH
+
+    one = _inductor_code("rowwise-fp16", batch=1, small_batch="dequantized")
+    assert "_scaled_mm" not in one
+    kernels = sorted(set(re.findall(r"\b(cpp_fused_\w+|triton_\w+)\(", one)))
+    quantizing = [k for k in kernels if "clamp" in k]
+    assert len(quantizing) == 4, kernels                      # qkv, proj, fc1, fc2 inputs
+    assert all(any(op in k for op in ("native_layer_norm", "gelu", "transpose"))
+               for k in quantizing), kernels
+    assert "_scaled_mm" in _inductor_code("rowwise-fp16", batch=SMALL_BATCH + 1,
+                                          small_batch="dequantized")
+
+
+def test_vit_family_refuses_the_triton_small_batch_kernel(tmp_path):
+    import json
+    import shutil
+
+    from bundler.families import families_root
+    from runtime_py.errors import FamilyError
+
+    shutil.copytree(families_root() / "timm_vit_base", tmp_path / "timm_vit_base")
+    path = tmp_path / "timm_vit_base" / "family.json"
+    spec = json.loads(path.read_text())
+    spec["torch_aoti"]["fp8_pointwise_small_batch"] = "triton"
+    path.write_text(json.dumps(spec))
+    with pytest.raises(FamilyError) as info:
+        load_family("timm_vit_base", root=tmp_path)
+    assert any("Linear layers of a layout as_is family" in p for p in info.value.problems)
+

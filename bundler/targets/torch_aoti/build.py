@@ -167,8 +167,9 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
     (family.json ``torch_aoti.fp16_layout``); for fp8, that model with its FP8 layers on
     the NHWC view of their input (``rewrite.rewrite_channels_last``, family.json
     ``torch_aoti.fp8_layout``; ``depthwise``: its ``CHANNELS_LAST_DEPTHWISE`` form).
-    ``small_batch_pointwise``: how the FP8 1x1 convolutions run in a static-batch graph of
-    a small batch (``rewrite.SMALL_BATCH_POINTWISE``).
+    ``small_batch_pointwise``: how the FP8 1x1 convolutions (the Linear layers of an
+    "as_is" family) run in a static-batch graph of a small batch
+    (``rewrite.SMALL_BATCH_POINTWISE``).
     """
     torch = import_torch()
     from bundler.targets.torch_aoti import model as rewrite
@@ -187,7 +188,8 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
             rows = rewrite.fp8_gemm_rows(torch_model, list(fp8), tuple(input_shape),
                                             int(max_batch))
         body = rewrite.rewrite_as_is(torch_model, dtype, fp8=fp8, fast_accum=fast_accum,
-                                        fp8_gemm=fp8_gemm, fp8_rows=rows)
+                                        fp8_gemm=fp8_gemm, fp8_rows=rows,
+                                        small_batch_pointwise=small_batch_pointwise)
         return rewrite.EngineModule(body, dtype, False), {}
     if layout != "nhwc":
         raise UsageError(f"torch_aoti.layout {layout!r}: choose nhwc or as_is")
@@ -383,16 +385,20 @@ def static_sizes(static_batches: Sequence[int], lo: int, hi: int) -> list[int]:
     return sizes
 
 
-def effective_small_batch_pointwise(requested: str, precision: str, pointwise_gemms: bool,
-                                    static_batches: Sequence[int]) -> str:
-    """The small-batch 1x1 form a build records (``model.SMALL_BATCH_POINTWISE``):
-    ``requested`` where it applies (an fp8 form whose 1x1 layers are ``Fp8Pointwise``, the
-    NHWC rewrite or the channels_last form, with a static graph of at most
-    ``model.SMALL_BATCH`` images), else "gemm" (nothing it would change: not recorded).
-    `bundle study` asks the same to decide whether a bundle can be reused."""
+def effective_small_batch_pointwise(requested: str, precision: str,
+                                    static_batches: Sequence[int], *, layout: str = "nhwc",
+                                    fp8_conv: str = "im2col") -> str:
+    """The small-batch GEMM form a build records (``model.SMALL_BATCH_POINTWISE``):
+    ``requested`` where it applies (an fp8 model whose GEMM layers are ``Fp8Pointwise`` or
+    ``Fp8Linear``: the NHWC rewrite or the channels_last form of an image family, i.e.
+    every fp8 form but ``fp8_conv`` "triton-fused", or an "as_is" ``layout``; with a
+    static graph of at most ``model.SMALL_BATCH`` images), else "gemm" (nothing it would
+    change: not recorded). `bundle study` asks the same to decide whether a bundle can be
+    reused."""
     from bundler.targets.torch_aoti.model import SMALL_BATCH
 
-    applies = (precision == "fp8" and pointwise_gemms
+    gemm_layers = layout == "as_is" or fp8_conv != "triton-fused"
+    applies = (precision == "fp8" and gemm_layers
                and any(n <= SMALL_BATCH for n in static_batches))
     return requested if applies else "gemm"
 
@@ -462,8 +468,8 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
     ``engine_model``'s (used when the model is not the NHWC rewrite). ``static_batches``:
     sizes compiled once more with a static batch, into the same package (``compile_package``;
     family.json ``torch_aoti.static_batches``). ``small_batch_pointwise``: how FP8 1x1
-    convolutions of the NHWC rewrite run in the static graphs of small batches
-    (``engine_model``; family.json ``torch_aoti.fp8_pointwise_small_batch``).
+    convolutions (Linear layers of an "as_is" family) run in the static graphs of small
+    batches (``engine_model``; family.json ``torch_aoti.fp8_pointwise_small_batch``).
     ``small_batch_layout="nhwc"``: the static graphs of at most ``model.SMALL_BATCH``
     images are the NHWC rewrite even where the model form is channels_last (family.json
     ``torch_aoti.small_batch_layout``: on the H200 timm_xception's channels_last form
@@ -483,8 +489,7 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
         nhwc, pad_channels, channels_last = False, False, True
     static = static_sizes(static_batches, lo, hi)
     small_batch_pointwise = effective_small_batch_pointwise(
-        small_batch_pointwise, precision, nhwc or (channels_last and fp8_conv != "triton-fused"),
-        static)
+        small_batch_pointwise, precision, static, layout=layout, fp8_conv=fp8_conv)
     module, padding = engine_model(torch_model, precision, fp8, nhwc=nhwc, fast_accum=fast_accum,
                                    fp8_gemm=fp8_gemm, pad_channels=pad_channels,
                                    input_shape=input_shape, max_batch=hi, layout=layout,
@@ -621,11 +626,12 @@ FP8_GEMM_DESCRIPTIONS = {
 
 
 SMALL_BATCH_POINTWISE_DESCRIPTIONS = {
-    "gemm": "FP8 1x1 convolutions on torch._scaled_mm at every batch",
+    "gemm": "FP8 1x1 convolutions and Linear layers on torch._scaled_mm at every batch",
     "triton": "in the static graphs of batches up to 8: FP8 1x1 convolutions on the "
               "implicit-GEMM Triton kernel with small tiles (torch._scaled_mm elsewhere)",
-    "dequantized": "in the static graphs of batches up to 8: the FP8 1x1 convolutions' "
-                   "operands dequantized, fp16 GEMMs (torch._scaled_mm elsewhere)",
+    "dequantized": "in the static graphs of batches up to 8: the operands of the FP8 1x1 "
+                   "convolutions and Linear layers dequantized, fp16 GEMMs "
+                   "(torch._scaled_mm elsewhere)",
 }
 
 

@@ -108,10 +108,10 @@ ROWWISE_GEMMS = ("rowwise", "rowwise-fp16")
 #: epilogue). A family picks one in family.json (``torch_aoti.fp8_conv``, default im2col);
 #: timm_resnet50 runs triton-fused, measured on the H200 (its README).
 FP8_CONVS = TORCH_AOTI_FP8_CONVS
-#: How ``Fp8Pointwise`` runs in a graph traced for a small static batch: "gemm"
-#: (``torch._scaled_mm``, as at every batch), "triton" (the implicit-GEMM kernel with
-#: small tiles) or "dequantized" (the FP8 operands dequantized, an fp16 GEMM); family.json
-#: ``torch_aoti.fp8_pointwise_small_batch``.
+#: How ``Fp8Pointwise`` (and ``Fp8Linear``) runs in a graph traced for a small static
+#: batch: "gemm" (``torch._scaled_mm``, as at every batch), "triton" (the implicit-GEMM
+#: kernel with small tiles; 1x1 convolutions only) or "dequantized" (the FP8 operands
+#: dequantized, an fp16 GEMM); family.json ``torch_aoti.fp8_pointwise_small_batch``.
 SMALL_BATCH_POINTWISE = TORCH_AOTI_SMALL_BATCH_POINTWISE
 
 #: Spatial layers with no channel arithmetic: run on the NCHW view of NHWC data (``NCHWView``).
@@ -419,13 +419,32 @@ class Fp8Pointwise(Fp8Gemm):
 
 class Fp8Linear(Fp8Gemm):
     """``nn.Linear`` as an FP8 GEMM over its input's last dimension (a transformer's
-    tokens: [N, T, in] -> [N, T, out]); what the ONNX graph's Q/DQ on MatMul computes."""
+    tokens: [N, T, in] -> [N, T, out]); what the ONNX graph's Q/DQ on MatMul computes.
+
+    ``small_batch_kernel="dequantized"``: traced for a static batch of at most
+    ``SMALL_BATCH``, the same FP8 operands dequantized and an fp16 GEMM, as
+    ``Fp8Pointwise`` does (the ONNX graph's arithmetic). Why: at batch 1 timm_vit_base's 48
+    GEMMs of 197 rows are latency-bound, and on the H200 the model ran 0.730 ms with the
+    FP8 GEMMs, 0.659 ms dequantized and 0.627 ms in fp16 (families/timm_vit_base/README.md).
+    "triton" (the implicit-GEMM convolution kernel) is a 1x1 convolution's form only."""
 
     def __init__(self, linear: nn.Linear, act_scale: float, weight_scale: Any,
-                 dtype: torch.dtype, **options: Any) -> None:
-        super().__init__(linear.weight, linear.bias, act_scale, weight_scale, dtype, **options)
+                 dtype: torch.dtype, small_batch_kernel: str = "gemm", **options: Any) -> None:
+        if small_batch_kernel not in ("gemm", "dequantized"):
+            raise UsageError(f"small-batch kernel {small_batch_kernel!r} of a Linear layer: "
+                             "choose gemm or dequantized (triton is a 1x1 convolution's)")
+        emulate = bool(options.get("emulate"))
+        super().__init__(linear.weight, linear.bias, act_scale, weight_scale, dtype,
+                         dequantized_too=small_batch_kernel == "dequantized" and not emulate,
+                         **options)
+        self.small_batch_kernel = "gemm" if emulate else small_batch_kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.small_batch_kernel == "dequantized" and x.dim() > 2:
+            n = static_batch(x)
+            if n is not None and n <= SMALL_BATCH:
+                y = self.dequantized_matmul(self.quantized_rows(x))
+                return y.reshape(*x.shape[:-1], self.out)
         return self.matmul(x).reshape(*x.shape[:-1], self.out)
 
 
@@ -873,11 +892,14 @@ def _gemm_rows(out: torch.Tensor) -> int:
 def rewrite_as_is(model: torch.nn.Module, dtype: torch.dtype, *,
                   fp8: Mapping[str, tuple[float, Any]] | None = None, emulate: bool = False,
                   fast_accum: bool = False, fp8_gemm: str = "rowwise",
-                  fp8_rows: int | None = None) -> torch.nn.Module:
+                  fp8_rows: int | None = None,
+                  small_batch_pointwise: str = "gemm") -> torch.nn.Module:
     """A copy of ``model`` in ``dtype``, its layout as it is (a transformer's tokens are
     already row-major ``[tokens, features]`` GEMM operands), with the ``fp8`` Linear
     layers (module path -> (activation scale, weight scales)) as ``Fp8Linear``. The family
-    layout rule ``"as_is"`` (``family.json`` ``torch_aoti.layout``)."""
+    layout rule ``"as_is"`` (``family.json`` ``torch_aoti.layout``);
+    ``small_batch_pointwise``: the layers' form in small static-batch graphs
+    (``Fp8Linear``: "gemm" or "dequantized")."""
     fp8 = dict(fp8 or {})
     ones = OnesColumn(fp8_rows) if fp8 and fp8_rows and fp8_gemm in ROWWISE_GEMMS else None
     body = copy.deepcopy(model).eval().to(dtype)
@@ -892,7 +914,8 @@ def rewrite_as_is(model: torch.nn.Module, dtype: torch.dtype, *,
         parent_name, _, child = name.rpartition(".")
         parent = body.get_submodule(parent_name) if parent_name else body
         setattr(parent, child, Fp8Linear(linear, act, weights, dtype, emulate=emulate,
-                                         fast_accum=fast_accum, gemm=fp8_gemm, ones=ones))
+                                         fast_accum=fast_accum, gemm=fp8_gemm, ones=ones,
+                                         small_batch_kernel=small_batch_pointwise))
     return body.requires_grad_(False)
 
 
