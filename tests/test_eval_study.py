@@ -425,3 +425,54 @@ def test_the_study_report_names_each_torch_aoti_bundle_s_model_form():
     assert _model_form(cl) == "channels_last (the model as it is); nhwc (static graphs of batch 1)"
     assert _model_form({"engine_details": {"compile_options": {"layout": "nhwc"}}}) == "nhwc"
     assert _model_form({"engine_details": {}}) == "-" == _model_form({})
+
+
+def test_reuse_of_a_vit_fp8_bundle_needs_the_small_batch_gemm_form_the_family_names(
+        xception_bundles, tmp_path):
+    """A layout as_is family (timm_vit_base) compares the small-batch form of its FP8 Linear
+    layers too: a package whose batch-1 graph runs them dequantized is reused for a family
+    that asks for it and rebuilt for one that does not (the check was skipped for as_is
+    families before they could have the form)."""
+    pytest.importorskip("torch")
+    import dataclasses
+
+    from bundler.families import load_family
+    from bundler.make import MakeRequest, reference_set
+    from bundler.study import expected_source, reuse_mismatch
+    from bundler.targets.torch_aoti.build import engine_details
+    from bundler.writer import write_bundle
+    from runtime_py.compat import GpuInfo, HostInfo
+    from runtime_py.format import open_bundle
+
+    vit = load_family("timm_vit_base")
+    small = dataclasses.replace(vit, spec={**vit.spec, "torch_aoti": {
+        **vit.spec["torch_aoti"], "static_batches": {"fp8": [1]},
+        "fp8_pointwise_small_batch": "dequantized"}})
+    with open_bundle(xception_bundles["fp8"]) as bundle:     # its members, relabelled
+        body = {k: v for k, v in bundle.manifest.items() if k not in ("format", "members")}
+        members = {name: bundle.read_member(name) for name in bundle.member_names}
+    cal = body["calibration"]
+    req = MakeRequest(family=vit.name, precision="fp8", random_weights=True,
+                      calib_count=16, reference_count=4, calib_method=cal["method"])
+    host = {"torch_version": "2.11.0+cu130", "cuda_version": "13.0",
+            "compute_capability": "9.0", "device_name": "NVIDIA H200", "device": "cuda"}
+    details = engine_details(host, "fp8", {}, nhwc=False, fast_accum=False, padding={},
+                             batch_sizes=[1, 32], seconds=None, fp8_gemm="rowwise-fp16",
+                             layout="as_is", static_batches=[1],
+                             small_batch_pointwise="dequantized")
+    details["static_batches"] = [1]
+    body.update(family={"name": vit.name, "version": vit.version},
+                source=expected_source(vit, req),
+                recipe={**body["recipe"], "digest": "sha256:" + vit.recipe_digest(None)},
+                engine={"backend": "torch-aoti", "member": "engine.pt2", "details": details})
+    body["quality"] = {**body["quality"], "images": req.reference_count,
+                       "inputs_source": reference_set(vit, req).source}
+    path, _ = write_bundle(tmp_path / "v.bundle", body, {**members, "engine.pt2": b"pt2"})
+    h200 = HostInfo(gpus=(GpuInfo("NVIDIA H200", (9, 0)),), torch_version="2.11.0",
+                    torch_cuda_version="13.0")
+    assert reuse_mismatch(path, small, req, "torch-aoti", body["source"], cal["data_digest"],
+                          h200) is None
+    gemm = dataclasses.replace(small, spec={**small.spec, "torch_aoti": {
+        **small.spec["torch_aoti"], "fp8_pointwise_small_batch": "gemm"}})
+    assert "fp8 small-batch GEMM form differs ('dequantized' vs 'gemm')" in reuse_mismatch(
+        path, gemm, req, "torch-aoti", body["source"], cal["data_digest"], h200)
