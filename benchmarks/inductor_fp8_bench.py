@@ -43,6 +43,10 @@ suffixes of an fp8 base (``model.FP8_GEMMS``):
                family.json ``torch_aoti.fp8_layout: channels_last``); -nhwc: the NHWC rewrite
   -dwslices    the channels_last form with depthwise convolutions as shifted slices
                (``DepthwiseNHWC``, the quantize after them fused) instead of cuDNN's
+  -dwtriton    the channels_last form with each depthwise convolution that feeds an FP8
+               GEMM as one Triton kernel writing the GEMM's e4m3 rows (``DepthwiseE4m3``,
+               ``kernels/dw_conv.py``: convolution, bias, ReLU, quantize) instead of
+               cuDNN's kernel and a quantize pass
   -unpadded    NHWC families: channel counts not carried padded to 16 (-padded: carried,
                the fp8 default since 2026-11-29; the older logs' plain "fp8" was unpadded)
 Default: fp16,fp8,fp8-fp16out-fastacc,fp8-fp16out,fp8-fastacc,fp8-dequant.
@@ -89,7 +93,7 @@ SUFFIXES = {"-fastacc": ("fast_accum", True), "-fp16out": ("gemm", "rowwise-fp16
             "-padded": ("padded", True), "-sbtriton": ("small_batch_pointwise", "triton"),
             "-sbdequant": ("small_batch_pointwise", "dequantized"),
             "-cl": ("form", "channels_last"), "-nhwc": ("form", "nhwc"),
-            "-dwslices": ("depthwise", "slices")}
+            "-dwslices": ("depthwise", "slices"), "-dwtriton": ("depthwise", "triton")}
 STARTED = time.monotonic()
 
 
@@ -111,7 +115,7 @@ class Variant:
     padded: bool | None = None       # None: the target's default
     small_batch_pointwise: str = "gemm"
     form: str = "family"             # fp8: "family", "nhwc" or "channels_last"
-    depthwise: str = "cudnn"         # channels_last fp8: "cudnn" or "slices"
+    depthwise: str = "cudnn"         # channels_last fp8: "cudnn", "slices" or "triton"
 
 
 def parse_variant(name: str, family) -> Variant:
@@ -131,9 +135,9 @@ def parse_variant(name: str, family) -> Variant:
         raise ValueError(f"{name}: {', '.join(fields)} apply to fp8 variants only")
     if base == "fp8" or (base in family.variants
                          and family.variants[base].get("precision") == "fp8"):
-        if fields.get("depthwise") == "slices":
+        if fields.get("depthwise") in ("slices", "triton"):
             if fields.get("form") == "nhwc":
-                raise ValueError(f"{name}: -dwslices is a channels_last form")
+                raise ValueError(f"{name}: -dw{fields['depthwise']} is a channels_last form")
             fields["form"] = "channels_last"
         return Variant(name, "fp8", recipe=None if base == "fp8" else base, **fields)
     known = ", ".join(sorted(family.variants)) or "none"

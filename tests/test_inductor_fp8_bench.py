@@ -74,6 +74,12 @@ def test_variant_names():
     assert bench.parse_variant("fp8-depthwise-tensorwise", xception).recipe == "fp8-depthwise"
     assert bench.parse_variant("fp8-rowcols-unpadded", xception).shared_ones is False
     assert bench.parse_variant("fp16-nchw", vit).fp16_form == "nchw"
+    for suffix, form in (("-dwslices", "slices"), ("-dwtriton", "triton")):
+        v = bench.parse_variant("fp8" + suffix, xception)
+        assert (v.depthwise, v.form) == (form, "channels_last")
+        with pytest.raises(ValueError, match="channels_last form"):
+            bench.parse_variant("fp8-nhwc" + suffix, xception)
+    assert bench.parse_variant("fp8-sbdequant", vit).small_batch_pointwise == "dequantized"
     for bad in ("fp8-depthwise", "fp16-fastacc", "fp8-fp16out-tensorwise", "int8"):
         with pytest.raises(ValueError):
             bench.parse_variant(bad, vit)

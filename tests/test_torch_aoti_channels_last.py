@@ -50,21 +50,29 @@ def test_channels_last_fp8_model_matches_onnxruntime_and_the_nhwc_rewrite(
     """The same FP8 operands and scales as the graph: within the fp8 tolerance of ONNX
     Runtime on the bundle's fp8 graph, same top-1, and what the NHWC rewrite gives (the
     two differ only in how fp16 layers round), with cuDNN's depthwise convolutions or the
-    shifted-slice ones."""
-    from bundler.targets.torch_aoti.model import (ChannelsLastView, Fp8Pointwise,
-                                                  rewrite_channels_last, rewrite_nhwc)
+    shifted-slice ones, or the ones that feed an FP8 GEMM writing its e4m3 rows
+    (``DepthwiseE4m3``, here in torch ops: the Triton kernel is tested on its own)."""
+    from bundler.targets.torch_aoti.model import (ChannelsLastView, DepthwiseE4m3,
+                                                  Fp8Pointwise, rewrite_channels_last,
+                                                  rewrite_nhwc)
 
     x = torch.from_numpy(graphs_inputs["eval"][:4])
     ref = graphs_run(graphs_fp8, graphs_inputs["eval"][:4])
     nhwc = _run(rewrite_nhwc(graphs_torch_model, torch.float16, fp8=xception_fp8,
                              emulate=True), x, True).numpy()
-    for depthwise in ("cudnn", "slices"):
+    for depthwise in ("cudnn", "slices", "triton"):
         body = rewrite_channels_last(graphs_torch_model, torch.float16, fp8=xception_fp8,
                                      emulate=True, depthwise=depthwise)
         views = [m for m in body.modules() if isinstance(m, ChannelsLastView)]
         fp8 = [v for v in views if isinstance(v.layer, Fp8Pointwise)]
         assert len(fp8) == 43
-        assert (len(views) > 43) is (depthwise == "slices")
+        assert (len(views) > 43) is (depthwise != "cudnn")
+        fused = [v for v in views if isinstance(v.layer, DepthwiseE4m3)]
+        # every separable convolution's depthwise half feeds its FP8 1x1 half (the 4
+        # shortcut 1x1 layers of the 43 take the fp16 block input); the exit block's
+        # three have a ReLU between the halves, which goes into the kernel
+        assert len(fused) == (39 if depthwise == "triton" else 0)
+        assert sum(v.layer.relu for v in fused) == (3 if depthwise == "triton" else 0)
         convs = [m for m in body.modules() if isinstance(m, torch.nn.Conv2d)]
         assert convs and all(c.weight.dtype == torch.float16 and c.weight.is_contiguous(
             memory_format=torch.channels_last) for c in convs if c.weight.dim() == 4)

@@ -75,7 +75,7 @@ from bundler.fp8 import E4M3_MAX, quantize as quantize_fp8, stored_scale
 from runtime_py.errors import UsageError
 
 __all__ = ["FP8_ALIGN", "FP8_GEMMS", "FP8_CONVS", "SMALL_BATCH", "SMALL_BATCH_POINTWISE", "fp8_conv_kernel", "padded", "map_nodes_to_modules", "rewrite_nhwc",
-           "rewrite_channels_last", "ChannelsLastView", "rewrite_as_is", "fp8_gemm_rows", "shape_pass", "EngineModule", "check_rewrite",
+           "rewrite_channels_last", "ChannelsLastView", "DepthwiseE4m3", "rewrite_as_is", "fp8_gemm_rows", "shape_pass", "EngineModule", "check_rewrite",
            "fake_quant_reference"]
 
 #: FP8 GEMM operands need both dimensions of the weight to be multiples of 16 (cuBLASLt).
@@ -333,7 +333,14 @@ class Fp8Gemm(nn.Module):
         return y.to(self.dtype)
 
     def quantized_rows(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` [..., cin or kpad] as the GEMM's FP8 rows [M, kpad]."""
+        """``x`` [..., cin or kpad] as the GEMM's FP8 rows [M, kpad]. An e4m3 ``x`` was
+        quantized with this layer's activation scale by the layer before it
+        (``DepthwiseE4m3``), already kpad wide: used as it is."""
+        if x.dtype == torch.float8_e4m3fn:
+            if x.shape[-1] != self.kpad:
+                raise UsageError(f"e4m3 input of {x.shape[-1]} channels to an FP8 GEMM of "
+                                 f"{self.kpad}")
+            return x.contiguous().reshape(-1, self.kpad)
         if x.shape[-1] != self.kpad:
             x = F.pad(x, (0, self.kpad - self.cin))     # fused into the quantize below
         # contiguous(): at batch 1 the reshape of an NCHW-backed NHWC view is a
@@ -407,11 +414,13 @@ class Fp8Pointwise(Fp8Gemm):
         then the Triton kernel; the stride is the kernel's, no strided view is copied."""
         from bundler.targets.torch_aoti.kernels.fp8_conv import fp8_conv, small_batch_config
 
-        if x.shape[-1] != self.kpad:
-            x = F.pad(x, (0, self.kpad - self.cin))
+        if x.dtype != torch.float8_e4m3fn:        # (else quantized by the layer before)
+            if x.shape[-1] != self.kpad:
+                x = F.pad(x, (0, self.kpad - self.cin))
+            x = quantize(x, self.act_scale)
         n, h, w, _ = x.shape
         ho, wo = conv_output_hw(h, w, (1, 1), self.stride, (0, 0), (1, 1))
-        y = fp8_conv(quantize(x, self.act_scale), self.weight_fp8, self.conv_scale,
+        y = fp8_conv(x, self.weight_fp8, self.conv_scale,
                      self.bias_out, self.out, (1, 1), self.stride, (0, 0),
                      config=small_batch_config(self.kpad, self.out, n * ho * wo))
         return y if self.dtype == torch.float16 else y.to(self.dtype)
@@ -565,6 +574,66 @@ class DepthwiseNHWC(nn.Module):
             term = tap.float() * self.weight[t // kw, t % kw].float()
             acc = term if acc is None else acc + term
         return (acc + self.bias.float()).to(x.dtype)
+
+
+class DepthwiseE4m3(nn.Module):
+    """A depthwise convolution on NHWC whose output goes to an FP8 GEMM: the convolution,
+    its bias, the fp16 rounding of the graph's Conv (and ``relu``: a ReLU between the two
+    layers), then ``QuantizeLinear`` with the GEMM's activation scale, written as e4m3 rows ``cpad`` (the GEMM's K) channels wide;
+    the GEMM (``Fp8Gemm.quantized_rows``) takes them as they are. On CUDA one Triton kernel
+    (``kernels/dw_conv.py``) does it all; elsewhere (CPU tests, export checks) the same
+    arithmetic in torch ops.
+
+    Why: cuDNN's depthwise kernel writes fp16 that a pointwise pass then reads to quantize
+    (``rewrite_channels_last(depthwise="triton")`` docstring)."""
+
+    def __init__(self, conv: nn.Conv2d, act_scale: float, cpad: int, relu: bool = False) -> None:
+        super().__init__()
+        self.relu = bool(relu)       # a ReLU between the convolution and the GEMM
+        c = conv.out_channels
+        if not (conv.groups == conv.in_channels == c) or c < 2:
+            raise UsageError(f"DepthwiseE4m3 takes depthwise convolutions, got {conv}")
+        if isinstance(conv.padding, str) or conv.padding_mode != "zeros":
+            raise UsageError(f"DepthwiseE4m3 needs explicit zero padding, got {conv}")
+        if cpad < c:
+            raise UsageError(f"DepthwiseE4m3: {cpad} output channels for a layer of {c}")
+        self.kernel, self.stride = tuple(conv.kernel_size), tuple(conv.stride)
+        self.padding, self.dilation = tuple(conv.padding), tuple(conv.dilation)
+        self.channels, self.cpad = c, int(cpad)
+        w = conv.weight.detach().to(torch.float16).float()           # the fp16 kernel
+        self.register_buffer("weight_nchw", w)                        # [C, 1, kh, kw]
+        self.register_buffer("weight_taps", w.reshape(c, -1).t().contiguous())  # [kh*kw, C]
+        bias = conv.bias.detach() if conv.bias is not None else torch.zeros(c)
+        self.register_buffer("bias", bias.to(torch.float16).float())
+        self.register_buffer("act_scale", torch.tensor(
+            [float(stored_scale(act_scale))], dtype=torch.float32))
+        self.config = None          # kernels/dw_conv.py's DwConvConfig; None: its default
+
+    def _apply(self, fn, recurse=True):
+        # the buffers stay fp32 whatever dtype the model is cast to: they are fp16 values
+        # the kernel reads in fp32 (``module.to(dtype)`` casts floating buffers)
+        super()._apply(fn, recurse)
+        for name in ("weight_nchw", "weight_taps", "bias", "act_scale"):
+            buf = getattr(self, name)
+            if buf.dtype != torch.float32:
+                setattr(self, name, buf.float())
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda:
+            from bundler.targets.torch_aoti.kernels.dw_conv import dw_conv_e4m3
+
+            return dw_conv_e4m3(x, self.weight_taps, self.bias, self.act_scale, self.cpad,
+                                self.kernel, self.stride, self.padding, self.dilation,
+                                relu=self.relu, config=self.config)
+        y = F.conv2d(x.permute(0, 3, 1, 2).float(), self.weight_nchw, self.bias, self.stride,
+                     self.padding, self.dilation, groups=self.channels)
+        if self.relu:
+            y = F.relu(y)
+        y = y.to(torch.float16).permute(0, 2, 3, 1)
+        if self.cpad != self.channels:
+            y = F.pad(y, (0, self.cpad - self.channels))
+        return quantize(y, self.act_scale)
 
 
 class PointwiseNHWC(nn.Module):
@@ -818,9 +887,31 @@ def rewrite_nhwc(model: torch.nn.Module, dtype: torch.dtype, *,
 
 
 #: How ``rewrite_channels_last`` runs depthwise convolutions: "cudnn" (the model's own,
-#: as the fp16 channels_last engine and a torch.compile user run them) or "slices"
-#: (``DepthwiseNHWC``: shifted slices, which Inductor fuses with the quantize after them).
-CHANNELS_LAST_DEPTHWISE = ("cudnn", "slices")
+#: as the fp16 channels_last engine and a torch.compile user run them), "slices"
+#: (``DepthwiseNHWC``: shifted slices, which Inductor fuses with the quantize after them)
+#: or "triton" (those that feed an FP8 GEMM directly: ``DepthwiseE4m3``, one Triton
+#: kernel writing the GEMM's e4m3 rows; the others stay cuDNN's).
+CHANNELS_LAST_DEPTHWISE = ("cudnn", "slices", "triton")
+
+
+def _feeds_fp8_gemm(body: nn.Module, name: str, fp8: Mapping) -> tuple[str, str | None] | None:
+    """(path of the FP8 1x1 layer that depthwise convolution ``name`` feeds, path of a ReLU
+    between them or None), or None. The rule is the separable convolution's shape (timm's
+    ``SeparableConv2d``): a ``conv_dw``, then ``bn_dw`` (Identity after BatchNorm folding)
+    and ``act_dw`` (Identity or ReLU), then a ``conv_pw`` the recipe selects."""
+    parent_name, _, child = name.rpartition(".")
+    if child != "conv_dw":
+        return None
+    parent = body.get_submodule(parent_name) if parent_name else body
+    prefix = f"{parent_name}." if parent_name else ""
+    conv_pw = getattr(parent, "conv_pw", None)
+    bn, act = getattr(parent, "bn_dw", None), getattr(parent, "act_dw", None)
+    if not (type(parent).__name__ == "SeparableConv2d" and prefix + "conv_pw" in fp8
+            and isinstance(conv_pw, nn.Conv2d) and conv_pw.kernel_size == (1, 1)
+            and conv_pw.groups == 1 and isinstance(bn, nn.Identity)
+            and isinstance(act, (nn.Identity, nn.ReLU))):
+        return None
+    return prefix + "conv_pw", (prefix + "act_dw" if isinstance(act, nn.ReLU) else None)
 
 
 def rewrite_channels_last(model: torch.nn.Module, dtype: torch.dtype, *,
@@ -842,7 +933,9 @@ def rewrite_channels_last(model: torch.nn.Module, dtype: torch.dtype, *,
     FP8 layers is the model as that user runs it, so the FP8 GEMMs add to that form
     instead of to the rewrite. The price: a quantize pass after a cuDNN convolution,
     which Inductor cannot fuse into it (``depthwise="slices"`` runs depthwise
-    convolutions as ``DepthwiseNHWC`` instead, where it can).
+    convolutions as ``DepthwiseNHWC`` instead, where it can; ``depthwise="triton"`` runs
+    those that feed an FP8 GEMM as ``DepthwiseE4m3``, convolution and quantize in one
+    kernel: H200 figures pending).
 
     The arguments mean what they mean for ``rewrite_nhwc``; channel counts are not
     carried padded (each FP8 layer pads into its quantize and slices its output).
@@ -851,6 +944,16 @@ def rewrite_channels_last(model: torch.nn.Module, dtype: torch.dtype, *,
         raise UsageError(f"depthwise form {depthwise!r}: choose one of "
                          f"{', '.join(CHANNELS_LAST_DEPTHWISE)}")
     fp8, fp8_depthwise = dict(fp8 or {}), dict(fp8_depthwise or {})
+    if depthwise == "triton" and fp8_depthwise:
+        raise UsageError("depthwise form triton writes e4m3 from fp16 depthwise convolutions; "
+                         "the fp8-depthwise recipe quantizes them itself: use cudnn or slices")
+    if depthwise == "triton" and not emulate:
+        from bundler.targets.torch_aoti.kernels import available
+
+        ok, why = available()
+        if not ok:
+            raise UsageError(f"depthwise form triton was asked for, but {why}: install the "
+                             "triton that matches this torch, or use depthwise cudnn")
     body, modules, ones = _rewrite_start(model, fp8, fp8_depthwise, fp8_conv=fp8_conv,
                                          small_batch_pointwise=small_batch_pointwise,
                                          emulate=emulate, fp8_rows=fp8_rows, fp8_gemm=fp8_gemm)
@@ -863,6 +966,14 @@ def rewrite_channels_last(model: torch.nn.Module, dtype: torch.dtype, *,
                                 "channels_last form does not quantize")
             continue
         dw = m.groups == m.in_channels == m.out_channels and m.groups > 1
+        feeds = _feeds_fp8_gemm(body, name, fp8) if dw and depthwise == "triton" else None
+        if feeds is not None:
+            pw, relu = feeds
+            replaced[name] = ChannelsLastView(DepthwiseE4m3(
+                m, fp8[pw][0], padded(modules[pw].in_channels), relu=relu is not None))
+            if relu is not None:                      # in the kernel now
+                replaced[relu] = nn.Identity()
+            continue
         if name in fp8:
             new = _fp8_conv_module(name, m, fp8[name], problems, dtype=dtype, emulate=emulate,
                                    fast_accum=fast_accum, gemm=fp8_gemm, ones=ones,

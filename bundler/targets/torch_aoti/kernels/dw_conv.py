@@ -1,0 +1,134 @@
+"""Depthwise convolution on NHWC fp16 activations, its output quantized to e4m3 (Triton), a
+torch custom op: the depthwise half of a separable convolution whose 1x1 half is an FP8
+GEMM (timm_xception's channels_last fp8 form, ``model.rewrite_channels_last(depthwise=
+"triton")``).
+
+Why: in that form each FP8 GEMM reads e4m3 rows that a pointwise kernel quantizes from the
+fp16 output of cuDNN's depthwise convolution before it: the activation is written in fp16,
+read back and written again in e4m3 (40 quantize kernels of the 80 pointwise ones, 1.30 ms
+in all at batch 32 on the H200, docs/measurements/h200-2026-12-02-f). This kernel computes
+the convolution, adds the bias (the folded BatchNorm), rounds to fp16 as the graph's fp16
+Conv does, and writes ``QuantizeLinear`` of that with the GEMM's activation scale: one
+read of the input (the taps of neighbouring pixels come from L1/L2) and one byte per
+output element, in the GEMM's row layout (channels padded with zeros to its K).
+
+Whether it beats cuDNN's depthwise kernel plus the quantize pass is the H200's to say
+(``benchmarks/inductor_fp8_bench.py`` variant ``fp8-cl-dwtriton``); nothing builds with it
+unless asked. Imports triton at module level: import it only where triton may be used
+(``kernels.available``).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+from bundler.fp8 import E4M3_MAX
+from bundler.targets.torch_aoti.kernels.fp8_conv import _quantize_e4m3
+from bundler.targets.torch_aoti.model import conv_output_hw
+
+__all__ = ["DwConvConfig", "DW_CONFIGS", "default_dw_config", "dw_conv_e4m3"]
+
+OP = "trt_bundle::dw_conv_nhwc_e4m3"
+
+
+class DwConvConfig(NamedTuple):
+    """Tile of one program: output pixels x channels, and its warps."""
+
+    block_p: int
+    block_c: int
+    num_warps: int
+
+
+#: Tiles the benchmark can compare (none measured yet); the first is the default.
+DW_CONFIGS = (DwConvConfig(32, 64, 4), DwConvConfig(64, 64, 4), DwConvConfig(16, 128, 4),
+              DwConvConfig(32, 128, 8))
+
+
+def default_dw_config(channels: int) -> DwConvConfig:
+    """The default tile; 32 channels wide below 64 channels (no lanes spent on masks)."""
+    cfg = DW_CONFIGS[0]
+    return cfg if channels >= cfg.block_c else DwConvConfig(64, 32, 4)
+
+
+@triton.jit
+def _dw_conv_nhwc_e4m3_kernel(
+        x_ptr, w_ptr, bias_ptr, q_ptr, q_scale_ptr,
+        P, H, W, C, HO, WO, CPAD,
+        stride_xn, stride_xh, stride_xw,
+        KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
+        PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
+        RELU: tl.constexpr, QMAX: tl.constexpr, BLOCK_P: tl.constexpr,
+        BLOCK_C: tl.constexpr):
+    pid_p = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    p_ok = offs_p < P
+    c_ok = offs_c < C
+    wo = offs_p % WO
+    ho = (offs_p // WO) % HO
+    img = offs_p // (WO * HO)
+    ih0 = ho * SH - PH
+    iw0 = wo * SW - PW
+    x_rows = x_ptr + img.to(tl.int64) * stride_xn
+    acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
+    for kh in tl.static_range(KH):
+        for kw in tl.static_range(KW):
+            ih = ih0 + kh * DH
+            iw = iw0 + kw * DW
+            inside = p_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)     # zero padding
+            a = tl.load(x_rows[:, None] + (ih * stride_xh + iw * stride_xw)[:, None]
+                        + offs_c[None, :], mask=inside[:, None] & c_ok[None, :], other=0.0)
+            wv = tl.load(w_ptr + (kh * KW + kw) * C + offs_c, mask=c_ok, other=0.0)
+            acc += a.to(tl.float32) * wv[None, :]
+    bias = tl.load(bias_ptr + offs_c, mask=c_ok, other=0.0)
+    y = acc + bias[None, :]
+    if RELU:
+        y = tl.maximum(y, 0.0)
+    y16 = y.to(tl.float16)                          # the graph's fp16 Conv (and Relu) output
+    q_scale = tl.load(q_scale_ptr)
+    q_inv = tl.math.div_rn(tl.full([], 1.0, tl.float32), q_scale)
+    q = _quantize_e4m3(y16.to(tl.float32), q_scale, q_inv, QMAX)   # padding channels: 0
+    out = q_ptr + offs_p.to(tl.int64)[:, None] * CPAD + offs_c[None, :]
+    tl.store(out, q, mask=p_ok[:, None] & (offs_c < CPAD)[None, :])
+
+
+@triton_op(OP, mutates_args={})
+def dw_conv_nhwc_e4m3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                      q_scale: torch.Tensor, cpad: int, kh: int, kw: int, sh: int, sw: int,
+                      ph: int, pw: int, dh: int, dw: int, relu: bool, block_p: int,
+                      block_c: int, num_warps: int) -> torch.Tensor:
+    """``x`` fp16 [N, H, W, C] (channels contiguous), ``weight`` fp32 [kh*kw, C] (the fp16
+    kernel's values, (kh, kw) order), ``bias`` fp32 [C], ``q_scale`` fp32 (its first
+    element read) -> e4m3 [N, Ho, Wo, cpad] (cpad >= C; channels C.. are zeros);
+    ``relu``: a ReLU before the fp16 rounding."""
+    if x.stride(3) != 1:
+        x = x.contiguous()
+    n, h, w, c = x.shape
+    ho, wo = conv_output_hw(h, w, (kh, kw), (sh, sw), (ph, pw), (dh, dw))
+    out = torch.empty((n, ho, wo, cpad), dtype=torch.float8_e4m3fn, device=x.device)
+    p = n * ho * wo
+    grid = (triton.cdiv(p, block_p), triton.cdiv(cpad, block_c))
+    wrap_triton(_dw_conv_nhwc_e4m3_kernel)[grid](
+        x, weight, bias, out, q_scale, p, h, w, c, ho, wo, cpad,
+        x.stride(0), x.stride(1), x.stride(2),
+        KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, RELU=relu, QMAX=E4M3_MAX,
+        BLOCK_P=block_p, BLOCK_C=block_c, num_warps=num_warps)
+    return out
+
+
+def dw_conv_e4m3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                 q_scale: torch.Tensor, cpad: int, kernel: tuple[int, int],
+                 stride: tuple[int, int], padding: tuple[int, int],
+                 dilation: tuple[int, int] = (1, 1), *, relu: bool = False,
+                 config: DwConvConfig | None = None) -> torch.Tensor:
+    """The op with the geometry as tuples and the tile as one config (the callers' form)."""
+    cfg = config or default_dw_config(x.shape[-1])
+    return torch.ops.trt_bundle.dw_conv_nhwc_e4m3(
+        x, weight, bias, q_scale, int(cpad), *map(int, kernel), *map(int, stride),
+        *map(int, padding), *map(int, dilation), bool(relu), *map(int, cfg))

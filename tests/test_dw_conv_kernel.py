@@ -1,0 +1,200 @@
+"""The Triton depthwise convolution that writes an FP8 GEMM's e4m3 rows
+(bundler/targets/torch_aoti/kernels/dw_conv.py) and the channels_last form that uses it
+(``rewrite_channels_last(depthwise="triton")``).
+
+No GPU here: the kernel runs under Triton's CPU interpreter in a child process
+(tests/dw_conv_interpret.py) against ``DepthwiseE4m3``'s torch path; export and Dynamo show
+the op reaches the graph AOTInductor compiles. Whether it is faster than cuDNN's depthwise
+kernel plus the quantize pass is for `benchmarks/inductor_fp8_bench.py` on the H200
+(variant ``fp8-cl-dwtriton``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+from runtime_py.errors import UsageError  # noqa: E402
+from triton_interpret import load_script, needs_triton, run_interpreted  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    """The interpreter's results (tests/dw_conv_interpret.py), run once."""
+    return run_interpreted("dw_conv_interpret.py")
+
+
+@needs_triton
+@pytest.mark.parametrize("case", list(load_script("dw_conv_interpret.py").CASES))
+def test_the_kernel_writes_the_layer_s_e4m3_codes_under_the_interpreter(interpreted, case):
+    """3x3 and 5x5, stride 1 and 2, a ReLU, padded channels, partial tiles: the kernel's e4m3
+    codes are the torch path's (conv2d in fp32, bias, fp16 rounding, QuantizeLinear) but
+    for at most one in a thousand a step apart (fp32 sums in another order), and the
+    padding channels are zeros."""
+    r = interpreted[case]
+    assert r["nonzero"] > r["total"] // 3, r          # the case is not trivially zeros
+    assert r["differ"] <= r["total"] // 1000 and r["max_steps"] <= 1, r
+    assert r["padding_zero"], r
+
+
+@needs_triton
+def test_the_op_is_exported_with_a_dynamic_batch_and_traced_to_the_kernel():
+    """torch.export keeps ``trt_bundle::dw_conv_nhwc_e4m3`` as one op with a symbolic batch
+    (what AOTInductor lowers to the Triton kernel), and Dynamo (fullgraph) with AOT
+    autograd sees through it to the kernel launch."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    from bundler.targets.torch_aoti.kernels.dw_conv import dw_conv_e4m3
+    from bundler.targets.torch_aoti.model import DepthwiseE4m3
+
+    layer = DepthwiseE4m3(nn.Conv2d(40, 40, 3, 2, 1, groups=40), 0.02, 48, relu=True)
+
+    class Wrapper(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = layer
+
+        def forward(self, x):
+            m = self.layer
+            return dw_conv_e4m3(x, m.weight_taps, m.bias, m.act_scale, m.cpad, m.kernel,
+                                m.stride, m.padding, m.dilation, relu=m.relu)
+
+    x = torch.randn(2, 9, 9, 40, dtype=torch.float16)
+    program = torch.export.export(Wrapper(), (x,), dynamic_shapes=(
+        {0: torch.export.Dim("batch", min=1, max=32)},))
+    calls = [n for n in program.graph.nodes if n.op == "call_function"
+             and "dw_conv_nhwc_e4m3" in str(n.target)]
+    assert len(calls) == 1
+    out = calls[0].meta["val"]
+    assert out.dtype == torch.float8_e4m3fn and tuple(out.shape[1:]) == (5, 5, 48)
+    assert isinstance(out.shape[0], torch.SymInt)
+
+    graphs = []
+
+    def keep(graph, _inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    compiled = torch.compile(Wrapper(), backend=aot_autograd(fw_compiler=keep), fullgraph=True)
+    try:
+        compiled(x)
+    except Exception:  # noqa: BLE001 - launching a GPU kernel on a CPU host
+        pass
+    assert len(graphs) == 1
+    launches = [n for n in graphs[0].graph.nodes if "triton_kernel_wrapper" in str(n.target)]
+    assert len(launches) == 1 and launches[0].kwargs["kwargs"]["RELU"] is True
+
+
+def test_the_fp8_gemm_takes_e4m3_rows_as_they_are_and_refuses_a_wrong_width():
+    """``Fp8Pointwise`` fed the e4m3 rows of ``DepthwiseE4m3`` computes what it computes
+    from the fp16 convolution output it would quantize itself (the same codes)."""
+    from bundler.targets.torch_aoti.model import DepthwiseE4m3, Fp8Pointwise
+
+    torch.manual_seed(0)
+    dw, pw = nn.Conv2d(40, 40, 3, 1, 1, groups=40), nn.Conv2d(40, 24, 1)
+    ws = (pw.weight.detach().abs().amax(dim=(1, 2, 3)) / 448).numpy()
+    gemm = Fp8Pointwise(pw, 0.02, ws, torch.float16, emulate=True)
+    fused = DepthwiseE4m3(dw, 0.02, gemm.kpad)
+    x = torch.randn(2, 6, 6, 40).half()
+    y16 = torch.nn.functional.conv2d(x.permute(0, 3, 1, 2).float(), fused.weight_nchw,
+                                     fused.bias, padding=1, groups=40).half().permute(0, 2, 3, 1)
+    rows = fused(x)
+    assert rows.dtype == torch.float8_e4m3fn and rows.shape == (2, 6, 6, gemm.kpad) == (2, 6, 6, 48)
+    assert torch.equal(gemm(rows), gemm(y16))
+    with pytest.raises(UsageError, match="e4m3 input of 40 channels to an FP8 GEMM of 48"):
+        gemm(rows[..., :40].contiguous())
+
+
+def test_the_triton_form_refuses_the_fp8_depthwise_recipe_and_a_missing_triton(monkeypatch):
+    from bundler.targets.torch_aoti import kernels
+    from bundler.targets.torch_aoti.model import rewrite_channels_last
+
+    model = nn.Sequential(nn.Conv2d(8, 8, 3, 1, 1, groups=8)).eval()
+    with pytest.raises(UsageError, match="fp8-depthwise recipe quantizes them itself"):
+        rewrite_channels_last(model, torch.float16, depthwise="triton", emulate=True,
+                              fp8_depthwise={"0": (0.01, [0.01] * 8)})
+    monkeypatch.setattr(kernels, "available", lambda: (False, "triton is missing (test)"))
+    with pytest.raises(UsageError, match="triton is missing .test.*use depthwise cudnn"):
+        rewrite_channels_last(model, torch.float16, depthwise="triton")
+
+
+class SeparableConv2d(nn.Module):
+    """timm's separable convolution after BatchNorm folding (the rule keys on the name)."""
+
+    def __init__(self, cin: int, cout: int, stride: int = 1, relu: bool = True,
+                 bn: bool = False) -> None:
+        super().__init__()
+        self.conv_dw = nn.Conv2d(cin, cin, 3, stride, 1, groups=cin)
+        self.bn_dw = nn.BatchNorm2d(cin).eval() if bn else nn.Identity()
+        self.act_dw = nn.ReLU() if relu else nn.Identity()
+        self.conv_pw = nn.Conv2d(cin, cout, 1)
+
+    def forward(self, x):
+        return self.conv_pw(self.act_dw(self.bn_dw(self.conv_dw(x))))
+
+
+def _separable_model():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 24, 3, 1, 1), nn.ReLU(),
+                          SeparableConv2d(24, 40, relu=True), nn.ReLU(),
+                          SeparableConv2d(40, 48, stride=2, relu=False), nn.ReLU(),
+                          SeparableConv2d(48, 32, bn=True),   # not folded: stays cuDNN's
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 5)).eval()
+    fp8 = {p: (0.05, (model.get_submodule(p).weight.detach().abs().amax(dim=(1, 2, 3)) / 448)
+                  .numpy()) for p in ("2.conv_pw", "4.conv_pw", "6.conv_pw")}
+    return model, fp8
+
+
+def test_the_rule_fuses_separable_convolutions_into_their_fp8_gemm_and_keeps_the_rest():
+    """Each ``conv_dw`` whose ``conv_pw`` is an FP8 layer becomes ``DepthwiseE4m3`` (a ReLU
+    between them moves into it); one with a BatchNorm left between stays cuDNN's. The model
+    computes what the cuDNN form computes (same codes, fp16 layers aside)."""
+    from bundler.targets.torch_aoti.model import (ChannelsLastView, DepthwiseE4m3,
+                                                  EngineModule, rewrite_channels_last)
+
+    model, fp8 = _separable_model()
+    forms = {d: rewrite_channels_last(model, torch.float16, fp8=fp8, emulate=True,
+                                      depthwise=d) for d in ("cudnn", "triton")}
+    fused = {n: v.layer for n, v in forms["triton"].named_modules()
+             if isinstance(v, ChannelsLastView) and isinstance(v.layer, DepthwiseE4m3)}
+    assert {n: m.relu for n, m in fused.items()} == {"2.conv_dw": True, "4.conv_dw": False}
+    assert isinstance(forms["triton"].get_submodule("2.act_dw"), nn.Identity)
+    assert isinstance(forms["triton"].get_submodule("6.conv_dw"), nn.Conv2d)
+    x = torch.randn(2, 3, 12, 12)
+    with torch.no_grad():
+        a, b = (EngineModule(forms[d], torch.float16, False, True)(x) for d in ("cudnn", "triton"))
+    assert float((a - b).abs().max()) <= 0.02 * float(a.abs().max())
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="needs torch with a CUDA GPU (none visible)")
+
+
+@pytest.mark.gpu
+@needs_cuda
+@needs_triton
+def test_gpu_the_triton_depthwise_form_compiles_with_aotinductor_and_matches_cudnn(tmp_path):
+    """The bundle path: torch.export with a dynamic batch + AOTInductor launching the
+    kernel from its cpp wrapper, against the eager cuDNN form of the same model, and the
+    kernel on CUDA against ``DepthwiseE4m3``'s torch path on the CPU (the same codes)."""
+    from bundler.targets.torch_aoti.build import compile_package, smoke_check
+    from bundler.targets.torch_aoti.model import (DepthwiseE4m3, EngineModule,
+                                                  rewrite_channels_last)
+
+    model, fp8 = _separable_model()
+    forms = {d: EngineModule(rewrite_channels_last(model, torch.float16, fp8=fp8, depthwise=d),
+                             torch.float16, False, True).cuda().eval()
+             for d in ("cudnn", "triton")}
+    path, _ = compile_package(forms["triton"], (3, 12, 12), {"min": 1, "max": 8}, "cuda",
+                              {"max_autotune": False}, tmp_path / "dw.pt2")
+    diffs = smoke_check(path, forms["cudnn"], (3, 12, 12), [1, 3, 8], "cuda")
+    with torch.no_grad():
+        scale = float(forms["cudnn"](torch.randn(4, 3, 12, 12, device="cuda")).abs().max())
+    assert max(diffs.values()) <= 2e-2 * scale, diffs
+    layer = DepthwiseE4m3(nn.Conv2d(728, 728, 3, 1, 1, groups=728), 0.02, 736, relu=True)
+    x = torch.randn(2, 19, 19, 728).half()
+    got = layer.cuda()(x.cuda()).cpu().view(torch.uint8)
+    ref = layer.cpu()(x).view(torch.uint8)
+    assert int((got != ref).sum()) <= got.numel() // 1000
