@@ -115,7 +115,7 @@ class Variant:
     padded: bool | None = None       # None: the target's default
     small_batch_pointwise: str = "gemm"
     form: str = "family"             # fp8: "family", "nhwc" or "channels_last"
-    depthwise: str = "cudnn"         # channels_last fp8: "cudnn", "slices" or "triton"
+    depthwise: str = "family"        # channels_last fp8: "cudnn", "slices", "triton" or the family's
 
 
 def parse_variant(name: str, family) -> Variant:
@@ -174,7 +174,9 @@ def engine_module(variant: Variant, model, family, fp8: dict | None, max_batch: 
         max_batch=max_batch if variant.shared_ones else None, layout=layout,
         fp8_conv=default_fp8_conv(None) if variant.precision == "fp8" else "im2col",
         hook=getattr(ext, "nhwc_module", None), channels_last=channels_last and not nhwc,
-        small_batch_pointwise=variant.small_batch_pointwise, depthwise=variant.depthwise)
+        small_batch_pointwise=variant.small_batch_pointwise,
+        depthwise=(family.torch_aoti_fp8_depthwise if variant.depthwise == "family"
+                   else variant.depthwise))
     return module
 
 

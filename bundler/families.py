@@ -74,6 +74,10 @@ TORCH_AOTI_FP16_LAYOUTS = ("nhwc", "channels_last")
 #: channels_last memory format with its FP8 layers reading the NHWC view of their input
 #: (``bundler.targets.torch_aoti.model.rewrite_channels_last``).
 TORCH_AOTI_FP8_LAYOUTS = ("nhwc", "channels_last")
+#: ``torch_aoti.fp8_depthwise``: how the channels_last fp8 form runs depthwise convolutions
+#: (the meaning of each: bundler.targets.torch_aoti.model.CHANNELS_LAST_DEPTHWISE); "cudnn"
+#: unless named.
+TORCH_AOTI_FP8_DEPTHWISE = ("cudnn", "slices", "triton")
 #: ``torch_aoti.small_batch_layout``: the static graphs of at most 8 images in the
 #: precision's own form ("same") or as the NHWC rewrite ("nhwc": timm_xception, whose
 #: channels_last form is the faster at batch 32 and the rewrite at batch 1 on the H200).
@@ -231,6 +235,12 @@ class Family:
         default) or "channels_last" (the model in channels_last memory, its FP8 layers on
         the NHWC view of their input)."""
         return str((self.spec.get("torch_aoti") or {}).get("fp8_layout", "nhwc"))
+
+    @property
+    def torch_aoti_fp8_depthwise(self) -> str:
+        """How the channels_last fp8 form runs depthwise convolutions
+        (``TORCH_AOTI_FP8_DEPTHWISE``): "cudnn" (the default), "slices" or "triton"."""
+        return str((self.spec.get("torch_aoti") or {}).get("fp8_depthwise", "cudnn"))
 
     @property
     def torch_aoti_small_batch_layout(self) -> str:
@@ -492,6 +502,13 @@ def parse_family(data: Any, *, folder: Path, expected_name: str | None = None) -
                             f"{list(TORCH_AOTI_SMALL_BATCH_LAYOUTS)}")
         if aoti.get("fp8_layout", "nhwc") not in TORCH_AOTI_FP8_LAYOUTS:
             problems.append(f"torch_aoti.fp8_layout: must be one of {list(TORCH_AOTI_FP8_LAYOUTS)}")
+        if aoti.get("fp8_depthwise", "cudnn") not in TORCH_AOTI_FP8_DEPTHWISE:
+            problems.append("torch_aoti.fp8_depthwise: must be one of "
+                            f"{list(TORCH_AOTI_FP8_DEPTHWISE)}")
+        elif (aoti.get("fp8_depthwise", "cudnn") != "cudnn"
+              and aoti.get("fp8_layout", "nhwc") != "channels_last"):
+            problems.append("torch_aoti.fp8_depthwise: a form of the channels_last fp8 model; "
+                            "set fp8_layout channels_last, or leave fp8_depthwise out")
         elif (aoti.get("fp8_layout") == "channels_last"
               and aoti.get("fp8_conv", "im2col") == "triton-fused"):
             problems.append("torch_aoti.fp8_layout: channels_last is a form of its own; "

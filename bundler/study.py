@@ -206,7 +206,9 @@ def reuse_mismatch(path: Path, family, req, target: str, source: dict,
                                pad_channels=form == "nhwc"
                                and default_pad_channels(req.precision),
                                layout=family.torch_aoti_layout,
-                               channels_last=form == "channels_last", fp8_conv=conv))
+                               channels_last=form == "channels_last", fp8_conv=conv,
+                               depthwise=(family.torch_aoti_fp8_depthwise
+                                          if req.precision == "fp8" else "cudnn")))
         checks["small-batch graph form"] = (
             m["engine"]["details"].get("compile_options", {}).get("small_batch_layout"),
             small_batch_form(family.torch_aoti_small_batch_layout, req.precision,

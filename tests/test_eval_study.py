@@ -402,10 +402,12 @@ def test_reuse_needs_the_fp8_convolution_form_the_family_names(xception_bundles,
         path, fused, req, "torch-aoti", source, cal["data_digest"], h200)
     monkeypatch.setenv(FP8_CONV_ENV, "im2col")            # one build's override: reused
     assert reuse_mismatch(path, fused, req, "torch-aoti", source, cal["data_digest"], h200) is None
-    # the NHWC rewrite (torch_aoti.fp8_layout nhwc) is another model: rebuilt; so is a
-    # batch-1 graph of the channels_last form (small_batch_layout same)
+    # the NHWC rewrite (torch_aoti.fp8_layout nhwc) is another model: rebuilt; so are
+    # another depthwise form (fp8_depthwise triton) and a batch-1 graph of the
+    # channels_last form (small_batch_layout same)
     monkeypatch.delenv(FP8_CONV_ENV)
     for change, words in (({"fp8_layout": "nhwc"}, "model form differs ('channels_last"),
+                          ({"fp8_depthwise": "triton"}, "model form differs ('channels_last"),
                           ({"small_batch_layout": "same"},
                            "small-batch graph form differs ('nhwc, channels padded")):
         other = dataclasses.replace(family, spec={**family.spec, "torch_aoti": {

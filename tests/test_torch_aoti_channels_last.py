@@ -192,3 +192,42 @@ def test_small_static_graphs_may_be_the_nhwc_rewrite():
     with pytest.raises(UsageError, match="small-batch layout"):
         small_batch_form("nchw", "fp16", [1], channels_last=True)
     assert load_family("timm_resnet50").torch_aoti_small_batch_layout == "same"
+
+
+def test_the_depthwise_form_is_read_from_the_family_recorded_and_compared(tmp_path):
+    """family.json torch_aoti.fp8_depthwise (cudnn, slices, triton; a form of the
+    channels_last fp8 model only) reaches the layout description the build records, so
+    that `bundle study` rebuilds a bundle of another depthwise form; cuDNN's, the form
+    before it had a name, reads as before."""
+    from bundler.families import FamilyError
+    from bundler.targets.torch_aoti.build import engine_details, layout_description
+
+    xception = load_family("timm_xception")
+    assert xception.torch_aoti_fp8_depthwise == "cudnn"
+    spec = json.loads((xception.path / "family.json").read_text())
+    for form, layout, problem in (("triton", "channels_last", None),
+                                  ("winograd", "channels_last", "must be one of"),
+                                  ("triton", "nhwc", "form of the channels_last fp8 model")):
+        changed = json.loads(json.dumps(spec))
+        changed["name"] = "test_dw"
+        changed["torch_aoti"].update(fp8_layout=layout, fp8_depthwise=form)
+        root = tmp_path / f"{form}-{layout}"
+        (root / "test_dw").mkdir(parents=True)
+        (root / "test_dw" / "family.json").write_text(json.dumps(changed))
+        shutil.copy(xception.path / "class_ids.txt", root / "test_dw" / "class_ids.txt")
+        with families_path(root):
+            if problem is None:
+                assert load_family("test_dw").torch_aoti_fp8_depthwise == "triton"
+            else:
+                with pytest.raises(FamilyError, match=problem):
+                    load_family("test_dw")
+    before = "channels_last (the model as it is), FP8 layers on the NHWC view of their input"
+    assert layout_description("fp8", nhwc=False, channels_last=True) == before
+    texts = {d: layout_description("fp8", nhwc=False, channels_last=True, depthwise=d)
+             for d in ("cudnn", "slices", "triton")}
+    assert texts["cudnn"] == before and len(set(texts.values())) == 3
+    assert "Triton kernel writing its e4m3 rows" in texts["triton"]
+    details = engine_details({}, "fp8", {}, nhwc=False, fast_accum=False, padding={},
+                             batch_sizes=[1], seconds=None, channels_last=True,
+                             depthwise="triton")
+    assert details["compile_options"]["layout"] == texts["triton"]

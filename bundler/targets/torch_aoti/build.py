@@ -454,7 +454,8 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
                  fp8_conv: str | None = None, hook=None, channels_last: bool = False,
                  static_batches: Sequence[int] = (),
                  small_batch_pointwise: str = "gemm",
-                 small_batch_layout: str | None = None) -> tuple[bytes, dict]:
+                 small_batch_layout: str | None = None,
+                 depthwise: str = "cudnn") -> tuple[bytes, dict]:
     """Compile one package from a torch model; returns (package bytes, engine details).
 
     ``fp8`` maps *module paths* to (activation scale, weight scales); ``build_target``
@@ -474,7 +475,9 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
     images are the NHWC rewrite even where the model form is channels_last (family.json
     ``torch_aoti.small_batch_layout``: on the H200 timm_xception's channels_last form
     was the faster at batch 32 and the NHWC rewrite at batch 1, where cuDNN's depthwise
-    convolutions cost more than the rewrite's fused slices).
+    convolutions cost more than the rewrite's fused slices). ``depthwise``: the
+    channels_last fp8 form's depthwise convolutions (``model.CHANNELS_LAST_DEPTHWISE``,
+    family.json ``torch_aoti.fp8_depthwise``).
     """
     log = log or (lambda _msg: None)
     check_host(device=device, precision=precision)
@@ -495,7 +498,8 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
                                    input_shape=input_shape, max_batch=hi, layout=layout,
                                    fp8_conv=fp8_conv, hook=hook,
                                    channels_last=channels_last and not nhwc,
-                                   small_batch_pointwise=small_batch_pointwise)
+                                   small_batch_pointwise=small_batch_pointwise,
+                                   depthwise=depthwise)
     small_modules = {}
     small_form = small_batch_form(small_batch_layout, precision, static,
                                   channels_last=channels_last and not nhwc, layout=layout,
@@ -543,7 +547,8 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
                              pad_channels=pad_channels, padding=padding, batch_sizes=sizes,
                              seconds=time.monotonic() - started, cxx=cxx, layout=layout,
                              fp8_conv=fp8_conv, channels_last=channels_last and not nhwc,
-                             static_batches=static, small_batch_pointwise=small_batch_pointwise)
+                             static_batches=static, small_batch_pointwise=small_batch_pointwise,
+                             depthwise=depthwise)
     if small_form is not None:
         details["compile_options"]["small_batch_layout"] = small_form
     if pixel_scale_bias is not None:
@@ -559,7 +564,7 @@ def engine_details(host: dict, precision: str, options: dict, *, nhwc: bool,
                    pad_channels: bool = False, cxx: str | None = None,
                    layout: str = "nhwc", fp8_conv: str = "im2col",
                    channels_last: bool = False, static_batches: Sequence[int] = (),
-                   small_batch_pointwise: str = "gemm") -> dict:
+                   small_batch_pointwise: str = "gemm", depthwise: str = "cudnn") -> dict:
     """The manifest's ``engine.details`` (schema ``$defs/torch_aoti_details``): the build
     host (``host_details``), what was compiled and how, the fp8 padding per layer, the
     batch sizes the package was checked at, and the sizes with a static graph of their own
@@ -575,7 +580,7 @@ def engine_details(host: dict, precision: str, options: dict, *, nhwc: bool,
             if static_batches else ""),
         "layout": layout_description(precision, nhwc=nhwc, pad_channels=pad_channels,
                                      layout=layout, channels_last=channels_last,
-                                     fp8_conv=fp8_conv),
+                                     fp8_conv=fp8_conv, depthwise=depthwise),
         "dtype": PRECISIONS[precision],
         **({"fp8_gemm": FP8_GEMM_DESCRIPTIONS[fp8_gemm],
             "fp8_fast_accum": bool(fast_accum)} if precision == "fp8" else {}),
@@ -597,7 +602,7 @@ def engine_details(host: dict, precision: str, options: dict, *, nhwc: bool,
 
 def layout_description(precision: str, *, nhwc: bool, pad_channels: bool = False,
                        layout: str = "nhwc", channels_last: bool = False,
-                       fp8_conv: str = "im2col") -> str:
+                       fp8_conv: str = "im2col", depthwise: str = "cudnn") -> str:
     """What ``engine.details.compile_options.layout`` says of a package's model form (and
     what `bundle study` compares before it reuses a bundle)."""
     if nhwc:
@@ -607,8 +612,20 @@ def layout_description(precision: str, *, nhwc: bool, pad_channels: bool = False
     if not channels_last:
         return "nchw"
     if precision == "fp8" and fp8_conv != "triton-fused":
-        return "channels_last (the model as it is), FP8 layers on the NHWC view of their input"
+        form = "channels_last (the model as it is), FP8 layers on the NHWC view of their input"
+        return form + DEPTHWISE_DESCRIPTIONS[depthwise]
     return "channels_last (the model as it is)"
+
+
+#: What the layout description adds for the channels_last fp8 form's depthwise convolutions
+#: (family.json ``torch_aoti.fp8_depthwise``): nothing for cuDNN's, the form before it had
+#: a name, so that bundles built then still read as what they are.
+DEPTHWISE_DESCRIPTIONS = {
+    "cudnn": "",
+    "slices": "; depthwise convolutions as shifted slices",
+    "triton": "; depthwise convolutions that feed an FP8 GEMM as one Triton kernel writing "
+              "its e4m3 rows",
+}
 
 
 FP8_GEMM_DESCRIPTIONS = {
@@ -768,6 +785,7 @@ def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] |
                                  channels_last=channels_last,
                                  static_batches=family.torch_aoti_static_batches_for(precision),
                                  small_batch_pointwise=family.torch_aoti_fp8_pointwise_small_batch,
-                                 small_batch_layout=family.torch_aoti_small_batch_layout)
+                                 small_batch_layout=family.torch_aoti_small_batch_layout,
+                                 depthwise=family.torch_aoti_fp8_depthwise)
     return TargetBuild(backend=BACKEND, member=MEMBER, engine_bytes=data, details=details,
                        tag=BACKEND)

@@ -69,8 +69,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bundler.families import (TORCH_AOTI_FP8_CONVS, TORCH_AOTI_FP8_GEMMS,
-                              TORCH_AOTI_SMALL_BATCH_POINTWISE)
+from bundler.families import (TORCH_AOTI_FP8_CONVS, TORCH_AOTI_FP8_DEPTHWISE,
+                              TORCH_AOTI_FP8_GEMMS, TORCH_AOTI_SMALL_BATCH_POINTWISE)
 from bundler.fp8 import E4M3_MAX, quantize as quantize_fp8, stored_scale
 from runtime_py.errors import UsageError
 
@@ -890,8 +890,9 @@ def rewrite_nhwc(model: torch.nn.Module, dtype: torch.dtype, *,
 #: as the fp16 channels_last engine and a torch.compile user run them), "slices"
 #: (``DepthwiseNHWC``: shifted slices, which Inductor fuses with the quantize after them)
 #: or "triton" (those that feed an FP8 GEMM directly: ``DepthwiseE4m3``, one Triton
-#: kernel writing the GEMM's e4m3 rows; the others stay cuDNN's).
-CHANNELS_LAST_DEPTHWISE = ("cudnn", "slices", "triton")
+#: kernel writing the GEMM's e4m3 rows; the others stay cuDNN's); family.json
+#: ``torch_aoti.fp8_depthwise``.
+CHANNELS_LAST_DEPTHWISE = TORCH_AOTI_FP8_DEPTHWISE
 
 
 def _feeds_fp8_gemm(body: nn.Module, name: str, fp8: Mapping) -> tuple[str, str | None] | None:
