@@ -198,3 +198,24 @@ def test_gpu_the_triton_depthwise_form_compiles_with_aotinductor_and_matches_cud
     got = layer.cuda()(x.cuda()).cpu().view(torch.uint8)
     ref = layer.cpu()(x).view(torch.uint8)
     assert int((got != ref).sum()) <= got.numel() // 1000
+
+
+def test_the_benchmark_lists_the_depthwise_layers_the_triton_form_replaces(capsys):
+    """benchmarks/dw_conv_bench.py measures what ``rewrite_channels_last(depthwise="triton")``
+    replaces in timm_xception: the 39 depthwise halves of its separable convolutions (26 of
+    them 728 channels at 19x19), three with the exit block's ReLU; ``--list`` runs without
+    a GPU."""
+    import importlib
+    import sys
+    from pathlib import Path
+
+    bench_dir = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    if bench_dir not in sys.path:
+        sys.path.insert(0, bench_dir)
+    bench = importlib.import_module("dw_conv_bench")
+    layers = dict(bench.xception_dw_layers())
+    assert sum(layers.values()) == 39 and layers[(728, 19, 19, 1, False)] == 26
+    assert sum(n for (_c, _h, _w, _s, relu), n in layers.items() if relu) == 3
+    assert layers[(128, 150, 150, 2, False)] == 1          # the entry flow's strided ones
+    assert bench.main(["--list"]) == 0
+    assert "39 in 13 shapes" in capsys.readouterr().out

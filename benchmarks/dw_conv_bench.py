@@ -1,0 +1,161 @@
+"""timm_xception's depthwise convolutions on one GPU: cuDNN plus the quantize pass (what the
+channels_last fp8 form runs today) against the Triton kernel that writes the FP8 GEMM's
+e4m3 rows itself (``kernels/dw_conv.py``, family.json ``torch_aoti.fp8_depthwise: triton``),
+layer by layer, for each of its tiles.
+
+Why: the sixth session's profile of the fp8 engine at batch 32 (3.82 ms of kernels) had
+1.23 ms of cuDNN depthwise convolutions and 1.30 ms of pointwise kernels, 40 of them the
+quantize after a depthwise convolution; fp8 stood at 1.11x fp16 against issue 18's 1.25x.
+This says, before any bundle is built, whether the kernel is faster than the pair it
+replaces, by how much over a forward pass, and with which tile.
+
+Per layer shape (every ``SeparableConv2d`` whose 1x1 half is an FP8 layer: ``XCEPTION_DW``,
+read off timm's model by a shape pass), at ``--batch`` (32), NHWC fp16 activations:
+
+  cudnn      F.conv2d on channels_last fp16 (+ bias, + ReLU where the model has one): the
+             fp16 engine's layer, fp16 out
+  cudnn+q    the same and the quantize pass, torch.compile'd as the fp8 engine has them
+             (cuDNN's kernel, then Inductor's pad + QuantizeLinear kernel): e4m3 rows out
+  triton     the Triton kernel, each tile of ``DW_CONFIGS``: e4m3 rows out
+
+Timing: CUDA graph replay, median of --iters (``fp8_conv_bench.graph_time``). Check: the
+Triton codes against cudnn+q's (share of codes that differ; FP8 rounding of the same fp16
+values should make it ~0). Totals: sum over layers of count x time, and cudnn+q / triton.
+
+  PYTHONPATH=. python3 benchmarks/dw_conv_bench.py [--batch 32] [--iters 50] [--list]
+
+``--list`` prints the layer table only (no GPU needed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def xception_dw_layers() -> list[tuple[tuple, int]]:
+    """((channels, height, width, stride, relu), count) of timm_xception's depthwise
+    convolutions that feed an FP8 1x1 layer (random weights; shapes only), in model order."""
+    import torch
+
+    from bundler.families import load_family
+    from bundler.targets.torch_aoti.model import _feeds_fp8_gemm, shape_pass
+    from bundler.torch_model import build_torch_model
+
+    family = load_family("timm_xception")
+    model = build_torch_model(family, seed=0)
+    pointwise = {n: None for n, m in model.named_modules()
+                 if isinstance(m, torch.nn.Conv2d) and m.kernel_size == (1, 1)}
+    layers = {}
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.Conv2d) and m.groups > 1:
+            feeds = _feeds_fp8_gemm(model, name, pointwise)
+            if feeds is not None:
+                layers[name] = (m, feeds[1] is not None)
+    inputs = shape_pass(model, list(layers), tuple(family.input.shape),
+                        lambda ins, _out: tuple(ins[0].shape[1:]))
+    shapes = Counter()
+    for name, (m, relu) in layers.items():
+        c, h, w = inputs[name]
+        shapes[(c, h, w, m.stride[0], relu)] += 1
+    return list(shapes.items())
+
+
+def shape_name(shape: tuple) -> str:
+    c, h, w, stride, relu = shape
+    return f"{c}x{h}x{w} s{stride}{' relu' if relu else ''}"
+
+
+def measure(shape: tuple, args) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    from bundler.targets.torch_aoti.kernels.dw_conv import DW_CONFIGS, dw_conv_e4m3
+    from bundler.targets.torch_aoti.model import DepthwiseE4m3, padded, quantize
+    from fp8_conv_bench import graph_time
+
+    c, h, w, stride, relu = shape
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(c, c, 3, stride, 1, groups=c)
+    layer = DepthwiseE4m3(conv, 0.02, padded(c), relu=relu).cuda()
+    x_nhwc = torch.randn(args.batch, h, w, c, device="cuda").half()
+    x = x_nhwc.permute(0, 3, 1, 2)                   # channels_last NCHW, as the engine has
+    weight = conv.weight.detach().half().cuda().contiguous(memory_format=torch.channels_last)
+    bias = conv.bias.detach().half().cuda()
+
+    def cudnn():
+        y = F.conv2d(x, weight, bias, stride, 1, groups=c)
+        return F.relu(y) if relu else y
+
+    def to_rows(y):
+        y = y.permute(0, 2, 3, 1)
+        return quantize(F.pad(y, (0, layer.cpad - c)), layer.act_scale)
+
+    compiled = torch.compile(lambda: to_rows(cudnn()), dynamic=False)
+    row = {}
+    with torch.no_grad():
+        row["cudnn"], _ = graph_time(cudnn, args.iters)
+        row["cudnn+q"], ref = graph_time(compiled, args.iters)
+        for cfg in DW_CONFIGS:
+            key = "triton " + "x".join(map(str, cfg))
+            ms, got = graph_time(lambda cfg=cfg: dw_conv_e4m3(
+                x_nhwc, layer.weight_taps, layer.bias, layer.act_scale, layer.cpad, (3, 3),
+                (stride, stride), (1, 1), relu=relu, config=cfg), args.iters)
+            row[key] = ms
+            row[key + " differ"] = float((got.view(torch.uint8) != ref.view(torch.uint8))
+                                         .float().mean())
+    torch._dynamo.reset()
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--list", action="store_true", help="print the layer table and stop")
+    p.add_argument("--budget-s", type=float, default=240.0,
+                   help="no new layer starts after this many seconds")
+    args = p.parse_args(argv)
+    started = time.monotonic()
+    layers = xception_dw_layers()
+    print(f"timm_xception depthwise layers feeding an FP8 GEMM: "
+          f"{sum(n for _, n in layers)} in {len(layers)} shapes", flush=True)
+    for shape, count in layers:
+        print(f"  {shape_name(shape):<22} x{count}", flush=True)
+    if args.list:
+        return 0
+    import torch
+
+    if not torch.cuda.is_available():
+        print("no CUDA GPU here: --list is what runs without one", file=sys.stderr)
+        return 2
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, batch {args.batch}",
+          flush=True)
+    totals: Counter = Counter()
+    for shape, count in layers:
+        if time.monotonic() - started > args.budget_s:
+            print(f"  {shape_name(shape)}: skipped (budget)", flush=True)
+            continue
+        row = measure(shape, args)
+        times = {k: v for k, v in row.items() if not k.endswith("differ")}
+        for k, v in times.items():
+            totals[k] += count * v
+        print(f"  {shape_name(shape):<22} x{count}  " + "  ".join(
+            f"{k} {v * 1000:.1f}us" for k, v in times.items()) + "  differ " + " ".join(
+            f"{row[k]:.1e}" for k in row if k.endswith("differ")), flush=True)
+    if totals:
+        base = totals["cudnn+q"]
+        print("totals over a forward pass (ms; cudnn+q / this):", flush=True)
+        for k, v in totals.items():
+            print(f"  {k:<22} {v:.3f}  {base / v:.3f}x", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
