@@ -45,7 +45,7 @@ def xception_dw_layers() -> list[tuple[tuple, int]]:
     import torch
 
     from bundler.families import load_family
-    from bundler.targets.torch_aoti.model import _feeds_fp8_gemm, shape_pass
+    from bundler.targets.torch_aoti.model import feeds_fp8_gemm, shape_pass
     from bundler.torch_model import build_torch_model
 
     family = load_family("timm_xception")
@@ -55,7 +55,7 @@ def xception_dw_layers() -> list[tuple[tuple, int]]:
     layers = {}
     for name, m in model.named_modules():
         if isinstance(m, torch.nn.Conv2d) and m.groups > 1:
-            feeds = _feeds_fp8_gemm(model, name, pointwise)
+            feeds = feeds_fp8_gemm(model, name, pointwise)
             if feeds is not None:
                 layers[name] = (m, feeds[1] is not None)
     inputs = shape_pass(model, list(layers), tuple(family.input.shape),

@@ -75,7 +75,7 @@ from bundler.fp8 import E4M3_MAX, quantize as quantize_fp8, stored_scale
 from runtime_py.errors import UsageError
 
 __all__ = ["FP8_ALIGN", "FP8_GEMMS", "FP8_CONVS", "SMALL_BATCH", "SMALL_BATCH_POINTWISE", "fp8_conv_kernel", "padded", "map_nodes_to_modules", "rewrite_nhwc",
-           "rewrite_channels_last", "ChannelsLastView", "DepthwiseE4m3", "rewrite_as_is", "fp8_gemm_rows", "shape_pass", "EngineModule", "check_rewrite",
+           "rewrite_channels_last", "ChannelsLastView", "DepthwiseE4m3", "feeds_fp8_gemm", "rewrite_as_is", "fp8_gemm_rows", "shape_pass", "EngineModule", "check_rewrite",
            "fake_quant_reference"]
 
 #: FP8 GEMM operands need both dimensions of the weight to be multiples of 16 (cuBLASLt).
@@ -895,7 +895,7 @@ def rewrite_nhwc(model: torch.nn.Module, dtype: torch.dtype, *,
 CHANNELS_LAST_DEPTHWISE = TORCH_AOTI_FP8_DEPTHWISE
 
 
-def _feeds_fp8_gemm(body: nn.Module, name: str, fp8: Mapping) -> tuple[str, str | None] | None:
+def feeds_fp8_gemm(body: nn.Module, name: str, fp8: Mapping) -> tuple[str, str | None] | None:
     """(path of the FP8 1x1 layer that depthwise convolution ``name`` feeds, path of a ReLU
     between them or None), or None. The rule is the separable convolution's shape (timm's
     ``SeparableConv2d``): a ``conv_dw``, then ``bn_dw`` (Identity after BatchNorm folding)
@@ -967,7 +967,7 @@ def rewrite_channels_last(model: torch.nn.Module, dtype: torch.dtype, *,
                                 "channels_last form does not quantize")
             continue
         dw = m.groups == m.in_channels == m.out_channels and m.groups > 1
-        feeds = _feeds_fp8_gemm(body, name, fp8) if dw and depthwise == "triton" else None
+        feeds = feeds_fp8_gemm(body, name, fp8) if dw and depthwise == "triton" else None
         if feeds is not None:
             pw, relu = feeds
             replaced[name] = ChannelsLastView(DepthwiseE4m3(
