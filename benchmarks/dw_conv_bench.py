@@ -9,14 +9,16 @@ quantize after a depthwise convolution; fp8 stood at 1.11x fp16 against issue 18
 This says, before any bundle is built, whether the kernel is faster than the pair it
 replaces, by how much over a forward pass, and with which tile.
 
-Per layer shape (every ``SeparableConv2d`` whose 1x1 half is an FP8 layer: ``XCEPTION_DW``,
-read off timm's model by a shape pass), at ``--batch`` (32), NHWC fp16 activations:
+Per layer shape (every ``SeparableConv2d`` whose 1x1 half is an FP8 layer, as the Triton
+form has them: ``xception_dw_layers``, read off timm's model), at ``--batch`` (32):
 
   cudnn      F.conv2d on channels_last fp16 (+ bias, + ReLU where the model has one): the
-             fp16 engine's layer, fp16 out
-  cudnn+q    the same and the quantize pass, torch.compile'd as the fp8 engine has them
-             (cuDNN's kernel, then Inductor's pad + QuantizeLinear kernel): e4m3 rows out
-  triton     the Triton kernel, each tile of ``DW_CONFIGS``: e4m3 rows out
+             fp16 engine's layer alone, fp16 out
+  cudnn+q    what the fp8 engine runs around it today, torch.compile'd: the pass before it
+             (the block's ReLU, and the convert of a GEMM's bf16 output), cuDNN's kernel,
+             Inductor's pad + QuantizeLinear kernel: e4m3 rows out
+  triton     the Triton kernel (ReLU on load, bf16 read in place), each tile of
+             ``DW_CONFIGS``: e4m3 rows out
 
 Timing: CUDA graph replay, median of --iters (``fp8_conv_bench.graph_time``). Check: the
 Triton codes against cudnn+q's (share of codes that differ; FP8 rounding of the same fp16
@@ -40,39 +42,47 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def xception_dw_layers() -> list[tuple[tuple, int]]:
-    """((channels, height, width, stride, relu), count) of timm_xception's depthwise
-    convolutions that feed an FP8 1x1 layer (random weights; shapes only), in model order."""
+    """((channels, height, width, stride, relu, relu_in, raw_in), count) of timm_xception's
+    depthwise convolutions that ``rewrite_channels_last(depthwise="triton")`` replaces
+    (random weights; shapes only), in model order: ``relu`` a ReLU after it, ``relu_in``
+    the block's ReLU before it moved into its load, ``raw_in`` its input an FP8 GEMM's raw
+    bf16 output."""
+    import numpy as np
     import torch
 
     from bundler.families import load_family
-    from bundler.targets.torch_aoti.model import feeds_fp8_gemm, shape_pass
+    from bundler.targets.torch_aoti.model import (ChannelsLastView, DepthwiseE4m3,
+                                                  rewrite_channels_last, shape_pass)
     from bundler.torch_model import build_torch_model
 
     family = load_family("timm_xception")
     model = build_torch_model(family, seed=0)
-    pointwise = {n: None for n, m in model.named_modules()
-                 if isinstance(m, torch.nn.Conv2d) and m.kernel_size == (1, 1)}
-    layers = {}
-    for name, m in model.named_modules():
-        if isinstance(m, torch.nn.Conv2d) and m.groups > 1:
-            feeds = feeds_fp8_gemm(model, name, pointwise)
-            if feeds is not None:
-                layers[name] = (m, feeds[1] is not None)
+    fp8 = {n: (0.05, np.full(m.out_channels, 0.01, np.float32))
+           for n, m in model.named_modules()
+           if isinstance(m, torch.nn.Conv2d) and m.kernel_size == (1, 1)}
+    body = rewrite_channels_last(model, torch.float16, fp8=fp8, emulate=True, depthwise="triton")
+    layers = {n: v.layer for n, v in body.named_modules()
+              if isinstance(v, ChannelsLastView) and isinstance(v.layer, DepthwiseE4m3)}
     inputs = shape_pass(model, list(layers), tuple(family.input.shape),
                         lambda ins, _out: tuple(ins[0].shape[1:]))
     shapes = Counter()
-    for name, (m, relu) in layers.items():
+    for name, m in layers.items():
         c, h, w = inputs[name]
-        shapes[(c, h, w, m.stride[0], relu)] += 1
+        shapes[(c, h, w, m.stride[0], m.relu, m.relu_in, m.raw_in)] += 1
     return list(shapes.items())
 
 
 def shape_name(shape: tuple) -> str:
-    c, h, w, stride, relu = shape
-    return f"{c}x{h}x{w} s{stride}{' relu' if relu else ''}"
+    c, h, w, stride, relu, relu_in, raw_in = shape
+    return (f"{c}x{h}x{w} s{stride}" + (" relu-in" if relu_in else "")
+            + (" bf16-in" if raw_in else "") + (" relu" if relu else ""))
 
 
 def measure(shape: tuple, args) -> dict:
+    """ms of each form of one layer shape, and the share of e4m3 codes that differ from
+    cudnn+q's. The "before" forms include what the Triton form removes around the
+    layer: the ReLU before it (and, for a GEMM's raw bf16 output, the convert) as the
+    Inductor pass it is, fused with nothing else."""
     import torch
     import torch.nn.functional as F
 
@@ -80,16 +90,23 @@ def measure(shape: tuple, args) -> dict:
     from bundler.targets.torch_aoti.model import DepthwiseE4m3, padded, quantize
     from fp8_conv_bench import graph_time
 
-    c, h, w, stride, relu = shape
+    c, h, w, stride, relu, relu_in, raw_in = shape
     torch.manual_seed(0)
     conv = torch.nn.Conv2d(c, c, 3, stride, 1, groups=c)
-    layer = DepthwiseE4m3(conv, 0.02, padded(c), relu=relu).cuda()
-    x_nhwc = torch.randn(args.batch, h, w, c, device="cuda").half()
-    x = x_nhwc.permute(0, 3, 1, 2)                   # channels_last NCHW, as the engine has
+    layer = DepthwiseE4m3(conv, 0.02, padded(c), relu=relu, relu_in=relu_in).cuda()
+    if raw_in:        # the GEMM's [rows, npad] bf16 output, its first c columns
+        rows = torch.randn(args.batch * h * w, padded(c), device="cuda").bfloat16()
+        x_in = rows[:, :c].reshape(args.batch, h, w, c)
+    else:
+        x_in = torch.randn(args.batch, h, w, c, device="cuda").half()
     weight = conv.weight.detach().half().cuda().contiguous(memory_format=torch.channels_last)
     bias = conv.bias.detach().half().cuda()
 
-    def cudnn():
+    def before():     # the Inductor pass before cuDNN: convert and ReLU, as the model has
+        y = x_in.half()
+        return (F.relu(y) if relu_in else y).permute(0, 3, 1, 2)
+
+    def cudnn(x):
         y = F.conv2d(x, weight, bias, stride, 1, groups=c)
         return F.relu(y) if relu else y
 
@@ -97,16 +114,17 @@ def measure(shape: tuple, args) -> dict:
         y = y.permute(0, 2, 3, 1)
         return quantize(F.pad(y, (0, layer.cpad - c)), layer.act_scale)
 
-    compiled = torch.compile(lambda: to_rows(cudnn()), dynamic=False)
+    x16 = before().contiguous(memory_format=torch.channels_last)
+    compiled = torch.compile(lambda: to_rows(cudnn(before())), dynamic=False)
     row = {}
     with torch.no_grad():
-        row["cudnn"], _ = graph_time(cudnn, args.iters)
+        row["cudnn"], _ = graph_time(lambda: cudnn(x16), args.iters)
         row["cudnn+q"], ref = graph_time(compiled, args.iters)
         for cfg in DW_CONFIGS:
             key = "triton " + "x".join(map(str, cfg))
             ms, got = graph_time(lambda cfg=cfg: dw_conv_e4m3(
-                x_nhwc, layer.weight_taps, layer.bias, layer.act_scale, layer.cpad, (3, 3),
-                (stride, stride), (1, 1), relu=relu, config=cfg), args.iters)
+                x_in, layer.weight_taps, layer.bias, layer.act_scale, layer.cpad, (3, 3),
+                (stride, stride), (1, 1), relu=relu, relu_in=relu_in, config=cfg), args.iters)
             row[key] = ms
             row[key + " differ"] = float((got.view(torch.uint8) != ref.view(torch.uint8))
                                          .float().mean())

@@ -16,12 +16,14 @@ import json
 import torch
 from torch import nn
 
-#: name -> (batch, height, width, channels, padded channels, kernel, stride, padding, relu)
+#: name -> (batch, height, width, channels, padded channels, kernel, stride, padding, relu,
+#: relu_in, input: "fp16" or "bf16-view" (a bf16 GEMM output's first C of 8 more columns))
 CASES = {
-    "3x3-s1": (2, 7, 6, 32, 32, 3, 1, 1, False),
-    "3x3-s2-odd": (1, 9, 9, 40, 48, 3, 2, 1, False),
-    "3x3-s1-relu-padded": (2, 5, 5, 24, 32, 3, 1, 1, True),
-    "5x5-s1-p2": (1, 8, 7, 16, 16, 5, 1, 2, False),
+    "3x3-s1": (2, 7, 6, 32, 32, 3, 1, 1, False, False, "fp16"),
+    "3x3-s2-odd": (1, 9, 9, 40, 48, 3, 2, 1, False, False, "fp16"),
+    "3x3-s1-relu-padded": (2, 5, 5, 24, 32, 3, 1, 1, True, False, "fp16"),
+    "5x5-s1-p2": (1, 8, 7, 16, 16, 5, 1, 2, False, False, "fp16"),
+    "3x3-relu-in-bf16-view": (2, 6, 5, 40, 48, 3, 1, 1, False, True, "bf16-view"),
 }
 
 
@@ -29,17 +31,20 @@ def run_case(case) -> dict:
     from bundler.targets.torch_aoti.kernels.dw_conv import DwConvConfig, dw_conv_e4m3
     from bundler.targets.torch_aoti.model import DepthwiseE4m3
 
-    n, h, w, c, cpad, k, stride, pad, relu = case
+    n, h, w, c, cpad, k, stride, pad, relu, relu_in, source = case
     g = torch.Generator().manual_seed(n * 1000 + h * 100 + c)
     conv = nn.Conv2d(c, c, k, stride, pad, groups=c)
     with torch.no_grad():
         conv.weight.copy_(torch.randn(conv.weight.shape, generator=g) * 0.3)
         conv.bias.copy_(torch.randn(c, generator=g) * 0.1)
-    x = torch.randn(n, h, w, c, generator=g).half()
-    layer = DepthwiseE4m3(conv, 0.01, cpad, relu=relu)
+    if source == "bf16-view":
+        x = torch.randn(n, h, w, c + 8, generator=g).bfloat16()[..., :c]
+    else:
+        x = torch.randn(n, h, w, c, generator=g).half()
+    layer = DepthwiseE4m3(conv, 0.01, cpad, relu=relu, relu_in=relu_in)
     ref = layer(x)                                   # the torch path (a CPU tensor)
     got = dw_conv_e4m3(x, layer.weight_taps, layer.bias, layer.act_scale, cpad, (k, k),
-                       (stride, stride), (pad, pad), relu=relu,
+                       (stride, stride), (pad, pad), relu=relu, relu_in=relu_in,
                        config=DwConvConfig(8, 16, 4))    # small tiles: partial ones too
     if got.shape != ref.shape or got.dtype != torch.float8_e4m3fn:
         raise AssertionError(f"{got.dtype}{tuple(got.shape)} != {ref.dtype}{tuple(ref.shape)}")

@@ -29,7 +29,8 @@ def interpreted():
 @needs_triton
 @pytest.mark.parametrize("case", list(load_script("dw_conv_interpret.py").CASES))
 def test_the_kernel_writes_the_layer_s_e4m3_codes_under_the_interpreter(interpreted, case):
-    """3x3 and 5x5, stride 1 and 2, a ReLU, padded channels, partial tiles: the kernel's e4m3
+    """3x3 and 5x5, stride 1 and 2, a ReLU after or before (on a bf16 view with wider rows,
+    as a GEMM's raw output is), padded channels, partial tiles: the kernel's e4m3
     codes are the torch path's (conv2d in fp32, bias, fp16 rounding, QuantizeLinear) but
     for at most one in a thousand a step apart (fp32 sums in another order), and the
     padding channels are zeros."""
@@ -130,9 +131,11 @@ class SeparableConv2d(nn.Module):
         self.bn_dw = nn.BatchNorm2d(cin).eval() if bn else nn.Identity()
         self.act_dw = nn.ReLU() if relu else nn.Identity()
         self.conv_pw = nn.Conv2d(cin, cout, 1)
+        self.bn_pw, self.act_pw = nn.Identity(), nn.Identity()
 
     def forward(self, x):
-        return self.conv_pw(self.act_dw(self.bn_dw(self.conv_dw(x))))
+        x = self.conv_pw(self.act_dw(self.bn_dw(self.conv_dw(x))))
+        return self.act_pw(self.bn_pw(x))
 
 
 def _separable_model():
@@ -147,24 +150,42 @@ def _separable_model():
     return model, fp8
 
 
-def test_the_rule_fuses_separable_convolutions_into_their_fp8_gemm_and_keeps_the_rest():
+@pytest.mark.parametrize("emulate", [True, False], ids=["emulated", "scaled_mm"])
+def test_the_rule_fuses_separable_convolutions_into_their_fp8_gemm_and_keeps_the_rest(emulate):
     """Each ``conv_dw`` whose ``conv_pw`` is an FP8 layer becomes ``DepthwiseE4m3`` (a ReLU
-    between them moves into it); one with a BatchNorm left between stays cuDNN's. The model
-    computes what the cuDNN form computes (same codes, fp16 layers aside)."""
+    between them moves into it); one with a BatchNorm left between stays cuDNN's. A ReLU
+    of the Sequential right before such a layer moves into its load (``relu_in``), and a
+    separable convolution before that ReLU hands its GEMM's raw bf16 output over
+    (``raw_out``; with ``torch._scaled_mm``, which runs on the CPU too). The model computes
+    what the cuDNN form computes (same codes, fp16 layers aside)."""
     from bundler.targets.torch_aoti.model import (ChannelsLastView, DepthwiseE4m3,
-                                                  EngineModule, rewrite_channels_last)
+                                                  EngineModule, Fp8Pointwise,
+                                                  rewrite_channels_last)
 
     model, fp8 = _separable_model()
-    forms = {d: rewrite_channels_last(model, torch.float16, fp8=fp8, emulate=True,
+    forms = {d: rewrite_channels_last(model, torch.float16, fp8=fp8, emulate=emulate,
                                       depthwise=d) for d in ("cudnn", "triton")}
     fused = {n: v.layer for n, v in forms["triton"].named_modules()
              if isinstance(v, ChannelsLastView) and isinstance(v.layer, DepthwiseE4m3)}
-    assert {n: m.relu for n, m in fused.items()} == {"2.conv_dw": True, "4.conv_dw": False}
-    assert isinstance(forms["triton"].get_submodule("2.act_dw"), nn.Identity)
-    assert isinstance(forms["triton"].get_submodule("6.conv_dw"), nn.Conv2d)
+    assert {n: (m.relu, m.relu_in) for n, m in fused.items()} == {
+        "2.conv_dw": (True, True), "4.conv_dw": (False, True)}
+    triton = forms["triton"]
+    assert [type(triton.get_submodule(k)) for k in ("1", "3", "5", "2.act_dw")] == [
+        nn.Identity, nn.Identity, nn.ReLU, nn.Identity]
+    assert isinstance(triton.get_submodule("6.conv_dw"), nn.Conv2d)
+    gemms = {n: v.layer.raw_out for n, v in triton.named_modules()
+             if isinstance(v, ChannelsLastView) and isinstance(v.layer, Fp8Pointwise)}
+    assert gemms == {"2.conv_pw": True, "4.conv_pw": False, "6.conv_pw": False}
     x = torch.randn(2, 3, 12, 12)
+    if not emulate:                          # the raw output is the GEMM's bf16
+        probe = []
+        hook = triton.get_submodule("2.conv_pw").register_forward_hook(
+            lambda _m, _i, out: probe.append(out.dtype))
     with torch.no_grad():
         a, b = (EngineModule(forms[d], torch.float16, False, True)(x) for d in ("cudnn", "triton"))
+    if not emulate:
+        hook.remove()
+        assert probe == [torch.bfloat16]
     assert float((a - b).abs().max()) <= 0.02 * float(a.abs().max())
 
 
@@ -214,8 +235,14 @@ def test_the_benchmark_lists_the_depthwise_layers_the_triton_form_replaces(capsy
         sys.path.insert(0, bench_dir)
     bench = importlib.import_module("dw_conv_bench")
     layers = dict(bench.xception_dw_layers())
-    assert sum(layers.values()) == 39 and layers[(728, 19, 19, 1, False)] == 26
-    assert sum(n for (_c, _h, _w, _s, relu), n in layers.items() if relu) == 3
-    assert layers[(128, 150, 150, 2, False)] == 1          # the entry flow's strided ones
+    assert sum(layers.values()) == 39
+    # 728 channels at 19x19: the middle flow's 8 blocks of 3 and the exit flow's first two;
+    # the first of each block reads the block's fp16 sum (9), the others the GEMM before
+    # them raw (bf16, 17); the ReLU before each moved into the load
+    assert layers[(728, 19, 19, 1, False, True, True)] == 17
+    assert layers[(728, 19, 19, 1, False, True, False)] == 9
+    assert sum(n for k, n in layers.items() if k[4]) == 3          # the exit block's ReLU after
+    assert sum(n for k, n in layers.items() if k[5]) == 36
+    assert sum(n for k, n in layers.items() if k[6]) == 24
     assert bench.main(["--list"]) == 0
-    assert "39 in 13 shapes" in capsys.readouterr().out
+    assert "39 in" in capsys.readouterr().out

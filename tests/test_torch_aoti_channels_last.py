@@ -73,6 +73,10 @@ def test_channels_last_fp8_model_matches_onnxruntime_and_the_nhwc_rewrite(
         # three have a ReLU between the halves, which goes into the kernel
         assert len(fused) == (39 if depthwise == "triton" else 0)
         assert sum(v.layer.relu for v in fused) == (3 if depthwise == "triton" else 0)
+        # the blocks' ReLUs before them move into their load, and the 24 separable
+        # convolutions before such a ReLU hand over their GEMM's raw output
+        assert sum(v.layer.relu_in for v in fused) == (36 if depthwise == "triton" else 0)
+        assert sum(v.layer.raw_out for v in fp8) == (24 if depthwise == "triton" else 0)
         convs = [m for m in body.modules() if isinstance(m, torch.nn.Conv2d)]
         assert convs and all(c.weight.dtype == torch.float16 and c.weight.is_contiguous(
             memory_format=torch.channels_last) for c in convs if c.weight.dim() == 4)

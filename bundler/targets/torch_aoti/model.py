@@ -251,6 +251,7 @@ class Fp8Gemm(nn.Module):
         # (zeros in the padding), so no pad before the quantize and no slice after
         self.padded_io = padded_io
         self.out = self.npad if padded_io else cout
+        self.raw_out = False       # set by rewrite_channels_last(depthwise="triton")
         w16 = kernel.detach().to(torch.float16).cpu().numpy()
         ws = stored_scale(weight_scale).reshape(-1)
         if ws.shape[0] != cout:
@@ -324,7 +325,9 @@ class Fp8Gemm(nn.Module):
             y = torch._scaled_mm(q, self.weight_fp8.t(), scale_a=a,
                                  scale_b=b, bias=self.bias_row,
                                  out_dtype=self.gemm_out_dtype, use_fast_accum=self.fast_accum)
-            return y[:, :self.out].to(self.dtype)
+            # raw_out: the next layer reads the GEMM's own output type (a DepthwiseE4m3
+            # with the ReLU between them on its load): no convert pass
+            return y[:, :self.out] if self.raw_out else y[:, :self.out].to(self.dtype)
         else:
             y = torch._scaled_mm(q, self.weight_fp8.t(), scale_a=self.act_scale,
                                  scale_b=self.one, out_dtype=torch.bfloat16,
@@ -584,12 +587,19 @@ class DepthwiseE4m3(nn.Module):
     (``kernels/dw_conv.py``) does it all; elsewhere (CPU tests, export checks) the same
     arithmetic in torch ops.
 
+    ``relu_in``: the ReLU before it (the model's) applied as the input is loaded; the input
+    may then be another FP8 GEMM's raw output (bf16, ``Fp8Gemm.raw_out``), the
+    convert-and-ReLU pass between the two gone.
+
     Why: cuDNN's depthwise kernel writes fp16 that a pointwise pass then reads to quantize
     (``rewrite_channels_last(depthwise="triton")`` docstring)."""
 
-    def __init__(self, conv: nn.Conv2d, act_scale: float, cpad: int, relu: bool = False) -> None:
+    def __init__(self, conv: nn.Conv2d, act_scale: float, cpad: int, relu: bool = False,
+                 relu_in: bool = False) -> None:
         super().__init__()
         self.relu = bool(relu)       # a ReLU between the convolution and the GEMM
+        self.relu_in = bool(relu_in)   # a ReLU before the convolution, applied on load
+        self.raw_in = False            # its input is an FP8 GEMM's raw (bf16) output
         c = conv.out_channels
         if not (conv.groups == conv.in_channels == c) or c < 2:
             raise UsageError(f"DepthwiseE4m3 takes depthwise convolutions, got {conv}")
@@ -625,9 +635,12 @@ class DepthwiseE4m3(nn.Module):
 
             return dw_conv_e4m3(x, self.weight_taps, self.bias, self.act_scale, self.cpad,
                                 self.kernel, self.stride, self.padding, self.dilation,
-                                relu=self.relu, config=self.config)
-        y = F.conv2d(x.permute(0, 3, 1, 2).float(), self.weight_nchw, self.bias, self.stride,
-                     self.padding, self.dilation, groups=self.channels)
+                                relu=self.relu, relu_in=self.relu_in, config=self.config)
+        x = x.permute(0, 3, 1, 2).float()
+        if self.relu_in:
+            x = F.relu(x)
+        y = F.conv2d(x, self.weight_nchw, self.bias, self.stride, self.padding, self.dilation,
+                     groups=self.channels)
         if self.relu:
             y = F.relu(y)
         y = y.to(torch.float16).permute(0, 2, 3, 1)
@@ -991,8 +1004,44 @@ def rewrite_channels_last(model: torch.nn.Module, dtype: torch.dtype, *,
         else:
             continue
         replaced[name] = ChannelsLastView(new)
+    if depthwise == "triton":
+        _relus_into_depthwise(body, replaced)
     _rewrite_finish(body, replaced, problems, dtype)     # the model's own leaves: to dtype
     return body.to(memory_format=torch.channels_last).eval().requires_grad_(False)
+
+
+def _relus_into_depthwise(body: nn.Module, replaced: dict[str, nn.Module]) -> None:
+    """In each ``nn.Sequential`` of ``body`` (timm's Xception blocks: ReLU, separable
+    convolution, ReLU, ...): a ReLU right before a separable convolution whose depthwise
+    half is ``DepthwiseE4m3`` moves into it (``relu_in``, applied as it loads; the ReLU
+    becomes Identity), and where the child before that ReLU is a separable convolution
+    whose 1x1 half is an FP8 GEMM with nothing after it, that GEMM hands over its raw
+    output (``raw_out``): the convert-and-ReLU pass between them is gone. Inside a
+    Sequential each output has one reader, the next child, so nothing else sees the change."""
+    def sub(prefix: str, key: str) -> str:
+        return f"{prefix}.{key}" if prefix else key
+
+    for seq_name, seq in body.named_modules():
+        if not isinstance(seq, nn.Sequential):
+            continue
+        keys = list(seq._modules)
+        for i in range(1, len(keys)):
+            dw = replaced.get(sub(sub(seq_name, keys[i]), "conv_dw"))
+            if not (isinstance(seq._modules[keys[i - 1]], nn.ReLU)
+                    and isinstance(dw, ChannelsLastView) and isinstance(dw.layer, DepthwiseE4m3)):
+                continue
+            replaced[sub(seq_name, keys[i - 1])] = nn.Identity()
+            dw.layer.relu_in = True
+            if i < 2:
+                continue
+            before = seq._modules[keys[i - 2]]
+            pw = replaced.get(sub(sub(seq_name, keys[i - 2]), "conv_pw"))
+            if (type(before).__name__ == "SeparableConv2d" and isinstance(pw, ChannelsLastView)
+                    and isinstance(pw.layer, Fp8Gemm)
+                    and all(isinstance(getattr(before, n, None), nn.Identity)
+                            for n in ("bn_pw", "act_pw"))):
+                pw.layer.raw_out = True
+                dw.layer.raw_in = True
 
 
 def _gemm_rows(out: torch.Tensor) -> int:

@@ -62,8 +62,8 @@ def _dw_conv_nhwc_e4m3_kernel(
         stride_xn, stride_xh, stride_xw,
         KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
         PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
-        RELU: tl.constexpr, QMAX: tl.constexpr, BLOCK_P: tl.constexpr,
-        BLOCK_C: tl.constexpr):
+        RELU: tl.constexpr, RELU_IN: tl.constexpr, QMAX: tl.constexpr,
+        BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
     pid_p = tl.program_id(0)
     pid_c = tl.program_id(1)
     offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -84,8 +84,11 @@ def _dw_conv_nhwc_e4m3_kernel(
             inside = p_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)     # zero padding
             a = tl.load(x_rows[:, None] + (ih * stride_xh + iw * stride_xw)[:, None]
                         + offs_c[None, :], mask=inside[:, None] & c_ok[None, :], other=0.0)
+            a = a.to(tl.float32)
+            if RELU_IN:
+                a = tl.maximum(a, 0.0)
             wv = tl.load(w_ptr + (kh * KW + kw) * C + offs_c, mask=c_ok, other=0.0)
-            acc += a.to(tl.float32) * wv[None, :]
+            acc += a * wv[None, :]
     bias = tl.load(bias_ptr + offs_c, mask=c_ok, other=0.0)
     y = acc + bias[None, :]
     if RELU:
@@ -101,12 +104,13 @@ def _dw_conv_nhwc_e4m3_kernel(
 @triton_op(OP, mutates_args={})
 def dw_conv_nhwc_e4m3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                       q_scale: torch.Tensor, cpad: int, kh: int, kw: int, sh: int, sw: int,
-                      ph: int, pw: int, dh: int, dw: int, relu: bool, block_p: int,
-                      block_c: int, num_warps: int) -> torch.Tensor:
-    """``x`` fp16 [N, H, W, C] (channels contiguous), ``weight`` fp32 [kh*kw, C] (the fp16
+                      ph: int, pw: int, dh: int, dw: int, relu: bool, relu_in: bool,
+                      block_p: int, block_c: int, num_warps: int) -> torch.Tensor:
+    """``x`` fp16 or bf16 [N, H, W, C] (channels contiguous, any pixel strides: e.g. an
+    FP8 GEMM's output columns), ``weight`` fp32 [kh*kw, C] (the fp16
     kernel's values, (kh, kw) order), ``bias`` fp32 [C], ``q_scale`` fp32 (its first
     element read) -> e4m3 [N, Ho, Wo, cpad] (cpad >= C; channels C.. are zeros);
-    ``relu``: a ReLU before the fp16 rounding."""
+    ``relu``: a ReLU before the fp16 rounding; ``relu_in``: a ReLU on the input."""
     if x.stride(3) != 1:
         x = x.contiguous()
     n, h, w, c = x.shape
@@ -117,7 +121,8 @@ def dw_conv_nhwc_e4m3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
     wrap_triton(_dw_conv_nhwc_e4m3_kernel)[grid](
         x, weight, bias, out, q_scale, p, h, w, c, ho, wo, cpad,
         x.stride(0), x.stride(1), x.stride(2),
-        KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, RELU=relu, QMAX=E4M3_MAX,
+        KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, RELU=relu, RELU_IN=relu_in,
+        QMAX=E4M3_MAX,
         BLOCK_P=block_p, BLOCK_C=block_c, num_warps=num_warps)
     return out
 
@@ -126,9 +131,9 @@ def dw_conv_e4m3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                  q_scale: torch.Tensor, cpad: int, kernel: tuple[int, int],
                  stride: tuple[int, int], padding: tuple[int, int],
                  dilation: tuple[int, int] = (1, 1), *, relu: bool = False,
-                 config: DwConvConfig | None = None) -> torch.Tensor:
+                 relu_in: bool = False, config: DwConvConfig | None = None) -> torch.Tensor:
     """The op with the geometry as tuples and the tile as one config (the callers' form)."""
     cfg = config or default_dw_config(x.shape[-1])
     return torch.ops.trt_bundle.dw_conv_nhwc_e4m3(
         x, weight, bias, q_scale, int(cpad), *map(int, kernel), *map(int, stride),
-        *map(int, padding), *map(int, dilation), bool(relu), *map(int, cfg))
+        *map(int, padding), *map(int, dilation), bool(relu), bool(relu_in), *map(int, cfg))
