@@ -28,7 +28,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from bundler.fp8 import E4M3_MAX
-from bundler.targets.torch_aoti.kernels.fp8_conv import _quantize_e4m3
+from bundler.targets.torch_aoti.kernels.fp8_conv import _quantize_e4m3, _window_origins
 from bundler.targets.torch_aoti.model import conv_output_hw
 
 __all__ = ["DwConvConfig", "DW_CONFIGS", "default_dw_config", "dw_conv_e4m3"]
@@ -70,11 +70,7 @@ def _dw_conv_nhwc_e4m3_kernel(
     offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     p_ok = offs_p < P
     c_ok = offs_c < C
-    wo = offs_p % WO
-    ho = (offs_p // WO) % HO
-    img = offs_p // (WO * HO)
-    ih0 = ho * SH - PH
-    iw0 = wo * SW - PW
+    img, _ho, _wo, ih0, iw0 = _window_origins(offs_p, HO, WO, SH, SW, PH, PW)
     x_rows = x_ptr + img.to(tl.int64) * stride_xn
     acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
     for kh in tl.static_range(KH):

@@ -234,6 +234,17 @@ def _quantize_e4m3(v, s, inv, QMAX: tl.constexpr):
 
 
 @triton.jit
+def _window_origins(offs_m, HO, WO, SH: tl.constexpr, SW: tl.constexpr, PH: tl.constexpr,
+                    PW: tl.constexpr):
+    """Output pixels (flat NHWC row indices) -> (image, output row, output column, top and
+    left input coordinates of their windows): a convolution kernel's row indexing."""
+    wo = offs_m % WO
+    ho = (offs_m // WO) % HO
+    img = offs_m // (WO * HO)
+    return img, ho, wo, ho * SH - PH, wo * SW - PW
+
+
+@triton.jit
 def _fp8_conv_nhwc_kernel(
         x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, res_ptr, q_ptr, q_scale_ptr,
         M, H, W, C, HO, WO, COUT,
@@ -259,12 +270,7 @@ def _fp8_conv_nhwc_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     m_ok = offs_m < M
     n_ok = offs_n < COUT
-    # output pixel -> (image, top-left input row and column of its window)
-    wo = offs_m % WO
-    ho = (offs_m // WO) % HO
-    img = offs_m // (WO * HO)
-    ih0 = ho * SH - PH
-    iw0 = wo * SW - PW
+    img, ho, wo, ih0, iw0 = _window_origins(offs_m, HO, WO, SH, SW, PH, PW)
     x_rows = x_ptr + img.to(tl.int64) * stride_xn
     w_cols = w_ptr + offs_n.to(tl.int64) * ldw
 
