@@ -246,3 +246,43 @@ def test_the_benchmark_lists_the_depthwise_layers_the_triton_form_replaces(capsy
     assert sum(n for k, n in layers.items() if k[6]) == 24
     assert bench.main(["--list"]) == 0
     assert "39 in" in capsys.readouterr().out
+
+
+def test_the_exported_cuda_graph_of_timm_xception_has_the_passes_removed():
+    """What AOTInductor would compile on the H200, exported here with fake CUDA tensors (no
+    GPU needed): in the Triton form, the 39 depthwise layers are the op, cuDNN keeps only
+    the stem's two convolutions, 4 quantize passes remain (the block shortcuts' FP8 inputs,
+    against 43), 5 ReLUs (against 44), and the dtype conversions drop by the 39 quantizes'
+    two each and the 24 GEMM outputs read raw."""
+    import collections
+
+    import numpy as np
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from bundler.families import load_family
+    from bundler.targets.torch_aoti.model import EngineModule, rewrite_channels_last
+    from bundler.torch_model import build_torch_model
+
+    model = build_torch_model(load_family("timm_xception"), seed=0)
+    fp8 = {n: (0.05, np.full(m.out_channels, 0.01, np.float32))
+           for n, m in model.named_modules()
+           if isinstance(m, nn.Conv2d) and m.kernel_size == (1, 1)}
+    ops = {}
+    for form in ("cudnn", "triton"):
+        body = rewrite_channels_last(model, torch.float16, fp8=fp8, depthwise=form,
+                                     fp8_rows=2 * 150 * 150)
+        module = EngineModule(body, torch.float16, False, True).eval()
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            program = torch.export.export(module.to("cuda"),
+                                          (torch.randn(2, 3, 299, 299, device="cuda"),))
+        ops[form] = collections.Counter(str(n.target) for n in program.graph.nodes
+                                        if n.op == "call_function")
+    cudnn, triton = ops["cudnn"], ops["triton"]
+    relus = lambda c: c["aten.relu.default"] + c["aten.relu_.default"]  # noqa: E731
+    assert (cudnn["aten._scaled_mm.default"], triton["aten._scaled_mm.default"]) == (43, 43)
+    assert (cudnn["trt_bundle.dw_conv_nhwc_e4m3.default"],
+            triton["trt_bundle.dw_conv_nhwc_e4m3.default"]) == (0, 39)
+    assert (cudnn["aten.conv2d.default"], triton["aten.conv2d.default"]) == (41, 2)
+    assert (cudnn["aten.clamp.default"], triton["aten.clamp.default"]) == (43, 4)
+    assert (relus(cudnn), relus(triton)) == (44, 5)
+    assert cudnn["aten.to.dtype"] - triton["aten.to.dtype"] == 2 * 39 + 24
