@@ -26,7 +26,8 @@ values should make it ~0). Totals: sum over layers of count x time, and cudnn+q 
 
   PYTHONPATH=. python3 benchmarks/dw_conv_bench.py [--batch 32] [--iters 50] [--list]
 
-``--list`` prints the layer table only (no GPU needed).
+``--list`` prints the layer table only, ``--ptxas`` compiles the kernel for sm_90 and prints
+ptxas' registers and spills per tile (neither needs a GPU).
 """
 
 from __future__ import annotations
@@ -132,14 +133,76 @@ def measure(shape: tuple, args) -> dict:
     return row
 
 
+def ptxas_report(arch: int = 90) -> int:
+    """--ptxas (no GPU needed): compile the kernel for sm_``arch`` for each tile of
+    ``DW_CONFIGS``, fp16 and bf16 input, with and without the ReLUs, and print ptxas'
+    registers, spill bytes and shared memory per program (as ``fp8_conv_bench.py --ptxas``
+    does for the FP8 convolution): a kernel that does not build for the H200, spills or
+    holds enough registers to halve the programs per SM shows before any device time."""
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from bundler.fp8 import E4M3_MAX
+    from bundler.targets.torch_aoti.kernels import dw_conv
+
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    kernel = dw_conv._dw_conv_nhwc_e4m3_kernel
+    names = kernel.arg_names
+    failed = 0
+    print(f"== ptxas -arch=sm_{arch}a: registers / spill bytes / shared memory per program")
+    with tempfile.TemporaryDirectory() as tmp:
+        for cfg in dw_conv.DW_CONFIGS:
+            for source in ("fp16", "bf16"):
+                for relu, relu_in in ((False, False), (False, True), (True, False)):
+                    consts = dict(KH=3, KW=3, SH=1, SW=1, PH=1, PW=1, DH=1, DW=1, RELU=relu,
+                                  RELU_IN=relu_in, QMAX=E4M3_MAX, BLOCK_P=cfg.block_p,
+                                  BLOCK_C=cfg.block_c)
+                    pointers = {"x_ptr": f"*{source}", "w_ptr": "*fp32", "bias_ptr": "*fp32",
+                                "q_ptr": "*fp8e4nv", "q_scale_ptr": "*fp32"}
+                    sig = {n: "constexpr" if n in consts else pointers.get(n, "i32")
+                           for n in names}
+                    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+                             if n in pointers or n in ("C", "CPAD")}
+                    label = (f"{'x'.join(map(str, cfg)):10s} {source} "
+                             f"{'relu-in ' if relu_in else ''}{'relu' if relu else ''}")
+                    try:
+                        compiled = triton.compile(
+                            triton.compiler.ASTSource(fn=kernel, signature=sig,
+                                                      constexprs=consts, attrs=attrs),
+                            target=GPUTarget("cuda", arch, 32),
+                            options=dict(num_warps=cfg.num_warps))
+                        ptx = Path(tmp) / "k.ptx"
+                        ptx.write_text(compiled.asm["ptx"])
+                        out = subprocess.run([str(ptxas), f"-arch=sm_{arch}a", "-v", str(ptx),
+                                              "-o", str(Path(tmp) / "k.cubin")],
+                                             capture_output=True, text=True).stderr
+                        regs = re.search(r"Used (\d+) registers", out).group(1)
+                        spill = re.search(r"(\d+) bytes spill stores", out).group(1)
+                        print(f"  {label:30s} regs {regs:>3s}  spill {spill:>4s} B  "
+                              f"smem {compiled.metadata.shared:6d} B", flush=True)
+                    except Exception as e:  # noqa: BLE001 - reported, the others go on
+                        failed += 1
+                        print(f"  {label:30s} FAILED {type(e).__name__}: {str(e)[:200]}",
+                              flush=True)
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--list", action="store_true", help="print the layer table and stop")
+    p.add_argument("--ptxas", action="store_true",
+                   help="compile the kernel for sm_90 and print ptxas' resource use (no GPU)")
     p.add_argument("--budget-s", type=float, default=240.0,
                    help="no new layer starts after this many seconds")
     args = p.parse_args(argv)
+    if args.ptxas:
+        return ptxas_report()
     started = time.monotonic()
     layers = xception_dw_layers()
     print(f"timm_xception depthwise layers feeding an FP8 GEMM: "

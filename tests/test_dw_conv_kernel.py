@@ -286,3 +286,26 @@ def test_the_exported_cuda_graph_of_timm_xception_has_the_passes_removed():
     assert (cudnn["aten.clamp.default"], triton["aten.clamp.default"]) == (43, 4)
     assert (relus(cudnn), relus(triton)) == (44, 5)
     assert cudnn["aten.to.dtype"] - triton["aten.to.dtype"] == 2 * 39 + 24
+
+
+@needs_triton
+def test_the_kernel_builds_for_the_h200_without_spills(capsys):
+    """``dw_conv_bench.py --ptxas``: every tile, fp16 and bf16 input, with and without the
+    ReLUs, compiles for sm_90a (Triton's compiler and its bundled ptxas, no GPU) and
+    ptxas spills nothing."""
+    import importlib
+    import re
+    import sys
+    from pathlib import Path
+
+    from bundler.targets.torch_aoti.kernels.dw_conv import DW_CONFIGS
+
+    bench_dir = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    if bench_dir not in sys.path:
+        sys.path.insert(0, bench_dir)
+    bench = importlib.import_module("dw_conv_bench")
+    assert bench.main(["--ptxas"]) == 0
+    out = capsys.readouterr().out
+    spills = [int(n) for n in re.findall(r"spill\s+(\d+) B", out)]
+    assert "FAILED" not in out and len(spills) == len(DW_CONFIGS) * 6
+    assert not any(spills), out
