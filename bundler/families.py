@@ -95,8 +95,9 @@ TORCH_AOTI_FP8_GEMMS = ("rowwise", "tensorwise", "rowwise-fp16", "dequantized")
 #: family names another; ``$TRT_BUNDLE_FP8_CONV`` overrides it for one build.
 TORCH_AOTI_FP8_CONVS = ("im2col", "triton", "triton-fused")
 #: ``torch_aoti.fp8_pointwise_small_batch``: how the FP8 1x1 convolutions (a layout "as_is"
-#: family's FP8 Linear layers: gemm or dequantized) run in a static-batch graph of at most 8 images (``torch_aoti.static_batches``; the meaning of
-#: each: bundler.targets.torch_aoti.model.SMALL_BATCH_POINTWISE); "gemm" unless named.
+#: family's FP8 Linear layers: gemm or dequantized) run in a static-batch graph of at most 8
+#: images (``torch_aoti.static_batches``; the meaning of each:
+#: bundler.targets.torch_aoti.model.SMALL_BATCH_POINTWISE); "gemm" unless named.
 TORCH_AOTI_SMALL_BATCH_POINTWISE = ("gemm", "triton", "dequantized")
 #: Keys a layer-selection rule may use (their meaning: ``bundler.graphs.fp8``).
 RULE_KEYS = frozenset({"op_type", "kernel_shape", "group", "depthwise", "module_prefix", "name_regex"})
@@ -502,6 +503,11 @@ def parse_family(data: Any, *, folder: Path, expected_name: str | None = None) -
                             f"{list(TORCH_AOTI_SMALL_BATCH_LAYOUTS)}")
         if aoti.get("fp8_layout", "nhwc") not in TORCH_AOTI_FP8_LAYOUTS:
             problems.append(f"torch_aoti.fp8_layout: must be one of {list(TORCH_AOTI_FP8_LAYOUTS)}")
+        elif (aoti.get("fp8_layout") == "channels_last"
+              and aoti.get("fp8_conv", "im2col") == "triton-fused"):
+            problems.append("torch_aoti.fp8_layout: channels_last is a form of its own; "
+                            "fp8_conv triton-fused is another (channels_last with fused "
+                            "bottlenecks): name one")
         if aoti.get("fp8_depthwise", "cudnn") not in TORCH_AOTI_FP8_DEPTHWISE:
             problems.append("torch_aoti.fp8_depthwise: must be one of "
                             f"{list(TORCH_AOTI_FP8_DEPTHWISE)}")
@@ -509,11 +515,6 @@ def parse_family(data: Any, *, folder: Path, expected_name: str | None = None) -
               and aoti.get("fp8_layout", "nhwc") != "channels_last"):
             problems.append("torch_aoti.fp8_depthwise: a form of the channels_last fp8 model; "
                             "set fp8_layout channels_last, or leave fp8_depthwise out")
-        elif (aoti.get("fp8_layout") == "channels_last"
-              and aoti.get("fp8_conv", "im2col") == "triton-fused"):
-            problems.append("torch_aoti.fp8_layout: channels_last is a form of its own; "
-                            "fp8_conv triton-fused is another (channels_last with fused "
-                            "bottlenecks): name one")
         if aoti.get("fp8_gemm", "rowwise") not in TORCH_AOTI_FP8_GEMMS:
             problems.append(f"torch_aoti.fp8_gemm: must be one of {list(TORCH_AOTI_FP8_GEMMS)}")
         if aoti.get("fp8_conv", "im2col") not in TORCH_AOTI_FP8_CONVS:

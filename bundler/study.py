@@ -167,41 +167,37 @@ def reuse_mismatch(path: Path, family, req, target: str, source: dict,
         checks["static-batch graph list"] = (m["engine"]["details"].get("static_batches", []),
                                          list(family.torch_aoti_static_batches_for(
                                              req.precision)))
-        if req.precision == "fp8" and family.torch_aoti_layout != "as_is":
-            # the family's torch_aoti.fp8_conv (or $TRT_BUNDLE_FP8_CONV) as this make would
-            # build it: a bundle of another convolution form is rebuilt, not reused
-            from bundler.targets.torch_aoti.build import FP8_CONV_DESCRIPTIONS, default_fp8_conv
+        from bundler.targets.torch_aoti.build import (FP8_CONV_DESCRIPTIONS,
+                                                      SMALL_BATCH_POINTWISE_DESCRIPTIONS,
+                                                      default_fp8_conv, default_pad_channels,
+                                                      effective_small_batch_pointwise,
+                                                      engine_form, layout_description,
+                                                      small_batch_form)
 
-            want = default_fp8_conv(None, family.torch_aoti_fp8_conv)
-            have = m["engine"]["details"].get("compile_options", {}).get("fp8_conv")
+        options = m["engine"]["details"].get("compile_options", {})
+        # the family's torch_aoti.fp8_conv (or $TRT_BUNDLE_FP8_CONV) as this make would build
+        # it: a bundle of another convolution form is rebuilt, not reused
+        conv = (default_fp8_conv(None, family.torch_aoti_fp8_conv)
+                if req.precision == "fp8" else "im2col")
+        if req.precision == "fp8" and family.torch_aoti_layout != "as_is":
             names = {text: name for name, text in FP8_CONV_DESCRIPTIONS.items()}
-            checks["fp8 convolution form"] = (names.get(have, have), want)
+            checks["fp8 convolution form"] = (names.get(options.get("fp8_conv"),
+                                                        options.get("fp8_conv")), conv)
         if req.precision == "fp8":
             # the small-batch form of its FP8 GEMM layers (1x1 convolutions, Linear layers;
             # recorded only where a small static graph has it)
-            from bundler.targets.torch_aoti.build import (SMALL_BATCH_POINTWISE_DESCRIPTIONS,
-                                                          default_fp8_conv,
-                                                          effective_small_batch_pointwise)
-
             want_pw = effective_small_batch_pointwise(
                 family.torch_aoti_fp8_pointwise_small_batch, "fp8",
                 family.torch_aoti_static_batches_for("fp8"), layout=family.torch_aoti_layout,
-                fp8_conv=default_fp8_conv(None, family.torch_aoti_fp8_conv))
-            have_pw = m["engine"]["details"].get("compile_options", {}).get(
-                "fp8_pointwise_small_batch")
+                fp8_conv=conv)
+            have_pw = options.get("fp8_pointwise_small_batch")
             pw_names = {text: name for name, text in SMALL_BATCH_POINTWISE_DESCRIPTIONS.items()}
             checks["fp8 small-batch GEMM form"] = (pw_names.get(have_pw, have_pw or "gemm"),
                                                   want_pw)
         # the model form (NHWC rewrite, channels_last, ...) the family's settings build now
-        from bundler.targets.torch_aoti.build import (default_fp8_conv, default_pad_channels,
-                                                      engine_form, layout_description,
-                                                      small_batch_form)
-
-        conv = (default_fp8_conv(None, family.torch_aoti_fp8_conv)
-                if req.precision == "fp8" else "im2col")
         form = engine_form(family, req.precision, conv)
         checks["model form"] = (
-            m["engine"]["details"].get("compile_options", {}).get("layout"),
+            options.get("layout"),
             layout_description(req.precision, nhwc=form == "nhwc",
                                pad_channels=form == "nhwc"
                                and default_pad_channels(req.precision),
@@ -210,7 +206,7 @@ def reuse_mismatch(path: Path, family, req, target: str, source: dict,
                                depthwise=(family.torch_aoti_fp8_depthwise
                                           if req.precision == "fp8" else "cudnn")))
         checks["small-batch graph form"] = (
-            m["engine"]["details"].get("compile_options", {}).get("small_batch_layout"),
+            options.get("small_batch_layout"),
             small_batch_form(family.torch_aoti_small_batch_layout, req.precision,
                              family.torch_aoti_static_batches_for(req.precision),
                              channels_last=form == "channels_last",

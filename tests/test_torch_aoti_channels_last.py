@@ -225,6 +225,19 @@ def test_the_depthwise_form_is_read_from_the_family_recorded_and_compared(tmp_pa
             else:
                 with pytest.raises(FamilyError, match=problem):
                     load_family("test_dw")
+    # each setting is checked on its own: both problems are reported
+    changed = json.loads(json.dumps(spec))
+    changed["name"] = "test_dw"
+    changed["torch_aoti"].update(fp8_layout="channels_last", fp8_conv="triton-fused",
+                                 fp8_depthwise="winograd")
+    root = tmp_path / "both" / "test_dw"
+    root.mkdir(parents=True)
+    (root / "family.json").write_text(json.dumps(changed))
+    shutil.copy(xception.path / "class_ids.txt", root / "class_ids.txt")
+    with families_path(root.parent), pytest.raises(FamilyError) as info:
+        load_family("test_dw")
+    assert any("a form of its own" in p for p in info.value.problems), info.value.problems
+    assert any("fp8_depthwise: must be one of" in p for p in info.value.problems)
     before = "channels_last (the model as it is), FP8 layers on the NHWC view of their input"
     assert layout_description("fp8", nhwc=False, channels_last=True) == before
     texts = {d: layout_description("fp8", nhwc=False, channels_last=True, depthwise=d)
