@@ -231,15 +231,27 @@ class Fp8Gemm(nn.Module):
     """``x[M, K] @ W[N, K]^T + b`` as an FP8 GEMM: the quantize, ``torch._scaled_mm`` and
     its scales (module docstring). The layers below shape their input into ``[M, K]``.
 
+    ``small_batch_kernel`` (``SMALL_BATCH_KERNELS``): the layer's form in graphs traced
+    for a small static batch (``small_batch``, ``rows_matmul``): "gemm" (as at every
+    batch) or "dequantized" (the same FP8 operands through an fp16 GEMM); ``Fp8Pointwise``
+    also has "triton".
+
     ``emulate``: compute the product in fp32 from the same FP8 operands (for hosts
     without FP8 GEMMs, e.g. the CPU tests); the GPU path is ``torch._scaled_mm``.
     """
 
+    LAYER = "GEMM layer"
+    SMALL_BATCH_KERNELS: tuple[str, ...] = ("gemm", "dequantized")
+
     def __init__(self, kernel: torch.Tensor, bias: torch.Tensor | None, act_scale: float,
                  weight_scale: Any, dtype: torch.dtype, emulate: bool = False,
                  fast_accum: bool = False, gemm: str = "rowwise", padded_io: bool = False,
-                 ones: OnesColumn | None = None, dequantized_too: bool = False) -> None:
+                 ones: OnesColumn | None = None, small_batch_kernel: str = "gemm") -> None:
         super().__init__()
+        if small_batch_kernel not in self.SMALL_BATCH_KERNELS:
+            raise UsageError(f"small-batch pointwise kernel {small_batch_kernel!r} of a "
+                             f"{self.LAYER}: choose "
+                             f"{' or '.join(self.SMALL_BATCH_KERNELS)}")
         cout, cin = kernel.shape
         self.cin, self.cout = cin, cout
         self.kpad, self.npad = padded(cin), padded(cout)
@@ -283,9 +295,11 @@ class Fp8Gemm(nn.Module):
         self.ones_col = self._ones.tensor if self._ones is not None else None
         if self._ones is not None:   # a constant of the package only where it is used
             self.register_buffer("gemm_scale_row", scale_row * self.act_scale)
+        # small static batches (``small_batch_rows``); none in the emulated form
+        self.small_batch_kernel = "gemm" if emulate else small_batch_kernel
         # DequantizeLinear's fp16 weight, fp16(q * scale): the "dequantized" mode's, or
-        # a subclass's for some of its calls (``dequantized_too``)
-        if gemm == "dequantized" or dequantized_too:
+        # the small-batch form's
+        if gemm == "dequantized" or self.small_batch_kernel == "dequantized":
             wdq = torch.from_numpy(wq).view(torch.float8_e4m3fn).float() * scale_row.t()
             self.register_buffer("weight_dequantized", wdq.to(dtype))
             self.register_buffer("bias_dequantized", bias_row.to(dtype))
@@ -350,6 +364,22 @@ class Fp8Gemm(nn.Module):
         # column-major view, which _scaled_mm refuses (seen compiling on an H200).
         return quantize(x, self.act_scale).contiguous().reshape(-1, self.kpad)
 
+    def small_batch(self, x: torch.Tensor) -> bool:
+        """Whether ``x`` takes the layer's small-batch form: one is set, and ``x``'s batch
+        is a plain int (eager, or traced for a static batch: ``torch.export`` without a
+        dynamic batch, ``torch.compile(dynamic=False)``) of at most ``SMALL_BATCH``."""
+        if self.small_batch_kernel == "gemm":
+            return False
+        n = static_batch(x)
+        return n is not None and n <= SMALL_BATCH
+
+    def rows_matmul(self, x: torch.Tensor, small: bool) -> torch.Tensor:
+        """``matmul``, or for a small batch in the "dequantized" form the same FP8 operands
+        through an fp16 GEMM (``dequantized_matmul``)."""
+        if small and self.small_batch_kernel == "dequantized":
+            return self.dequantized_matmul(self.quantized_rows(x))
+        return self.matmul(x)
+
     def dequantized_matmul(self, q: torch.Tensor) -> torch.Tensor:
         """The ONNX graph's arithmetic on the same FP8 operands: DequantizeLinear of the
         quantized rows ``q`` [M, kpad] and of the weight, then an fp16 GEMM with the bias."""
@@ -382,35 +412,29 @@ class Fp8Pointwise(Fp8Gemm):
     FP8 GEMMs and 0.489 for fp16 (families/timm_xception/README.md). The dequantized
     weights are one more fp16 copy of the FP8 layers in the package."""
 
+    LAYER = "1x1 convolution"
+    SMALL_BATCH_KERNELS = SMALL_BATCH_POINTWISE
+
     def __init__(self, conv: nn.Conv2d, act_scale: float, weight_scale: Any,
-                 dtype: torch.dtype, small_batch_kernel: str = "gemm", **options: Any) -> None:
+                 dtype: torch.dtype, **options: Any) -> None:
         if conv.kernel_size != (1, 1) or conv.groups != 1 or conv.padding not in ((0, 0), "valid"):
             raise UsageError(f"Fp8Pointwise takes 1x1 dense convolutions without padding, "
                              f"got {conv}")
-        if small_batch_kernel not in SMALL_BATCH_POINTWISE:
-            raise UsageError(f"small-batch pointwise kernel {small_batch_kernel!r} is not one "
-                             f"of {', '.join(SMALL_BATCH_POINTWISE)}")
         super().__init__(conv.weight.reshape(conv.out_channels, conv.in_channels), conv.bias,
-                         act_scale, weight_scale, dtype,
-                         dequantized_too=small_batch_kernel == "dequantized"
-                         and not options.get("emulate"), **options)
+                         act_scale, weight_scale, dtype, **options)
         self.stride = tuple(conv.stride)
-        self.small_batch_kernel = "gemm" if self.emulate else small_batch_kernel
         if self.small_batch_kernel == "triton":
             self.register_buffer("conv_scale", self.weight_scale_row[0] * self.act_scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n = static_batch(x) if self.small_batch_kernel != "gemm" else None
-        small = n is not None and n <= SMALL_BATCH
+        small = self.small_batch(x)
         if small and self.small_batch_kernel == "triton" and x.is_cuda:
             return self.implicit_gemm(x)
         sh, sw = self.stride
         if (sh, sw) != (1, 1):
             x = x[:, ::sh, ::sw, :]
         n, h, w, _ = x.shape
-        if small and self.small_batch_kernel == "dequantized":
-            return self.dequantized_matmul(self.quantized_rows(x)).reshape(n, h, w, self.out)
-        return self.matmul(x).reshape(n, h, w, self.out)
+        return self.rows_matmul(x, small).reshape(n, h, w, self.out)
 
     def implicit_gemm(self, x: torch.Tensor) -> torch.Tensor:
         """The small-batch path: quantize (fused by Inductor into the producer's kernel),
@@ -440,24 +464,14 @@ class Fp8Linear(Fp8Gemm):
     FP8 GEMMs, 0.659 ms dequantized and 0.627 ms in fp16 (families/timm_vit_base/README.md).
     "triton" (the implicit-GEMM convolution kernel) is a 1x1 convolution's form only."""
 
+    LAYER = "Linear layer"
+
     def __init__(self, linear: nn.Linear, act_scale: float, weight_scale: Any,
-                 dtype: torch.dtype, small_batch_kernel: str = "gemm", **options: Any) -> None:
-        if small_batch_kernel not in ("gemm", "dequantized"):
-            raise UsageError(f"small-batch kernel {small_batch_kernel!r} of a Linear layer: "
-                             "choose gemm or dequantized (triton is a 1x1 convolution's)")
-        emulate = bool(options.get("emulate"))
-        super().__init__(linear.weight, linear.bias, act_scale, weight_scale, dtype,
-                         dequantized_too=small_batch_kernel == "dequantized" and not emulate,
-                         **options)
-        self.small_batch_kernel = "gemm" if emulate else small_batch_kernel
+                 dtype: torch.dtype, **options: Any) -> None:
+        super().__init__(linear.weight, linear.bias, act_scale, weight_scale, dtype, **options)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.small_batch_kernel == "dequantized" and x.dim() > 2:
-            n = static_batch(x)
-            if n is not None and n <= SMALL_BATCH:
-                y = self.dequantized_matmul(self.quantized_rows(x))
-                return y.reshape(*x.shape[:-1], self.out)
-        return self.matmul(x).reshape(*x.shape[:-1], self.out)
+        return self.rows_matmul(x, self.small_batch(x)).reshape(*x.shape[:-1], self.out)
 
 
 class Fp8ConvNHWC(Fp8Gemm):
