@@ -547,6 +547,17 @@ def fp8_conv_kernel(requested: str, *, emulate: bool = False) -> str:
     return "triton"
 
 
+def _depthwise_geometry(conv: nn.Conv2d, layer: str) -> tuple[tuple[int, int], ...]:
+    """(kernel, stride, padding, dilation) of a depthwise ``conv`` with explicit zero
+    padding, what the NHWC depthwise layers compute; UsageError naming ``layer`` else."""
+    if not (conv.groups == conv.in_channels == conv.out_channels):
+        raise UsageError(f"{layer} takes depthwise convolutions, got {conv}")
+    if isinstance(conv.padding, str) or conv.padding_mode != "zeros":
+        raise UsageError(f"{layer} needs explicit zero padding, got {conv}")
+    return (tuple(conv.kernel_size), tuple(conv.stride), tuple(conv.padding),
+            tuple(conv.dilation))
+
+
 class DepthwiseNHWC(nn.Module):
     """k x k depthwise convolution on NHWC as a sum of shifted slices (module docstring).
 
@@ -558,12 +569,8 @@ class DepthwiseNHWC(nn.Module):
                  weight_scale: Any = None, channels: int | None = None) -> None:
         super().__init__()
         c = conv.out_channels
-        if not (conv.groups == conv.in_channels == c):
-            raise UsageError(f"DepthwiseNHWC takes depthwise convolutions, got {conv}")
-        if isinstance(conv.padding, str) or conv.padding_mode != "zeros":
-            raise UsageError(f"DepthwiseNHWC needs explicit zero padding, got {conv}")
-        self.kernel, self.stride = tuple(conv.kernel_size), tuple(conv.stride)
-        self.padding, self.dilation = tuple(conv.padding), tuple(conv.dilation)
+        self.kernel, self.stride, self.padding, self.dilation = _depthwise_geometry(
+            conv, "DepthwiseNHWC")
         w = conv.weight.detach()                               # [C, 1, kh, kw]
         if weight_scale is not None:  # quantized from the fp16 kernel, as the graph does
             w = w.to(torch.float16)
@@ -615,14 +622,10 @@ class DepthwiseE4m3(nn.Module):
         self.relu_in = bool(relu_in)   # a ReLU before the convolution, applied on load
         self.raw_in = False            # its input is an FP8 GEMM's raw (bf16) output
         c = conv.out_channels
-        if not (conv.groups == conv.in_channels == c) or c < 2:
-            raise UsageError(f"DepthwiseE4m3 takes depthwise convolutions, got {conv}")
-        if isinstance(conv.padding, str) or conv.padding_mode != "zeros":
-            raise UsageError(f"DepthwiseE4m3 needs explicit zero padding, got {conv}")
+        self.kernel, self.stride, self.padding, self.dilation = _depthwise_geometry(
+            conv, "DepthwiseE4m3")
         if cpad < c:
             raise UsageError(f"DepthwiseE4m3: {cpad} output channels for a layer of {c}")
-        self.kernel, self.stride = tuple(conv.kernel_size), tuple(conv.stride)
-        self.padding, self.dilation = tuple(conv.padding), tuple(conv.dilation)
         self.channels, self.cpad = c, int(cpad)
         w = conv.weight.detach().to(torch.float16).float()           # the fp16 kernel
         self.register_buffer("weight_nchw", w)                        # [C, 1, kh, kw]
@@ -632,16 +635,6 @@ class DepthwiseE4m3(nn.Module):
         self.register_buffer("act_scale", torch.tensor(
             [float(stored_scale(act_scale))], dtype=torch.float32))
         self.config = None          # kernels/dw_conv.py's DwConvConfig; None: its default
-
-    def _apply(self, fn, recurse=True):
-        # the buffers stay fp32 whatever dtype the model is cast to: they are fp16 values
-        # the kernel reads in fp32 (``module.to(dtype)`` casts floating buffers)
-        super()._apply(fn, recurse)
-        for name in ("weight_nchw", "weight_taps", "bias", "act_scale"):
-            buf = getattr(self, name)
-            if buf.dtype != torch.float32:
-                setattr(self, name, buf.float())
-        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda:
