@@ -139,17 +139,12 @@ def ptxas_report(arch: int = 90) -> int:
     registers, spill bytes and shared memory per program (as ``fp8_conv_bench.py --ptxas``
     does for the FP8 convolution): a kernel that does not build for the H200, spills or
     holds enough registers to halve the programs per SM shows before any device time."""
-    import re
-    import subprocess
     import tempfile
-
-    import triton
-    from triton.backends.compiler import GPUTarget
 
     from bundler.fp8 import E4M3_MAX
     from bundler.targets.torch_aoti.kernels import dw_conv
+    from fp8_conv_bench import ptxas_resources
 
-    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     kernel = dw_conv._dw_conv_nhwc_e4m3_kernel
     names = kernel.arg_names
     failed = 0
@@ -170,20 +165,11 @@ def ptxas_report(arch: int = 90) -> int:
                     label = (f"{'x'.join(map(str, cfg)):10s} {source} "
                              f"{'relu-in ' if relu_in else ''}{'relu' if relu else ''}")
                     try:
-                        compiled = triton.compile(
-                            triton.compiler.ASTSource(fn=kernel, signature=sig,
-                                                      constexprs=consts, attrs=attrs),
-                            target=GPUTarget("cuda", arch, 32),
-                            options=dict(num_warps=cfg.num_warps))
-                        ptx = Path(tmp) / "k.ptx"
-                        ptx.write_text(compiled.asm["ptx"])
-                        out = subprocess.run([str(ptxas), f"-arch=sm_{arch}a", "-v", str(ptx),
-                                              "-o", str(Path(tmp) / "k.cubin")],
-                                             capture_output=True, text=True).stderr
-                        regs = re.search(r"Used (\d+) registers", out).group(1)
-                        spill = re.search(r"(\d+) bytes spill stores", out).group(1)
+                        regs, spill, smem = ptxas_resources(
+                            kernel, sig, consts, attrs, dict(num_warps=cfg.num_warps), arch,
+                            Path(tmp))
                         print(f"  {label:30s} regs {regs:>3s}  spill {spill:>4s} B  "
-                              f"smem {compiled.metadata.shared:6d} B", flush=True)
+                              f"smem {smem:6d} B", flush=True)
                     except Exception as e:  # noqa: BLE001 - reported, the others go on
                         failed += 1
                         print(f"  {label:30s} FAILED {type(e).__name__}: {str(e)[:200]}",

@@ -697,22 +697,39 @@ def print_fused_layers(results: dict, batch: int) -> None:
         print("}")
 
 
+def ptxas_resources(kernel, signature: dict, constexprs: dict, attrs: dict, options: dict,
+                    arch: int, tmp: Path) -> tuple[str, str, int]:
+    """(registers, spill store bytes, shared memory bytes) of ``kernel`` compiled for
+    sm_``arch`` by Triton (no GPU needed) and assembled by its bundled ptxas."""
+    import re
+    import subprocess
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    compiled = triton.compile(
+        triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs,
+                                  attrs=attrs),
+        target=GPUTarget("cuda", arch, 32), options=options)
+    ptx = tmp / "k.ptx"
+    ptx.write_text(compiled.asm["ptx"])
+    out = subprocess.run([str(ptxas), f"-arch=sm_{arch}a", "-v", str(ptx),
+                          "-o", str(tmp / "k.cubin")], capture_output=True, text=True).stderr
+    return (re.search(r"Used (\d+) registers", out).group(1),
+            re.search(r"(\d+) bytes spill stores", out).group(1), compiled.metadata.shared)
+
+
 def ptxas_report(arch: int = 90) -> int:
     """--ptxas (no GPU needed): compile the kernel for sm_``arch`` with each tile config and
     epilogue of --fused-layers and print ptxas' registers, spills and the shared memory per
     program: a spill or a register count that halves the programs per SM shows before any
     timing. Integer arguments are marked divisible by 16 as Triton's JIT marks ResNet-50's."""
-    import re
-    import subprocess
     import tempfile
-
-    import triton
-    from triton.backends.compiler import GPUTarget
 
     from bundler.fp8 import E4M3_MAX
     from bundler.targets.torch_aoti.kernels import fp8_conv as kernels
 
-    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     kernel = kernels._fp8_conv_nhwc_kernel
     names = kernel.arg_names
     pointers = ["*fp8e4nv", "*fp8e4nv", "*fp32", "*fp32", "*fp16", "*fp16", "*fp8e4nv", "*fp32"]
@@ -740,21 +757,11 @@ def ptxas_report(arch: int = 90) -> int:
                     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
                              if n in loose and n not in ("M", "H", "W", "HO", "WO")}
                     try:
-                        compiled = triton.compile(
-                            triton.compiler.ASTSource(fn=kernel, signature=sig,
-                                                      constexprs=consts, attrs=attrs),
-                            target=GPUTarget("cuda", arch, 32),
-                            options=dict(num_warps=cfg[3], num_stages=cfg[4]))
-                        ptx = Path(tmp) / "k.ptx"
-                        ptx.write_text(compiled.asm["ptx"])
-                        out = subprocess.run([str(ptxas), f"-arch=sm_{arch}a", "-v", str(ptx),
-                                              "-o", str(Path(tmp) / "k.cubin")],
-                                             capture_output=True, text=True).stderr
-                        regs = re.search(r"Used (\d+) registers", out).group(1)
-                        spill = re.search(r"(\d+) bytes spill stores", out).group(1)
+                        regs, spill, smem = ptxas_resources(
+                            kernel, sig, consts, attrs,
+                            dict(num_warps=cfg[3], num_stages=cfg[4]), arch, Path(tmp))
                         print(f"{config_name(cfg):18s} {k}x{k} {ename:16s} regs {regs:>3s} "
-                              f"spill {spill:>4s} B  smem {compiled.metadata.shared:6d} B",
-                              flush=True)
+                              f"spill {spill:>4s} B  smem {smem:6d} B", flush=True)
                     except Exception as e:
                         print(f"{config_name(cfg):18s} {k}x{k} {ename:16s} FAILED "
                               f"{type(e).__name__}: {str(e)[:150]}", flush=True)
