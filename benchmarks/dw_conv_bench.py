@@ -135,10 +135,13 @@ def measure(shape: tuple, args) -> dict:
 
 def ptxas_report(arch: int = 90) -> int:
     """--ptxas (no GPU needed): compile the kernel for sm_``arch`` for each tile of
-    ``DW_CONFIGS``, fp16 and bf16 input, with and without the ReLUs, and print ptxas'
-    registers, spill bytes and shared memory per program (as ``fp8_conv_bench.py --ptxas``
-    does for the FP8 convolution): a kernel that does not build for the H200, spills or
-    holds enough registers to halve the programs per SM shows before any device time."""
+    ``DW_CONFIGS``, fp16 and bf16 input, with and without the ReLUs, as the 728-channel
+    layers (26 of the 39) call it, and print ptxas' registers, spill bytes, shared memory
+    per program and how many of its global loads are 16 bytes wide (as ``fp8_conv_bench.py
+    --ptxas`` does for the FP8 convolution): a kernel that does not build for the H200,
+    spills, holds enough registers to halve the programs per SM, or loads its input in
+    2-byte pieces (the first H200 run: 0.4x cuDNN on those layers) shows before any device
+    time."""
     import tempfile
 
     from bundler.fp8 import E4M3_MAX
@@ -147,29 +150,36 @@ def ptxas_report(arch: int = 90) -> int:
 
     kernel = dw_conv._dw_conv_nhwc_e4m3_kernel
     names = kernel.arg_names
+    channels, width = 728, 19
+    # Triton's JIT marks an integer argument divisible by 16 only when it is: 728 is not,
+    # nor are the pixel strides; the kernel learns 728's factor 8 from ALIGN.
+    align = dw_conv.element_alignment(channels, channels * width * width, channels * width,
+                                      channels, 0, 0)
     failed = 0
-    print(f"== ptxas -arch=sm_{arch}a: registers / spill bytes / shared memory per program")
+    print(f"== ptxas -arch=sm_{arch}a, {channels} channels (ALIGN {align}): registers / spill "
+          "bytes / shared memory per program / global loads 16 bytes wide of all")
     with tempfile.TemporaryDirectory() as tmp:
         for cfg in dw_conv.DW_CONFIGS:
             for source in ("fp16", "bf16"):
                 for relu, relu_in in ((False, False), (False, True), (True, False)):
                     consts = dict(KH=3, KW=3, SH=1, SW=1, PH=1, PW=1, DH=1, DW=1, RELU=relu,
-                                  RELU_IN=relu_in, QMAX=E4M3_MAX, BLOCK_P=cfg.block_p,
-                                  BLOCK_C=cfg.block_c)
+                                  RELU_IN=relu_in, QMAX=E4M3_MAX, ALIGN=align,
+                                  BLOCK_P=cfg.block_p, BLOCK_C=cfg.block_c)
                     pointers = {"x_ptr": f"*{source}", "w_ptr": "*fp32", "bias_ptr": "*fp32",
                                 "q_ptr": "*fp8e4nv", "q_scale_ptr": "*fp32"}
                     sig = {n: "constexpr" if n in consts else pointers.get(n, "i32")
                            for n in names}
                     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
-                             if n in pointers or n in ("C", "CPAD")}
+                             if n in pointers or n == "CPAD"}
                     label = (f"{'x'.join(map(str, cfg)):10s} {source} "
                              f"{'relu-in ' if relu_in else ''}{'relu' if relu else ''}")
                     try:
-                        regs, spill, smem = ptxas_resources(
-                            kernel, sig, consts, attrs, dict(num_warps=cfg.num_warps), arch,
-                            Path(tmp))
-                        print(f"  {label:30s} regs {regs:>3s}  spill {spill:>4s} B  "
-                              f"smem {smem:6d} B", flush=True)
+                        res = ptxas_resources(kernel, sig, consts, attrs,
+                                              dict(num_warps=cfg.num_warps), arch, Path(tmp))
+                        print(f"  {label:30s} regs {res.registers:>3s}  spill "
+                              f"{res.spill_bytes:>4s} B  smem {res.shared_bytes:6d} B  "
+                              f"wide loads {res.wide_loads}/"
+                              f"{res.wide_loads + res.narrow_loads}", flush=True)
                     except Exception as e:  # noqa: BLE001 - reported, the others go on
                         failed += 1
                         print(f"  {label:30s} FAILED {type(e).__name__}: {str(e)[:200]}",

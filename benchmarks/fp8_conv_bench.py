@@ -79,6 +79,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -697,10 +698,21 @@ def print_fused_layers(results: dict, batch: int) -> None:
         print("}")
 
 
+class PtxasResources(NamedTuple):
+    """What ptxas and the PTX say of one compiled kernel."""
+
+    registers: str
+    spill_bytes: str
+    shared_bytes: int
+    narrow_loads: int     #: global loads narrower than 16 bytes (scalars, .v2)
+    wide_loads: int       #: 16-byte global loads (ld.global.v4 of 32-bit words, ...)
+
+
 def ptxas_resources(kernel, signature: dict, constexprs: dict, attrs: dict, options: dict,
-                    arch: int, tmp: Path) -> tuple[str, str, int]:
-    """(registers, spill store bytes, shared memory bytes) of ``kernel`` compiled for
-    sm_``arch`` by Triton (no GPU needed) and assembled by its bundled ptxas."""
+                    arch: int, tmp: Path) -> PtxasResources:
+    """``kernel`` compiled for sm_``arch`` by Triton (no GPU needed) and assembled by its
+    bundled ptxas: registers, spills, shared memory, and how wide its global loads are
+    (a load Triton could not prove aligned shows as many narrow ones)."""
     import re
     import subprocess
 
@@ -713,11 +725,15 @@ def ptxas_resources(kernel, signature: dict, constexprs: dict, attrs: dict, opti
                                   attrs=attrs),
         target=GPUTarget("cuda", arch, 32), options=options)
     ptx = tmp / "k.ptx"
-    ptx.write_text(compiled.asm["ptx"])
+    text = compiled.asm["ptx"]
+    ptx.write_text(text)
     out = subprocess.run([str(ptxas), f"-arch=sm_{arch}a", "-v", str(ptx),
                           "-o", str(tmp / "k.cubin")], capture_output=True, text=True).stderr
-    return (re.search(r"Used (\d+) registers", out).group(1),
-            re.search(r"(\d+) bytes spill stores", out).group(1), compiled.metadata.shared)
+    loads = re.findall(r"ld\.global(?:\.\w+)*?(\.v[248])?\.[bfsu](\d+)\s", text)
+    wide = sum(1 for vec, bits in loads if int(vec[2:] if vec else 1) * int(bits) >= 128)
+    return PtxasResources(re.search(r"Used (\d+) registers", out).group(1),
+                          re.search(r"(\d+) bytes spill stores", out).group(1),
+                          compiled.metadata.shared, len(loads) - wide, wide)
 
 
 def ptxas_report(arch: int = 90) -> int:
@@ -757,7 +773,7 @@ def ptxas_report(arch: int = 90) -> int:
                     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
                              if n in loose and n not in ("M", "H", "W", "HO", "WO")}
                     try:
-                        regs, spill, smem = ptxas_resources(
+                        regs, spill, smem, *_ = ptxas_resources(
                             kernel, sig, consts, attrs,
                             dict(num_warps=cfg[3], num_stages=cfg[4]), arch, Path(tmp))
                         print(f"{config_name(cfg):18s} {k}x{k} {ename:16s} regs {regs:>3s} "

@@ -309,3 +309,53 @@ def test_the_kernel_builds_for_the_h200_without_spills(capsys):
     spills = [int(n) for n in re.findall(r"spill\s+(\d+) B", out)]
     assert "FAILED" not in out and len(spills) == len(DW_CONFIGS) * 6
     assert not any(spills), out
+    # The 728-channel layers' input is read 16 bytes at a time (not 2), every tile.
+    loads = [(int(w), int(n)) for w, n in re.findall(r"wide loads (\d+)/(\d+)", out)]
+    assert len(loads) == len(spills) and all(w >= 0.6 * n for w, n in loads), out
+
+
+def test_element_alignment_is_what_every_offset_shares():
+    """ALIGN, the kernel's claim that its pointer offsets are multiples of it, must hold for
+    every offset the wrapper passes (a wrong claim reads the wrong addresses on the GPU,
+    which Triton's interpreter would not show)."""
+    from bundler.targets.torch_aoti.kernels.dw_conv import element_alignment
+
+    assert element_alignment(728, 728 * 19 * 19, 728 * 19, 728, 0, 0) == 8
+    assert element_alignment(256, 256 * 75, 256, 0, 0) == 16
+    assert element_alignment(728, 728, 728, 4, 0) == 4         # a view 4 elements in
+    assert element_alignment(63, 63, 0, 0) == 1
+    assert element_alignment(0, 0) == 16
+    assert element_alignment(728, object()) == 1        # a symbolic offset: no claim
+
+
+@needs_triton
+def test_the_kernel_compiles_with_its_sizes_as_constants(tmp_path):
+    """torch's analysis of which tensors a user Triton kernel writes (AOTInductor, at every
+    build) compiles it with the integer arguments it can pin as constants. A hint Triton
+    refuses on a constant made that analysis fail on the H200 ("assuming every input is
+    mutated", with a traceback per call: 312 of them in one ``bundle make``), so the kernel
+    must compile both ways: the sizes as arguments and as constants."""
+    import sys
+    from pathlib import Path
+
+    from bundler.fp8 import E4M3_MAX
+    from bundler.targets.torch_aoti.kernels import dw_conv
+
+    bench_dir = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    if bench_dir not in sys.path:
+        sys.path.insert(0, bench_dir)
+    from fp8_conv_bench import ptxas_resources
+
+    kernel = dw_conv._dw_conv_nhwc_e4m3_kernel
+    sizes = dict(P=32 * 361, H=19, W=19, C=728, HO=19, WO=19, CPAD=736,
+                 stride_xn=728 * 361, stride_xh=728 * 19, stride_xw=728)
+    consts = dict(sizes, KH=3, KW=3, SH=1, SW=1, PH=1, PW=1, DH=1, DW=1, RELU=False,
+                  RELU_IN=True, QMAX=E4M3_MAX, ALIGN=8, BLOCK_P=64, BLOCK_C=64)
+    pointers = {"x_ptr": "*bf16", "w_ptr": "*fp32", "bias_ptr": "*fp32",
+                "q_ptr": "*fp8e4nv", "q_scale_ptr": "*fp32"}
+    sig = {n: "constexpr" if n in consts else pointers[n] for n in kernel.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
+             if n in pointers}
+    res = ptxas_resources(kernel, sig, consts, attrs, dict(num_warps=4), 90, tmp_path)
+    assert res.spill_bytes == "0" and res.wide_loads >= 0.6 * (res.wide_loads
+                                                                + res.narrow_loads)
