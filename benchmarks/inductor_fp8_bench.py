@@ -46,7 +46,9 @@ suffixes of an fp8 base (``model.FP8_GEMMS``):
   -dwtriton    the channels_last form with each depthwise convolution that feeds an FP8
                GEMM as one Triton kernel writing the GEMM's e4m3 rows (``DepthwiseE4m3``,
                ``kernels/dw_conv.py``: convolution, bias, ReLU, quantize) instead of
-               cuDNN's kernel and a quantize pass
+               cuDNN's kernel and a quantize pass; -dwcudnn: cuDNN's kernel and the quantize
+               pass. Without one of these, the family's ``torch_aoti.fp8_depthwise``
+               (timm_xception: triton since 2026-12-02; the older logs' -cl was cuDNN's)
   -unpadded    NHWC families: channel counts not carried padded to 16 (-padded: carried,
                the fp8 default since 2026-11-29; the older logs' plain "fp8" was unpadded)
 Default: fp16,fp8,fp8-fp16out-fastacc,fp8-fp16out,fp8-fastacc,fp8-dequant.
@@ -93,7 +95,8 @@ SUFFIXES = {"-fastacc": ("fast_accum", True), "-fp16out": ("gemm", "rowwise-fp16
             "-padded": ("padded", True), "-sbtriton": ("small_batch_pointwise", "triton"),
             "-sbdequant": ("small_batch_pointwise", "dequantized"),
             "-cl": ("form", "channels_last"), "-nhwc": ("form", "nhwc"),
-            "-dwslices": ("depthwise", "slices"), "-dwtriton": ("depthwise", "triton")}
+            "-dwslices": ("depthwise", "slices"), "-dwtriton": ("depthwise", "triton"),
+            "-dwcudnn": ("depthwise", "cudnn")}
 STARTED = time.monotonic()
 
 

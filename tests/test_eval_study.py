@@ -371,14 +371,17 @@ def test_reuse_needs_the_fp8_convolution_form_the_family_names(xception_bundles,
     with open_bundle(xception_bundles["fp8"]) as bundle:
         body = {k: v for k, v in bundle.manifest.items() if k not in ("format", "members")}
         members = {name: bundle.read_member(name) for name in bundle.member_names}
-    from bundler.targets.torch_aoti.build import SMALL_BATCH_POINTWISE_DESCRIPTIONS
+    from bundler.targets.torch_aoti.build import (SMALL_BATCH_POINTWISE_DESCRIPTIONS,
+                                                  layout_description)
 
-    # as the shipped family builds it: the channels_last form, with batch-1 (the NHWC
-    # rewrite, its 1x1 GEMMs dequantized) and batch-32 graphs
+    # as the shipped family builds it: the channels_last form (its depthwise layers the
+    # Triton kernel's), with batch-1 (the NHWC rewrite, its 1x1 GEMMs dequantized) and
+    # batch-32 graphs
     details = {"torch_version": "2.11.0+cu130", "cuda_version": "13.0",
                "compute_capability": "9.0", "device_name": "NVIDIA H200", "device": "cuda",
-               "compile_options": {"layout": "channels_last (the model as it is), FP8 layers "
-                                             "on the NHWC view of their input",
+               "compile_options": {"layout": layout_description(
+                                       "fp8", nhwc=False, channels_last=True,
+                                       depthwise="triton"),
                                    "small_batch_layout": "nhwc, channels padded to multiples "
                                                          "of 16 (static graphs of batch 1)",
                                    "fp8_conv": FP8_CONV_DESCRIPTIONS["im2col"],
@@ -403,11 +406,11 @@ def test_reuse_needs_the_fp8_convolution_form_the_family_names(xception_bundles,
     monkeypatch.setenv(FP8_CONV_ENV, "im2col")            # one build's override: reused
     assert reuse_mismatch(path, fused, req, "torch-aoti", source, cal["data_digest"], h200) is None
     # the NHWC rewrite (torch_aoti.fp8_layout nhwc) is another model: rebuilt; so are
-    # another depthwise form (fp8_depthwise triton) and a batch-1 graph of the
+    # another depthwise form (fp8_depthwise cudnn) and a batch-1 graph of the
     # channels_last form (small_batch_layout same)
     monkeypatch.delenv(FP8_CONV_ENV)
     for change, words in (({"fp8_layout": "nhwc"}, "model form differs ('channels_last"),
-                          ({"fp8_depthwise": "triton"}, "model form differs ('channels_last"),
+                          ({"fp8_depthwise": "cudnn"}, "model form differs ('channels_last"),
                           ({"small_batch_layout": "same"},
                            "small-batch graph form differs ('nhwc, channels padded")):
         other = dataclasses.replace(family, spec={**family.spec, "torch_aoti": {
