@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# What the eighth session of 2026-12-02 left for the H200: two device calls, the second on
-# the machine the first leaves warm (bundles kept in /tmp/pending, not in $OUT, which is
-# fresh per call):
+# What the eighth session of 2026-12-02 left for the H200: two device calls, each
+# building the bundles it needs into /tmp/pending (reused while the machine stays warm;
+# $OUT is fresh per call, and the bundles are too large to bring back):
 #
 #   benchmarks/gpu_pending.sh study OUT_DIR   # ~400 s: timm_xception's bundles with the
 #       fixed depthwise kernel (family.json fp8_depthwise: triton; the eighth session timed
 #       a build whose kernel failed torch's mutation analysis), `bundle study` against the
 #       torch.compile peer; then inductor_fp8_bench fp8-cl against fp8-cl-dwcudnn
-#   benchmarks/gpu_pending.sh serve OUT_DIR   # issue 15's client-side fp8/fp16 (target
-#       >= 1.15x over HTTP and gRPC) with the faster fp8 bundle: serve_bench.py on each
+#   benchmarks/gpu_pending.sh serve OUT_DIR   # ~550 s: the uint8-input fp16 and fp8
+#       bundles, then serve_bench.py on each (batcher vs raw: issue 14's fp8/fp16 >= 1.15
+#       through the batcher; HTTP, gRPC, shared memory vs the batcher and fp8/fp16 at the
+#       client: issue 15's targets), with the faster fp8 bundle
 #
 # Logs: OUT_DIR/<step>.log. Each step prints as it goes and has its own timeout.
 set -u
@@ -35,10 +37,14 @@ study)
     --batch-sizes 32 --variants fp8-cl,fp8-cl-dwcudnn --budget-s 90 --json "$out/dwcudnn.jsonl"
   ;;
 serve)
+  # issue 14's uint8 fp8/fp16 through the batcher and issue 15's paths, as the fifth
+  # session ran them (docs/measurements/h200-2026-12-02-e), now with the depthwise kernel
+  step build 300 env INPUTS=uint8 bash benchmarks/gpu_data_path.sh build "$bundles"
   for p in fp8 fp16; do
-    step "serve-$p" 250 python3 benchmarks/serve_bench.py \
-      --bundle "$bundles/timm_xception-$p-1.0.0-torch-aoti.bundle" --batch 32 --clients 64 \
-      --http-clients 64 --http-procs 8 --workers-list 4 --paths http,grpc --seconds 4
+    step "serve-$p" 170 python3 benchmarks/serve_bench.py \
+      --bundle "$bundles/timm_xception-$p-uint8-1.0.0-torch-aoti.bundle" --batch 32 \
+      --clients 64 --http-clients 64 --http-procs 8 --workers-list 8 \
+      --paths http,grpc,http_shm --seconds 3 --warmup 1
   done
   ;;
 *) echo "usage: $0 study|serve OUT_DIR" >&2; exit 2 ;;
