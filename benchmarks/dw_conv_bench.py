@@ -223,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
         times = {k: v for k, v in row.items() if not k.endswith("differ")}
         for k, v in times.items():
             totals[k] += count * v
+        tiles = {k: v for k, v in times.items() if k.startswith("triton")}
+        if tiles:       # what a tile chosen per layer shape would give
+            totals["triton, best tile per shape"] += count * min(tiles.values())
         print(f"  {shape_name(shape):<22} x{count}  " + "  ".join(
             f"{k} {v * 1000:.1f}us" for k, v in times.items()) + "  differ " + " ".join(
             f"{row[k]:.1e}" for k in row if k.endswith("differ")), flush=True)

@@ -6,7 +6,9 @@
 #   benchmarks/gpu_pending.sh study OUT_DIR   # ~400 s: timm_xception's bundles with the
 #       fixed depthwise kernel (family.json fp8_depthwise: triton; the eighth session timed
 #       a build whose kernel failed torch's mutation analysis), `bundle study` against the
-#       torch.compile peer; then inductor_fp8_bench fp8-cl against fp8-cl-dwcudnn
+#       torch.compile peer; then dw_conv_bench.py with the three tiles of 8 warps added
+#       (and what a tile per layer shape would give: the kernel is 1.70 ms over the 39
+#       layers in the engine, cuDNN's depthwise kernel alone was 1.10)
 #   benchmarks/gpu_pending.sh serve OUT_DIR   # ~550 s: the uint8-input fp16 and fp8
 #       bundles, then serve_bench.py on each (batcher vs raw: issue 14's fp8/fp16 >= 1.15
 #       through the batcher; HTTP, gRPC, shared memory vs the batcher and fp8/fp16 at the
@@ -33,15 +35,14 @@ case "$what" in
 study)
   step study 450 bash benchmarks/gpu_family_study.sh timm_xception "$bundles"
   cp "$bundles"/study.md "$bundles"/study.json "$bundles"/make-*.log "$out"/ 2>/dev/null
-  step dwcudnn 110 python3 benchmarks/inductor_fp8_bench.py --family timm_xception --static \
-    --batch-sizes 32 --variants fp8-cl,fp8-cl-dwcudnn --budget-s 90 --json "$out/dwcudnn.jsonl"
+  step dw-tiles 100 python3 benchmarks/dw_conv_bench.py --budget-s 85
   ;;
 serve)
   # issue 14's uint8 fp8/fp16 through the batcher and issue 15's paths, as the fifth
   # session ran them (docs/measurements/h200-2026-12-02-e), now with the depthwise kernel
-  step build 300 env INPUTS=uint8 bash benchmarks/gpu_data_path.sh build "$bundles"
+  step build 280 env INPUTS=uint8 bash benchmarks/gpu_data_path.sh build "$bundles"
   for p in fp8 fp16; do
-    step "serve-$p" 170 python3 benchmarks/serve_bench.py \
+    step "serve-$p" 140 python3 benchmarks/serve_bench.py \
       --bundle "$bundles/timm_xception-$p-uint8-1.0.0-torch-aoti.bundle" --batch 32 \
       --clients 64 --http-clients 64 --http-procs 8 --workers-list 8 \
       --paths http,grpc,http_shm --seconds 3 --warmup 1

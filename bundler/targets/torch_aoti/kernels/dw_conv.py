@@ -50,7 +50,8 @@ class DwConvConfig(NamedTuple):
 #: Tiles the benchmark compares; the first is the default (the fastest over timm_xception's
 #: forward pass on the H200, docs/measurements/h200-2026-12-02-g).
 DW_CONFIGS = (DwConvConfig(64, 64, 4), DwConvConfig(32, 64, 4), DwConvConfig(16, 128, 4),
-              DwConvConfig(32, 128, 8))
+              DwConvConfig(32, 128, 8), DwConvConfig(64, 64, 8), DwConvConfig(128, 64, 8),
+              DwConvConfig(64, 128, 8))
 
 
 def default_dw_config(channels: int) -> DwConvConfig:
