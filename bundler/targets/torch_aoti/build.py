@@ -41,6 +41,7 @@ import os
 import platform
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Callable
@@ -291,7 +292,11 @@ def compile_package(module: torch.nn.Module, input_shape: tuple[int, ...], batch
     example = random_input(max(2, lo) if hi >= 2 else 1, input_shape, dtype, device)
     dynamic = ({0: torch.export.Dim("batch", min=lo, max=hi)},) if hi > lo else None
     module = module.to(device).eval()
-    with torch.no_grad(), aoti_toolchain() as toolchain:
+    with torch.no_grad(), aoti_toolchain() as toolchain, warnings.catch_warnings():
+        # torch 2.11 copies its own pytree specs with a deprecated isinstance check and
+        # warns once per graph on every build: not the user's to act on
+        warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)",
+                                category=FutureWarning)
         program = torch.export.export(module, (example,), dynamic_shapes=dynamic)
         if not static_batches:
             path = torch._inductor.aoti_compile_and_package(
