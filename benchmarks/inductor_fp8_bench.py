@@ -151,7 +151,8 @@ def parse_variant(name: str, family) -> Variant:
 def engine_module(variant: Variant, model, family, fp8: dict | None, max_batch: int):
     """The engine module as ``build_engine`` would compile it for ``variant``."""
     from bundler.targets.torch_aoti.build import (default_fp8_conv, default_nhwc,
-                                                  default_pad_channels, engine_model)
+                                                  default_pad_channels, depthwise_form,
+                                                  engine_model)
 
     layout = family.torch_aoti_layout
     nhwc, channels_last = None, False
@@ -178,8 +179,8 @@ def engine_module(variant: Variant, model, family, fp8: dict | None, max_batch: 
         fp8_conv=default_fp8_conv(None) if variant.precision == "fp8" else "im2col",
         hook=getattr(ext, "nhwc_module", None), channels_last=channels_last and not nhwc,
         small_batch_pointwise=variant.small_batch_pointwise,
-        depthwise=(family.torch_aoti_fp8_depthwise if variant.depthwise == "family"
-                   else variant.depthwise))
+        depthwise=(depthwise_form(family, variant.precision, variant.recipe)
+                   if variant.depthwise == "family" else variant.depthwise))
     return module
 
 

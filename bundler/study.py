@@ -170,6 +170,7 @@ def reuse_mismatch(path: Path, family, req, target: str, source: dict,
         from bundler.targets.torch_aoti.build import (FP8_CONV_DESCRIPTIONS,
                                                       SMALL_BATCH_POINTWISE_DESCRIPTIONS,
                                                       default_fp8_conv, default_pad_channels,
+                                                      depthwise_form,
                                                       effective_small_batch_pointwise,
                                                       engine_form, layout_description,
                                                       small_batch_form)
@@ -203,8 +204,8 @@ def reuse_mismatch(path: Path, family, req, target: str, source: dict,
                                and default_pad_channels(req.precision),
                                layout=family.torch_aoti_layout,
                                channels_last=form == "channels_last", fp8_conv=conv,
-                               depthwise=(family.torch_aoti_fp8_depthwise
-                                          if req.precision == "fp8" else "cudnn")))
+                               depthwise=depthwise_form(family, req.precision,
+                                                        req.variant)))
         checks["small-batch graph form"] = (
             options.get("small_batch_layout"),
             small_batch_form(family.torch_aoti_small_batch_layout, req.precision,

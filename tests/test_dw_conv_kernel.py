@@ -359,3 +359,24 @@ def test_the_kernel_compiles_with_its_sizes_as_constants(tmp_path):
     res = ptxas_resources(kernel, sig, consts, attrs, dict(num_warps=4), 90, tmp_path)
     assert res.spill_bytes == "0" and res.wide_loads >= 0.6 * (res.wide_loads
                                                                 + res.narrow_loads)
+
+
+def test_a_recipe_that_quantizes_the_depthwise_layers_builds_them_the_cudnn_way():
+    """timm_xception's fp8 form runs its depthwise layers with the Triton kernel, which the
+    fp8-depthwise variant (depthwise layers quantized by the recipe) cannot use: that
+    variant's build, its `bundle study` reuse check and the benchmark all get cuDNN's form
+    from one function, instead of the rewrite's refusal."""
+    from bundler.families import load_family
+    from bundler.targets.torch_aoti.build import depthwise_form
+    from bundler.targets.torch_aoti.model import rewrite_channels_last
+
+    xception = load_family("timm_xception")
+    assert xception.torch_aoti_fp8_depthwise == "triton"
+    assert depthwise_form(xception, "fp8") == "triton"
+    assert depthwise_form(xception, "fp8", "fp8-depthwise") == "cudnn"
+    assert depthwise_form(xception, "fp16") == "cudnn"
+    model = nn.Sequential(nn.Conv2d(8, 8, 3, 1, 1, groups=8)).eval()
+    form = depthwise_form(xception, "fp8", "fp8-depthwise")
+    body = rewrite_channels_last(model, torch.float16, depthwise=form, emulate=True,
+                                 fp8_depthwise={"0": (0.01, [0.01] * 8)})
+    assert body is not None

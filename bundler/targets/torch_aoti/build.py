@@ -724,6 +724,23 @@ def engine_form(family, precision: str, fp8_conv: str = "im2col") -> str:
     return family.torch_aoti_image_layout(precision)
 
 
+def depthwise_form(family, precision: str, variant: str | None = None) -> str:
+    """How the channels_last fp8 form runs the depthwise convolutions of a build of
+    ``family``'s ``variant``: family.json ``torch_aoti.fp8_depthwise``, except that a recipe
+    which quantizes the depthwise layers itself (timm_xception's ``fp8-depthwise``) gets
+    cuDNN's form: the Triton kernel computes a depthwise layer in fp16 and quantizes its
+    output for the FP8 GEMM after it, which is not such a recipe's layer. Build and ``bundle
+    study`` both ask here, so a variant's bundle is reused, not rebuilt each time.
+    "cudnn" outside fp8 (nothing to choose there)."""
+    if precision != "fp8":
+        return "cudnn"
+    form = family.torch_aoti_fp8_depthwise
+    if form == "triton" and family.fp8 is not None and any(
+            rule.get("depthwise") for rule in family.recipe(variant)["select"]["include"]):
+        return "cudnn"
+    return form
+
+
 def fp8_gemm_options(family, fp8_gemm: str | None = None,
                      fp8_fast_accum: bool | None = None) -> tuple[str, bool]:
     """(GEMM mode, fast accumulation) of a build's FP8 layers: what the caller asks, else
@@ -791,6 +808,7 @@ def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] |
                                  static_batches=family.torch_aoti_static_batches_for(precision),
                                  small_batch_pointwise=family.torch_aoti_fp8_pointwise_small_batch,
                                  small_batch_layout=family.torch_aoti_small_batch_layout,
-                                 depthwise=family.torch_aoti_fp8_depthwise)
+                                 depthwise=depthwise_form(family, precision,
+                                                          context.variant))
     return TargetBuild(backend=BACKEND, member=MEMBER, engine_bytes=data, details=details,
                        tag=BACKEND)
