@@ -47,8 +47,9 @@ class DwConvConfig(NamedTuple):
     num_warps: int
 
 
-#: Tiles the benchmark compares; the first is the default (the fastest over timm_xception's
-#: forward pass on the H200, docs/measurements/h200-2026-12-02-g).
+#: Tiles the benchmark compares; the first is the default (the fastest of the first four over
+#: timm_xception's forward pass on the H200, docs/measurements/h200-2026-12-02-g; the three
+#: of 8 warps are not measured yet).
 DW_CONFIGS = (DwConvConfig(64, 64, 4), DwConvConfig(32, 64, 4), DwConvConfig(16, 128, 4),
               DwConvConfig(32, 128, 8), DwConvConfig(64, 64, 8), DwConvConfig(128, 64, 8),
               DwConvConfig(64, 128, 8))
@@ -75,7 +76,7 @@ def element_alignment(*offsets: object) -> int:
         if not isinstance(offset, int):
             return 1
         align = math.gcd(align, offset)
-    return align or 16
+    return align
 
 
 @triton.jit
