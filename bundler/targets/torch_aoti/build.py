@@ -729,8 +729,9 @@ def depthwise_form(family, precision: str, variant: str | None = None) -> str:
     ``family``'s ``variant``: family.json ``torch_aoti.fp8_depthwise``, except that a recipe
     which quantizes the depthwise layers itself (timm_xception's ``fp8-depthwise``) gets
     cuDNN's form: the Triton kernel computes a depthwise layer in fp16 and quantizes its
-    output for the FP8 GEMM after it, which is not such a recipe's layer. Build and ``bundle
-    study`` both ask here, so a variant's bundle is reused, not rebuilt each time.
+    output for the FP8 GEMM after it, while such a recipe quantizes the layer's own input
+    and weights. Build and ``bundle study`` both ask here, so a variant's bundle is reused,
+    not rebuilt each time.
     "cudnn" outside fp8 (nothing to choose there)."""
     if precision != "fp8":
         return "cudnn"
