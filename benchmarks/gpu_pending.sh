@@ -1,23 +1,19 @@
 #!/usr/bin/env bash
-# What the eighth session of 2026-12-02 left for the H200: two device calls, each
-# building the bundles it needs into /tmp/pending (reused while the machine stays warm;
-# $OUT is fresh per call, and the bundles are too large to bring back):
+# What the ninth session of 2026-12-02 left for the H200: one device call, building the
+# bundles it needs into /tmp/pending (reused while the machine stays warm; $OUT is fresh
+# per call, and the bundles are too large to bring back):
 #
-#   benchmarks/gpu_pending.sh study OUT_DIR   # ~400 s: timm_xception's bundles with the
-#       fixed depthwise kernel (family.json fp8_depthwise: triton; the eighth session timed
-#       a build whose kernel failed torch's mutation analysis), `bundle study` against the
-#       torch.compile peer; then dw_conv_bench.py with the three tiles of 8 warps added
-#       (and what a tile per layer shape would give: the kernel is 1.70 ms over the 39
-#       layers in the engine, cuDNN's depthwise kernel alone was 1.10)
-#   benchmarks/gpu_pending.sh serve OUT_DIR   # ~550 s: the uint8-input fp16 and fp8
-#       bundles, then serve_bench.py on each (batcher vs raw: issue 14's fp8/fp16 >= 1.15
-#       through the batcher; HTTP, gRPC, shared memory vs the batcher and fp8/fp16 at the
-#       client: issue 15's targets), with the faster fp8 bundle
+#   benchmarks/gpu_pending.sh serve OUT_DIR   # ~460 s: the uint8-input fp16 and fp8
+#       bundles (no verify: the ninth session's call 2 verified the same build), then
+#       serve_bench.py: fp8 with 16 front-end workers (call 2 had 8: HTTP 0.78x the
+#       batcher, the cohort's round trip longer than the fp8 engine's batch), fp16 with 8
+#       and 16 (call 2's fp16 run was cut after HTTP). The engine's threads are named in
+#       each CPU line (which of loop, batcher and completion thread is the busy one).
 #
 # Logs: OUT_DIR/<step>.log. Each step prints as it goes and has its own timeout.
 set -u
-what=${1:?usage: $0 study|serve OUT_DIR}
-out=${2:?usage: $0 study|serve OUT_DIR}
+what=${1:?usage: $0 serve OUT_DIR}
+out=${2:?usage: $0 serve OUT_DIR}
 mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
@@ -32,22 +28,18 @@ step() {   # step NAME TIMEOUT_S COMMAND...
   echo "== $name: exit ${PIPESTATUS[0]}"
 }
 case "$what" in
-study)
-  step study 450 bash benchmarks/gpu_family_study.sh timm_xception "$bundles"
-  cp "$bundles"/study.md "$bundles"/study.json "$bundles"/make-*.log "$out"/ 2>/dev/null
-  step dw-tiles 100 python3 benchmarks/dw_conv_bench.py --budget-s 85
-  ;;
 serve)
-  # issue 14's uint8 fp8/fp16 through the batcher and issue 15's paths, as the fifth
-  # session ran them (docs/measurements/h200-2026-12-02-e), now with the depthwise kernel
-  step build 280 env INPUTS=uint8 bash benchmarks/gpu_data_path.sh build "$bundles"
-  for p in fp8 fp16; do
-    step "serve-$p" 140 python3 benchmarks/serve_bench.py \
+  step build 240 env INPUTS=uint8 bash -c '. benchmarks/gpu_common.sh; make_parallel "$0" \
+    "fp16-uint8:--precision fp16 --input uint8" "fp8-uint8:--precision fp8 --input uint8"' \
+    "$bundles"
+  for pw in fp8:16 fp16:8,16; do
+    p=${pw%%:*} w=${pw#*:}
+    step "serve-$p" 250 python3 benchmarks/serve_bench.py \
       --bundle "$bundles/timm_xception-$p-uint8-1.0.0-torch-aoti.bundle" --batch 32 \
-      --clients 64 --http-clients 64 --http-procs 8 --workers-list 8 \
+      --clients 64 --http-clients 64 --http-procs 8 --workers-list "$w" \
       --paths http,grpc,http_shm --seconds 3 --warmup 1
   done
   ;;
-*) echo "usage: $0 study|serve OUT_DIR" >&2; exit 2 ;;
+*) echo "usage: $0 serve OUT_DIR" >&2; exit 2 ;;
 esac
 echo "== done (+$(( $(date +%s) - start )) s)"

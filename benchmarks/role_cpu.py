@@ -12,6 +12,9 @@ import os
 import time
 from typing import Iterable
 
+#: Threads named per role of one process (the engine): which of them is the busy one
+#: (an event loop, the batcher's worker or its completion thread) says where to look.
+TOP_THREADS = 4
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -45,6 +48,29 @@ def thread_cpu_seconds(pid: int) -> dict[int, float]:
         if t is not None:
             out[int(tid)] = t
     return out
+
+
+def thread_names(pid: int) -> dict[int, str]:
+    """A name for each thread of ``pid``: the Python thread's name where ``pid`` is this
+    process (the batcher's worker, its completion thread, the server's loop), else the
+    kernel's (``comm``: CUDA's and the interpreter's own threads keep the program's)."""
+    names = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return names
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                names[int(tid)] = f.read().strip()
+        except OSError:
+            continue
+    if pid == os.getpid():
+        import threading
+        for t in threading.enumerate():
+            if t.native_id in names:
+                names[t.native_id] = t.name
+    return names
 
 
 def children_running(parent: int, marker: str) -> list[int]:
@@ -84,6 +110,8 @@ class RoleSampler:
         self.wall = 0.0
         self.used: dict[str, list[float] | None] = {}
         self.busiest: dict[str, list[float]] = {}   # per process: its busiest thread's CPU
+        #: per role of one process: its busiest threads as (name, CPU seconds), most first
+        self.threads: dict[str, list[tuple[str, float]]] = {}
 
     def start(self) -> None:
         self._wall0 = time.perf_counter()
@@ -101,7 +129,12 @@ class RoleSampler:
                     break
                 per.append(after - before)
                 t0, t1 = self._threads0.get(pid, {}), thread_cpu_seconds(pid)
-                busiest.append(max((t1[t] - t0.get(t, 0.0) for t in t1), default=0.0))
+                grew = {t: t1[t] - t0.get(t, 0.0) for t in t1}
+                busiest.append(max(grew.values(), default=0.0))
+                if len(pids) == 1:
+                    names = thread_names(pid)
+                    top = sorted(grew.items(), key=lambda kv: -kv[1])[:TOP_THREADS]
+                    self.threads[role] = [(names.get(t, str(t)), s) for t, s in top]
             self.used[role] = per
             self.busiest[role] = busiest
 
@@ -121,6 +154,9 @@ class RoleSampler:
                          "busiest_thread_cores_each": [round(p / self.wall, 2)
                                                        for p in self.busiest[role]],
                          "cores": round(sum(per) / self.wall, 2)}
+            if role in self.threads:
+                out[role]["threads_cores"] = [[name, round(s / self.wall, 2)]
+                                              for name, s in self.threads[role]]
         return out
 
 
@@ -134,7 +170,10 @@ def format_report(report: dict[str, dict | None]) -> str:
             continue
         each = " ".join(f"{c:.2f}/{t:.2f}"
                         for c, t in zip(r["cores_each"], r["busiest_thread_cores_each"]))
+        threads = ""
+        if r.get("threads_cores"):
+            threads = "; threads " + " ".join(f"{n} {c:.2f}" for n, c in r["threads_cores"])
         parts.append(f"{role} {r['cpu_s_per_1000_img']:.2f} s/1k img "
                      f"({r['procs']} proc{'s' if r['procs'] != 1 else ''}, {r['cores']:.2f} cores"
-                     f"; process/busiest thread: {each})")
+                     f"; process/busiest thread: {each}{threads})")
     return "cpu: " + "; ".join(parts)

@@ -108,3 +108,36 @@ def test_sampler_tells_a_busy_child_from_an_idle_one():
     sampler.stop()
     assert sampler.report(images=100)["gone"] is None
     assert "gone n/a" in rc.format_report(sampler.report(images=100))
+
+
+def test_sampler_names_this_process_busy_thread():
+    """A role of one process (the engine) lists its busiest threads by their Python names,
+    so a serve_bench line says whether the loop, the batcher or its completion thread is
+    the saturated one."""
+    rc = _role_cpu()
+    import os
+    import threading
+    release = threading.Event()
+    spun = threading.Event()
+
+    def spin():
+        end = time.thread_time() + 0.4
+        while time.thread_time() < end:
+            pass
+        spun.set()
+        release.wait()
+
+    t = threading.Thread(target=spin, name="role-cpu-spinner")
+    sampler = rc.RoleSampler({"engine": [os.getpid()]})
+    sampler.start()
+    t.start()
+    try:
+        assert spun.wait(30)
+        sampler.stop()
+    finally:
+        release.set()
+        t.join()
+    report = sampler.report(images=100)
+    name, cores = report["engine"]["threads_cores"][0]
+    assert name == "role-cpu-spinner" and cores > 0.2
+    assert "threads role-cpu-spinner" in rc.format_report(report)
