@@ -19,6 +19,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
 export PYTHONPATH=${PYTHONPATH:-}:$PWD PYTHONUNBUFFERED=1
 bundles=/tmp/pending
+mkdir -p "$bundles"
 start=$(date +%s)
 step() {   # step NAME TIMEOUT_S COMMAND...
   local name=$1 limit=$2
