@@ -12,7 +12,11 @@ thread's CPU time per request (``time.thread_time``: the batcher's and the model
 are not counted), each repeat, sorted. (The reply is written from the batcher future's
 done-callback; the former task per request measured 1.25x this in one interleaved run,
 ``docs/measurements/serve_2core.md``.) A small image keeps the batcher's copy out of the
-way; what is left is the per-request Python on the loop.
+way; what is left is the per-request Python on the loop. Each batch arrives as one
+frame with a request report in each message, read as the engine's loop reads a worker's
+(``--no-frames``: dicts handed over, the figures of earlier sessions). Each repeat runs
+under the process's collector settings and under ``serving_gc`` (what the server's loops
+run under), interleaved; the ratio is printed.
 
 Not a GPU figure: on the H200 this cost repeats for each of a batch's 32 requests between
 one batch's end and the next one's start, which is why it is worth a benchmark.
@@ -35,7 +39,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import serve_bench  # noqa: E402
 from runtime_py.batcher import Batcher  # noqa: E402
 from runtime_py.server.engine import Engine  # noqa: E402
-from runtime_py.server.workers import EngineHost, _Worker  # noqa: E402
+from runtime_py.server.gc_tuning import serving_gc  # noqa: E402
+from runtime_py.server.workers import EngineHost, _messages, _pack, _Worker  # noqa: E402
 
 BATCH = 32
 
@@ -56,6 +61,9 @@ def main(argv: list[str] | None = None) -> list[float]:
     ap.add_argument("--image-size", type=int, default=32)
     ap.add_argument("--shm", action="store_true",
                     help="inputs and outputs in a registered shared-memory region")
+    ap.add_argument("--no-frames", action="store_true",
+                    help="messages handed over as dicts, without the request reports "
+                         "(the figures before 2026-12-02's ninth session)")
     args = ap.parse_args(argv)
 
     model = serve_bench.make_model(argparse.Namespace(
@@ -85,12 +93,28 @@ def main(argv: list[str] | None = None) -> list[float]:
             msg["shm_out"] = [["logits", "bench", BATCH * slot + k * 128, 128]]
         return msg
 
+    def frame(r: int) -> bytes:
+        # one turn of a worker: the batch's messages in one frame, each carrying the report
+        # of an earlier answered request (``RemoteEngine.record_request``)
+        msgs = [message(r * BATCH + i) for i in range(BATCH)]
+        for m in msgs:
+            m["records"] = [["synthetic", "infer", 200, 0.002]]
+        return _pack(msgs)
+
     async def repeat(rounds: int) -> float:
         worker.outbox.bind(asyncio.get_running_loop())
         frames = _Sink.frames
+        packed = None if args.no_frames else [frame(r) for r in range(rounds)]
         t = time.thread_time()
         for r in range(rounds):
-            futures = [host.start_infer(worker, message(r * BATCH + i)) for i in range(BATCH)]
+            if packed is None:
+                futures = [host.start_infer(worker, message(r * BATCH + i))
+                           for i in range(BATCH)]
+            else:   # what the engine loop's ``on_message`` does with a worker's frame
+                futures = []
+                for msg in _messages(packed[r]):
+                    host.record(msg)
+                    futures.append(host.start_infer(worker, msg))
             await asyncio.gather(*futures)
             await asyncio.sleep(0)     # the replies' callbacks and the frame
         if _Sink.frames == frames:
@@ -99,7 +123,14 @@ def main(argv: list[str] | None = None) -> list[float]:
 
     try:
         asyncio.run(repeat(10))   # warm-up
-        figures = sorted(asyncio.run(repeat(args.rounds)) for _ in range(args.repeats))
+        # the process's own collector settings and serving's (``serving_gc``, what `bundle
+        # serve` runs its loops under), interleaved so that both see the same host
+        plain, serving = [], []
+        for _ in range(args.repeats):
+            plain.append(asyncio.run(repeat(args.rounds)))
+            with serving_gc():
+                serving.append(asyncio.run(repeat(args.rounds)))
+        figures = sorted(serving)
     finally:
         batcher.close()
         engine.close()
@@ -107,9 +138,15 @@ def main(argv: list[str] | None = None) -> list[float]:
             seg.close()
             seg.unlink()
     where = "shared memory" if seg is not None else "arena"
+    where += ", dict messages" if args.no_frames else ", frames with reports"
     print(f"engine loop CPU per request ({where}, {args.image_size}x{args.image_size} uint8, "
-          f"batches of {BATCH}), sorted: " + ", ".join(f"{f:.1f}" for f in figures)
-          + f" us (median {statistics.median(figures):.1f})")
+          f"batches of {BATCH}), sorted:")
+    for label, values in (("serving gc", serving), ("default gc", plain)):
+        values = sorted(values)
+        print(f"  {label}: " + ", ".join(f"{f:.1f}" for f in values)
+              + f" us (median {statistics.median(values):.1f})")
+    print(f"  serving / default (medians): "
+          f"{statistics.median(serving) / statistics.median(plain):.2f}")
     return figures
 
 

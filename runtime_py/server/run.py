@@ -24,6 +24,7 @@ from ..batcher import Batcher
 from ..errors import AddressInUseError, UsageError
 from .app import DEFAULT_MAX_BODY_BYTES, create_engine_app
 from .engine import Engine
+from .gc_tuning import serving_gc
 
 
 def _by_name(models: Mapping[str, Any] | Iterable[Any]) -> dict[str, Any]:
@@ -266,8 +267,9 @@ def receive_connections(loop: asyncio.AbstractEventLoop, handoff: socket.socket,
 
 async def _serve_here(engine: Engine, http_sock: socket.socket, host: str,
                       grpc_port: int | None, *, on_ready, stop, **options: Any) -> None:
-    await run_front_ends(engine, http_sock, host, grpc_port, on_bound=on_ready, stop=stop,
-                         **options)
+    with serving_gc():
+        await run_front_ends(engine, http_sock, host, grpc_port, on_bound=on_ready,
+                             stop=stop, **options)
 
 
 class ServerThread:

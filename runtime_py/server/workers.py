@@ -65,6 +65,7 @@ from ..pinned_host import buffer_address
 from ..tensors import TensorSpec
 from .engine import (Engine, InferCall, ModelInfo, ShmInput, ShmOutput, lookup_info,
                      status_of)
+from .gc_tuning import serving_gc
 from .protocol import OutputRequest, RequestError, dtype_name
 from .shm import ShmRef
 
@@ -499,7 +500,8 @@ def worker_main(argv: list[str] | None = None) -> int:
                              http_server=args.http_server, handoff=handoff)
 
     try:
-        run_async(main())
+        with serving_gc():       # the worker's per-request Python, as the engine's loop
+            run_async(main())
     except AddressInUseError as e:
         engine._send({"op": "hello", "ok": False, "message": str(e)})
         return 7
@@ -702,10 +704,11 @@ def serve_with_workers(engine: Engine, http_sock: socket.socket, host: str,
     ``stop`` is set, for callers on another thread); every child is reaped on return."""
     from .run import run_async
 
-    run_async(_serve_with_workers(engine, http_sock, host, grpc_port, workers,
-                                    max_body_bytes=max_body_bytes, log_level=log_level,
-                                    access_log=access_log, on_ready=on_ready, stop=stop,
-                                    http_server=http_server))
+    with serving_gc():
+        run_async(_serve_with_workers(engine, http_sock, host, grpc_port, workers,
+                                        max_body_bytes=max_body_bytes, log_level=log_level,
+                                        access_log=access_log, on_ready=on_ready, stop=stop,
+                                        http_server=http_server))
 
 
 async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, max_body_bytes,
