@@ -4,11 +4,13 @@
 # per call, and the bundles are too large to bring back):
 #
 #   benchmarks/gpu_pending.sh serve OUT_DIR   # ~460 s: the uint8-input fp16 and fp8
-#       bundles (no verify: the ninth session's call 2 verified the same build), then
-#       serve_bench.py: fp8 with 16 front-end workers (call 2 had 8: HTTP 0.78x the
-#       batcher, the cohort's round trip longer than the fp8 engine's batch), fp16 with 8
-#       and 16 (call 2's fp16 run was cut after HTTP). The engine's threads are named in
-#       each CPU line (which of loop, batcher and completion thread is the busy one).
+#       bundles (no verify: the ninth session verified the same build), then
+#       serve_bench.py: fp8 with 16 front-end workers, fp16 with 8 and 16, as that
+#       session's call 4 ran them (HTTP fp8 0.87, fp16 0.92 / 0.86 of the batcher; gRPC
+#       0.72-0.73), now with the engine loop's per-request changes made after it (cached
+#       metric children, a one-syscall readable check, serving_gc): does the cohort's
+#       round trip ("back" 3.1-3.3 ms) shrink? The engine's threads are named in each CPU
+#       line (the loop was 0.47-0.64 cores there).
 #
 # Logs: OUT_DIR/<step>.log. Each step prints as it goes and has its own timeout.
 set -u
