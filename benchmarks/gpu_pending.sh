@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# What the ninth session of 2026-12-02 left for the H200: one device call, building the
-# bundles it needs into /tmp/pending (reused while the machine stays warm; $OUT is fresh
+# What the tenth session of 2026-12-03 leaves for the H200: device calls that build the
+# bundles they need into /tmp/pending (reused while the machine stays warm; $OUT is fresh
 # per call, and the bundles are too large to bring back):
 #
-#   benchmarks/gpu_pending.sh serve OUT_DIR   # ~460 s: the uint8-input fp16 and fp8
+#   benchmarks/gpu_pending.sh serve OUT_DIR   # ~480 s: the uint8-input fp16 and fp8
 #       bundles (no verify: the ninth session verified the same build), then
-#       serve_bench.py: fp8 with 16 front-end workers, fp16 with 8 and 16, as that
-#       session's call 4 ran them (HTTP fp8 0.87, fp16 0.92 / 0.86 of the batcher; gRPC
-#       0.72-0.73), now with the engine loop's per-request changes made after it (cached
-#       metric children, a one-syscall readable check, serving_gc): does the cohort's
-#       round trip ("back" 3.1-3.3 ms) shrink? The engine's threads are named in each CPU
-#       line (the loop was 0.47-0.64 cores there).
+#       serve_bench.py over HTTP and gRPC, fp8 with 16 front-end workers and fp16 with 8
+#       (the ninth session's best settings: HTTP fp8 0.87, fp16 0.92 of the batcher), each
+#       path under both of the runner's event_sync modes side by side: "spin" (the
+#       completion thread spinning in cudaEventSynchronize, 0.6-1.0 cores there) and
+#       "block" (blocking-sync events: that core left to workers and clients). Also the
+#       first H200 run of the engine loop's per-request changes (cached metric children,
+#       one-syscall readable check, serving_gc).
 #
 # Logs: OUT_DIR/<step>.log. Each step prints as it goes and has its own timeout.
 set -u
@@ -35,12 +36,12 @@ serve)
   step build 240 env INPUTS=uint8 bash -c '. benchmarks/gpu_common.sh; make_parallel "$0" \
     "fp16-uint8:--precision fp16 --input uint8" "fp8-uint8:--precision fp8 --input uint8"' \
     "$bundles"
-  for pw in fp8:16 fp16:8,16; do
+  for pw in fp8:16 fp16:8; do
     p=${pw%%:*} w=${pw#*:}
-    step "serve-$p" 250 python3 benchmarks/serve_bench.py \
+    step "serve-$p" 230 python3 benchmarks/serve_bench.py \
       --bundle "$bundles/timm_xception-$p-uint8-1.0.0-torch-aoti.bundle" --batch 32 \
       --clients 64 --http-clients 64 --http-procs 8 --workers-list "$w" \
-      --paths http,grpc,http_shm --seconds 3 --warmup 1
+      --paths http,grpc --event-sync spin,block --seconds 3 --warmup 1
   done
   ;;
 *) echo "usage: $0 serve OUT_DIR" >&2; exit 2 ;;

@@ -561,6 +561,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--enqueue", choices=["held", "torch"],
                     help="torch-aoti bundles: enqueue batches through CUDA runtime calls that "
                          "keep the GIL (held, the default) or through torch's calls")
+    ap.add_argument("--event-sync", default="spin", metavar="MODES",
+                    help="torch-aoti bundles: how the batcher's completion thread waits for a "
+                         "batch (the runner's event_sync): spin or block; a comma-separated "
+                         "list (spin,block) measures each path under each mode in turn, side "
+                         "by side (the order reversed on every other path)")
     ap.add_argument("--batch", type=int, default=32, help="raw batch size and the batcher's max batch")
     ap.add_argument("--clients", type=int, default=32, help="batcher clients (single images)")
     ap.add_argument("--http-clients", type=int, default=16, help="clients of each network path")
@@ -604,7 +609,17 @@ def main(argv=None) -> dict:
     if not rules or bad:
         ap.error(f"--early-dispatch: each rule must be off, on or auto, got {bad or rules}")
 
+    syncs = [m.strip() for m in args.event_sync.split(",") if m.strip()]
+    if not syncs or any(m not in ("spin", "block") for m in syncs):
+        ap.error(f"--event-sync: each mode must be spin or block, got {syncs}")
+
     model = make_model(args)
+    set_sync = getattr(getattr(model, "runner", None), "set_event_sync", None)
+    if set_sync is None and syncs != ["spin"]:
+        ap.error("--event-sync: only torch-aoti bundles have a choice")
+    if set_sync is not None:
+        set_sync(syncs[0])
+    variants = [(rule, sync) for rule in rules for sync in syncs]
     feeds = one_image(model, 1)
     raw = bench_raw(model, args.batch, args.seconds)
     paths = {}
@@ -638,8 +653,11 @@ def main(argv=None) -> dict:
                     # came out 25% low on the H200 (docs/measurements/h200-2026-12-02-c)
                     time.sleep(2.0)
                     for j, kind in enumerate(k for k in args.paths.split(",") if k):
-                        for rule in (rules if j % 2 == 0 else rules[::-1]):
-                            key = kind + tag + (f"@{rule}" if len(rules) > 1 else "")
+                        for rule, sync in (variants if j % 2 == 0 else variants[::-1]):
+                            key = kind + tag + (f"@{rule}" if len(rules) > 1 else "") + (
+                                f"@{sync}" if len(syncs) > 1 else "")
+                            if set_sync is not None:
+                                set_sync(sync)
                             b.early_dispatch = rule      # a fresh choice for "auto"
                             refs[key], _ = bench_batcher(
                                 b, feeds, args.http_clients, args.seconds, args.warmup)
@@ -679,6 +697,7 @@ def main(argv=None) -> dict:
         "batch_size_counts": sizes,
         "timeline_ms": timelines,
         "early_dispatch": rules,
+        "event_sync": syncs,
         "dispatch_rule_use": rule_use,
         "cpus": os.cpu_count(),
     }
@@ -722,6 +741,7 @@ def _rule_use(b: Batcher, batches0: int, early0: int) -> dict:
 def _print_path(key: str, v: float | str, refs: dict, cpu: dict, args, timelines,
                 rule_use: dict | None = None) -> None:
     base, _, rule = key.partition("@")
+    rule = rule.replace("@", " ")
     kind, workers = base.rsplit("_w", 1)
     workers, _, pinned = workers.partition("_p")
     label = f"{kind:<8} {args.http_clients} clients, workers={workers}" + (

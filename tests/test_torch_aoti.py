@@ -733,6 +733,45 @@ def test_gpu_cuda_graphs_give_the_same_outputs(gpu_fp16_tiny):
     assert np.abs(outputs[0] - outputs[1]).max() < 1e-3
 
 
+def test_event_sync_refuses_an_unknown_mode():
+    from runtime_py.engines.torch_aoti import TorchAotiRunner
+    from runtime_py.errors import UsageError
+
+    bundle = _MemoryBundle("fp16", {}, b"", (3, 16, 16), 10, 8)
+    with pytest.raises(UsageError, match="event_sync must be one of spin, block"):
+        TorchAotiRunner(bundle, event_sync="sleep")
+    runner = TorchAotiRunner(bundle, event_sync="block")
+    assert runner.event_sync == "block"
+    with pytest.raises(UsageError, match="got 'poll'"):
+        runner.set_event_sync("poll")
+    assert runner.event_sync == "block"
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_blocking_sync_events_give_the_same_outputs_and_switch_live(gpu_fp16_tiny):
+    """event_sync="block": the slots' done events are replaced by blocking-sync ones,
+    results equal the spinning ones, and a switch on an active runner reads out the batch
+    in flight first (its result stays with its caller)."""
+    from runtime_py.engines.torch_aoti import TorchAotiRunner
+
+    package, details = gpu_fp16_tiny
+    x = np.random.default_rng(2).normal(size=(4, 3, 16, 16)).astype(np.float32)
+    runner = TorchAotiRunner(_MemoryBundle("fp16", details, package, (3, 16, 16), 10, 8))
+    with runner:
+        spun = runner.infer_async({"input": x})
+        before = [slot.done for slot in runner._slots]
+        runner.set_event_sync("block")          # spun is in flight: read out first
+        assert all(a is not slot.done for a, slot in zip(before, runner._slots))
+        blocked = [runner.infer_async({"input": x}) for _ in range(3)]   # both slots reused
+        assert runner.event_sync == "block"
+        for pending in blocked:
+            assert np.array_equal(spun.result()["logits"], pending.result()["logits"])
+        runner.set_event_sync("spin")
+        assert np.array_equal(runner.infer_async({"input": x}).result()["logits"],
+                              spun.result()["logits"])
+
+
 @pytest.mark.gpu
 @needs_gpu
 def test_gpu_static_batch_graphs_are_captured_and_agree_in_fp16(gpu_fp16_tiny):

@@ -23,6 +23,12 @@ Design:
   stream, and D2H on the copy-out stream, ordered by events; the copy-in of batch k+1 and
   the copy-out of batch k-1 overlap the compute of batch k. ``Pending.result()`` waits for
   the slot's last event only. A slot is reused only after its previous Pending was resolved.
+* How ``Pending.result()`` waits (``event_sync``): "spin" (default; the CUDA driver polls
+  the event: the least wake-up latency, and a core busy for as long as the wait lasts, which
+  made a serving engine's completion thread its busiest, 0.6-1.0 cores on the H200) or
+  "block" (the slot's ``done`` event is made with ``cudaEventBlockingSync``: the waiting
+  thread sleeps until the GPU signals, leaving the core to front-end workers and clients
+  on the same host, at the cost of a wake-up).
 * Enqueueing a batch makes no call that gives the GIL away (``enqueue = "held"``,
   default): where the feed lies in pinned memory and the batch size's CUDA graph is
   captured, the copies, event records and waits and the graph launch go through
@@ -76,7 +82,8 @@ import numpy as np
 from runtime_py.compat import GpuInfo, HostInfo
 from runtime_py.engines.base import Runner, require_own_engine
 from runtime_py.engines.torch_aoti_compat import check_torch_aoti_target
-from runtime_py.errors import BundleError, CompatibilityError, EngineUnavailableError
+from runtime_py.errors import (BundleError, CompatibilityError, EngineUnavailableError,
+                               UsageError)
 from runtime_py.engines import cudart_held
 from runtime_py import pinned_host
 from runtime_py.hostcopy import (PARALLEL_MIN_BYTES, HostBufferRegistry, copy_held, copy_rows,
@@ -91,6 +98,15 @@ DYNAMIC_MODEL = "model"
 #: Batches in flight per runner (copy-in of the next and copy-out of the previous batch
 #: overlap the compute of the current one).
 SLOTS = 2
+
+
+EVENT_SYNC_MODES = ("spin", "block")
+
+
+def check_event_sync(mode: str) -> None:
+    if mode not in EVENT_SYNC_MODES:
+        raise UsageError(f"event_sync must be one of {', '.join(EVENT_SYNC_MODES)}, "
+                          f"got {mode!r}")
 
 
 class _Slot:
@@ -247,13 +263,18 @@ def probe_package_load(path: Path, device: str, run_single_threaded: bool, *,
 
 class TorchAotiRunner(Runner):
     """Options: device (int, default 0), cuda_graphs (bool, default True), load_check
-    (bool, default True unless TRT_BUNDLE_AOTI_LOAD_CHECK=0: ``probe_package_load``)."""
+    (bool, default True unless TRT_BUNDLE_AOTI_LOAD_CHECK=0: ``probe_package_load``),
+    event_sync ("spin", default, or "block": how a batch's result is waited for, see the
+    module docstring)."""
 
     backend = "torch-aoti"
 
     def __init__(self, bundle, device: int = 0, cuda_graphs: bool = True,
-                 load_check: bool | None = None, **options: object) -> None:
+                 load_check: bool | None = None, event_sync: str = "spin",
+                 **options: object) -> None:
         super().__init__(bundle, device=device, cuda_graphs=cuda_graphs, **options)
+        check_event_sync(event_sync)
+        self.event_sync = event_sync
         self.device_index = int(device)
         self.use_cuda_graphs = bool(cuda_graphs)
         if load_check is None:
@@ -385,12 +406,29 @@ class TorchAotiRunner(Runner):
             slot.staged = torch.cuda.Event()     # H2D done: host_in may be rewritten
             slot.consumed = torch.cuda.Event()   # device_in copied into the static input
             slot.computed = torch.cuda.Event()   # device_out holds the outputs
-            slot.done = torch.cuda.Event()       # host_out holds the outputs
+            slot.done = self._done_event()       # host_out holds the outputs
             # torch makes an event's CUDA handle at its first record: record each once,
             # so that the held enqueue path has handles to pass
             for event in (slot.staged, slot.consumed, slot.computed, slot.done):
                 event.record(self._stream)
         return slot
+
+    def _done_event(self):
+        return self._torch.cuda.Event(blocking=self.event_sync == "block")
+
+    def set_event_sync(self, mode: str) -> None:
+        """Switch how results are waited for (``event_sync``) on an active runner: each
+        slot's pending batch is read out first and its ``done`` event replaced."""
+        check_event_sync(mode)
+        with self._lock:
+            self.event_sync = mode
+            if self._on_cpu or not self._slots:
+                return
+            for slot in self._slots:
+                self._resolve(slot)
+                slot.done = self._done_event()
+                slot.done.record(self._stream)    # its CUDA handle, for the held path
+            self._stream.synchronize()
 
     def pin_host(self, address: int, nbytes: int):
         """On a GPU, with the held enqueue path's runtime found: page-locked in place
