@@ -33,7 +33,7 @@ step() {   # step NAME TIMEOUT_S COMMAND...
 }
 case "$what" in
 serve)
-  step build 240 env INPUTS=uint8 bash -c '. benchmarks/gpu_common.sh; make_parallel "$0" \
+  step build 330 env INPUTS=uint8 bash -c '. benchmarks/gpu_common.sh; make_parallel "$0" \
     "fp16-uint8:--precision fp16 --input uint8" "fp8-uint8:--precision fp8 --input uint8"' \
     "$bundles"
   for pw in fp8:16 fp16:8; do

@@ -561,9 +561,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--enqueue", choices=["held", "torch"],
                     help="torch-aoti bundles: enqueue batches through CUDA runtime calls that "
                          "keep the GIL (held, the default) or through torch's calls")
-    ap.add_argument("--event-sync", default="spin", metavar="MODES",
+    ap.add_argument("--event-sync", default=None, metavar="MODES",
                     help="torch-aoti bundles: how the batcher's completion thread waits for a "
-                         "batch (the runner's event_sync): spin or block; a comma-separated "
+                         "batch (the runner's event_sync; default: the runner's own, block): "
+                         "spin or block; a comma-separated "
                          "list (spin,block) measures each path under each mode in turn, side "
                          "by side (the order reversed on every other path)")
     ap.add_argument("--batch", type=int, default=32, help="raw batch size and the batcher's max batch")
@@ -609,16 +610,19 @@ def main(argv=None) -> dict:
     if not rules or bad:
         ap.error(f"--early-dispatch: each rule must be off, on or auto, got {bad or rules}")
 
-    syncs = [m.strip() for m in args.event_sync.split(",") if m.strip()]
-    if not syncs or any(m not in ("spin", "block") for m in syncs):
+    syncs = [m.strip() for m in (args.event_sync or "").split(",") if m.strip()]
+    if args.event_sync is not None and (not syncs or any(m not in ("spin", "block")
+                                                         for m in syncs)):
         ap.error(f"--event-sync: each mode must be spin or block, got {syncs}")
 
     model = make_model(args)
     set_sync = getattr(getattr(model, "runner", None), "set_event_sync", None)
-    if set_sync is None and syncs != ["spin"]:
+    if set_sync is None and syncs:
         ap.error("--event-sync: only torch-aoti bundles have a choice")
-    if set_sync is not None:
+    if syncs:
         set_sync(syncs[0])
+    else:      # one figure per path, under the runner's own mode (none: not torch-aoti)
+        syncs = [getattr(getattr(model, "runner", None), "event_sync", None)]
     variants = [(rule, sync) for rule in rules for sync in syncs]
     feeds = one_image(model, 1)
     raw = bench_raw(model, args.batch, args.seconds)
@@ -656,7 +660,7 @@ def main(argv=None) -> dict:
                         for rule, sync in (variants if j % 2 == 0 else variants[::-1]):
                             key = kind + tag + (f"@{rule}" if len(rules) > 1 else "") + (
                                 f"@{sync}" if len(syncs) > 1 else "")
-                            if set_sync is not None:
+                            if sync is not None:
                                 set_sync(sync)
                             b.early_dispatch = rule      # a fresh choice for "auto"
                             refs[key], _ = bench_batcher(

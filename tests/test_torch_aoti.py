@@ -740,11 +740,12 @@ def test_event_sync_refuses_an_unknown_mode():
     bundle = _MemoryBundle("fp16", {}, b"", (3, 16, 16), 10, 8)
     with pytest.raises(UsageError, match="event_sync must be one of spin, block"):
         TorchAotiRunner(bundle, event_sync="sleep")
-    runner = TorchAotiRunner(bundle, event_sync="block")
-    assert runner.event_sync == "block"
+    assert TorchAotiRunner(bundle).event_sync == "block"      # the default
+    runner = TorchAotiRunner(bundle, event_sync="spin")
+    assert runner.event_sync == "spin"
     with pytest.raises(UsageError, match="got 'poll'"):
         runner.set_event_sync("poll")
-    assert runner.event_sync == "block"
+    assert runner.event_sync == "spin"
 
 
 @pytest.mark.gpu
@@ -757,7 +758,8 @@ def test_gpu_blocking_sync_events_give_the_same_outputs_and_switch_live(gpu_fp16
 
     package, details = gpu_fp16_tiny
     x = np.random.default_rng(2).normal(size=(4, 3, 16, 16)).astype(np.float32)
-    runner = TorchAotiRunner(_MemoryBundle("fp16", details, package, (3, 16, 16), 10, 8))
+    runner = TorchAotiRunner(_MemoryBundle("fp16", details, package, (3, 16, 16), 10, 8),
+                             event_sync="spin")
     with runner:
         spun = runner.infer_async({"input": x})
         before = [slot.done for slot in runner._slots]

@@ -23,12 +23,14 @@ Design:
   stream, and D2H on the copy-out stream, ordered by events; the copy-in of batch k+1 and
   the copy-out of batch k-1 overlap the compute of batch k. ``Pending.result()`` waits for
   the slot's last event only. A slot is reused only after its previous Pending was resolved.
-* How ``Pending.result()`` waits (``event_sync``): "spin" (default; the CUDA driver polls
-  the event: the least wake-up latency, and a core busy for as long as the wait lasts, which
-  made a serving engine's completion thread its busiest, 0.6-1.0 cores on the H200) or
-  "block" (the slot's ``done`` event is made with ``cudaEventBlockingSync``: the waiting
-  thread sleeps until the GPU signals, leaving the core to front-end workers and clients
-  on the same host, at the cost of a wake-up).
+* How ``Pending.result()`` waits (``event_sync``): "block" (default: the slot's ``done``
+  event is made with ``cudaEventBlockingSync``, the waiting thread sleeps until the GPU
+  signals) or "spin" (the CUDA driver polls the event: a core busy for as long as the wait
+  lasts). Serving the uint8 xception pair on the H200 (docs/measurements/h200-2026-12-03),
+  "block" took the batcher's completion thread from 0.68-0.98 cores to 0.07-0.09 and the
+  engine process from 1.3-1.7 cores to 0.6-0.8, with img/s equal or better on every path
+  (HTTP fp8 9,018 vs 8,832, fp16 7,605 vs 7,573; gRPC 6,481 vs 6,436, 5,963 vs 5,802).
+  ``infer`` (a caller that waits at once) synchronizes its stream, not this event.
 * Enqueueing a batch makes no call that gives the GIL away (``enqueue = "held"``,
   default): where the feed lies in pinned memory and the batch size's CUDA graph is
   captured, the copies, event records and waits and the graph launch go through
@@ -264,13 +266,13 @@ def probe_package_load(path: Path, device: str, run_single_threaded: bool, *,
 class TorchAotiRunner(Runner):
     """Options: device (int, default 0), cuda_graphs (bool, default True), load_check
     (bool, default True unless TRT_BUNDLE_AOTI_LOAD_CHECK=0: ``probe_package_load``),
-    event_sync ("spin", default, or "block": how a batch's result is waited for, see the
+    event_sync ("block", default, or "spin": how a batch's result is waited for, see the
     module docstring)."""
 
     backend = "torch-aoti"
 
     def __init__(self, bundle, device: int = 0, cuda_graphs: bool = True,
-                 load_check: bool | None = None, event_sync: str = "spin",
+                 load_check: bool | None = None, event_sync: str = "block",
                  **options: object) -> None:
         super().__init__(bundle, device=device, cuda_graphs=cuda_graphs, **options)
         check_event_sync(event_sync)
