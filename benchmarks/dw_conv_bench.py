@@ -87,7 +87,7 @@ def measure(shape: tuple, args) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from bundler.targets.torch_aoti.kernels.dw_conv import DW_CONFIGS, dw_conv_e4m3
+    from bundler.targets.torch_aoti.kernels.dw_conv import dw_conv_e4m3
     from bundler.targets.torch_aoti.model import DepthwiseE4m3, padded, quantize
     from fp8_conv_bench import graph_time
 
@@ -121,8 +121,8 @@ def measure(shape: tuple, args) -> dict:
     with torch.no_grad():
         row["cudnn"], _ = graph_time(lambda: cudnn(x16), args.iters)
         row["cudnn+q"], ref = graph_time(compiled, args.iters)
-        for cfg in DW_CONFIGS:
-            key = "triton " + "x".join(map(str, cfg))
+        for cfg in tiles(args.tiles):
+            key = "triton " + "x".join(map(str, cfg if cfg.rows else cfg[:3]))
             ms, got = graph_time(lambda cfg=cfg: dw_conv_e4m3(
                 x_in, layer.weight_taps, layer.bias, layer.act_scale, layer.cpad, (3, 3),
                 (stride, stride), (1, 1), relu=relu, relu_in=relu_in, config=cfg), args.iters)
@@ -131,6 +131,27 @@ def measure(shape: tuple, args) -> dict:
                                          .float().mean())
     torch._dynamo.reset()
     return row
+
+
+def tiles(which: str) -> list:
+    """--tiles: "all" (``DW_CONFIGS``, the pixel kernel's tiles), "rows" (``DW_ROW_CONFIGS``,
+    the row-strip kernel's: ``block_p x block_c x warps x rows``; a stride-2 layer runs the
+    pixel kernel with the same tile), "default" (the first of ``DW_CONFIGS``), or a
+    comma-separated mix of these."""
+    from bundler.targets.torch_aoti.kernels.dw_conv import DW_CONFIGS, DW_ROW_CONFIGS
+
+    chosen: list = []
+    for part in which.split(","):
+        part = part.strip()
+        chosen += {"all": list(DW_CONFIGS), "rows": list(DW_ROW_CONFIGS),
+                   "default": [DW_CONFIGS[0]]}[part]
+    return list(dict.fromkeys(chosen))
+
+
+def launch_options(cfg) -> dict:
+    from bundler.targets.torch_aoti.kernels.dw_conv import launch_options as options
+
+    return options(cfg)
 
 
 def ptxas_report(arch: int = 90) -> int:
@@ -148,8 +169,6 @@ def ptxas_report(arch: int = 90) -> int:
     from bundler.targets.torch_aoti.kernels import dw_conv
     from fp8_conv_bench import ptxas_resources
 
-    kernel = dw_conv._dw_conv_nhwc_e4m3_kernel
-    names = kernel.arg_names
     channels, width = 728, 19
     # Triton's JIT marks an integer argument divisible by 16 only when it is: 728 is not,
     # nor are the pixel strides; the kernel learns 728's factor 8 from ALIGN.
@@ -159,12 +178,19 @@ def ptxas_report(arch: int = 90) -> int:
     print(f"== ptxas -arch=sm_{arch}a, {channels} channels (ALIGN {align}): registers / spill "
           "bytes / shared memory per program / global loads 16 bytes wide of all")
     with tempfile.TemporaryDirectory() as tmp:
-        for cfg in dw_conv.DW_CONFIGS:
+        for cfg in (*dw_conv.DW_CONFIGS, *dw_conv.DW_ROW_CONFIGS):
+            kernel = dw_conv._dw_rows_kernel if cfg.rows else dw_conv._dw_conv_nhwc_e4m3_kernel
+            names = kernel.arg_names
             for source in ("fp16", "bf16"):
                 for relu, relu_in in ((False, False), (False, True), (True, False)):
-                    consts = dict(KH=3, KW=3, SH=1, SW=1, PH=1, PW=1, DH=1, DW=1, RELU=relu,
-                                  RELU_IN=relu_in, QMAX=E4M3_MAX, ALIGN=align,
-                                  BLOCK_P=cfg.block_p, BLOCK_C=cfg.block_c)
+                    if cfg.rows:
+                        consts = dict(KW=3, PH=1, PW=1, DW=1, RELU=relu, RELU_IN=relu_in,
+                                      QMAX=E4M3_MAX, ALIGN=align, BLOCK_W=cfg.block_p,
+                                      BLOCK_C=cfg.block_c, ROWS=cfg.rows)
+                    else:
+                        consts = dict(KH=3, KW=3, SH=1, SW=1, PH=1, PW=1, DH=1, DW=1,
+                                      RELU=relu, RELU_IN=relu_in, QMAX=E4M3_MAX, ALIGN=align,
+                                      BLOCK_P=cfg.block_p, BLOCK_C=cfg.block_c)
                     pointers = {"x_ptr": f"*{source}", "w_ptr": "*fp32", "bias_ptr": "*fp32",
                                 "q_ptr": "*fp8e4nv", "q_scale_ptr": "*fp32"}
                     sig = {n: "constexpr" if n in consts else pointers.get(n, "i32")
@@ -175,7 +201,7 @@ def ptxas_report(arch: int = 90) -> int:
                              f"{'relu-in ' if relu_in else ''}{'relu' if relu else ''}")
                     try:
                         res = ptxas_resources(kernel, sig, consts, attrs,
-                                              dict(num_warps=cfg.num_warps), arch, Path(tmp))
+                                              launch_options(cfg), arch, Path(tmp))
                         print(f"  {label:30s} regs {res.registers:>3s}  spill "
                               f"{res.spill_bytes:>4s} B  smem {res.shared_bytes:6d} B  "
                               f"wide loads {res.wide_loads}/"
@@ -194,6 +220,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--list", action="store_true", help="print the layer table and stop")
     p.add_argument("--ptxas", action="store_true",
                    help="compile the kernel for sm_90 and print ptxas' resource use (no GPU)")
+    p.add_argument("--tiles", default="all",
+                   help="which tiles to time: all (the pixel kernel's), rows (the row-strip "
+                        "kernel's), default, or a comma-separated mix (e.g. default,rows)")
+    p.add_argument("--shapes", default="",
+                   help="time only the layer shapes whose name contains this (e.g. 728x19x19: "
+                        "26 of the 39 layers); the totals are then over those")
     p.add_argument("--budget-s", type=float, default=240.0,
                    help="no new layer starts after this many seconds")
     args = p.parse_args(argv)
@@ -216,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     totals: Counter = Counter()
     for shape, count in layers:
+        if args.shapes not in shape_name(shape):
+            continue
         if time.monotonic() - started > args.budget_s:
             print(f"  {shape_name(shape)}: skipped (budget)", flush=True)
             continue

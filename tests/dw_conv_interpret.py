@@ -26,8 +26,19 @@ CASES = {
     "3x3-relu-in-bf16-view": (2, 6, 5, 40, 48, 3, 1, 1, False, True, "bf16-view"),
 }
 
+#: The row-strip kernel (``DwConvConfig.rows``): name -> (case, block_p, rows). Strips that
+#: end inside the image and past it, columns of two images in one program, a partial last
+#: program, and a layer it does not apply to (stride 2: the pixel kernel runs).
+ROW_CASES = {
+    "rows-3x3-s1": ("3x3-s1", 8, 3),
+    "rows-3x3-s1-relu-padded": ("3x3-s1-relu-padded", 4, 2),
+    "rows-3x3-relu-in-bf16-view": ("3x3-relu-in-bf16-view", 8, 4),
+    "rows-3x3-s1-one-strip": ("3x3-s1", 16, 8),
+    "rows-3x3-s2-falls-back": ("3x3-s2-odd", 8, 3),
+}
 
-def run_case(case) -> dict:
+
+def run_case(case, config=None) -> dict:
     from bundler.targets.torch_aoti.kernels.dw_conv import DwConvConfig, dw_conv_e4m3
     from bundler.targets.torch_aoti.model import DepthwiseE4m3
 
@@ -45,7 +56,7 @@ def run_case(case) -> dict:
     ref = layer(x)                                   # the torch path (a CPU tensor)
     got = dw_conv_e4m3(x, layer.weight_taps, layer.bias, layer.act_scale, cpad, (k, k),
                        (stride, stride), (pad, pad), relu=relu, relu_in=relu_in,
-                       config=DwConvConfig(8, 16, 4))    # small tiles: partial ones too
+                       config=config or DwConvConfig(8, 16, 4))  # small tiles: partial ones too
     if got.shape != ref.shape or got.dtype != torch.float8_e4m3fn:
         raise AssertionError(f"{got.dtype}{tuple(got.shape)} != {ref.dtype}{tuple(ref.shape)}")
     a, b = got.view(torch.uint8)[..., :c], ref.view(torch.uint8)[..., :c]
@@ -62,7 +73,12 @@ def main() -> None:
     from fp8_conv_fused_interpret import exact_e4m3_conversion
 
     exact_e4m3_conversion()
-    print(json.dumps({name: run_case(case) for name, case in CASES.items()}))
+    from bundler.targets.torch_aoti.kernels.dw_conv import DwConvConfig
+
+    results = {name: run_case(case) for name, case in CASES.items()}
+    for name, (base, block_p, rows) in ROW_CASES.items():
+        results[name] = run_case(CASES[base], DwConvConfig(block_p, 16, 4, rows))
+    print(json.dumps(results))
 
 
 if __name__ == "__main__":

@@ -27,7 +27,8 @@ def interpreted():
 
 
 @needs_triton
-@pytest.mark.parametrize("case", list(load_script("dw_conv_interpret.py").CASES))
+@pytest.mark.parametrize("case", [*load_script("dw_conv_interpret.py").CASES,
+                                  *load_script("dw_conv_interpret.py").ROW_CASES])
 def test_the_kernel_writes_the_layer_s_e4m3_codes_under_the_interpreter(interpreted, case):
     """3x3 and 5x5, stride 1 and 2, a ReLU after or before (on a bf16 view with wider rows,
     as a GEMM's raw output is), padded channels, partial tiles: the kernel's e4m3

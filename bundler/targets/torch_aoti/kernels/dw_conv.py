@@ -40,11 +40,14 @@ OP = "trt_bundle::dw_conv_nhwc_e4m3"
 
 
 class DwConvConfig(NamedTuple):
-    """Tile of one program: output pixels x channels, and its warps."""
+    """Tile of one program: output pixels x channels, and its warps; ``rows`` > 0 picks the
+    row-strip kernel where a layer allows it (``rows_kernel_applies``): ``block_p`` output
+    columns (of any images) x ``rows`` output rows x ``block_c`` channels per program."""
 
     block_p: int
     block_c: int
     num_warps: int
+    rows: int = 0
 
 
 #: Tiles the benchmark compares; the first is the default (the fastest of the first four over
@@ -53,6 +56,27 @@ class DwConvConfig(NamedTuple):
 DW_CONFIGS = (DwConvConfig(64, 64, 4), DwConvConfig(32, 64, 4), DwConvConfig(16, 128, 4),
               DwConvConfig(32, 128, 8), DwConvConfig(64, 64, 8), DwConvConfig(128, 64, 8),
               DwConvConfig(64, 128, 8))
+
+#: Row-strip tiles (``_dw_rows_kernel``), not measured on the H200 yet: the benchmark's
+#: ``--rows`` compares them with ``DW_CONFIGS`` layer by layer.
+DW_ROW_CONFIGS = (DwConvConfig(32, 64, 4, 10), DwConvConfig(32, 64, 4, 19),
+                  DwConvConfig(64, 32, 4, 10), DwConvConfig(32, 32, 4, 10),
+                  DwConvConfig(16, 64, 4, 19), DwConvConfig(32, 64, 8, 10),
+                  DwConvConfig(64, 64, 8, 10))
+
+
+def launch_options(cfg: DwConvConfig) -> dict:
+    """Triton's launch options for a tile: the row-strip kernel's loop over input rows is
+    not software-pipelined (``num_stages=1``): each stage would hold another row of loads
+    in registers, and with the five accumulators that spilled (255 registers, ptxas)."""
+    return {"num_warps": cfg.num_warps, **({"num_stages": 1} if cfg.rows else {})}
+
+
+def rows_kernel_applies(kernel: tuple[int, int], stride: tuple[int, int],
+                        dilation: tuple[int, int]) -> bool:
+    """Whether the row-strip kernel computes this layer: 3 rows of taps, stride 1, no row
+    dilation (each input row then feeds three consecutive output rows)."""
+    return kernel[0] == 3 and tuple(stride) == (1, 1) and dilation[0] == 1
 
 
 def default_dw_config(channels: int) -> DwConvConfig:
@@ -125,30 +149,108 @@ def _dw_conv_nhwc_e4m3_kernel(
     tl.store(out, q, mask=p_ok[:, None] & (offs_c < CPAD)[None, :])
 
 
+@triton.jit
+def _dw_rows_kernel(
+        x_ptr, w_ptr, bias_ptr, q_ptr, q_scale_ptr,
+        NW, H, W, C, HO, WO, CPAD,
+        stride_xn, stride_xh, stride_xw,
+        KW: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr, DW: tl.constexpr,
+        RELU: tl.constexpr, RELU_IN: tl.constexpr, QMAX: tl.constexpr, ALIGN: tl.constexpr,
+        BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr, ROWS: tl.constexpr):
+    """Stride 1, three rows of taps. A program: BLOCK_W output columns (flat over images
+    and columns, NW = N * WO of them, so a narrow image wastes no lanes) x ROWS output
+    rows x BLOCK_C channels. It walks down the strip's ROWS + 2 input rows, loading each
+    input row once (KW shifted loads) and adding it to the three output rows it feeds,
+    kept as rolling accumulators: ~3 (ROWS + 2) / ROWS loads per output instead of 9."""
+    pid_w = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    pid_c = tl.program_id(2)
+    offs_w = pid_w * BLOCK_W + tl.arange(0, BLOCK_W)
+    offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    w_ok = offs_w < NW
+    c_ok = (offs_c // ALIGN) < (C // ALIGN)         # offs_c < C, constant over ALIGN lanes
+    img = offs_w // WO
+    wo = offs_w % WO
+    x_cols = x_ptr + tl.multiple_of(img.to(tl.int64) * stride_xn, ALIGN)
+    oh0 = pid_h * ROWS
+    bias = tl.load(bias_ptr + offs_c, mask=c_ok, other=0.0)
+    q_scale = tl.load(q_scale_ptr)
+    q_inv = tl.math.div_rn(tl.full([], 1.0, tl.float32), q_scale)
+    out_rows = (img * HO).to(tl.int64)
+    # at the top of step r: output row oh0 + r - 2's sum of its first two tap rows, and
+    # output row oh0 + r - 1's first
+    acc_b = tl.zeros((BLOCK_W, BLOCK_C), dtype=tl.float32)
+    acc_c = tl.zeros((BLOCK_W, BLOCK_C), dtype=tl.float32)
+    for r in range(ROWS + 2):
+        ih = oh0 - PH + r
+        row_ok = w_ok & (ih >= 0) & (ih < H)
+        part_c = tl.zeros((BLOCK_W, BLOCK_C), dtype=tl.float32)   # row oh0 + r's tap row 0
+        for kw in tl.static_range(KW):
+            iw = wo - PW + kw * DW
+            inside = row_ok & (iw >= 0) & (iw < W)                 # zero padding
+            pix = tl.multiple_of(ih * stride_xh + iw * stride_xw, ALIGN)
+            a = tl.load(x_cols[:, None] + pix[:, None] + offs_c[None, :],
+                        mask=inside[:, None] & c_ok[None, :], other=0.0)
+            a = a.to(tl.float32)
+            if RELU_IN:
+                a = tl.maximum(a, 0.0)
+            w0 = tl.load(w_ptr + tl.multiple_of(kw * C + offs_c, ALIGN), mask=c_ok, other=0.0)
+            w1 = tl.load(w_ptr + tl.multiple_of((KW + kw) * C + offs_c, ALIGN), mask=c_ok,
+                         other=0.0)
+            w2 = tl.load(w_ptr + tl.multiple_of((2 * KW + kw) * C + offs_c, ALIGN), mask=c_ok,
+                         other=0.0)
+            acc_b += a * w2[None, :]
+            acc_c += a * w1[None, :]
+            part_c += a * w0[None, :]
+        # output row oh0 + r - 2 has its three tap rows: written
+        oh = oh0 + r - 2
+        y = acc_b + bias[None, :]
+        if RELU:
+            y = tl.maximum(y, 0.0)
+        y16 = y.to(tl.float16)                      # the graph's fp16 Conv (and Relu) output
+        q = _quantize_e4m3(y16.to(tl.float32), q_scale, q_inv, QMAX)   # padding channels: 0
+        row_out = (r >= 2) & (oh < HO)
+        p = (out_rows + oh) * WO + wo
+        tl.store(q_ptr + p[:, None] * CPAD + offs_c[None, :], q,
+                 mask=(w_ok & row_out)[:, None] & (offs_c < CPAD)[None, :])
+        acc_b = acc_c
+        acc_c = part_c
+
+
 @triton_op(OP, mutates_args={})
 def dw_conv_nhwc_e4m3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                       q_scale: torch.Tensor, cpad: int, kh: int, kw: int, sh: int, sw: int,
                       ph: int, pw: int, dh: int, dw: int, relu: bool, relu_in: bool,
-                      block_p: int, block_c: int, num_warps: int) -> torch.Tensor:
+                      block_p: int, block_c: int, num_warps: int, rows: int = 0
+                      ) -> torch.Tensor:
     """``x`` fp16 or bf16 [N, H, W, C] (channels contiguous, any pixel strides: e.g. an
     FP8 GEMM's output columns), ``weight`` fp32 [kh*kw, C] (the fp16
     kernel's values, (kh, kw) order), ``bias`` fp32 [C], ``q_scale`` fp32 (its first
     element read) -> e4m3 [N, Ho, Wo, cpad] (cpad >= C; channels C.. are zeros);
-    ``relu``: a ReLU before the fp16 rounding; ``relu_in``: a ReLU on the input."""
+    ``relu``: a ReLU before the fp16 rounding; ``relu_in``: a ReLU on the input; ``rows``
+    > 0: the row-strip kernel (``block_p`` columns x ``rows`` rows) where it applies."""
     if x.stride(3) != 1:
         x = x.contiguous()
     n, h, w, c = x.shape
     ho, wo = conv_output_hw(h, w, (kh, kw), (sh, sw), (ph, pw), (dh, dw))
     out = torch.empty((n, ho, wo, cpad), dtype=torch.float8_e4m3fn, device=x.device)
+    align = element_alignment(c, *x.stride()[:3], x.storage_offset(), weight.storage_offset())
+    if rows > 0 and rows_kernel_applies((kh, kw), (sh, sw), (dh, dw)):
+        grid = (triton.cdiv(n * wo, block_p), triton.cdiv(ho, rows), triton.cdiv(cpad, block_c))
+        wrap_triton(_dw_rows_kernel)[grid](
+            x, weight, bias, out, q_scale, n * wo, h, w, c, ho, wo, cpad,
+            x.stride(0), x.stride(1), x.stride(2),
+            KW=kw, PH=ph, PW=pw, DW=dw, RELU=relu, RELU_IN=relu_in, QMAX=E4M3_MAX,
+            ALIGN=align, BLOCK_W=block_p, BLOCK_C=block_c, ROWS=rows, num_warps=num_warps,
+            num_stages=1)
+        return out
     p = n * ho * wo
     grid = (triton.cdiv(p, block_p), triton.cdiv(cpad, block_c))
     wrap_triton(_dw_conv_nhwc_e4m3_kernel)[grid](
         x, weight, bias, out, q_scale, p, h, w, c, ho, wo, cpad,
         x.stride(0), x.stride(1), x.stride(2),
         KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, RELU=relu, RELU_IN=relu_in,
-        QMAX=E4M3_MAX, ALIGN=element_alignment(c, *x.stride()[:3], x.storage_offset(),
-                                            weight.storage_offset()),
-        BLOCK_P=block_p, BLOCK_C=block_c, num_warps=num_warps)
+        QMAX=E4M3_MAX, ALIGN=align, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=num_warps)
     return out
 
 
