@@ -1,22 +1,22 @@
 #!/usr/bin/env bash
-# What the tenth session of 2026-12-03 leaves for the H200: device calls that build the
-# bundles they need into /tmp/pending (reused while the machine stays warm; $OUT is fresh
-# per call, and the bundles are too large to bring back):
+# What the tenth session of 2026-12-03 leaves for the H200 (it ran `serve` once, with
+# the results in docs/measurements/h200-2026-12-03; `dw` did not get device time):
 #
+#   benchmarks/gpu_pending.sh dw OUT_DIR      # ~150 s on a warm machine, no bundles: the
+#       row-strip depthwise kernel (kernels/dw_conv.py, DwConvConfig.rows) against the
+#       default pixel tile on the 728x19x19 layers (26 of the 39), each tile's e4m3 codes
+#       checked against cuDNN + quantize ("differ"). If a row tile beats 64x64x4 by the
+#       ~0.2 ms over a forward pass that issue 18's 1.25x needs, make it the family's
+#       default for stride-1 layers, rebuild the fp8 bundle and run the study.
 #   benchmarks/gpu_pending.sh serve OUT_DIR   # ~480 s: the uint8-input fp16 and fp8
-#       bundles (no verify: the ninth session verified the same build), then
-#       serve_bench.py over HTTP and gRPC, fp8 with 16 front-end workers and fp16 with 8
-#       (the ninth session's best settings: HTTP fp8 0.87, fp16 0.92 of the batcher), each
-#       path under both of the runner's event_sync modes side by side: "spin" (the
-#       completion thread spinning in cudaEventSynchronize, 0.6-1.0 cores there) and
-#       "block" (blocking-sync events: that core left to workers and clients). Also the
-#       first H200 run of the engine loop's per-request changes (cached metric children,
-#       one-syscall readable check, serving_gc).
+#       bundles into /tmp/pending (reused while the machine stays warm), then
+#       serve_bench.py over HTTP and gRPC, fp8 with 16 front-end workers and fp16 with 8,
+#       each path under both of the runner's event_sync modes side by side.
 #
 # Logs: OUT_DIR/<step>.log. Each step prints as it goes and has its own timeout.
 set -u
-what=${1:?usage: $0 serve OUT_DIR}
-out=${2:?usage: $0 serve OUT_DIR}
+what=${1:?usage: $0 dw|serve OUT_DIR}
+out=${2:?usage: $0 dw|serve OUT_DIR}
 mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
@@ -32,6 +32,10 @@ step() {   # step NAME TIMEOUT_S COMMAND...
   echo "== $name: exit ${PIPESTATUS[0]}"
 }
 case "$what" in
+dw)
+  step dw-rows 200 python3 benchmarks/dw_conv_bench.py --tiles default,rows \
+    --shapes 728x19x19 --budget-s 120 --iters 50
+  ;;
 serve)
   step build 330 env INPUTS=uint8 bash -c '. benchmarks/gpu_common.sh; make_parallel "$0" \
     "fp16-uint8:--precision fp16 --input uint8" "fp8-uint8:--precision fp8 --input uint8"' \
@@ -44,6 +48,6 @@ serve)
       --paths http,grpc --event-sync spin,block --seconds 3 --warmup 1
   done
   ;;
-*) echo "usage: $0 serve OUT_DIR" >&2; exit 2 ;;
+*) echo "usage: $0 dw|serve OUT_DIR" >&2; exit 2 ;;
 esac
 echo "== done (+$(( $(date +%s) - start )) s)"

@@ -381,3 +381,43 @@ def test_a_recipe_that_quantizes_the_depthwise_layers_builds_them_the_cudnn_way(
     body = rewrite_channels_last(model, torch.float16, depthwise=form, emulate=True,
                                  fp8_depthwise={"0": (0.01, [0.01] * 8)})
     assert body is not None
+
+
+def test_the_row_strip_tile_is_traced_to_its_own_kernel_with_a_symbolic_grid():
+    """A stride-1 layer with ``DwConvConfig.rows``: Dynamo (fullgraph) with AOT autograd
+    sees one launch of the row-strip kernel, its tile and strip as constants; a stride-2
+    layer with the same config launches the pixel kernel."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    from bundler.targets.torch_aoti.kernels.dw_conv import ROW_STRIP_CONFIG, dw_conv_e4m3
+    from bundler.targets.torch_aoti.model import DepthwiseE4m3
+
+    def launch_of(stride: int):
+        layer = DepthwiseE4m3(nn.Conv2d(40, 40, 3, stride, 1, groups=40), 0.02, 48,
+                              row_strips=True)
+
+        def forward(x):
+            return dw_conv_e4m3(x, layer.weight_taps, layer.bias, layer.act_scale, layer.cpad,
+                                layer.kernel, layer.stride, layer.padding, layer.dilation,
+                                config=ROW_STRIP_CONFIG)
+        graphs = []
+
+        def keep(graph, _inputs):
+            graphs.append(graph)
+            return graph.forward
+
+        torch._dynamo.reset()
+        compiled = torch.compile(forward, backend=aot_autograd(fw_compiler=keep),
+                                 fullgraph=True)
+        try:
+            compiled(torch.randn(2, 9, 9, 40, dtype=torch.float16))
+        except Exception:  # noqa: BLE001 - launching a GPU kernel on a CPU host
+            pass
+        launches = [n for n in graphs[0].graph.nodes if "triton_kernel_wrapper" in str(n.target)]
+        assert len(launches) == 1
+        return launches[0].kwargs["kwargs"]
+
+    rows = launch_of(1)
+    assert rows["ROWS"] == ROW_STRIP_CONFIG.rows and rows["BLOCK_W"] == ROW_STRIP_CONFIG.block_p
+    pixels = launch_of(2)
+    assert "ROWS" not in pixels and pixels["BLOCK_P"] == ROW_STRIP_CONFIG.block_p

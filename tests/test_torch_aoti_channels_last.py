@@ -60,9 +60,10 @@ def test_channels_last_fp8_model_matches_onnxruntime_and_the_nhwc_rewrite(
     ref = graphs_run(graphs_fp8, graphs_inputs["eval"][:4])
     nhwc = _run(rewrite_nhwc(graphs_torch_model, torch.float16, fp8=xception_fp8,
                              emulate=True), x, True).numpy()
-    for depthwise in ("cudnn", "slices", "triton"):
+    for depthwise in ("cudnn", "slices", "triton", "triton-rows"):
         body = rewrite_channels_last(graphs_torch_model, torch.float16, fp8=xception_fp8,
                                      emulate=True, depthwise=depthwise)
+        triton = depthwise.startswith("triton")
         views = [m for m in body.modules() if isinstance(m, ChannelsLastView)]
         fp8 = [v for v in views if isinstance(v.layer, Fp8Pointwise)]
         assert len(fp8) == 43
@@ -71,12 +72,16 @@ def test_channels_last_fp8_model_matches_onnxruntime_and_the_nhwc_rewrite(
         # every separable convolution's depthwise half feeds its FP8 1x1 half (the 4
         # shortcut 1x1 layers of the 43 take the fp16 block input); the exit block's
         # three have a ReLU between the halves, which goes into the kernel
-        assert len(fused) == (39 if depthwise == "triton" else 0)
-        assert sum(v.layer.relu for v in fused) == (3 if depthwise == "triton" else 0)
+        assert len(fused) == (39 if triton else 0)
+        assert sum(v.layer.relu for v in fused) == (3 if triton else 0)
+        # "triton-rows": every such layer asks for the row-strip tile (the kernel takes
+        # it where the layer is stride 1; the CPU path here is the same arithmetic)
+        assert sum(v.layer.row_strips for v in fused) == (39 if depthwise == "triton-rows"
+                                                          else 0)
         # the blocks' ReLUs before them move into their load, and the 24 separable
         # convolutions before such a ReLU hand over their GEMM's raw output
-        assert sum(v.layer.relu_in for v in fused) == (36 if depthwise == "triton" else 0)
-        assert sum(v.layer.raw_out for v in fp8) == (24 if depthwise == "triton" else 0)
+        assert sum(v.layer.relu_in for v in fused) == (36 if triton else 0)
+        assert sum(v.layer.raw_out for v in fp8) == (24 if triton else 0)
         convs = [m for m in body.modules() if isinstance(m, torch.nn.Conv2d)]
         assert convs and all(c.weight.dtype == torch.float16 and c.weight.is_contiguous(
             memory_format=torch.channels_last) for c in convs if c.weight.dim() == 4)
@@ -242,8 +247,8 @@ def test_the_depthwise_form_is_read_from_the_family_recorded_and_compared(tmp_pa
     before = "channels_last (the model as it is), FP8 layers on the NHWC view of their input"
     assert layout_description("fp8", nhwc=False, channels_last=True) == before
     texts = {d: layout_description("fp8", nhwc=False, channels_last=True, depthwise=d)
-             for d in ("cudnn", "slices", "triton")}
-    assert texts["cudnn"] == before and len(set(texts.values())) == 3
+             for d in ("cudnn", "slices", "triton", "triton-rows")}
+    assert texts["cudnn"] == before and len(set(texts.values())) == 4
     assert "Triton kernel writing its e4m3 rows" in texts["triton"]
     details = engine_details({}, "fp8", {}, nhwc=False, fast_accum=False, padding={},
                              batch_sizes=[1], seconds=None, channels_last=True,

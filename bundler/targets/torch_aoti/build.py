@@ -46,7 +46,7 @@ from pathlib import Path
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Callable
 
-from bundler.families import TORCH_AOTI_SMALL_BATCH_LAYOUTS
+from bundler.families import TORCH_AOTI_SMALL_BATCH_LAYOUTS, TORCH_AOTI_TRITON_DEPTHWISE
 from bundler.targets import TargetBuild
 from runtime_py.errors import BundleError, EngineUnavailableError, UsageError
 
@@ -630,6 +630,8 @@ DEPTHWISE_DESCRIPTIONS = {
     "slices": "; depthwise convolutions as shifted slices",
     "triton": "; depthwise convolutions that feed an FP8 GEMM as one Triton kernel writing "
               "its e4m3 rows",
+    "triton-rows": "; depthwise convolutions that feed an FP8 GEMM as one Triton kernel "
+                   "writing its e4m3 rows (row strips at stride 1)",
 }
 
 
@@ -736,7 +738,7 @@ def depthwise_form(family, precision: str, variant: str | None = None) -> str:
     if precision != "fp8":
         return "cudnn"
     form = family.torch_aoti_fp8_depthwise
-    if form == "triton" and family.fp8 is not None and any(
+    if form in TORCH_AOTI_TRITON_DEPTHWISE and family.fp8 is not None and any(
             rule.get("depthwise") for rule in family.recipe(variant)["select"]["include"]):
         return "cudnn"
     return form

@@ -70,6 +70,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bundler.families import (TORCH_AOTI_FP8_CONVS, TORCH_AOTI_FP8_DEPTHWISE,
+                              TORCH_AOTI_TRITON_DEPTHWISE,
                               TORCH_AOTI_FP8_GEMMS, TORCH_AOTI_SMALL_BATCH_POINTWISE)
 from bundler.fp8 import E4M3_MAX, quantize as quantize_fp8, stored_scale
 from runtime_py.errors import UsageError
@@ -617,8 +618,9 @@ class DepthwiseE4m3(nn.Module):
     (``rewrite_channels_last(depthwise="triton")`` docstring)."""
 
     def __init__(self, conv: nn.Conv2d, act_scale: float, cpad: int, relu: bool = False,
-                 relu_in: bool = False) -> None:
+                 relu_in: bool = False, row_strips: bool = False) -> None:
         super().__init__()
+        self.row_strips = bool(row_strips)   # the kernel's row-strip tile where it applies
         self.relu = bool(relu)       # a ReLU between the convolution and the GEMM
         self.relu_in = bool(relu_in)   # a ReLU before the convolution, applied on load
         self.raw_in = False            # its input is an FP8 GEMM's raw (bf16) output
@@ -638,11 +640,13 @@ class DepthwiseE4m3(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda:
-            from bundler.targets.torch_aoti.kernels.dw_conv import dw_conv_e4m3
+            from bundler.targets.torch_aoti.kernels.dw_conv import (ROW_STRIP_CONFIG,
+                                                                    dw_conv_e4m3)
 
             return dw_conv_e4m3(x, self.weight_taps, self.bias, self.act_scale, self.cpad,
                                 self.kernel, self.stride, self.padding, self.dilation,
-                                relu=self.relu, relu_in=self.relu_in)
+                                relu=self.relu, relu_in=self.relu_in,
+                                config=ROW_STRIP_CONFIG if self.row_strips else None)
         x = x.permute(0, 3, 1, 2).float()
         if self.relu_in:
             x = F.relu(x)
@@ -910,9 +914,13 @@ def rewrite_nhwc(model: torch.nn.Module, dtype: torch.dtype, *,
 #: as the fp16 channels_last engine and a torch.compile user run them), "slices"
 #: (``DepthwiseNHWC``: shifted slices, which Inductor fuses with the quantize after them)
 #: or "triton" (those that feed an FP8 GEMM directly: ``DepthwiseE4m3``, one Triton
-#: kernel writing the GEMM's e4m3 rows; the others stay cuDNN's); family.json
+#: kernel writing the GEMM's e4m3 rows; the others stay cuDNN's) or "triton-rows" (the
+#: same, its stride-1 layers on the kernel's row-strip tile, ``kernels.dw_conv.
+#: ROW_STRIP_CONFIG``: each input row loaded once instead of three times); family.json
 #: ``torch_aoti.fp8_depthwise``.
 CHANNELS_LAST_DEPTHWISE = TORCH_AOTI_FP8_DEPTHWISE
+#: The forms that run ``DepthwiseE4m3``.
+TRITON_DEPTHWISE = TORCH_AOTI_TRITON_DEPTHWISE
 
 
 def feeds_fp8_gemm(body: nn.Module, name: str, fp8: Mapping) -> tuple[str, str | None] | None:
@@ -965,10 +973,10 @@ def rewrite_channels_last(model: torch.nn.Module, dtype: torch.dtype, *,
         raise UsageError(f"depthwise form {depthwise!r}: choose one of "
                          f"{', '.join(CHANNELS_LAST_DEPTHWISE)}")
     fp8, fp8_depthwise = dict(fp8 or {}), dict(fp8_depthwise or {})
-    if depthwise == "triton" and fp8_depthwise:
+    if depthwise in TRITON_DEPTHWISE and fp8_depthwise:
         raise UsageError("depthwise form triton writes e4m3 from fp16 depthwise convolutions; "
                          "the fp8-depthwise recipe quantizes them itself: use cudnn or slices")
-    if depthwise == "triton" and not emulate:
+    if depthwise in TRITON_DEPTHWISE and not emulate:
         from bundler.targets.torch_aoti.kernels import available
 
         ok, why = available()
@@ -987,11 +995,13 @@ def rewrite_channels_last(model: torch.nn.Module, dtype: torch.dtype, *,
                                 "channels_last form does not quantize")
             continue
         dw = m.groups == m.in_channels == m.out_channels and m.groups > 1
-        feeds = feeds_fp8_gemm(body, name, fp8) if dw and depthwise == "triton" else None
+        feeds = (feeds_fp8_gemm(body, name, fp8) if dw and depthwise in TRITON_DEPTHWISE
+                 else None)
         if feeds is not None:
             pw, relu = feeds
             replaced[name] = ChannelsLastView(DepthwiseE4m3(
-                m, fp8[pw][0], padded(modules[pw].in_channels), relu=relu is not None))
+                m, fp8[pw][0], padded(modules[pw].in_channels), relu=relu is not None,
+                row_strips=depthwise == "triton-rows"))
             if relu is not None:                      # in the kernel now
                 replaced[relu] = nn.Identity()
             continue
@@ -1011,7 +1021,7 @@ def rewrite_channels_last(model: torch.nn.Module, dtype: torch.dtype, *,
         else:
             continue
         replaced[name] = ChannelsLastView(new)
-    if depthwise == "triton":
+    if depthwise in TRITON_DEPTHWISE:
         _relus_into_depthwise(body, replaced)
     _rewrite_finish(body, replaced, problems, dtype)     # the model's own leaves: to dtype
     return body.to(memory_format=torch.channels_last).eval().requires_grad_(False)

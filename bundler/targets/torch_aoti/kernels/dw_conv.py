@@ -65,6 +65,12 @@ DW_ROW_CONFIGS = (DwConvConfig(32, 64, 4, 10), DwConvConfig(32, 64, 4, 19),
                   DwConvConfig(64, 64, 8, 10))
 
 
+#: The row-strip tile that family.json ``torch_aoti.fp8_depthwise: triton-rows`` runs
+#: (a layer it does not apply to runs the pixel kernel with it). Not yet timed on the
+#: H200: ``benchmarks/gpu_pending.sh dw`` chooses among ``DW_ROW_CONFIGS``.
+ROW_STRIP_CONFIG = DW_ROW_CONFIGS[0]
+
+
 def launch_options(cfg: DwConvConfig) -> dict:
     """Triton's launch options for a tile: the row-strip kernel's loop over input rows is
     not software-pipelined (``num_stages=1``): each stage would hold another row of loads
