@@ -17,6 +17,15 @@ cuDNN's kernel plus the quantize pass (``benchmarks/dw_conv_bench.py``), and the
 engine at 1.19x fp16 instead of 1.11x (docs/measurements/h200-2026-12-02-g); the family
 selects it with ``torch_aoti.fp8_depthwise: triton``. Imports triton at module level:
 import it only where triton may be used (``kernels.available``).
+
+That kernel loads each output's 9 taps (L1/L2 hits, but 9 loads and their masks per output;
+no tile choice closed the 0.2 ms that issue 18's 1.25x needs, docs/measurements/
+h200-2026-12-02-h). ``_dw_rows_kernel`` (a config with ``rows`` > 0; family.json
+``fp8_depthwise: triton-rows``) walks a strip of output rows down the image and loads
+each input row once, adding it to the three output rows it feeds: 3 (rows + 2) / rows
+loads per output. Its columns run flat over images, so the 26 layers of 19x19 maps waste
+no lanes. Checked under the interpreter; not yet timed on the H200 (``benchmarks/
+gpu_pending.sh dw``).
 """
 
 from __future__ import annotations
