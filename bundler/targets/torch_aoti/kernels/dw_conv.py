@@ -119,6 +119,26 @@ def element_alignment(*offsets: object) -> int:
 
 
 @triton.jit
+def _load_tap(ptrs, mask, RELU_IN: tl.constexpr):
+    """One tap's inputs as fp32 (zeros where masked: the padding), the block's ReLU applied."""
+    a = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    if RELU_IN:
+        a = tl.maximum(a, 0.0)
+    return a
+
+
+@triton.jit
+def _e4m3_out(acc, bias, q_scale, q_inv, RELU: tl.constexpr, QMAX: tl.constexpr):
+    """The sums plus bias (and ReLU), rounded to fp16 as the graph's fp16 Conv (and Relu)
+    output is, then QuantizeLinear: the e4m3 codes (padding channels: 0)."""
+    y = acc + bias[None, :]
+    if RELU:
+        y = tl.maximum(y, 0.0)
+    y16 = y.to(tl.float16)
+    return _quantize_e4m3(y16.to(tl.float32), q_scale, q_inv, QMAX)
+
+
+@triton.jit
 def _dw_conv_nhwc_e4m3_kernel(
         x_ptr, w_ptr, bias_ptr, q_ptr, q_scale_ptr,
         P, H, W, C, HO, WO, CPAD,
@@ -142,24 +162,17 @@ def _dw_conv_nhwc_e4m3_kernel(
             iw = iw0 + kw * DW
             inside = p_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)     # zero padding
             pix = tl.multiple_of(ih * stride_xh + iw * stride_xw, ALIGN)
-            a = tl.load(x_rows[:, None] + pix[:, None] + offs_c[None, :],
-                        mask=inside[:, None] & c_ok[None, :], other=0.0)
-            a = a.to(tl.float32)
-            if RELU_IN:
-                a = tl.maximum(a, 0.0)
+            a = _load_tap(x_rows[:, None] + pix[:, None] + offs_c[None, :],
+                          inside[:, None] & c_ok[None, :], RELU_IN)
             # the hint on the offsets, not on the row alone: Triton checks the row's
             # type, and torch's mutation analysis passes C as a constant
             w_offs = tl.multiple_of((kh * KW + kw) * C + offs_c, ALIGN)
             wv = tl.load(w_ptr + w_offs, mask=c_ok, other=0.0)
             acc += a * wv[None, :]
     bias = tl.load(bias_ptr + offs_c, mask=c_ok, other=0.0)
-    y = acc + bias[None, :]
-    if RELU:
-        y = tl.maximum(y, 0.0)
-    y16 = y.to(tl.float16)                          # the graph's fp16 Conv (and Relu) output
     q_scale = tl.load(q_scale_ptr)
     q_inv = tl.math.div_rn(tl.full([], 1.0, tl.float32), q_scale)
-    q = _quantize_e4m3(y16.to(tl.float32), q_scale, q_inv, QMAX)   # padding channels: 0
+    q = _e4m3_out(acc, bias, q_scale, q_inv, RELU, QMAX)
     out = q_ptr + offs_p.to(tl.int64)[:, None] * CPAD + offs_c[None, :]
     tl.store(out, q, mask=p_ok[:, None] & (offs_c < CPAD)[None, :])
 
@@ -204,11 +217,8 @@ def _dw_rows_kernel(
             iw = wo - PW + kw * DW
             inside = row_ok & (iw >= 0) & (iw < W)                 # zero padding
             pix = tl.multiple_of(ih * stride_xh + iw * stride_xw, ALIGN)
-            a = tl.load(x_cols[:, None] + pix[:, None] + offs_c[None, :],
-                        mask=inside[:, None] & c_ok[None, :], other=0.0)
-            a = a.to(tl.float32)
-            if RELU_IN:
-                a = tl.maximum(a, 0.0)
+            a = _load_tap(x_cols[:, None] + pix[:, None] + offs_c[None, :],
+                          inside[:, None] & c_ok[None, :], RELU_IN)
             w0 = tl.load(w_ptr + tl.multiple_of(kw * C + offs_c, ALIGN), mask=c_ok, other=0.0)
             w1 = tl.load(w_ptr + tl.multiple_of((KW + kw) * C + offs_c, ALIGN), mask=c_ok,
                          other=0.0)
@@ -219,11 +229,7 @@ def _dw_rows_kernel(
             part_c += a * w0[None, :]
         # output row oh0 + r - 2 has its three tap rows: written
         oh = oh0 + r - 2
-        y = acc_b + bias[None, :]
-        if RELU:
-            y = tl.maximum(y, 0.0)
-        y16 = y.to(tl.float16)                      # the graph's fp16 Conv (and Relu) output
-        q = _quantize_e4m3(y16.to(tl.float32), q_scale, q_inv, QMAX)   # padding channels: 0
+        q = _e4m3_out(acc_b, bias, q_scale, q_inv, RELU, QMAX)
         row_out = (r >= 2) & (oh < HO)
         p = (out_rows + oh) * WO + wo
         tl.store(q_ptr + p[:, None] * CPAD + offs_c[None, :], q,
