@@ -108,7 +108,7 @@ EVENT_SYNC_MODES = ("spin", "block")
 def check_event_sync(mode: str) -> None:
     if mode not in EVENT_SYNC_MODES:
         raise UsageError(f"event_sync must be one of {', '.join(EVENT_SYNC_MODES)}, "
-                          f"got {mode!r}")
+                         f"got {mode!r}")
 
 
 class _Slot:
