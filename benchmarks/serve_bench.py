@@ -611,7 +611,9 @@ def main(argv=None) -> dict:
         ap.error(f"--early-dispatch: each rule must be off, on or auto, got {bad or rules}")
 
     syncs = [m.strip() for m in (args.event_sync or "").split(",") if m.strip()]
-    if args.event_sync is not None and (not syncs or any(m not in ("spin", "block")
+    from runtime_py.engines.torch_aoti import EVENT_SYNC_MODES
+
+    if args.event_sync is not None and (not syncs or any(m not in EVENT_SYNC_MODES
                                                          for m in syncs)):
         ap.error(f"--event-sync: each mode must be spin or block, got {syncs}")
 

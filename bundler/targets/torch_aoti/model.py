@@ -919,8 +919,6 @@ def rewrite_nhwc(model: torch.nn.Module, dtype: torch.dtype, *,
 #: ROW_STRIP_CONFIG``: each input row loaded once instead of three times); family.json
 #: ``torch_aoti.fp8_depthwise``.
 CHANNELS_LAST_DEPTHWISE = TORCH_AOTI_FP8_DEPTHWISE
-#: The forms that run ``DepthwiseE4m3``.
-TRITON_DEPTHWISE = TORCH_AOTI_TRITON_DEPTHWISE
 
 
 def feeds_fp8_gemm(body: nn.Module, name: str, fp8: Mapping) -> tuple[str, str | None] | None:
@@ -973,10 +971,10 @@ def rewrite_channels_last(model: torch.nn.Module, dtype: torch.dtype, *,
         raise UsageError(f"depthwise form {depthwise!r}: choose one of "
                          f"{', '.join(CHANNELS_LAST_DEPTHWISE)}")
     fp8, fp8_depthwise = dict(fp8 or {}), dict(fp8_depthwise or {})
-    if depthwise in TRITON_DEPTHWISE and fp8_depthwise:
+    if depthwise in TORCH_AOTI_TRITON_DEPTHWISE and fp8_depthwise:
         raise UsageError("depthwise form triton writes e4m3 from fp16 depthwise convolutions; "
                          "the fp8-depthwise recipe quantizes them itself: use cudnn or slices")
-    if depthwise in TRITON_DEPTHWISE and not emulate:
+    if depthwise in TORCH_AOTI_TRITON_DEPTHWISE and not emulate:
         from bundler.targets.torch_aoti.kernels import available
 
         ok, why = available()
@@ -995,8 +993,8 @@ def rewrite_channels_last(model: torch.nn.Module, dtype: torch.dtype, *,
                                 "channels_last form does not quantize")
             continue
         dw = m.groups == m.in_channels == m.out_channels and m.groups > 1
-        feeds = (feeds_fp8_gemm(body, name, fp8) if dw and depthwise in TRITON_DEPTHWISE
-                 else None)
+        triton_dw = dw and depthwise in TORCH_AOTI_TRITON_DEPTHWISE
+        feeds = feeds_fp8_gemm(body, name, fp8) if triton_dw else None
         if feeds is not None:
             pw, relu = feeds
             replaced[name] = ChannelsLastView(DepthwiseE4m3(
@@ -1021,7 +1019,7 @@ def rewrite_channels_last(model: torch.nn.Module, dtype: torch.dtype, *,
         else:
             continue
         replaced[name] = ChannelsLastView(new)
-    if depthwise in TRITON_DEPTHWISE:
+    if depthwise in TORCH_AOTI_TRITON_DEPTHWISE:
         _relus_into_depthwise(body, replaced)
     _rewrite_finish(body, replaced, problems, dtype)     # the model's own leaves: to dtype
     return body.to(memory_format=torch.channels_last).eval().requires_grad_(False)
