@@ -17,8 +17,8 @@
 #
 # Logs: OUT_DIR/<step>.log. Each step prints as it goes and has its own timeout.
 set -u
-what=${1:?usage: $0 dw|serve OUT_DIR}
-out=${2:?usage: $0 dw|serve OUT_DIR}
+what=${1:?usage: $0 dw|build|overhead|serve OUT_DIR}
+out=${2:?usage: $0 dw|build|overhead|serve OUT_DIR}
 mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
@@ -38,10 +38,22 @@ dw)
   step dw-rows 200 python3 benchmarks/dw_conv_bench.py --tiles default,rows \
     --shapes 728x19x19 --budget-s 120 --iters 50
   ;;
-serve)
+build)   # the uint8 pair alone (serve and overhead reuse it while the machine is warm)
   step build 330 env INPUTS=uint8 bash -c '. benchmarks/gpu_common.sh; make_parallel "$0" \
     "fp16-uint8:--precision fp16 --input uint8" "fp8-uint8:--precision fp8 --input uint8"' \
     "$bundles"
+  ;;
+overhead)   # issue 14's Model.infer / with_copies at batch 1 and 32 (needs `build`)
+  for p in fp8 fp16; do
+    for n in 1 32; do
+      step "overhead-$p-b$n" 90 python3 benchmarks/infer_overhead.py --batch "$n" \
+        --bundle "$bundles/timm_xception-$p-uint8-1.0.0-torch-aoti.bundle" \
+        --iterations 1500 --rows 12
+    done
+  done
+  ;;
+serve)
+  bash "$here/gpu_pending.sh" build "$out" || exit 1
   for pw in fp8:8 fp16:8; do
     p=${pw%%:*} w=${pw#*:}
     step "serve-$p" 200 python3 benchmarks/serve_bench.py \
@@ -50,6 +62,6 @@ serve)
       --paths http,grpc,http_shm --seconds 3 --warmup 1
   done
   ;;
-*) echo "usage: $0 dw|serve OUT_DIR" >&2; exit 2 ;;
+*) echo "usage: $0 dw|build|overhead|serve OUT_DIR" >&2; exit 2 ;;
 esac
 echo "== done (+$(( $(date +%s) - start )) s)"
