@@ -570,7 +570,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--batch", type=int, default=32, help="raw batch size and the batcher's max batch")
     ap.add_argument("--clients", type=int, default=32, help="batcher clients (single images)")
     ap.add_argument("--http-clients", type=int, default=16, help="clients of each network path")
-    ap.add_argument("--http-procs", type=int, default=4, help="client processes per network path")
+    ap.add_argument("--http-procs", default="4", metavar="N[,N..]",
+                    help="client processes per network path; several (e.g. 8,32): one figure "
+                         "for each, side by side (how much of a path's time is its clients' "
+                         "GIL: the clients of one process share one)")
     ap.add_argument("--paths", default=",".join(KINDS), help=f"comma-separated, of {KINDS}")
     ap.add_argument("--workers-list", default="0,2",
                     help="front-end worker counts to measure (0: in the engine process)")
@@ -625,7 +628,13 @@ def main(argv=None) -> dict:
         set_sync(syncs[0])
     else:      # one figure per path, under the runner's own mode (none: not torch-aoti)
         syncs = [getattr(getattr(model, "runner", None), "event_sync", None)]
-    variants = [(rule, sync) for rule in rules for sync in syncs]
+    try:
+        procs_list = [int(p) for p in args.http_procs.split(",") if p.strip()]
+    except ValueError:
+        procs_list = []
+    if not procs_list or min(procs_list) < 1:
+        ap.error(f"--http-procs: one or more positive integers, got {args.http_procs!r}")
+    variants = [(rule, sync, procs) for rule in rules for sync in syncs for procs in procs_list]
     feeds = one_image(model, 1)
     raw = bench_raw(model, args.batch, args.seconds)
     paths = {}
@@ -659,9 +668,10 @@ def main(argv=None) -> dict:
                     # came out 25% low on the H200 (docs/measurements/h200-2026-12-02-c)
                     time.sleep(2.0)
                     for j, kind in enumerate(k for k in args.paths.split(",") if k):
-                        for rule, sync in (variants if j % 2 == 0 else variants[::-1]):
+                        for rule, sync, procs in (variants if j % 2 == 0 else variants[::-1]):
                             key = kind + tag + (f"@{rule}" if len(rules) > 1 else "") + (
-                                f"@{sync}" if len(syncs) > 1 else "")
+                                f"@{sync}" if len(syncs) > 1 else "") + (
+                                f"@p{procs}" if len(procs_list) > 1 else "")
                             if sync is not None:
                                 set_sync(sync)
                             b.early_dispatch = rule      # a fresh choice for "auto"
@@ -671,7 +681,7 @@ def main(argv=None) -> dict:
                             batches0, early0 = b.batches, b.early_batches
                             v, cpu[key] = bench_path(
                                 kind, server, model, feeds, args.http_clients,
-                                args.http_procs, args.seconds, args.warmup, args.http_client,
+                                procs, args.seconds, args.warmup, args.http_client,
                                 args.profile_server, args.grpc_channels)
                             paths[key] = v
                             timelines[key] = TIMELINE.summary()
@@ -694,6 +704,7 @@ def main(argv=None) -> dict:
         "http_server": args.http_server,
         "http_client": args.http_client,
         "grpc_channels": args.grpc_channels,
+        "client_procs": procs_list,
         "batcher_same_clients_img_s": round(batched_h, 1),
         "paths_img_s": {k: (round(v, 1) if not isinstance(v, str) else v) for k, v in paths.items()},
         "batcher_before_each_path_img_s": {k: round(v, 1) for k, v in refs.items()},
