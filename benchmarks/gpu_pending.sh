@@ -13,7 +13,12 @@
 #       serve_bench.py over HTTP, gRPC and HTTP + shared memory with the runner's default
 #       (blocking-sync) events: fp8 with 8 front-end workers (issue 15's "fp8 HTTP with 8
 #       workers", 0.78 before the loop's changes) and fp16 with 8. Shared memory was last
-#       measured before those changes (0.75-0.89).
+#       measured before those changes (0.75-0.89). Each path with the 64 clients in 8 and
+#       in 32 processes (a gRPC client's call holds its process's GIL ~4x as long as an
+#       HTTP one's: 8 clients per process may queue on it).
+#   benchmarks/gpu_pending.sh build OUT_DIR      # the uint8 pair alone (~200 s)
+#   benchmarks/gpu_pending.sh overhead OUT_DIR   # issue 14: Model.infer / with_copies,
+#       batch 1 and 32, fp8 and fp16 (needs `build`; ~160 s)
 #
 # Logs: OUT_DIR/<step>.log. Each step prints as it goes and has its own timeout.
 set -u
@@ -56,9 +61,9 @@ serve)
   bash "$here/gpu_pending.sh" build "$out" || exit 1
   for pw in fp8:8 fp16:8; do
     p=${pw%%:*} w=${pw#*:}
-    step "serve-$p" 200 python3 benchmarks/serve_bench.py \
+    step "serve-$p" 280 python3 benchmarks/serve_bench.py \
       --bundle "$bundles/timm_xception-$p-uint8-1.0.0-torch-aoti.bundle" --batch 32 \
-      --clients 64 --http-clients 64 --http-procs 8 --workers-list "$w" \
+      --clients 64 --http-clients 64 --http-procs 8,32 --workers-list "$w" \
       --paths http,grpc,http_shm --seconds 3 --warmup 1
   done
   ;;
