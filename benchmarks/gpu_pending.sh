@@ -15,7 +15,9 @@
 #       workers", 0.78 before the loop's changes) and fp16 with 8. Shared memory was last
 #       measured before those changes (0.75-0.89). Each path with the 64 clients in 8 and
 #       in 32 processes (a gRPC client's call holds its process's GIL ~4x as long as an
-#       HTTP one's: 8 clients per process may queue on it).
+#       HTTP one's: 8 clients per process may queue on it), and gRPC streaming besides
+#       (ModelStreamInfer: on the 2-core machine its worker CPU per request is ~30% under
+#       unary ModelInfer's).
 #   benchmarks/gpu_pending.sh build OUT_DIR      # the uint8 pair alone (~200 s)
 #   benchmarks/gpu_pending.sh overhead OUT_DIR   # issue 14: Model.infer / with_copies,
 #       batch 1 and 32, fp8 and fp16 (needs `build`; ~160 s)
@@ -64,7 +66,7 @@ serve)
     step "serve-$p" 280 python3 benchmarks/serve_bench.py \
       --bundle "$bundles/timm_xception-$p-uint8-1.0.0-torch-aoti.bundle" --batch 32 \
       --clients 64 --http-clients 64 --http-procs 8,32 --workers-list "$w" \
-      --paths http,grpc,http_shm --seconds 3 --warmup 1
+      --paths http,grpc,grpc_stream,http_shm --seconds 3 --warmup 1
   done
   ;;
 *) echo "usage: $0 dw|build|overhead|serve OUT_DIR" >&2; exit 2 ;;

@@ -16,6 +16,9 @@ Figures (images per second, preprocessed tensors in, logits out; no image decodi
               over its own connection (--grpc-channels per-process: one per client process)
     http_shm  HTTP JSON header only; input and output in a registered /dev/shm region
     grpc_shm  the same over gRPC
+    grpc_stream  ModelStreamInfer: one bidirectional stream per client, kept open, one
+              request on it at a time (what perf_analyzer --streaming does; grpcio's
+              cost per message on an open stream is about half its cost per call)
           each with the front-ends in the engine process (--workers 0) and with front-end
           worker processes (--workers-list). Target: http >= 0.85, grpc >= 0.90,
           shm >= 0.95. The client processes share this host's CPUs with the server.
@@ -332,12 +335,46 @@ def _client(kind: str, port: int, model: str, feeds: dict, tag: str,
         o = req.outputs.add(name=shm.out_name)
         shm.grpc_params(o.parameters, None)
     data = req.SerializeToString()
+    if kind == "grpc_stream":
+        return _GrpcStream(channel, data)
 
     def close():
         if shm is not None:
             shm.close(channel)
         channel.close()
     return _Call(lambda: infer(data), close)
+
+
+class _GrpcStream:
+    """One ModelStreamInfer stream held open: each call puts the prebuilt request on it and
+    reads the one response (an error message in it raises)."""
+
+    def __init__(self, channel, data: bytes) -> None:
+        import queue
+
+        from tritonclient.grpc import service_pb2 as pb
+
+        self.channel, self.data, self.requests = channel, data, queue.SimpleQueue()
+        self.parse = pb.ModelStreamInferResponse.FromString
+
+        def requests():
+            while (item := self.requests.get()) is not None:
+                yield item
+        stream = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer",
+                                       response_deserializer=None)
+        self.responses = stream(requests())
+
+    def __call__(self) -> None:
+        self.requests.put(self.data)
+        msg = self.parse(next(self.responses))
+        if msg.error_message:
+            raise RuntimeError(msg.error_message)
+
+    def close(self) -> None:
+        self.requests.put(None)
+        for _ in self.responses:      # the server ends the stream once ours has ended
+            pass
+        self.channel.close()
 
 
 class _ShmPair:
@@ -543,8 +580,8 @@ def _start_profile(command: str, t_begin: float, seconds: float,
     return thread
 
 
-KINDS = ("http", "grpc", "http_shm", "grpc_shm")
-TARGETS = {"http": 0.85, "grpc": 0.90, "http_shm": 0.95, "grpc_shm": 0.95}
+KINDS = ("http", "grpc", "http_shm", "grpc_shm", "grpc_stream")
+TARGETS = {"http": 0.85, "grpc": 0.90, "http_shm": 0.95, "grpc_shm": 0.95, "grpc_stream": 0.90}
 
 
 def main(argv=None) -> dict:
