@@ -20,7 +20,7 @@
 #       unary ModelInfer's).
 #   benchmarks/gpu_pending.sh build OUT_DIR      # the uint8 pair alone (~200 s)
 #   benchmarks/gpu_pending.sh overhead OUT_DIR   # issue 14: Model.infer / with_copies,
-#       batch 1 and 32, fp8 and fp16 (needs `build`; ~160 s)
+#       batch 1 and 32, fp8 and fp16 (needs `build`; ~100 s)
 #
 # Logs: OUT_DIR/<step>.log. Each step prints as it goes and has its own timeout.
 set -u
@@ -52,11 +52,9 @@ build)   # the uint8 pair alone (serve and overhead reuse it while the machine i
   ;;
 overhead)   # issue 14's Model.infer / with_copies at batch 1 and 32 (needs `build`)
   for p in fp8 fp16; do
-    for n in 1 32; do
-      step "overhead-$p-b$n" 90 python3 benchmarks/infer_overhead.py --batch "$n" \
-        --bundle "$bundles/timm_xception-$p-uint8-1.0.0-torch-aoti.bundle" \
-        --iterations 1500 --rows 12
-    done
+    step "overhead-$p" 120 python3 benchmarks/infer_overhead.py --batch 1,32 \
+      --bundle "$bundles/timm_xception-$p-uint8-1.0.0-torch-aoti.bundle" \
+      --iterations 1500 --rows 12
   done
   ;;
 serve)

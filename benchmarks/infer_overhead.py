@@ -1,6 +1,6 @@
 """Where `Model.infer`'s time goes beyond the engine at small batches, on a GPU bundle.
 
-    python benchmarks/infer_overhead.py --bundle B.bundle [--batch 1] [--iterations 2000]
+    python benchmarks/infer_overhead.py --bundle B.bundle [--batch 1[,32]] [--iterations 2000]
 
 Times, interleaved in rounds (medians, microseconds), on a batch written into the model's
 pinned `input_buffers()`:
@@ -30,16 +30,33 @@ from data_path_bench import samples_s  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bundle", required=True)
-    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--batch", default="1", metavar="N[,N..]",
+                    help="batch sizes, each measured in turn on the one loaded model")
     ap.add_argument("--iterations", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--rows", type=int, default=25)
+    ap.add_argument("--rows", type=int, default=25, help="cProfile rows (0: no profile)")
     args = ap.parse_args()
+    try:
+        batches = [int(b) for b in args.batch.split(",") if b.strip()]
+    except ValueError:
+        batches = []
+    if not batches or min(batches) < 1:
+        ap.error(f"--batch: one or more positive integers, got {args.batch!r}")
     import runtime_py
-    from runtime_py.bench import device_timings, random_feeds
 
     model = runtime_py.load(args.bundle)
-    n, name = args.batch, model.inputs[0].name
+    try:
+        for n in batches:
+            measure(model, n, args)
+    finally:
+        model.close()
+
+
+def measure(model, n: int, args) -> None:
+    """One batch size: the three boundaries interleaved in rounds, then the profile."""
+    from runtime_py.bench import device_timings, random_feeds
+
+    name = model.inputs[0].name
     buffers = model.input_buffers()
     buffers[name][:n] = random_feeds(model.inputs, n, seed=3)[name]
     feeds = {name: buffers[name][:n]}
@@ -61,6 +78,8 @@ def main() -> None:
         print(f"  runner - with_copies {med['runner'] - med['with_copies']:+.1f} us, "
               f"model - runner {med['model'] - med['runner']:+.1f} us, "
               f"model / with_copies {med['model'] / med['with_copies']:.3f}", flush=True)
+    if args.rows <= 0:
+        return
     profile = cProfile.Profile()
     profile.enable()
     for _ in range(per):
@@ -70,8 +89,6 @@ def main() -> None:
     pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(args.rows)
     print(f"cProfile of {per} Model.infer calls (tottime order):", flush=True)
     print(text.getvalue(), flush=True)
-    model.close()
-
 
 if __name__ == "__main__":
     main()
