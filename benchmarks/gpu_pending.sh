@@ -59,7 +59,7 @@ overhead)   # issue 14's Model.infer / with_copies at batch 1 and 32 (needs `bui
   ;;
 serve)
   bash "$here/gpu_pending.sh" build "$out" || exit 1
-  for pw in fp8:8 fp16:8; do
+  for pw in ${SERVE:-fp8:8 fp16:8}; do     # SERVE="fp8:8": one bundle, 8 workers
     p=${pw%%:*} w=${pw#*:}
     step "serve-$p" 280 python3 benchmarks/serve_bench.py \
       --bundle "$bundles/timm_xception-$p-uint8-1.0.0-torch-aoti.bundle" --batch 32 \
