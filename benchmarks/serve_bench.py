@@ -168,24 +168,38 @@ def bench_batcher(batcher: Batcher, feeds, clients: int, seconds: float, warmup:
     return sum(counts) / seconds, sampler.report(sum(counts))
 
 
-def _client_proc(kind: str, port: int, model: str, feeds: dict, threads: int, t_begin: float,
-                 t_end: float, out, http_client: str = "raw", t_start: float = 0.0,
+def _client_proc(kind: str, port: int, model: str, feeds: dict, threads: int, start,
+                 warmup: float, seconds: float, out, ready, http_client: str = "raw",
                  grpc_channels: str = "per-client") -> None:
     """One client process: ``threads`` clients of one kind; completions in the window.
 
-    Every client sends its first request at ``t_start`` (the same moment in every client
-    process), not as soon as its process is up: processes spawned one after the other on a
-    loaded host started their clients up to seconds apart, and those groups could stay
-    split into cohorts that alternate in part-empty batches for the whole run (a
-    batching state, not a front-end cost: it halved the ratio of one run and not of the
-    next, whichever the server)."""
+    The process says ``ready`` once its clients are connected, and every client sends its
+    first request at ``start.value`` (set by the parent when all client processes are
+    ready, the same moment in every process), then counts completions from ``warmup``
+    seconds later for ``seconds``. Clients that start as soon as their process is up, on a
+    loaded host, started up to seconds apart and could stay split into cohorts that
+    alternate in part-empty batches for the whole run (a batching state, not a front-end
+    cost: it halved the ratio of one run and not of the next, whichever the server); a
+    start a fixed 3 s after spawning was missed by 32 processes on the H200 (their
+    figures were 0.4x, their CPU unmeasured)."""
     counts = [0] * threads
     errors: list[str] = []
+    made = threading.Barrier(threads + 1)
 
     def run(i: int) -> None:
         try:
             one = _client(kind, port, model, feeds, f"{os.getpid()}_{i}", http_client,
                           grpc_channels)
+        except Exception as e:   # reported, not hidden: a failing path has no figure
+            errors.append(f"{kind}: {type(e).__name__}: {e}")
+            made.wait()
+            return
+        made.wait()
+        try:
+            while not start.value:
+                time.sleep(0.005)
+            t_start = start.value
+            t_begin, t_end = t_start + warmup, t_start + warmup + seconds
             while (wait := t_start - time.time()) > 0:
                 time.sleep(min(wait, 0.05))
             n = 0
@@ -200,12 +214,14 @@ def _client_proc(kind: str, port: int, model: str, feeds: dict, threads: int, t_
             finally:
                 one.close()
             counts[i] = n
-        except Exception as e:   # reported, not hidden: a failing path has no figure
+        except Exception as e:
             errors.append(f"{kind}: {type(e).__name__}: {e}")
 
     ts = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
     for t in ts:
         t.start()
+    made.wait()
+    ready.put(os.getpid())
     for t in ts:
         t.join()
     out.put(errors[0] if errors else sum(counts))
@@ -516,18 +532,21 @@ def bench_path(kind: str, server: _Server, model, feeds, clients: int, procs: in
     processes (none with workers=0: the front-ends then run in the engine process) and
     the engine process (this one: batcher, engine, and the front-ends with workers=0)."""
     ctx = mp.get_context("spawn")
-    out = ctx.Queue()
+    out, ready, start = ctx.Queue(), ctx.Queue(), ctx.Value("d", 0.0)
     procs = max(1, min(procs, clients))
     per = [clients // procs + (1 if i < clients % procs else 0) for i in range(procs)]
-    t_start = time.time() + 3.0                      # process start-up
-    t_begin = t_start + warmup
-    t_end = t_begin + seconds
     ps = [ctx.Process(target=_client_proc, args=(kind, server.port(kind), model.name, feeds, n,
-                                                 t_begin, t_end, out, http_client, t_start,
-                                                 grpc_channels))
+                                                 start, warmup, seconds, out, ready,
+                                                 http_client, grpc_channels))
           for n in per]
     for p in ps:
         p.start()
+    for _ in ps:                    # every client process up and connected (or failed)
+        ready.get(timeout=120)
+    t_start = time.time() + 0.2
+    t_begin = t_start + warmup
+    t_end = t_begin + seconds
+    start.value = t_start
     hook = None
     if profile:
         hook = _start_profile(profile, t_begin, seconds, [p.pid for p in ps])
