@@ -1,26 +1,22 @@
 #!/usr/bin/env bash
-# What the tenth session of 2026-12-03 leaves for the H200 (it ran `serve` once, with
-# the results in docs/measurements/h200-2026-12-03; `dw` did not get device time):
+# H200 runs that the sessions of 2026-12-03 ran in pieces, kept as one script (results in
+# docs/measurements/h200-2026-12-03 and h200-2026-12-03-b):
 #
-#   benchmarks/gpu_pending.sh dw OUT_DIR      # ~150 s on a warm machine, no bundles: the
-#       row-strip depthwise kernel (kernels/dw_conv.py, DwConvConfig.rows) against the
-#       default pixel tile on the 728x19x19 layers (26 of the 39), each tile's e4m3 codes
-#       checked against cuDNN + quantize ("differ"). If a row tile beats 64x64x4 by the
-#       ~0.2 ms over a forward pass that issue 18's 1.25x needs, make it the family's
-#       default for stride-1 layers, rebuild the fp8 bundle and run the study.
-#   benchmarks/gpu_pending.sh serve OUT_DIR   # ~520 s: the uint8-input fp16 and fp8
-#       bundles into /tmp/pending (reused while the machine stays warm), then
-#       serve_bench.py over HTTP, gRPC and HTTP + shared memory with the runner's default
-#       (blocking-sync) events: fp8 with 8 front-end workers (issue 15's "fp8 HTTP with 8
-#       workers", 0.78 before the loop's changes) and fp16 with 8. Shared memory was last
-#       measured before those changes (0.75-0.89). Each path with the 64 clients in 8 and
-#       in 32 processes (a gRPC client's call holds its process's GIL ~4x as long as an
-#       HTTP one's: 8 clients per process may queue on it), and gRPC streaming besides
-#       (ModelStreamInfer: on the 2-core machine its worker CPU per request is ~30% under
-#       unary ModelInfer's).
-#   benchmarks/gpu_pending.sh build OUT_DIR      # the uint8 pair alone (~200 s)
+#   benchmarks/gpu_pending.sh dw OUT_DIR      # ~25 s warm, no bundles: the row-strip
+#       depthwise tiles (kernels/dw_conv.py DW_ROW_CONFIGS) against the default pixel tile
+#       on the 728x19x19 layers (26 of the 39), each tile's e4m3 codes checked against
+#       cuDNN + quantize ("differ"). Eleventh session: the best row tile 0.837 ms against
+#       the pixel tile's 0.810 (the family keeps `triton`).
+#   benchmarks/gpu_pending.sh build OUT_DIR      # the uint8-input fp16 and fp8 bundles into
+#       /tmp/pending (~200 s; reused while the machine stays warm)
 #   benchmarks/gpu_pending.sh overhead OUT_DIR   # issue 14: Model.infer / with_copies,
-#       batch 1 and 32, fp8 and fp16 (needs `build`; ~100 s)
+#       batch 1 and 32, fp8 and fp16 (needs `build`; ~170 s)
+#   [SERVE="fp8:8 fp16:8"] benchmarks/gpu_pending.sh serve OUT_DIR   # `build`, then
+#       serve_bench.py over HTTP, gRPC, gRPC streaming and HTTP + shared memory, each
+#       bundle with its front-end worker count (~170 s per bundle), the 64 clients in 8
+#       and in 32 processes (a gRPC client's call holds its process's GIL ~4x as long as
+#       an HTTP one's: 8 clients per process may queue on it; the 32-process figures of
+#       the eleventh session were void, the clients' start-up is now waited for).
 #
 # Logs: OUT_DIR/<step>.log. Each step prints as it goes and has its own timeout.
 set -u

@@ -916,7 +916,8 @@ def rewrite_nhwc(model: torch.nn.Module, dtype: torch.dtype, *,
 #: or "triton" (those that feed an FP8 GEMM directly: ``DepthwiseE4m3``, one Triton
 #: kernel writing the GEMM's e4m3 rows; the others stay cuDNN's) or "triton-rows" (the
 #: same, its stride-1 layers on the kernel's row-strip tile, ``kernels.dw_conv.
-#: ROW_STRIP_CONFIG``: each input row loaded once instead of three times); family.json
+#: ROW_STRIP_CONFIG``: each input row loaded once instead of three times; 3% slower than
+#: "triton" over the 728x19x19 layers on the H200, kept to compare); family.json
 #: ``torch_aoti.fp8_depthwise``.
 CHANNELS_LAST_DEPTHWISE = TORCH_AOTI_FP8_DEPTHWISE
 

@@ -66,17 +66,21 @@ DW_CONFIGS = (DwConvConfig(64, 64, 4), DwConvConfig(32, 64, 4), DwConvConfig(16,
               DwConvConfig(32, 128, 8), DwConvConfig(64, 64, 8), DwConvConfig(128, 64, 8),
               DwConvConfig(64, 128, 8))
 
-#: Row-strip tiles (``_dw_rows_kernel``), not measured on the H200 yet: the benchmark's
-#: ``--rows`` compares them with ``DW_CONFIGS`` layer by layer.
-DW_ROW_CONFIGS = (DwConvConfig(32, 64, 4, 10), DwConvConfig(32, 64, 4, 19),
-                  DwConvConfig(64, 32, 4, 10), DwConvConfig(32, 32, 4, 10),
-                  DwConvConfig(16, 64, 4, 19), DwConvConfig(32, 64, 8, 10),
+#: Row-strip tiles (``_dw_rows_kernel``), fastest first over the 26 stride-1 728x19x19
+#: layers on the H200 at batch 32 (docs/measurements/h200-2026-12-03-b/dw-rows.log: 0.837,
+#: 0.910, 1.009, 1.037, 1.110, 1.159, 1.190 ms against the pixel kernel's 64x64x4 at 0.810
+#: and cuDNN + quantize at 1.005). None beats the pixel kernel: loading each input row once
+#: does not pay on 19-wide maps, where the strip's rolling accumulators cost registers and
+#: the three-row reuse is short. The family keeps ``triton``.
+DW_ROW_CONFIGS = (DwConvConfig(32, 32, 4, 10), DwConvConfig(16, 64, 4, 19),
+                  DwConvConfig(64, 32, 4, 10), DwConvConfig(32, 64, 4, 19),
+                  DwConvConfig(32, 64, 8, 10), DwConvConfig(32, 64, 4, 10),
                   DwConvConfig(64, 64, 8, 10))
 
 
 #: The row-strip tile that family.json ``torch_aoti.fp8_depthwise: triton-rows`` runs
-#: (a layer it does not apply to runs the pixel kernel with it). Not yet timed on the
-#: H200: ``benchmarks/gpu_pending.sh dw`` chooses among ``DW_ROW_CONFIGS``.
+#: (a layer it does not apply to runs the pixel kernel with it): the fastest row tile
+#: measured, still 3% slower than ``triton``'s default pixel tile over those layers.
 ROW_STRIP_CONFIG = DW_ROW_CONFIGS[0]
 
 
