@@ -24,29 +24,24 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from bench_args import positive_ints  # noqa: E402
 from data_path_bench import samples_s  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bundle", required=True)
-    ap.add_argument("--batch", default="1", metavar="N[,N..]",
+    ap.add_argument("--batch", type=positive_ints, default="1", metavar="N[,N..]",
                     help="batch sizes, each measured in turn on the one loaded model")
     ap.add_argument("--iterations", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--rows", type=int, default=25, help="cProfile rows (0: no profile)")
     args = ap.parse_args()
-    try:
-        batches = [int(b) for b in args.batch.split(",") if b.strip()]
-    except ValueError:
-        batches = []
-    if not batches or min(batches) < 1:
-        ap.error(f"--batch: one or more positive integers, got {args.batch!r}")
     import runtime_py
 
     model = runtime_py.load(args.bundle)
     try:
-        for n in batches:
+        for n in args.batch:
             measure(model, n, args)
     finally:
         model.close()

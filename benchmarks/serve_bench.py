@@ -63,6 +63,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from bench_args import positive_ints  # noqa: E402
 from batch_timeline import BatchTimeline, format_summary  # noqa: E402
 from role_cpu import RoleSampler, children_running, format_report  # noqa: E402
 from runtime_py.batcher import EARLY_DISPATCH_RULES, Batcher  # noqa: E402
@@ -626,7 +627,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--batch", type=int, default=32, help="raw batch size and the batcher's max batch")
     ap.add_argument("--clients", type=int, default=32, help="batcher clients (single images)")
     ap.add_argument("--http-clients", type=int, default=16, help="clients of each network path")
-    ap.add_argument("--http-procs", default="4", metavar="N[,N..]",
+    ap.add_argument("--http-procs", type=positive_ints, default="4", metavar="N[,N..]",
                     help="client processes per network path; several (e.g. 8,32): one figure "
                          "for each, side by side (how much of a path's time is its clients' "
                          "GIL: the clients of one process share one)")
@@ -674,7 +675,8 @@ def main(argv=None) -> dict:
 
     if args.event_sync is not None and (not syncs or any(m not in EVENT_SYNC_MODES
                                                          for m in syncs)):
-        ap.error(f"--event-sync: each mode must be spin or block, got {syncs}")
+        ap.error(f"--event-sync: each mode must be one of {', '.join(EVENT_SYNC_MODES)}, "
+                 f"got {syncs}")
 
     model = make_model(args)
     set_sync = getattr(getattr(model, "runner", None), "set_event_sync", None)
@@ -684,12 +686,7 @@ def main(argv=None) -> dict:
         set_sync(syncs[0])
     else:      # one figure per path, under the runner's own mode (none: not torch-aoti)
         syncs = [getattr(getattr(model, "runner", None), "event_sync", None)]
-    try:
-        procs_list = [int(p) for p in args.http_procs.split(",") if p.strip()]
-    except ValueError:
-        procs_list = []
-    if not procs_list or min(procs_list) < 1:
-        ap.error(f"--http-procs: one or more positive integers, got {args.http_procs!r}")
+    procs_list = args.http_procs
     variants = [(rule, sync, procs) for rule in rules for sync in syncs for procs in procs_list]
     feeds = one_image(model, 1)
     raw = bench_raw(model, args.batch, args.seconds)

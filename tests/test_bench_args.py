@@ -1,0 +1,32 @@
+"""benchmarks/bench_args.py: the "N[,N..]" option type of serve_bench and infer_overhead."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench_args():
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+    return importlib.import_module("bench_args")
+
+
+def test_lists_of_positive_integers_parse(bench_args):
+    assert bench_args.positive_ints("8") == [8]
+    assert bench_args.positive_ints("8, 32,") == [8, 32]
+
+
+@pytest.mark.parametrize("text", ["", ",", "0", "8,-1", "8,x", "1.5"])
+def test_anything_else_is_a_usage_error_naming_the_value(bench_args, text):
+    ap = argparse.ArgumentParser(prog="bench", exit_on_error=False)
+    ap.add_argument("--procs", type=bench_args.positive_ints)
+    with pytest.raises(argparse.ArgumentError, match="positive integers"):
+        ap.parse_args(["--procs", text])
