@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Callable
 
 
 def positive_ints(text: str) -> list[int]:
@@ -15,3 +16,17 @@ def positive_ints(text: str) -> list[int]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"one or more positive integers, got {text!r}")
     return values
+
+
+def names_of(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
+    """``argparse`` type for "NAME[,NAME..]" drawn from ``choices`` (servers, rules): an
+    unknown name is a usage error listing the choices."""
+
+    def parse(text: str) -> list[str]:
+        values = [v.strip() for v in text.split(",") if v.strip()]
+        bad = [v for v in values if v not in choices]
+        if not values or bad:
+            raise argparse.ArgumentTypeError(
+                f"one or more of {', '.join(choices)}, got {text!r}")
+        return values
+    return parse

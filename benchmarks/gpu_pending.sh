@@ -17,6 +17,7 @@
 #       and in 32 processes (a gRPC client's call holds its process's GIL ~4x as long as
 #       an HTTP one's: 8 clients per process may queue on it; the 32-process figures of
 #       the eleventh session were void, the clients' start-up is now waited for).
+#       PATHS=, GRPC=builtin,grpcio (both gRPC servers side by side), PROCS=8 narrow it.
 #
 # Logs: OUT_DIR/<step>.log. Each step prints as it goes and has its own timeout.
 set -u
@@ -59,8 +60,9 @@ serve)
     p=${pw%%:*} w=${pw#*:}
     step "serve-$p" 280 python3 benchmarks/serve_bench.py \
       --bundle "$bundles/timm_xception-$p-uint8-1.0.0-torch-aoti.bundle" --batch 32 \
-      --clients 64 --http-clients 64 --http-procs 8,32 --workers-list "$w" \
-      --paths http,grpc,grpc_stream,http_shm --seconds 3 --warmup 1
+      --clients 64 --http-clients 64 --http-procs "${PROCS:-8,32}" --workers-list "$w" \
+      --paths "${PATHS:-http,grpc,grpc_stream,http_shm}" --grpc-server "${GRPC:-builtin}" \
+      --seconds 3 --warmup 1
   done
   ;;
 *) echo "usage: $0 dw|build|overhead|serve OUT_DIR" >&2; exit 2 ;;

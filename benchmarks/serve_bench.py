@@ -63,10 +63,11 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_args import positive_ints  # noqa: E402
+from bench_args import names_of, positive_ints  # noqa: E402
 from batch_timeline import BatchTimeline, format_summary  # noqa: E402
 from role_cpu import RoleSampler, children_running, format_report  # noqa: E402
 from runtime_py.batcher import EARLY_DISPATCH_RULES, Batcher  # noqa: E402
+from runtime_py.server.run import GRPC_SERVERS  # noqa: E402
 
 
 def make_model(args):
@@ -476,7 +477,8 @@ class _ShmPair:
 class _Server:
     """``run.serve`` over one batcher on a background thread (the code of `bundle serve`)."""
 
-    def __init__(self, model, batcher: Batcher, workers: int, http_server: str = "builtin") -> None:
+    def __init__(self, model, batcher: Batcher, workers: int, http_server: str = "builtin",
+                 grpc_server: str = "builtin") -> None:
         from runtime_py.server.engine import Engine
         from runtime_py.server.run import bind_http
 
@@ -487,6 +489,7 @@ class _Server:
         self.addresses: dict = {}
         self.workers = workers
         self.http_server = http_server
+        self.grpc_server = grpc_server
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -498,7 +501,8 @@ class _Server:
             self.addresses = addresses
             self.ready.set()
         options = dict(max_body_bytes=1 << 30, log_level="warning", access_log=False,
-                       on_ready=on_ready, stop=self.stop, http_server=self.http_server)
+                       on_ready=on_ready, stop=self.stop, http_server=self.http_server,
+                       grpc_server=self.grpc_server)
         try:
             if self.workers:
                 serve_with_workers(self.engine, self.sock, "127.0.0.1", 0, self.workers, **options)
@@ -652,6 +656,10 @@ def main(argv=None) -> dict:
                     help="synthetic: the input's dtype (uint8: pixels, 4x fewer bytes)")
     ap.add_argument("--http-server", default="builtin", choices=["builtin", "uvicorn"],
                     help="the server's HTTP front-end (bundle serve --http-server)")
+    ap.add_argument("--grpc-server", type=names_of(GRPC_SERVERS), default="builtin",
+                    metavar="NAME[,NAME..]",
+                    help="the server's gRPC front-end (bundle serve --grpc-server): builtin, "
+                         "grpcio, or both (gRPC paths measured with each, side by side)")
     ap.add_argument("--http-client", default="raw", choices=["raw", "stdlib"],
                     help="raw: lean keep-alive socket client (prebuilt request bytes); "
                          "stdlib: http.client, as before")
@@ -708,21 +716,31 @@ def main(argv=None) -> dict:
         from runtime_py.server import workers as workers_module
 
         default_pinned = workers_module.PINNED_SLOTS
-        for workers, pinned in [(int(w), int(p)) for w in args.workers_list.split(",") if w.strip()
-                                for p in args.pinned_slots_list.split(",") if p.strip()]:
+        grpc_servers = args.grpc_server
+        for workers, pinned, grpc_server in [
+                (int(w), int(p), g) for w in args.workers_list.split(",") if w.strip()
+                for p in args.pinned_slots_list.split(",") if p.strip() for g in grpc_servers]:
             if workers == 0 and pinned != default_pinned:
                 continue     # no arenas without workers
+            # paths other than gRPC are measured with the first gRPC server only
+            kinds = [k for k in args.paths.split(",") if k and (
+                grpc_server == grpc_servers[0] or k.startswith("grpc"))]
+            if not kinds:
+                continue
             workers_module.PINNED_SLOTS = pinned
             tag = f"_w{workers}" + (f"_p{pinned}" if pinned != default_pinned else "")
             try:
-                with _Server(model, b, workers, args.http_server) as server:
+                with _Server(model, b, workers, args.http_server, grpc_server) as server:
                     # workers that just said hello still finish starting (imports, the gRPC
                     # server's threads): measured at once, the first path's batcher figure
                     # came out 25% low on the H200 (docs/measurements/h200-2026-12-02-c)
                     time.sleep(2.0)
-                    for j, kind in enumerate(k for k in args.paths.split(",") if k):
+                    for j, kind in enumerate(kinds):
                         for rule, sync, procs in (variants if j % 2 == 0 else variants[::-1]):
-                            key = kind + tag + (f"@{rule}" if len(rules) > 1 else "") + (
+                            key = kind + tag + (
+                                f"_{grpc_server}" if len(grpc_servers) > 1
+                                and kind.startswith("grpc") else "") + (
+                                f"@{rule}" if len(rules) > 1 else "") + (
                                 f"@{sync}" if len(syncs) > 1 else "") + (
                                 f"@p{procs}" if len(procs_list) > 1 else "")
                             if sync is not None:
@@ -755,6 +773,7 @@ def main(argv=None) -> dict:
         "batcher_over_raw": round(batched / raw, 3),
         "net_clients": args.http_clients,
         "http_server": args.http_server,
+        "grpc_server": grpc_servers,
         "http_client": args.http_client,
         "grpc_channels": args.grpc_channels,
         "client_procs": procs_list,

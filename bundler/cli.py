@@ -518,10 +518,16 @@ def rebuild(bundle_path, backend, checkpoint, out_dir, force, timing_cache, hard
                    "into the buffer the engine reads (in a worker, its shared arena) and "
                    "answers in one write; uvicorn serves every request through ASGI. Both "
                    "serve the same routes.")
+@click.option("--grpc-server", type=click.Choice(["builtin", "grpcio"]), default="builtin",
+              show_default=True,
+              help="gRPC server (with --grpc-port): builtin speaks HTTP/2 on the event loop "
+                   "and receives a message straight into the buffer the engine reads, and "
+                   "with --workers its connections are dealt out evenly; grpcio is grpc's "
+                   "own asyncio server. Both serve the same service.")
 @handle_errors
 def serve(bundle_paths, host, port, max_batch, max_delay_ms, max_wait_ms, early_dispatch,
           max_queue, backend, threads, trusted_dirs, grpc_port, workers, max_body_mb,
-          http_server) -> None:
+          http_server, grpc_server) -> None:
     """Serve bundles: the KServe v2 inference protocol over HTTP (and gRPC).
 
     \b
@@ -578,7 +584,7 @@ def serve(bundle_paths, host, port, max_batch, max_delay_ms, max_wait_ms, early_
                    max_delay_ms=max_delay_ms, max_wait_ms=max_wait_ms,
                    early_dispatch=early_dispatch, max_queue=max_queue, grpc_port=grpc_port,
                    workers=n_workers, max_body_bytes=max_body_mb * 1024 * 1024,
-                   http_server=http_server, on_ready=ready)
+                   http_server=http_server, grpc_server=grpc_server, on_ready=ready)
     except KeyboardInterrupt:
         pass
     finally:

@@ -116,13 +116,19 @@ def tiny_model(tiny_bundle):
         yield model
 
 
-@pytest.fixture(scope="module", params=[0, 2], ids=["in-process", "2-workers"])
+@pytest.fixture(scope="module", params=[(0, "builtin"), (2, "builtin"), (0, "grpcio"),
+                                        (2, "grpcio")],
+                ids=["in-process", "2-workers", "in-process-grpcio", "2-workers-grpcio"])
 def server(request, tiny_bundle):
+    """Each front-end layout with each gRPC server (the built-in HTTP/2 one, the default,
+    and grpcio's): tritonclient must not tell them apart."""
+    workers, grpc_server = request.param
     # "auto" dispatch: every test below also runs under the rule that measures itself
-    s = Server(tiny_bundle, "--grpc-port", "0", "--workers", str(request.param),
+    s = Server(tiny_bundle, "--grpc-port", "0", "--workers", str(workers),
                "--max-delay-ms", "20", "--max-body-mb", str(MAX_BODY_MB),
-               "--early-dispatch", "auto")
-    s.workers = request.param
+               "--early-dispatch", "auto", "--grpc-server", grpc_server)
+    s.workers = workers
+    s.grpc_server = grpc_server
     yield s
     s.stop()
 

@@ -21,7 +21,7 @@ import asyncio
 import logging
 import math
 import time
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Callable, NamedTuple, Sequence
 
 import grpc
 import numpy as np
@@ -362,18 +362,35 @@ def _parsing(method, message_type, parse=None):
     return handler
 
 
-def generic_handler(service: InferenceService) -> grpc.GenericRpcHandler:
-    handlers = {
-        name: grpc.unary_unary_rpc_method_handler(
-            _parsing(getattr(service, name), req, _PARSERS.get(name)),
-            response_serializer=resp.SerializeToString)
-        for name, (req, resp) in _UNARY.items()
-    }
+class Rpc(NamedTuple):
+    """One method of the service as a server runs it: ``handler(request bytes, context)``
+    (unary) or ``handler(async iterator of request bytes, context)`` (an async generator:
+    ``stream``), and what turns its response messages into bytes."""
+
+    handler: Callable[..., Any]
+    serialize: Callable[[Any], bytes]
+    stream: bool = False
+
+
+def rpc_table(service: InferenceService) -> dict[str, Rpc]:
+    """The service's methods by name: the one list that grpcio's generic handler and the
+    built-in HTTP/2 server (``grpc_h2``) both serve."""
+    table = {name: Rpc(_parsing(getattr(service, name), req, _PARSERS.get(name)),
+                       resp.SerializeToString)
+             for name, (req, resp) in _UNARY.items()}
     for name in _UNSUPPORTED:
-        handlers[name] = grpc.unary_unary_rpc_method_handler(service._unsupported)
-    handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
-        service.ModelStreamInfer,
-        response_serializer=pb.ModelStreamInferResponse.SerializeToString)
+        table[name] = Rpc(service._unsupported, bytes)
+    table["ModelStreamInfer"] = Rpc(service.ModelStreamInfer,
+                                    pb.ModelStreamInferResponse.SerializeToString, stream=True)
+    return table
+
+
+def generic_handler(service: InferenceService) -> grpc.GenericRpcHandler:
+    handlers = {}
+    for name, rpc in rpc_table(service).items():
+        make = (grpc.stream_stream_rpc_method_handler if rpc.stream
+                else grpc.unary_unary_rpc_method_handler)
+        handlers[name] = make(rpc.handler, response_serializer=rpc.serialize)
     return grpc.method_handlers_generic_handler(SERVICE, handlers)
 
 

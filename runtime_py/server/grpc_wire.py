@@ -65,3 +65,30 @@ def split_infer_request(data: bytes) -> tuple[pb.ModelInferRequest, list[memoryv
         rest.append(view[start:pos])
     req = pb.ModelInferRequest.FromString(b"".join(rest))
     return req, raw
+
+
+def raw_contents_offset(head: bytes | memoryview) -> int | None:
+    """Where the first ``raw_input_contents`` entry's bytes start in a message that begins
+    with ``head``, or None when ``head`` ends (or is malformed) before them: the front-end
+    places the message so that the tensor lands aligned."""
+    pos, n = 0, len(head)
+    try:
+        while pos < n:
+            key, pos = _varint(head, pos)
+            field, wire = key >> 3, key & 7
+            if wire == 2:
+                length, pos = _varint(head, pos)
+                if field == RAW_INPUT_CONTENTS:
+                    return pos if pos <= n else None
+                pos += length
+            elif wire == 0:
+                _, pos = _varint(head, pos)
+            elif wire == 1:
+                pos += 8
+            elif wire == 5:
+                pos += 4
+            else:
+                return None
+    except DecodeError:
+        return None
+    return None

@@ -1,5 +1,6 @@
 """Running the server: ``serve`` (blocking, for ``bundle serve``: HTTP with the built-in
-HTTP/1.1 server (``http1``) or uvicorn, gRPC with grpcio, in this process or in front-end worker processes) and ``ServerThread`` (a
+HTTP/1.1 server (``http1``) or uvicorn, gRPC with the built-in HTTP/2 server (``grpc_h2``)
+or grpcio, in this process or in front-end worker processes) and ``ServerThread`` (a
 loopback HTTP server in a background thread, for tests and benchmarks).
 
 ``serve`` binds every port before it reports being ready, and owns the batchers it
@@ -52,6 +53,7 @@ def serve(
     max_queue: int = 1024,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     http_server: str = "builtin",
+    grpc_server: str = "builtin",
     log_level: str = "info",
     access_log: bool = False,
     on_ready: Callable[[dict[str, str]], None] | None = None,
@@ -65,7 +67,9 @@ def serve(
     ``grpc_port`` is given. ``workers`` > 0 runs that many front-end processes over this
     process's engine (``workers.serve_with_workers``); 0 runs the front-ends in this
     process. ``http_server``: ``"builtin"`` (``http1``: the
-    inference body read from the socket straight into its buffer) or ``"uvicorn"``.
+    inference body read from the socket straight into its buffer) or ``"uvicorn"``;
+    ``grpc_server``: ``"builtin"`` (``grpc_h2``: the project's own HTTP/2, the message
+    received straight into its buffer) or ``"grpcio"``.
 
     ``on_ready`` is called once every port is bound, with the addresses actually bound
     (``{"http": "http://host:port", "grpc": "host:port"}``), so ``--port 0`` can be told.
@@ -74,6 +78,7 @@ def serve(
     where signals cannot be caught).
     """
     check_http_server(http_server)
+    check_grpc_server(grpc_server)
     named = _by_name(models)
     if not named:
         raise UsageError("no model to serve")
@@ -92,12 +97,13 @@ def serve(
                 serve_with_workers(engine, http_sock, host, grpc_port, workers,
                                    max_body_bytes=max_body_bytes, log_level=log_level,
                                    access_log=access_log, on_ready=on_ready, stop=stop,
-                                   http_server=http_server)
+                                   http_server=http_server, grpc_server=grpc_server)
             else:
                 run_async(_serve_here(engine, http_sock, host, grpc_port,
                                         max_body_bytes=max_body_bytes, log_level=log_level,
                                         access_log=access_log, on_ready=on_ready,
-                                        stop=stop, http_server=http_server))
+                                        stop=stop, http_server=http_server,
+                                        grpc_server=grpc_server))
         finally:
             http_sock.close()
             engine.close()
@@ -107,11 +113,17 @@ def serve(
 
 
 HTTP_SERVERS = ("builtin", "uvicorn")
+GRPC_SERVERS = ("builtin", "grpcio")
 
 
 def check_http_server(name: str) -> None:
     if name not in HTTP_SERVERS:
         raise UsageError(f"unknown HTTP server {name!r}; use one of {', '.join(HTTP_SERVERS)}")
+
+
+def check_grpc_server(name: str) -> None:
+    if name not in GRPC_SERVERS:
+        raise UsageError(f"unknown gRPC server {name!r}; use one of {', '.join(GRPC_SERVERS)}")
 
 
 def run_async(coro: Any) -> Any:
@@ -164,16 +176,16 @@ async def run_front_ends(engine: Any, http_sock: socket.socket, host: str,
                          access_log: bool, on_bound: Callable[[dict[str, str]], None]
                          | None = None, stop: threading.Event | None = None,
                          grpc_reuse_port: bool = False, http_server: str = "builtin",
+                         grpc_server: str = "builtin", grpc_dealt: bool = False,
                          handoff: socket.socket | None = None) -> None:
-    """HTTP (``http_server``, on the given socket) and gRPC on one event loop, until a
-    signal (caught on this loop, on the main thread) or ``stop``.
+    """HTTP (``http_server``, on the given socket) and gRPC (``grpc_server``) on one event
+    loop, until a signal (caught on this loop, on the main thread) or ``stop``.
 
-    ``handoff`` (the built-in server in a front-end worker): HTTP connections are not
-    accepted from ``http_sock`` here but received, accepted, over this Unix socket from
-    the engine process, which deals them out to its workers evenly."""
-    from .grpc_service import start_grpc_server
-
+    ``handoff`` (a front-end worker): connections of the built-in servers are not
+    accepted here but received, accepted, over this Unix socket from the engine process,
+    which deals them out to its workers evenly (HTTP always, gRPC with ``grpc_dealt``)."""
     check_http_server(http_server)
+    check_grpc_server(grpc_server)
     app = create_engine_app(engine, max_body_bytes=max_body_bytes)
     if http_server == "builtin":
         from .http1 import BuiltinHttpServer
@@ -194,12 +206,16 @@ async def run_front_ends(engine: Any, http_sock: socket.socket, host: str,
 
     for sig in signals:
         loop.add_signal_handler(sig, on_signal)
-    grpc_server = None
+    grpc_front: Any = None
     addresses = {"http": http_url(host, bound_port(http_sock))}
-    if grpc_port is not None:
+    if grpc_dealt:
+        from .grpc_h2 import BuiltinGrpcServer
+
+        grpc_front = BuiltinGrpcServer(engine, max_body_bytes)
+    elif grpc_port is not None:
         try:
-            grpc_server, bound = await start_grpc_server(engine, host, grpc_port,
-                                                         max_body_bytes, grpc_reuse_port)
+            grpc_front, bound = await start_grpc(grpc_server, engine, host, grpc_port,
+                                                 max_body_bytes, grpc_reuse_port)
         except OSError as e:
             raise AddressInUseError(f"{e}; stop what uses the port or pick another with "
                                     f"--grpc-port (0 picks a free one)") from None
@@ -211,11 +227,13 @@ async def run_front_ends(engine: Any, http_sock: socket.socket, host: str,
 
     watcher = asyncio.create_task(watch_stop()) if stop is not None else None
     try:
-        if handoff is not None and http_server == "builtin":
-            serving = asyncio.create_task(server.serve(sockets=[]))
-            receive_connections(loop, handoff, server)
-        else:
-            serving = asyncio.create_task(server.serve(sockets=[http_sock]))
+        dealt_http = handoff is not None and http_server == "builtin"
+        serving = asyncio.create_task(server.serve(sockets=[] if dealt_http else [http_sock]))
+        if handoff is not None:
+            servers = {b"c"[0]: server} if dealt_http else {}
+            if grpc_dealt:
+                servers[b"g"[0]] = grpc_front
+            receive_connections(loop, handoff, servers)
         while not server.started and not serving.done():
             await asyncio.sleep(0.01)
         if server.started and on_bound is not None:
@@ -224,10 +242,26 @@ async def run_front_ends(engine: Any, http_sock: socket.socket, host: str,
     finally:
         if watcher is not None:
             watcher.cancel()
-        if grpc_server is not None:
-            await grpc_server.stop(grace=5.0)
+        if grpc_front is not None:
+            await grpc_front.stop(grace=5.0)
         for sig in signals:
             loop.remove_signal_handler(sig)
+
+
+async def start_grpc(kind: str, engine: Any, host: str, port: int, max_message_bytes: int,
+                     reuse_port: bool = False) -> tuple[Any, int]:
+    """A started gRPC server of ``kind`` on ``host:port`` (0 picks one): it and its port.
+    Raises ``OSError`` when the address cannot be bound."""
+    if kind == "grpcio":
+        from .grpc_service import start_grpc_server
+
+        return await start_grpc_server(engine, host, port, max_message_bytes, reuse_port)
+    from .grpc_h2 import BuiltinGrpcServer, bind_grpc
+
+    sock = bind_grpc(host, port, reuse_port)
+    server = BuiltinGrpcServer(engine, max_message_bytes)
+    await server.start(sock)
+    return server, sock.getsockname()[1]
 
 
 class _QuietServer(uvicorn.Server):
@@ -244,8 +278,9 @@ class _QuietServer(uvicorn.Server):
 
 
 def receive_connections(loop: asyncio.AbstractEventLoop, handoff: socket.socket,
-                        server: Any) -> None:
-    """Serve each connection the engine process sends over ``handoff`` (SCM_RIGHTS)."""
+                        servers: dict[int, Any]) -> None:
+    """Serve each connection the engine process sends over ``handoff`` (SCM_RIGHTS), by
+    the server its tag byte names (``workers.deal_connections``: b"c" HTTP, b"g" gRPC)."""
     handoff.setblocking(False)
 
     def on_readable() -> None:
@@ -259,8 +294,13 @@ def receive_connections(loop: asyncio.AbstractEventLoop, handoff: socket.socket,
             if not data and not fds:       # the engine closed its end: no more connections
                 loop.remove_reader(handoff.fileno())
                 return
-            for fd in fds:
-                server.spawn(server.adopt(socket.socket(fileno=fd)))
+            for i, fd in enumerate(fds):
+                sock = socket.socket(fileno=fd)
+                server = servers.get(data[i] if i < len(data) else b"c"[0])
+                if server is None:
+                    sock.close()
+                    continue
+                server.spawn(server.adopt(sock))
 
     loop.add_reader(handoff.fileno(), on_readable)
 

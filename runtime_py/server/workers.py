@@ -330,11 +330,19 @@ class RemoteEngine:
             h = -1
         if not 0 < h <= size:
             return None
+        return self.arena_block(size, h)
+
+    def arena_block(self, size: int, aligned_at: int = 0
+                    ) -> tuple[memoryview, Callable[[], None]] | None:
+        """A block of ``size`` bytes of the arena placed so that its byte ``aligned_at``
+        is 64-byte aligned, and what releases it; None when the arena has no room now.
+        What is received into it (an HTTP body, a gRPC message: ``grpc_h2``) is read by
+        the engine in place: tensors parsed from it are sent by their place."""
         total = size + 64
         base = self.arena.alloc(total)
         if base is None:
             return None
-        start = base + (-(base + h)) % 64
+        start = base + (-(base + aligned_at)) % 64
         view = memoryview(self.arena.buf)[start:start + size]
 
         def release() -> None:
@@ -476,6 +484,9 @@ def worker_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--log-level", default="warning")
     ap.add_argument("--access-log", action="store_true")
     ap.add_argument("--http-server", default="builtin")
+    ap.add_argument("--grpc-server", default="builtin")
+    ap.add_argument("--grpc-dealt", action="store_true",
+                    help="gRPC connections come over the handoff socket")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper())
     conn = Connection(args.ipc_fd)
@@ -497,7 +508,8 @@ def worker_main(argv: list[str] | None = None) -> int:
         await run_front_ends(engine, http_sock, args.host, args.grpc_port,
                              max_body_bytes=args.max_body_bytes, log_level=args.log_level,
                              access_log=args.access_log, on_bound=bound, grpc_reuse_port=True,
-                             http_server=args.http_server, handoff=handoff)
+                             http_server=args.http_server, grpc_server=args.grpc_server,
+                             grpc_dealt=args.grpc_dealt, handoff=handoff)
 
     try:
         with serving_gc():       # the worker's per-request Python, as the engine's loop
@@ -516,8 +528,8 @@ class _Worker:
     def __init__(self, index: int, proc: subprocess.Popen, conn: Connection,
                  arena: mmap.mmap, handoff: socket.socket | None = None) -> None:
         self.index, self.proc, self.conn, self.arena = index, proc, conn, arena
-        self.handoff = handoff      # where its HTTP connections are sent (built-in server)
-        self.connections = 0        # HTTP connections handed to it
+        self.handoff = handoff      # where its connections are sent (built-in servers)
+        self.connections: dict[bytes, int] = {}   # connections handed to it, by tag
         self.lock = threading.Lock()
         self.hello: dict | None = None
         # replies of one turn of the engine's loop, one frame; a worker that cannot be
@@ -642,9 +654,11 @@ class EngineHost:
         return out
 
 
-def deal_connections(http_sock: socket.socket, workers: list[_Worker]) -> None:
-    """Accept every pending HTTP connection and send each to the worker that holds the
-    fewest so far (SCM_RIGHTS over its handoff socket).
+def deal_connections(listening: socket.socket, workers: list[_Worker], tag: bytes = b"c"
+                     ) -> None:
+    """Accept every pending connection and send each to the worker that holds the fewest
+    of its kind so far (SCM_RIGHTS over its handoff socket, with ``tag``: b"c" HTTP, b"g"
+    gRPC, ``run.receive_connections``).
 
     Why: with the listening socket shared, whichever worker woke first took a connection;
     on the H200 (64 clients, 8 workers) the busiest worker did 3x the work of the idlest,
@@ -653,20 +667,20 @@ def deal_connections(http_sock: socket.socket, workers: list[_Worker]) -> None:
     clients of a service keep theirs open.)"""
     while True:
         try:
-            conn, _ = http_sock.accept()
+            conn, _ = listening.accept()
         except (BlockingIOError, InterruptedError):
             return
         except OSError as e:          # out of descriptors, a connection reset in the queue
-            log.warning("accepting an HTTP connection failed: %s", e)
+            log.warning("accepting a connection failed: %s", e)
             return
         try:
             for w in sorted((w for w in workers if w.handoff is not None),
-                            key=lambda w: w.connections):
+                            key=lambda w: w.connections.get(tag, 0)):
                 try:
-                    socket.send_fds(w.handoff, [b"c"], [conn.fileno()])
+                    socket.send_fds(w.handoff, [tag], [conn.fileno()])
                 except (BlockingIOError, InterruptedError, OSError):
                     continue          # a worker not reading (busy, exiting): the next one
-                w.connections += 1
+                w.connections[tag] = w.connections.get(tag, 0) + 1
                 break
         finally:
             conn.close()              # the worker holds its own descriptor now
@@ -699,7 +713,7 @@ def serve_with_workers(engine: Engine, http_sock: socket.socket, host: str,
                        log_level: str, access_log: bool,
                        on_ready: Callable[[dict[str, str]], None] | None = None,
                        stop: threading.Event | None = None,
-                       http_server: str = "builtin") -> None:
+                       http_server: str = "builtin", grpc_server: str = "builtin") -> None:
     """Run ``workers`` front-end processes over ``engine`` until SIGINT/SIGTERM (or
     ``stop`` is set, for callers on another thread); every child is reaped on return."""
     from .run import run_async
@@ -708,16 +722,32 @@ def serve_with_workers(engine: Engine, http_sock: socket.socket, host: str,
         run_async(_serve_with_workers(engine, http_sock, host, grpc_port, workers,
                                         max_body_bytes=max_body_bytes, log_level=log_level,
                                         access_log=access_log, on_ready=on_ready, stop=stop,
-                                        http_server=http_server))
+                                        http_server=http_server, grpc_server=grpc_server))
 
 
 async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, max_body_bytes,
-                              log_level, access_log, on_ready, stop, http_server) -> None:
+                              log_level, access_log, on_ready, stop, http_server,
+                              grpc_server="builtin") -> None:
     from .run import bound_port, http_url
 
     loop = asyncio.get_running_loop()
-    reserved = _reserve_grpc_port(host, grpc_port) if grpc_port is not None else None
-    gport = reserved.getsockname()[1] if reserved is not None else None
+    # gRPC: the built-in server's connections are accepted here and dealt out like HTTP's;
+    # grpcio's workers share the port (SO_REUSEPORT), held here until they have bound it.
+    deal_grpc = grpc_port is not None and grpc_server == "builtin"
+    grpc_sock = reserved = None
+    if deal_grpc:
+        from .grpc_h2 import bind_grpc
+        try:
+            grpc_sock = bind_grpc(host, grpc_port)
+        except OSError as e:
+            raise AddressInUseError(f"{e}; stop what uses the port or pick another with "
+                                    f"--grpc-port (0 picks a free one)") from None
+        gport = grpc_sock.getsockname()[1]
+    elif grpc_port is not None:
+        reserved = _reserve_grpc_port(host, grpc_port)
+        gport = reserved.getsockname()[1]
+    else:
+        gport = None
     infos = list(engine.infos.values())
     slot = slot_bytes(infos)
     # Room for the largest request the front-ends accept (pages are only backed once used).
@@ -737,6 +767,7 @@ async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, ma
     # accept from the shared socket.
     deal = http_server == "builtin"
     dealing = False
+    handoffs = deal or deal_grpc
 
     def on_message(w: _Worker) -> None:
         # Every message already here, in order: a worker's one-way metric reports must not
@@ -775,7 +806,7 @@ async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, ma
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
             handoff = theirs_handoff = None
-            if deal:
+            if handoffs:
                 handoff, theirs_handoff = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
                 handoff.setblocking(False)
             fd = os.memfd_create(f"trt-bundle-arena-{i}", os.MFD_CLOEXEC)
@@ -792,8 +823,11 @@ async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, ma
                    "--ipc-fd", str(theirs.fileno()), "--http-fd", str(http_sock.fileno()),
                    "--arena-fd", str(child_fd), "--arena-bytes", str(slot * slots),
                    "--slot-bytes", str(slot), "--max-body-bytes", str(max_body_bytes),
-                   "--host", host, "--log-level", log_level, "--http-server", http_server]
-            if gport is not None:
+                   "--host", host, "--log-level", log_level, "--http-server", http_server,
+                   "--grpc-server", grpc_server]
+            if deal_grpc:
+                cmd.append("--grpc-dealt")
+            elif gport is not None:
                 cmd += ["--grpc-port", str(gport)]
             if access_log:
                 cmd.append("--access-log")
@@ -841,6 +875,9 @@ async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, ma
             http_sock.setblocking(False)
             loop.add_reader(http_sock.fileno(), deal_connections, http_sock, procs)
             dealing = True
+        if grpc_sock is not None:
+            grpc_sock.setblocking(False)
+            loop.add_reader(grpc_sock.fileno(), deal_connections, grpc_sock, procs, b"g")
         if on_ready is not None:
             addresses = {"http": http_url(host, bound_port(http_sock))}
             if gport is not None:
@@ -858,6 +895,12 @@ async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, ma
         if dealing:
             loop.remove_reader(http_sock.fileno())
             http_sock.setblocking(True)
+        if grpc_sock is not None:
+            try:
+                loop.remove_reader(grpc_sock.fileno())
+            except (ValueError, OSError):
+                pass
+            grpc_sock.close()
         for w in procs:
             if w.handoff is not None:
                 w.handoff.close()      # the worker's receiver sees the end
