@@ -527,8 +527,7 @@ class GrpcConnection(asyncio.BufferedProtocol):
             log.error("gRPC %s failed", s.name, exc_info=e)
             self._finish(s, UNKNOWN, f"{type(e).__name__}: {e}")
             return
-        self._send_message(s, body)
-        self._finish(s, OK)
+        self._send_message(s, body, end=True)
 
     async def _run_stream(self, s: Stream) -> None:
         async def requests():
@@ -551,7 +550,9 @@ class GrpcConnection(asyncio.BufferedProtocol):
 
     # --- frames out -----------------------------------------------------------------------
 
-    def _send_message(self, s: Stream, body: bytes) -> None:
+    def _send_message(self, s: Stream, body: bytes, end: bool = False) -> None:
+        """One message on ``s``; with ``end``, the OK trailers too, in the same write when
+        the windows allow (one wake-up of the client per answer, as ``http1`` does)."""
         if s.local_closed or s.reset or self.closed:
             return
         out = []
@@ -565,12 +566,18 @@ class GrpcConnection(asyncio.BufferedProtocol):
             s.send_window -= n
             self.send_window -= n
             out += (_head(DATA, 0, s.id, n), prefix, body)
+            if end:
+                out.append(_end_ok(s.id))
             self.transport.writelines(out)
+            if end:
+                self._closed_locally(s)
             return
         if out:
             self.transport.writelines(out)
         s.pending.append(memoryview(prefix + body))
         self._pump(s)
+        if end:
+            self._finish(s, OK)
 
     def _pump(self, s: Stream) -> None:
         """Send what the windows allow of ``s``'s pending DATA (then its trailers)."""
@@ -682,6 +689,10 @@ class GrpcConnection(asyncio.BufferedProtocol):
 
 
 _PREFIX = f"/{SERVICE}/".encode()
+
+
+def _end_ok(sid: int) -> bytes:
+    return _head(HEADERS, END_STREAM | END_HEADERS, sid, len(_TRAILERS_OK)) + _TRAILERS_OK
 
 
 class BuiltinGrpcServer:
