@@ -125,7 +125,7 @@ class Stream:
     """One RPC on a connection: the message being received, and what waits to be sent."""
 
     __slots__ = ("id", "rpc", "name", "encoding", "send_window", "unacked", "remote_closed",
-                 "local_closed", "reset", "prefix", "msg", "got", "compressed", "release",
+                 "local_closed", "reset", "prefix", "msg", "got", "need", "compressed", "release",
                  "started", "queue", "task", "pending", "pending_end")
 
     def __init__(self, sid: int, rpc: Rpc | None, name: str, encoding: bytes | None,
@@ -139,7 +139,7 @@ class Stream:
         self.remote_closed = self.local_closed = self.reset = False
         self.prefix = b""                   # a message prefix split across frames
         self.msg: Any = None                # the message being received (buffer)
-        self.got = 0
+        self.got = self.need = 0
         self.compressed = False
         self.release: Callable[[], None] | None = None
         self.started = False                # response headers sent
@@ -407,11 +407,14 @@ class GrpcConnection(asyncio.BufferedProtocol):
                 if length == 0:
                     self._message(s)
                     continue
-            take = min(len(s.msg) - s.got, n - i)
-            s.msg[s.got:s.got + take] = data[i:i + take]
+            take = min(s.need - s.got, n - i)
+            if s.release is not None:
+                s.msg[s.got:s.got + take] = data[i:i + take]
+            else:
+                s.msg += data[i:i + take]
             s.got += take
             i += take
-            if s.got == len(s.msg):
+            if s.got == s.need:
                 self._message(s)
 
     def _begin_message(self, s: Stream, flag: int, length: int, first: memoryview) -> bool:
@@ -427,7 +430,7 @@ class GrpcConnection(asyncio.BufferedProtocol):
             self._finish(s, UNIMPLEMENTED, f"{s.name} takes one request message")
             return False
         s.compressed = bool(flag & 1)
-        s.got = 0
+        s.got, s.need = 0, length
         s.release = None
         block = None
         if s.name == "ModelInfer" and not s.compressed and self.server.arena_block is not None:
@@ -435,7 +438,8 @@ class GrpcConnection(asyncio.BufferedProtocol):
         if block is not None:
             s.msg, s.release = block
         else:
-            s.msg = bytearray(length)
+            # grown as the bytes arrive: a declared length costs nothing until it is sent
+            s.msg = bytearray()
         return True
 
     def _message(self, s: Stream) -> None:

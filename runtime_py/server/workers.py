@@ -4,7 +4,7 @@ cores, one model and one batcher per model on the engine.
 Why processes: parsing KServe requests (HTTP framing, JSON headers, protobuf) is Python
 work that holds the GIL; in the engine's process it competes with the batcher's thread
 and caps the service at one core of parsing. Each worker runs the same front-ends as the
-in-process server (``run.run_front_ends``: uvicorn and grpc.aio on one event loop) over a
+in-process server (``run.run_front_ends``: the HTTP and gRPC servers on one event loop) over a
 ``RemoteEngine`` that forwards to the engine process.
 
 The data path, and why it is shaped so:
