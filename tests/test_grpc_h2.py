@@ -329,3 +329,34 @@ def test_connection_errors_get_a_goaway_with_the_code(server, case):
     elif case == "continuation-missing":
         c.send(frame(HEADERS, 0, 1, ok[:3]), frame(DATA, 0, 1, b"x"))
     assert c.goaway() == code
+
+
+def test_a_stream_refused_midway_stops_its_handler():
+    """A ModelStreamInfer whose request ends inside a message is INTERNAL, and its
+    handler task ends with it (a refused stream must not leave a task waiting forever)."""
+    import asyncio
+
+    from runtime_py.server.grpc_h2 import BuiltinGrpcServer
+    from runtime_py.server.run import listening_socket
+
+    class NoEngine:
+        infos: dict = {}
+
+    async def main() -> None:
+        server = BuiltinGrpcServer(NoEngine(), 1 << 20)
+        sock = listening_socket("127.0.0.1", 0)
+        await server.start(sock)
+        port = sock.getsockname()[1]
+        c = await asyncio.to_thread(Client, port)
+        c.send(frame(HEADERS, END_HEADERS, 1, request_headers("ModelStreamInfer")),
+               frame(DATA, END_STREAM, 1, b"\0\0\0\0\x09abc"))
+        _, _, trailers = await asyncio.to_thread(c.response, 1)
+        assert trailers[b"grpc-status"] == b"13", trailers
+        for _ in range(100):
+            if not server.tasks:
+                break
+            await asyncio.sleep(0.01)
+        assert not server.tasks, server.tasks
+        await server.stop(grace=1.0)
+
+    asyncio.run(main())

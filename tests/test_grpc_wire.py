@@ -1,4 +1,5 @@
-"""``grpc_wire.split_infer_request``: the same request protobuf parses, tensors as views."""
+"""``grpc_wire``: ``split_infer_request`` parses what protobuf parses, tensors as views;
+``raw_contents_offset`` finds the first tensor from a message's head."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
-from runtime_py.server.grpc_wire import split_infer_request
+from runtime_py.server.grpc_wire import raw_contents_offset, split_infer_request
 
 
 def _request() -> pb.ModelInferRequest:
@@ -55,3 +56,21 @@ def test_every_truncation_is_refused_or_parsed_as_protobuf_does():
 def test_malformed_bytes_raise_decode_error(data):
     with pytest.raises(DecodeError):
         split_infer_request(data)
+
+
+def test_raw_contents_offset_from_the_head_of_a_message():
+    """The built-in gRPC server places a message by where its first tensor starts, known
+    from the message's first frame: the offset is that of the first raw_input_contents
+    bytes, also when the head ends inside them, and None when it ends before them."""
+    data = _request().SerializeToString()
+    _, raw = split_infer_request(data)
+    first = data.index(bytes(range(12)))
+    assert bytes(raw[0]) == data[first:first + 12]
+    assert raw_contents_offset(data) == first
+    assert raw_contents_offset(data[:first + 3]) == first     # cut inside the tensor
+    assert raw_contents_offset(data[:first]) == first
+    assert raw_contents_offset(data[:first - 2]) is None      # cut before the field
+    assert raw_contents_offset(data[:10]) is None
+    assert raw_contents_offset(b"\xff\xff") is None           # not a message
+    no_raw = pb.ModelInferRequest(model_name="toy").SerializeToString()
+    assert raw_contents_offset(no_raw) is None

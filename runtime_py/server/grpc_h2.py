@@ -34,7 +34,6 @@ import asyncio
 import logging
 import socket
 import struct
-import time
 import zlib
 from typing import Any, Callable
 from urllib.parse import quote
@@ -42,6 +41,7 @@ from urllib.parse import quote
 from . import hpack
 from .grpc_service import SERVICE, InferenceService, Rpc, rpc_table
 from .grpc_wire import raw_contents_offset
+from .http1 import adopt_socket, drain
 
 log = logging.getLogger(__name__)
 
@@ -639,6 +639,9 @@ class GrpcConnection(asyncio.BufferedProtocol):
             s.release()
             s.release = None
         s.msg = None
+        if s.rpc is not None and s.rpc.stream and s.task is not None \
+                and s.task is not asyncio.current_task():
+            s.task.cancel()                     # ended by a refusal: its handler stops
         if not s.remote_closed:
             # the answer is complete: the client need not send the rest of its request
             self.transport.write(frame(RST_STREAM, 0, s.id, _U32.pack(NO_ERROR)))
@@ -721,16 +724,8 @@ class BuiltinGrpcServer:
                                                      sock=sock, backlog=2048))
 
     async def adopt(self, sock: socket.socket) -> None:
-        if self.stopping:
-            sock.close()
-            return
-        sock.setblocking(False)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            await asyncio.get_running_loop().connect_accepted_socket(
-                lambda: GrpcConnection(self), sock)
-        except OSError:
-            sock.close()
+        """Serve a connection the engine process dealt to this worker."""
+        await adopt_socket(sock, lambda: GrpcConnection(self), self.stopping)
 
     def spawn(self, coro: Any) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
@@ -742,35 +737,5 @@ class BuiltinGrpcServer:
         """GOAWAY to every client, let the RPCs in flight finish (up to ``grace``), then
         close what is left."""
         self.stopping = True
-        for s in self.servers:
-            s.close()
-        for conn in list(self.connections):
-            conn.shutdown()
-        deadline = time.monotonic() + (self.shutdown_timeout if grace is None else grace)
-        while self.tasks and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        for conn in list(self.connections):
-            if conn.transport is not None:
-                conn.transport.abort()
-        for task in list(self.tasks):
-            task.cancel()
-        if self.tasks:
-            await asyncio.gather(*self.tasks, return_exceptions=True)
-
-
-def bind_grpc(host: str, port: int, reuse_port: bool = False) -> socket.socket:
-    """A listening socket for gRPC, or ``OSError`` saying why not. ``reuse_port``: share
-    the port with the other front-end processes (whose owner proved it free)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if reuse_port:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind((host, port))
-        sock.listen(2048)
-    except OSError as e:
-        sock.close()
-        raise OSError(f"cannot bind gRPC to {host}:{port}: {e.strerror or e}") from None
-    sock.set_inheritable(True)
-    return sock
+        await drain(self.servers, self.connections, self.tasks,
+                    self.shutdown_timeout if grace is None else grace)

@@ -9,6 +9,8 @@ the small rest of the message goes through protobuf.
 
 from __future__ import annotations
 
+from typing import Iterator
+
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
@@ -28,30 +30,23 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
         shift += 7
 
 
-def split_infer_request(data: bytes) -> tuple[pb.ModelInferRequest, list[memoryview]]:
-    """The request without its raw contents, and those contents as views of ``data``
-    (in order). Raises ``DecodeError`` for bytes that are not a valid message."""
-    view = memoryview(data)
-    n = len(data)
-    pos = 0
-    rest: list[memoryview] = []
-    raw: list[memoryview] = []
+def _fields(data: bytes | memoryview) -> Iterator[tuple[int, int, int, int, int]]:
+    """Each top-level field of a message as (field number, wire type, start, payload
+    start, end):
+    the payload of a length-delimited field is ``data[payload start:end]``. A field is
+    yielded before its end is checked against the data (a message's head may end inside
+    it); ``DecodeError`` for what cannot be a message."""
+    pos, n = 0, len(data)
     while pos < n:
         start = pos
         key, pos = _varint(data, pos)
         field, wire = key >> 3, key & 7
         if field == 0:
             raise DecodeError("field number 0")
+        payload = pos
         if wire == 2:
-            length, pos = _varint(data, pos)
-            end = pos + length
-            if end > n:
-                raise DecodeError("a length-delimited field runs past the end of the message")
-            if field == RAW_INPUT_CONTENTS:
-                raw.append(view[pos:end])
-                pos = end
-                continue
-            pos = end
+            length, payload = _varint(data, pos)
+            pos = payload + length
         elif wire == 0:
             _, pos = _varint(data, pos)
         elif wire == 1:
@@ -60,9 +55,24 @@ def split_infer_request(data: bytes) -> tuple[pb.ModelInferRequest, list[memoryv
             pos += 4
         else:
             raise DecodeError(f"unsupported wire type {wire}")
+        yield field, wire, start, payload, pos
         if pos > n:
             raise DecodeError("a field runs past the end of the message")
-        rest.append(view[start:pos])
+
+
+def split_infer_request(data: bytes) -> tuple[pb.ModelInferRequest, list[memoryview]]:
+    """The request without its raw contents, and those contents as views of ``data``
+    (in order). Raises ``DecodeError`` for bytes that are not a valid message."""
+    view = memoryview(data)
+    rest: list[memoryview] = []
+    raw: list[memoryview] = []
+    for field, wire, start, payload, end in _fields(data):
+        if end > len(data):
+            continue          # _fields raises next
+        if field == RAW_INPUT_CONTENTS and wire == 2:
+            raw.append(view[payload:end])
+        else:
+            rest.append(view[start:end])
     req = pb.ModelInferRequest.FromString(b"".join(rest))
     return req, raw
 
@@ -71,24 +81,10 @@ def raw_contents_offset(head: bytes | memoryview) -> int | None:
     """Where the first ``raw_input_contents`` entry's bytes start in a message that begins
     with ``head``, or None when ``head`` ends (or is malformed) before them: the front-end
     places the message so that the tensor lands aligned."""
-    pos, n = 0, len(head)
     try:
-        while pos < n:
-            key, pos = _varint(head, pos)
-            field, wire = key >> 3, key & 7
-            if wire == 2:
-                length, pos = _varint(head, pos)
-                if field == RAW_INPUT_CONTENTS:
-                    return pos if pos <= n else None
-                pos += length
-            elif wire == 0:
-                _, pos = _varint(head, pos)
-            elif wire == 1:
-                pos += 8
-            elif wire == 5:
-                pos += 4
-            else:
-                return None
+        for field, wire, _, payload, _ in _fields(head):
+            if field == RAW_INPUT_CONTENTS and wire == 2:
+                return payload if payload <= len(head) else None
     except DecodeError:
         return None
     return None

@@ -336,15 +336,7 @@ class Decoder:
                         raise HpackError(f"header index {index} is past the tables") from None
                 append(entry)
             elif byte & 0x40:  # 6.2.1 literal with incremental indexing
-                index = byte & 0x3F
-                if index == 0x3F:
-                    index, pos = _int_tail(data, pos, 0x3F)
-                if index:
-                    name = self._name(index)
-                else:
-                    name, pos = _string(data, pos)
-                value, pos = _string(data, pos)
-                entry = (name, value)
+                entry, pos = self._literal(data, pos, byte & 0x3F, 0x3F)
                 self._insert(entry)
                 append(entry)
             elif byte & 0x20:  # 6.3 dynamic table size update
@@ -360,16 +352,22 @@ class Decoder:
                 self._limit = size
                 self._evict(0)
             else:  # 6.2.2 without indexing (0000) / 6.2.3 never indexed (0001)
-                index = byte & 0x0F
-                if index == 0x0F:
-                    index, pos = _int_tail(data, pos, 0x0F)
-                if index:
-                    name = self._name(index)
-                else:
-                    name, pos = _string(data, pos)
-                value, pos = _string(data, pos)
-                append((name, value))
+                entry, pos = self._literal(data, pos, byte & 0x0F, 0x0F)
+                append(entry)
         return headers
+
+    def _literal(self, data: bytes, pos: int, index: int, mask: int
+                 ) -> tuple[tuple[bytes, bytes], int]:
+        """A literal field after its first byte: the name (indexed by the prefix's
+        ``index``, or a string when it is 0), then the value string."""
+        if index == mask:
+            index, pos = _int_tail(data, pos, mask)
+        if index:
+            name = self._name(index)
+        else:
+            name, pos = _string(data, pos)
+        value, pos = _string(data, pos)
+        return (name, value), pos
 
     def _name(self, index: int) -> bytes:
         if index <= _STATIC_LEN:

@@ -552,6 +552,44 @@ class HttpConnection(asyncio.BufferedProtocol):
             self.transport.close()
 
 
+async def adopt_socket(sock: socket.socket, protocol: Callable[[], asyncio.BaseProtocol],
+                       stopping: bool) -> None:
+    """Serve ``sock``, accepted elsewhere, with a new ``protocol()`` on this loop (a
+    built-in server's ``adopt``); closed at once while the server is stopping."""
+    if stopping:
+        sock.close()
+        return
+    sock.setblocking(False)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        await asyncio.get_running_loop().connect_accepted_socket(protocol, sock)
+    except OSError:            # the client went away before we got to it
+        sock.close()
+
+
+async def drain(servers: list, connections: set, tasks: set, timeout: float, *,
+                busy: Callable[[], bool] = lambda: False,
+                forced: Callable[[], bool] = lambda: False) -> None:
+    """A built-in server's shutdown (HTTP here, gRPC in ``grpc_h2``): stop accepting, tell
+    each connection (``shutdown()``: close when idle, GOAWAY), wait for the requests in
+    flight (``tasks``, and ``busy``) up to ``timeout`` or until ``forced``, then abort
+    what is left."""
+    for s in servers:
+        s.close()
+    for conn in list(connections):
+        conn.shutdown()
+    deadline = time.monotonic() + timeout
+    while (tasks or busy()) and not forced() and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    for conn in list(connections):
+        if conn.transport is not None:
+            conn.transport.abort()
+    for task in list(tasks):
+        task.cancel()
+    if tasks:
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 class BuiltinHttpServer:
     """The HTTP/1.1 server over ``create_engine_app``'s app: the interface of uvicorn's
     ``Server`` that ``run.run_front_ends`` and ``run.ServerThread`` use (``serve``,
@@ -588,16 +626,7 @@ class BuiltinHttpServer:
     async def adopt(self, sock: socket.socket) -> None:
         """Serve a connection accepted elsewhere (the engine process hands each front-end
         worker its share: ``workers.py``); closed at once while shutting down."""
-        if self.stopping:
-            sock.close()
-            return
-        sock.setblocking(False)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            await asyncio.get_running_loop().connect_accepted_socket(
-                lambda: HttpConnection(self), sock)
-        except OSError:            # the client went away before we got to it
-            sock.close()
+        await adopt_socket(sock, lambda: HttpConnection(self), self.stopping)
 
     def spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -629,21 +658,9 @@ class BuiltinHttpServer:
         """Stop accepting, close idle connections, let requests in flight finish (up to
         ``shutdown_timeout``, or a second signal: ``force_exit``), then close the rest."""
         self.stopping = True
-        for s in self.servers:
-            s.close()
-        for conn in list(self.connections):
-            conn.shutdown()
-        deadline = time.monotonic() + self.shutdown_timeout
-        while (self.tasks or any(c.busy for c in self.connections)) and \
-                not self.force_exit and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        for conn in list(self.connections):
-            if conn.transport is not None:
-                conn.transport.abort()
-        for task in list(self.tasks):
-            task.cancel()
-        if self.tasks:
-            await asyncio.gather(*self.tasks, return_exceptions=True)
+        await drain(self.servers, self.connections, self.tasks, self.shutdown_timeout,
+                    busy=lambda: any(c.busy for c in self.connections),
+                    forced=lambda: self.force_exit)
 
     def run(self) -> None:
         from .run import run_async

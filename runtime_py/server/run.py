@@ -146,21 +146,42 @@ def capped_max_batch(max_batch: int | None, model: Any) -> int | None:
     return None if max_batch is None else min(int(max_batch), int(model.max_batch_size))
 
 
-def bind_http(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on ``host:port``, or ``AddressInUseError`` saying why not."""
+def listening_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """A TCP socket listening on ``host:port``, inheritable (workers get it by fd); raises
+    ``OSError``. ``reuse_port``: share the port with other front-end processes."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
         sock.listen(2048)
-    except OSError as e:
+    except OSError:
         sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def bind_http(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port``, or ``AddressInUseError`` saying why not."""
+    try:
+        return listening_socket(host, port)
+    except OSError as e:
         raise AddressInUseError(
             f"cannot listen for HTTP on {host}:{port}: {e.strerror or e}; stop what uses "
             f"the port or pick another with --port (0 picks a free one)") from None
-    sock.set_inheritable(True)
-    return sock
+
+
+def bind_grpc(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """The gRPC port's listening socket (built-in server), or ``AddressInUseError``."""
+    try:
+        return listening_socket(host, port, reuse_port)
+    except OSError as e:
+        raise AddressInUseError(
+            f"cannot listen for gRPC on {host}:{port}: {e.strerror or e}; stop what uses "
+            f"the port or pick another with --grpc-port (0 picks a free one)") from None
 
 
 def bound_port(sock: socket.socket) -> int:
@@ -256,9 +277,12 @@ async def start_grpc(kind: str, engine: Any, host: str, port: int, max_message_b
         from .grpc_service import start_grpc_server
 
         return await start_grpc_server(engine, host, port, max_message_bytes, reuse_port)
-    from .grpc_h2 import BuiltinGrpcServer, bind_grpc
+    from .grpc_h2 import BuiltinGrpcServer
 
-    sock = bind_grpc(host, port, reuse_port)
+    try:
+        sock = listening_socket(host, port, reuse_port)
+    except OSError as e:
+        raise OSError(f"cannot bind gRPC to {host}:{port}: {e.strerror or e}") from None
     server = BuiltinGrpcServer(engine, max_message_bytes)
     await server.start(sock)
     return server, sock.getsockname()[1]

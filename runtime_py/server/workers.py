@@ -736,12 +736,9 @@ async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, ma
     deal_grpc = grpc_port is not None and grpc_server == "builtin"
     grpc_sock = reserved = None
     if deal_grpc:
-        from .grpc_h2 import bind_grpc
-        try:
-            grpc_sock = bind_grpc(host, grpc_port)
-        except OSError as e:
-            raise AddressInUseError(f"{e}; stop what uses the port or pick another with "
-                                    f"--grpc-port (0 picks a free one)") from None
+        from .run import bind_grpc
+
+        grpc_sock = bind_grpc(host, grpc_port)
         gport = grpc_sock.getsockname()[1]
     elif grpc_port is not None:
         reserved = _reserve_grpc_port(host, grpc_port)
