@@ -332,8 +332,8 @@ def test_connection_errors_get_a_goaway_with_the_code(server, case):
 
 
 def test_a_stream_refused_midway_stops_its_handler():
-    """A ModelStreamInfer whose request ends inside a message is INTERNAL, and its
-    handler task ends with it (a refused stream must not leave a task waiting forever)."""
+    """A ModelStreamInfer whose request ends inside a message is INTERNAL, and nothing
+    of it is left running (a refused stream must not leave a task waiting forever)."""
     import asyncio
 
     from runtime_py.server.grpc_h2 import BuiltinGrpcServer
@@ -360,3 +360,28 @@ def test_a_stream_refused_midway_stops_its_handler():
         await server.stop(grace=1.0)
 
     asyncio.run(main())
+
+
+def test_stream_messages_are_answered_each_then_ok_and_an_empty_stream_is_ok(server):
+    port, model = server
+    c = Client(port)
+    x = np.random.default_rng(4).random((1, 3, 8, 8), dtype=np.float32)
+    good = infer_request(model, x)
+    good.id = "a"
+    bad = pb.ModelInferRequest(model_name="no-such-model", id="b")
+    c.send(frame(HEADERS, END_HEADERS, 1, request_headers("ModelStreamInfer")),
+           frame(DATA, 0, 1, message(good) + message(bad)), frame(DATA, END_STREAM, 1, b""))
+    head, data, trailers = c.response(1)
+    assert head[b":status"] == b"200" and trailers[b"grpc-status"] == b"0"
+    answers = {}
+    while data:
+        n = struct.unpack(">I", data[1:5])[0]
+        r = pb.ModelStreamInferResponse.FromString(data[5:5 + n])
+        answers[r.infer_response.id] = r
+        data = data[5 + n:]
+    assert set(answers) == {"a", "b"}
+    assert not answers["a"].error_message and answers["a"].infer_response.outputs
+    assert "no-such-model" in answers["b"].error_message
+    c.send(frame(HEADERS, END_HEADERS | END_STREAM, 3, request_headers("ModelStreamInfer")))
+    head, data, trailers = c.response(3)
+    assert trailers[b"grpc-status"] == b"0" and data == b""

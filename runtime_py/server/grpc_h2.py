@@ -126,7 +126,7 @@ class Stream:
 
     __slots__ = ("id", "rpc", "name", "encoding", "send_window", "unacked", "remote_closed",
                  "local_closed", "reset", "prefix", "msg", "got", "need", "compressed", "release",
-                 "started", "queue", "task", "pending", "pending_end")
+                 "started", "task", "inflight", "pending", "pending_end")
 
     def __init__(self, sid: int, rpc: Rpc | None, name: str, encoding: bytes | None,
                  send_window: int) -> None:
@@ -143,8 +143,8 @@ class Stream:
         self.compressed = False
         self.release: Callable[[], None] | None = None
         self.started = False                # response headers sent
-        self.queue: asyncio.Queue | None = None   # a streaming RPC's requests
         self.task: asyncio.Task | None = None
+        self.inflight = 0                   # messages of an ``each`` stream being answered
         self.pending: list[memoryview] = []  # DATA waiting for the client's window
         self.pending_end: bytes | None = None   # trailers to send after it
 
@@ -356,11 +356,12 @@ class GrpcConnection(asyncio.BufferedProtocol):
         elif s.encoding is not None and s.encoding not in (b"gzip", b"deflate"):
             self._finish(s, UNIMPLEMENTED, f"grpc-encoding {s.encoding.decode('latin-1')!r} "
                          f"is not supported (identity, gzip, deflate)")
+        elif rpc.stream and rpc.each is None:
+            self._finish(s, UNIMPLEMENTED, f"{s.name} is not served by this server "
+                         f"(--grpc-server grpcio serves it)")
         elif rpc.stream:
-            s.queue = asyncio.Queue()
-            s.task = self.server.spawn(self._run_stream(s))
-            if s.remote_closed:
-                s.queue.put_nowait(None)
+            if s.remote_closed:              # a stream without messages
+                self._finish(s, OK)
         elif s.remote_closed:
             self._finish(s, UNIMPLEMENTED, f"{s.name} needs a request message")
 
@@ -433,7 +434,7 @@ class GrpcConnection(asyncio.BufferedProtocol):
         s.got, s.need = 0, length
         s.release = None
         block = None
-        if s.name == "ModelInfer" and not s.compressed and self.server.arena_block is not None:
+        if s.name in _INFER_RPCS and not s.compressed and self.server.arena_block is not None:
             block = self.server.arena_block(length, raw_contents_offset(first) or 0)
         if block is not None:
             s.msg, s.release = block
@@ -456,7 +457,8 @@ class GrpcConnection(asyncio.BufferedProtocol):
                              f"{self.server.max_message_bytes} bytes")
                 return
         if s.rpc.stream:
-            s.queue.put_nowait(data)
+            s.inflight += 1
+            self.server.spawn(self._run_each(s, data, release))
         else:
             s.task = self.server.spawn(self._run_unary(s, data, release))
 
@@ -466,7 +468,8 @@ class GrpcConnection(asyncio.BufferedProtocol):
             self._finish(s, INTERNAL, "the request ended inside a message")
         elif s.rpc is not None and not s.local_closed:
             if s.rpc.stream:
-                s.queue.put_nowait(None)
+                if not s.inflight:
+                    self._finish(s, OK)
             elif s.task is None:
                 self._finish(s, UNIMPLEMENTED, f"{s.name} needs a request message")
         if s.local_closed:
@@ -533,24 +536,27 @@ class GrpcConnection(asyncio.BufferedProtocol):
             return
         self._send_message(s, body, end=True)
 
-    async def _run_stream(self, s: Stream) -> None:
-        async def requests():
-            while (item := await s.queue.get()) is not None:
-                yield item
-
+    async def _run_each(self, s: Stream, data: Any, release: Callable[[], None] | None
+                        ) -> None:
+        """One message of a stream of independent messages (``ModelStreamInfer``): its
+        answer is sent as soon as it is ready; the stream ends OK once the client has
+        half-closed and every answer is out. No queue, no generator: a task a message."""
         try:
-            async for resp in s.rpc.handler(requests(), _CONTEXT):
-                self._send_message(s, s.rpc.serialize(resp))
-        except Abort as e:
-            self._finish(s, e.code, e.details)
-            return
-        except asyncio.CancelledError:
-            raise
+            try:
+                resp = await s.rpc.each(data)
+            finally:
+                if release is not None:
+                    release()
+            body = s.rpc.serialize(resp)
         except Exception as e:
+            s.inflight -= 1
             log.error("gRPC %s failed", s.name, exc_info=e)
             self._finish(s, UNKNOWN, f"{type(e).__name__}: {e}")
             return
-        self._finish(s, OK)
+        s.inflight -= 1
+        self._send_message(s, body)
+        if s.remote_closed and not s.inflight:
+            self._finish(s, OK)
 
     # --- frames out -----------------------------------------------------------------------
 
@@ -639,9 +645,6 @@ class GrpcConnection(asyncio.BufferedProtocol):
             s.release()
             s.release = None
         s.msg = None
-        if s.rpc is not None and s.rpc.stream and s.task is not None \
-                and s.task is not asyncio.current_task():
-            s.task.cancel()                     # ended by a refusal: its handler stops
         if not s.remote_closed:
             # the answer is complete: the client need not send the rest of its request
             self.transport.write(frame(RST_STREAM, 0, s.id, _U32.pack(NO_ERROR)))
@@ -654,9 +657,9 @@ class GrpcConnection(asyncio.BufferedProtocol):
             self.transport.close()
 
     def _drop(self, s: Stream) -> None:
-        """The client reset the stream or went away: nothing more is sent on it; a
-        streaming RPC stops, an inference in the engine runs to its end (it may be
-        reading its request's block until then) and its answer is dropped."""
+        """The client reset the stream or went away: nothing more is sent on it; the
+        inferences of it already with the engine run to their end (they may be reading
+        their requests' blocks until then) and their answers are dropped."""
         s.reset = True
         s.pending.clear()
         s.pending_end = None
@@ -664,8 +667,6 @@ class GrpcConnection(asyncio.BufferedProtocol):
             s.release()
             s.release = None
         s.msg = None
-        if s.task is not None and s.rpc is not None and s.rpc.stream:
-            s.task.cancel()
 
     def _flush_control(self) -> None:
         if self.unacked >= CONNECTION_WINDOW // 4:
@@ -696,6 +697,7 @@ class GrpcConnection(asyncio.BufferedProtocol):
 
 
 _PREFIX = f"/{SERVICE}/".encode()
+_INFER_RPCS = ("ModelInfer", "ModelStreamInfer")   # messages received into the arena
 
 
 def _end_ok(sid: int) -> bytes:

@@ -254,24 +254,7 @@ class InferenceService:
         pending: set[asyncio.Task] = set()
 
         async def one(data: bytes) -> None:
-            t0 = time.perf_counter()
-            status = 200
-            req = pb.ModelInferRequest()
-            try:
-                try:
-                    req, raw = split_infer_request(data)
-                except DecodeError as e:
-                    raise RequestError(f"cannot parse ModelInferRequest: {e}") from None
-                msg = pb.ModelStreamInferResponse(infer_response=await self._infer(req, raw))
-            except Exception as e:
-                status = status_of(e)
-                msg = pb.ModelStreamInferResponse(
-                    error_message=error_message(e, status),
-                    infer_response=pb.ModelInferResponse(
-                        model_name=req.model_name, model_version=req.model_version, id=req.id))
-            self.engine.record_request(self._label(req.model_name), "grpc_stream_infer",
-                                       status, time.perf_counter() - t0)
-            await queue.put(msg)
+            await queue.put(await self.stream_message(data))
 
         async def read() -> None:
             try:
@@ -292,6 +275,30 @@ class InferenceService:
             reader.cancel()
             for task in list(pending):
                 task.cancel()
+
+    async def stream_message(self, data: bytes | memoryview) -> pb.ModelStreamInferResponse:
+        """The answer to one message of a ``ModelStreamInfer`` stream: the inference, or
+        its error as ``error_message`` with the request's id (the stream goes on). Never
+        raises: the messages of a stream are independent, so a server may run each as it
+        arrives (``grpc_h2`` does, without the generator above)."""
+        t0 = time.perf_counter()
+        status = 200
+        req = pb.ModelInferRequest()
+        try:
+            try:
+                req, raw = split_infer_request(data)
+            except DecodeError as e:
+                raise RequestError(f"cannot parse ModelInferRequest: {e}") from None
+            msg = pb.ModelStreamInferResponse(infer_response=await self._infer(req, raw))
+        except Exception as e:
+            status = status_of(e)
+            msg = pb.ModelStreamInferResponse(
+                error_message=error_message(e, status),
+                infer_response=pb.ModelInferResponse(
+                    model_name=req.model_name, model_version=req.model_version, id=req.id))
+        self.engine.record_request(self._label(req.model_name), "grpc_stream_infer",
+                                   status, time.perf_counter() - t0)
+        return msg
 
     # --- shared memory ------------------------------------------------------------------
 
@@ -370,6 +377,8 @@ class Rpc(NamedTuple):
     handler: Callable[..., Any]
     serialize: Callable[[Any], bytes]
     stream: bool = False
+    each: Callable[[Any], Any] | None = None   # a stream of independent messages: the
+    #                                            answer to one (``stream_message``)
 
 
 def rpc_table(service: InferenceService) -> dict[str, Rpc]:
@@ -381,7 +390,8 @@ def rpc_table(service: InferenceService) -> dict[str, Rpc]:
     for name in _UNSUPPORTED:
         table[name] = Rpc(service._unsupported, bytes)
     table["ModelStreamInfer"] = Rpc(service.ModelStreamInfer,
-                                    pb.ModelStreamInferResponse.SerializeToString, stream=True)
+                                    pb.ModelStreamInferResponse.SerializeToString, stream=True,
+                                    each=service.stream_message)
     return table
 
 
