@@ -38,6 +38,8 @@ import zlib
 from typing import Any, Callable
 from urllib.parse import quote
 
+import grpc
+
 from . import hpack
 from .grpc_service import SERVICE, InferenceService, Rpc, rpc_table
 from .grpc_wire import raw_contents_offset
@@ -63,9 +65,11 @@ MAX_HEADER_BLOCK = 64 * 1024        # a request's header block, CONTINUATIONs in
 DEFAULT_WINDOW = 65535              # RFC 9113's initial windows
 _MAX_WINDOW = (1 << 31) - 1
 
-# gRPC status codes (grpc.StatusCode's numbers)
-OK, CANCELLED, UNKNOWN, INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL = \
-    0, 1, 2, 3, 8, 12, 13
+# gRPC status codes: grpcio's own numbers (what the RPCs' ``context.abort`` is given)
+OK, UNKNOWN, RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL = (
+    c.value[0] for c in (grpc.StatusCode.OK, grpc.StatusCode.UNKNOWN,
+                         grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNIMPLEMENTED,
+                         grpc.StatusCode.INTERNAL))
 
 _FRAME = struct.Struct(">IBI")      # length (24 bits, shifted in) + type, flags, stream id
 _U32 = struct.Struct(">I")
@@ -108,8 +112,8 @@ class Abort(Exception):
 class _Context:
     """The part of grpcio's servicer context the RPCs use."""
 
-    async def abort(self, code: Any, details: str = "") -> None:
-        raise Abort(code.value[0] if hasattr(code, "value") else int(code), details)
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+        raise Abort(code.value[0], details)
 
 
 _CONTEXT = _Context()
@@ -434,7 +438,7 @@ class GrpcConnection(asyncio.BufferedProtocol):
         s.got, s.need = 0, length
         s.release = None
         block = None
-        if s.name in _INFER_RPCS and not s.compressed and self.server.arena_block is not None:
+        if s.rpc.tensors and not s.compressed and self.server.arena_block is not None:
             block = self.server.arena_block(length, raw_contents_offset(first) or 0)
         if block is not None:
             s.msg, s.release = block
@@ -626,8 +630,11 @@ class GrpcConnection(asyncio.BufferedProtocol):
         """End the RPC with ``code``: trailers after its messages (or alone: trailers-only)."""
         if s.local_closed or s.reset or self.closed or s.pending_end is not None:
             return
-        block = trailers(code, message, head=not s.started)
-        end = _head(HEADERS, END_STREAM | END_HEADERS, s.id, len(block)) + block
+        if code == OK and s.started:
+            end = _end_ok(s.id)
+        else:
+            block = trailers(code, message, head=not s.started)
+            end = _head(HEADERS, END_STREAM | END_HEADERS, s.id, len(block)) + block
         if s.pending:
             s.pending_end = end
             return
@@ -697,7 +704,6 @@ class GrpcConnection(asyncio.BufferedProtocol):
 
 
 _PREFIX = f"/{SERVICE}/".encode()
-_INFER_RPCS = ("ModelInfer", "ModelStreamInfer")   # messages received into the arena
 
 
 def _end_ok(sid: int) -> bytes:

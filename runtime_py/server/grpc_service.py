@@ -379,19 +379,21 @@ class Rpc(NamedTuple):
     stream: bool = False
     each: Callable[[Any], Any] | None = None   # a stream of independent messages: the
     #                                            answer to one (``stream_message``)
+    tensors: bool = False   # its requests carry tensors: a server may receive them into
+    #                         the engine's arena (``grpc_h2``)
 
 
 def rpc_table(service: InferenceService) -> dict[str, Rpc]:
     """The service's methods by name: the one list that grpcio's generic handler and the
     built-in HTTP/2 server (``grpc_h2``) both serve."""
     table = {name: Rpc(_parsing(getattr(service, name), req, _PARSERS.get(name)),
-                       resp.SerializeToString)
+                       resp.SerializeToString, tensors=name == "ModelInfer")
              for name, (req, resp) in _UNARY.items()}
     for name in _UNSUPPORTED:
         table[name] = Rpc(service._unsupported, bytes)
     table["ModelStreamInfer"] = Rpc(service.ModelStreamInfer,
                                     pb.ModelStreamInferResponse.SerializeToString, stream=True,
-                                    each=service.stream_message)
+                                    each=service.stream_message, tensors=True)
     return table
 
 

@@ -234,12 +234,8 @@ async def run_front_ends(engine: Any, http_sock: socket.socket, host: str,
 
         grpc_front = BuiltinGrpcServer(engine, max_body_bytes)
     elif grpc_port is not None:
-        try:
-            grpc_front, bound = await start_grpc(grpc_server, engine, host, grpc_port,
-                                                 max_body_bytes, grpc_reuse_port)
-        except OSError as e:
-            raise AddressInUseError(f"{e}; stop what uses the port or pick another with "
-                                    f"--grpc-port (0 picks a free one)") from None
+        grpc_front, bound = await start_grpc(grpc_server, engine, host, grpc_port,
+                                             max_body_bytes, grpc_reuse_port)
         addresses["grpc"] = f"{host}:{bound}"
     async def watch_stop() -> None:
         while not stop.is_set():
@@ -272,17 +268,18 @@ async def run_front_ends(engine: Any, http_sock: socket.socket, host: str,
 async def start_grpc(kind: str, engine: Any, host: str, port: int, max_message_bytes: int,
                      reuse_port: bool = False) -> tuple[Any, int]:
     """A started gRPC server of ``kind`` on ``host:port`` (0 picks one): it and its port.
-    Raises ``OSError`` when the address cannot be bound."""
+    Raises ``AddressInUseError`` when the address cannot be bound."""
     if kind == "grpcio":
         from .grpc_service import start_grpc_server
 
-        return await start_grpc_server(engine, host, port, max_message_bytes, reuse_port)
+        try:
+            return await start_grpc_server(engine, host, port, max_message_bytes, reuse_port)
+        except OSError as e:
+            raise AddressInUseError(f"{e}; stop what uses the port or pick another with "
+                                    f"--grpc-port (0 picks a free one)") from None
     from .grpc_h2 import BuiltinGrpcServer
 
-    try:
-        sock = listening_socket(host, port, reuse_port)
-    except OSError as e:
-        raise OSError(f"cannot bind gRPC to {host}:{port}: {e.strerror or e}") from None
+    sock = bind_grpc(host, port, reuse_port)
     server = BuiltinGrpcServer(engine, max_message_bytes)
     await server.start(sock)
     return server, sock.getsockname()[1]
