@@ -17,7 +17,9 @@
 #       and in 32 processes (a gRPC client's call holds its process's GIL ~4x as long as
 #       an HTTP one's: 8 clients per process may queue on it; the 32-process figures of
 #       the eleventh session were void, the clients' start-up is now waited for).
-#       PATHS=, GRPC=builtin,grpcio (both gRPC servers side by side), PROCS=8 narrow it.
+#       PATHS=, GRPC=builtin,grpcio (both gRPC servers side by side), PROCS=8 narrow it;
+#       GRPC_CLIENT=raw,grpcio measures the gRPC paths with both clients (raw: the lean
+#       h2_grpc_client, the default; grpcio: grpcio's stub, the twelfth session's client).
 #
 # Logs: OUT_DIR/<step>.log. Each step prints as it goes and has its own timeout.
 set -u
@@ -62,6 +64,7 @@ serve)
       --bundle "$bundles/timm_xception-$p-uint8-1.0.0-torch-aoti.bundle" --batch 32 \
       --clients 64 --http-clients 64 --http-procs "${PROCS:-8,32}" --workers-list "$w" \
       --paths "${PATHS:-http,grpc,grpc_stream,http_shm}" --grpc-server "${GRPC:-builtin}" \
+      --grpc-client "${GRPC_CLIENT:-raw}" \
       --seconds 3 --warmup 1
   done
   ;;

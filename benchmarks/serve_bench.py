@@ -12,8 +12,8 @@ Figures (images per second, preprocessed tensors in, logits out; no image decodi
           image per request, against `runtime_py.server.run.serve` (the code of `bundle
           serve`) on loopback, each over the batcher alone with the same number of clients:
     http      binary tensor extension in and out, keep-alive connections
-    grpc      ModelInfer with raw_input_contents (prebuilt request bytes, bare grpc stub)
-              over its own connection (--grpc-channels per-process: one per client process)
+    grpc      ModelInfer with raw_input_contents (prebuilt request bytes) over its own
+              connection, from the client named by --grpc-client (below)
     http_shm  HTTP JSON header only; input and output in a registered /dev/shm region
     grpc_shm  the same over gRPC
     grpc_stream  ModelStreamInfer: one bidirectional stream per client, kept open, one
@@ -31,6 +31,13 @@ is: the request's bytes are built once, sent with one sendall, and the response 
 recv_into into one preallocated buffer, so the clients (which share this host's CPUs with
 the server) cost as little as they can. "stdlib" is the earlier http.client client (a
 request built and parsed in Python each time), kept for comparison with older figures.
+gRPC clients (--grpc-client): "raw" (default) is benchmarks/h2_grpc_client.py, the same
+idea over HTTP/2 (what h2load or ghz are, and perf_analyzer is for Triton): the header
+block and message are built once, sent with one sendmsg under the server's flow control
+windows, and the answer's frames walked in Python. "grpcio" is grpcio's channel and bare
+stub, what tritonclient.grpc wraps (--grpc-channels per-process: one connection per client
+process); on the H200 it spent 0.45-0.62 ms of CPU per request against the raw HTTP
+client's 0.10, and the clients' GIL then set the gRPC figure. "raw,grpcio" measures each.
 The server's HTTP front-end is --http-server (builtin: runtime_py/server/http1.py, the
 default of `bundle serve`; uvicorn: the ASGI server).
 
@@ -68,6 +75,8 @@ from batch_timeline import BatchTimeline, format_summary  # noqa: E402
 from role_cpu import RoleSampler, children_running, format_report  # noqa: E402
 from runtime_py.batcher import EARLY_DISPATCH_RULES, Batcher  # noqa: E402
 from runtime_py.server.run import GRPC_SERVERS  # noqa: E402
+
+GRPC_CLIENTS = ("raw", "grpcio")
 
 
 def make_model(args):
@@ -172,7 +181,7 @@ def bench_batcher(batcher: Batcher, feeds, clients: int, seconds: float, warmup:
 
 def _client_proc(kind: str, port: int, model: str, feeds: dict, threads: int, start,
                  warmup: float, seconds: float, out, ready, http_client: str = "raw",
-                 grpc_channels: str = "per-client") -> None:
+                 grpc_channels: str = "per-client", grpc_client: str = "raw") -> None:
     """One client process: ``threads`` clients of one kind; completions in the window.
 
     The process says ``ready`` once its clients are connected, and every client sends its
@@ -191,7 +200,7 @@ def _client_proc(kind: str, port: int, model: str, feeds: dict, threads: int, st
     def run(i: int) -> None:
         try:
             one = _client(kind, port, model, feeds, f"{os.getpid()}_{i}", http_client,
-                          grpc_channels)
+                          grpc_channels, grpc_client)
         except Exception as e:   # reported, not hidden: a failing path has no figure
             errors.append(f"{kind}: {type(e).__name__}: {e}")
             made.wait()
@@ -281,8 +290,12 @@ class _RawHttp:
 
 
 def _client(kind: str, port: int, model: str, feeds: dict, tag: str,
-            http_client: str = "raw", grpc_channels: str = "per-client") -> _Call:
+            http_client: str = "raw", grpc_channels: str = "per-client",
+            grpc_client: str = "raw") -> _Call:
     """A callable sending one request of ``kind``; ``.close()`` frees what it holds.
+
+    gRPC clients: "raw" is ``h2_grpc_client`` (one connection per client, the request's
+    bytes built once); "grpcio" is grpcio's channel and stub, what tritonclient wraps.
 
     gRPC: grpcio shares one TCP connection between the channels of a process that have
     the same target and arguments (its global subchannel pool; tritonclient's clients in
@@ -353,6 +366,9 @@ def _client(kind: str, port: int, model: str, feeds: dict, tag: str,
         o = req.outputs.add(name=shm.out_name)
         shm.grpc_params(o.parameters, None)
     data = req.SerializeToString()
+    if grpc_client == "raw":
+        channel.close()         # it registered the regions, if any
+        return _raw_grpc(kind, port, data, shm, options)
     if kind == "grpc_stream":
         return _GrpcStream(channel, data)
 
@@ -361,6 +377,32 @@ def _client(kind: str, port: int, model: str, feeds: dict, tag: str,
             shm.close(channel)
         channel.close()
     return _Call(lambda: infer(data), close)
+
+
+def _raw_grpc(kind: str, port: int, data: bytes, shm, options) -> _Call:
+    """``h2_grpc_client``'s unary call or stream with the prebuilt ``data``; a stream's
+    answer that carries an error message raises (its first field, error_message, is
+    serialized first when set)."""
+    import grpc
+    from h2_grpc_client import StreamCall, UnaryCall
+
+    def close():
+        one.close()
+        if shm is not None:
+            with grpc.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
+                shm.close(channel)
+
+    if kind != "grpc_stream":
+        one = UnaryCall(port, "ModelInfer", data)
+        return _Call(one, close)
+    one = StreamCall(port, "ModelStreamInfer", data)
+
+    def call():
+        answer = one()
+        if answer[:1] == b"\x0a":
+            from tritonclient.grpc import service_pb2 as pb
+            raise RuntimeError(pb.ModelStreamInferResponse.FromString(answer).error_message)
+    return _Call(call, close)
 
 
 class _GrpcStream:
@@ -530,8 +572,8 @@ class _Server:
 
 def bench_path(kind: str, server: _Server, model, feeds, clients: int, procs: int,
                seconds: float, warmup: float, http_client: str = "raw",
-               profile: str | None = None, grpc_channels: str = "per-client"
-               ) -> tuple[float | str, dict]:
+               profile: str | None = None, grpc_channels: str = "per-client",
+               grpc_client: str = "raw") -> tuple[float | str, dict]:
     """Images per second of one network path (or the first client error), and the CPU of
     each role over the measured window: the client processes, the front-end worker
     processes (none with workers=0: the front-ends then run in the engine process) and
@@ -542,7 +584,7 @@ def bench_path(kind: str, server: _Server, model, feeds, clients: int, procs: in
     per = [clients // procs + (1 if i < clients % procs else 0) for i in range(procs)]
     ps = [ctx.Process(target=_client_proc, args=(kind, server.port(kind), model.name, feeds, n,
                                                  start, warmup, seconds, out, ready,
-                                                 http_client, grpc_channels))
+                                                 http_client, grpc_channels, grpc_client))
           for n in per]
     for p in ps:
         p.start()
@@ -663,6 +705,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--http-client", default="raw", choices=["raw", "stdlib"],
                     help="raw: lean keep-alive socket client (prebuilt request bytes); "
                          "stdlib: http.client, as before")
+    ap.add_argument("--grpc-client", type=names_of(GRPC_CLIENTS), default="raw",
+                    metavar="NAME[,NAME..]",
+                    help="raw: h2_grpc_client, a lean HTTP/2 client (prebuilt request bytes, "
+                         "as the raw HTTP client; perf_analyzer's part for Triton); grpcio: "
+                         "grpcio's stub, what tritonclient wraps; both (raw,grpcio): each gRPC "
+                         "path measured with each, side by side")
     ap.add_argument("--grpc-channels", default="per-client", choices=["per-client", "per-process"],
                     help="per-client: each gRPC client its own connection (default); "
                          "per-process: the clients of a process share one (grpcio's default "
@@ -695,6 +743,7 @@ def main(argv=None) -> dict:
     else:      # one figure per path, under the runner's own mode (none: not torch-aoti)
         syncs = [getattr(getattr(model, "runner", None), "event_sync", None)]
     procs_list = args.http_procs
+    grpc_clients = args.grpc_client
     variants = [(rule, sync, procs) for rule in rules for sync in syncs for procs in procs_list]
     feeds = one_image(model, 1)
     raw = bench_raw(model, args.batch, args.seconds)
@@ -736,13 +785,16 @@ def main(argv=None) -> dict:
                     # came out 25% low on the H200 (docs/measurements/h200-2026-12-02-c)
                     time.sleep(2.0)
                     for j, kind in enumerate(kinds):
-                        for rule, sync, procs in (variants if j % 2 == 0 else variants[::-1]):
+                        each = [(*v, c) for v in variants for c in (
+                            grpc_clients if kind.startswith("grpc") else [None])]
+                        for rule, sync, procs, client in (each if j % 2 == 0 else each[::-1]):
                             key = kind + tag + (
                                 f"_{grpc_server}" if len(grpc_servers) > 1
                                 and kind.startswith("grpc") else "") + (
                                 f"@{rule}" if len(rules) > 1 else "") + (
                                 f"@{sync}" if len(syncs) > 1 else "") + (
-                                f"@p{procs}" if len(procs_list) > 1 else "")
+                                f"@p{procs}" if len(procs_list) > 1 else "") + (
+                                f"@{client}" if client and len(grpc_clients) > 1 else "")
                             if sync is not None:
                                 set_sync(sync)
                             b.early_dispatch = rule      # a fresh choice for "auto"
@@ -753,7 +805,7 @@ def main(argv=None) -> dict:
                             v, cpu[key] = bench_path(
                                 kind, server, model, feeds, args.http_clients,
                                 procs, args.seconds, args.warmup, args.http_client,
-                                args.profile_server, args.grpc_channels)
+                                args.profile_server, args.grpc_channels, client or "raw")
                             paths[key] = v
                             timelines[key] = TIMELINE.summary()
                             rule_use[key] = _rule_use(b, batches0, early0)
@@ -776,6 +828,7 @@ def main(argv=None) -> dict:
         "grpc_server": grpc_servers,
         "http_client": args.http_client,
         "grpc_channels": args.grpc_channels,
+        "grpc_client": grpc_clients,
         "client_procs": procs_list,
         "batcher_same_clients_img_s": round(batched_h, 1),
         "paths_img_s": {k: (round(v, 1) if not isinstance(v, str) else v) for k, v in paths.items()},
@@ -802,7 +855,8 @@ def _print_head(model, args, raw, batched, batched_h, cpu_batched, cpu_batched_h
     feeds = one_image(model, 1)
     print(f"model {model.name}  input { {k: [*v.shape[1:], v.dtype.name] for k, v in feeds.items()} }"
           f"  cpus {os.cpu_count()}  http server {args.http_server}, client {args.http_client}"
-          f", grpc {args.grpc_channels} connections"
+          f", grpc client {','.join(args.grpc_client)}"
+          + (f" ({args.grpc_channels} connections)" if "grpcio" in args.grpc_client else "")
           + (f"  synthetic cost {args.cost_ms} ms/batch" if args.synthetic else ""))
     print(f"raw model.infer, batch {args.batch:<3}                  {raw:10.1f} img/s")
     print(f"batcher, {args.clients} clients x 1 image             {batched:10.1f} img/s"
