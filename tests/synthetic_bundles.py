@@ -7,7 +7,7 @@ real bundle around it with the writer, its reference outputs computed by ONNX Ru
 
 from __future__ import annotations
 
-import io
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -135,3 +135,33 @@ def write_source_bundle(folder: Path, *, precision: str = "fp32", engine: dict |
         members["calibration.safetensors"] = calibration_member()
     path, _ = write_bundle(Path(folder) / f"{body['name']}.bundle", body, members)
     return path
+
+
+@contextlib.contextmanager
+def served_source_bundle(folder: Path, **serve_kwargs):
+    """``run.serve`` (the code of `bundle serve`) on a thread over ``write_source_bundle``'s
+    bundle, with ephemeral HTTP and gRPC ports: yields (gRPC port, model); stops the server
+    and closes the model on exit."""
+    import threading
+    import time
+
+    import runtime_py
+    from runtime_py.server.run import serve
+
+    model = runtime_py.load(write_source_bundle(folder))
+    addresses: dict = {}
+    stop = threading.Event()
+    thread = threading.Thread(target=serve, args=([model],), daemon=True, kwargs=dict(
+        port=0, grpc_port=0, on_ready=addresses.update, stop=stop, log_level="warning",
+        **serve_kwargs))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while "grpc" not in addresses:
+            assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.02)
+        yield int(addresses["grpc"].rsplit(":", 1)[1]), model
+    finally:
+        stop.set()
+        thread.join(30)
+        model.close()

@@ -10,7 +10,6 @@ import gzip
 import socket
 import struct
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from runtime_py.server.grpc_h2 import (  # noqa: E402
     PREFACE, RST_STREAM, SETTINGS, WINDOW_UPDATE, frame)
 
 sys.path.insert(0, str(Path(__file__).parent))
-from synthetic_bundles import write_source_bundle  # noqa: E402
+from synthetic_bundles import served_source_bundle  # noqa: E402
 
 SERVICE = "/inference.GRPCInferenceService/"
 COMPRESSION_ERROR, FRAME_SIZE_ERROR, PROTOCOL_ERROR = 9, 6, 1
@@ -37,25 +36,9 @@ COMPRESSION_ERROR, FRAME_SIZE_ERROR, PROTOCOL_ERROR = 9, 6, 1
 @pytest.fixture(scope="module", params=[0, 1], ids=["in-process", "1-worker"])
 def server(request, tmp_path_factory):
     """``serve`` on a thread with the built-in gRPC server: its gRPC port and model."""
-    import runtime_py
-    from runtime_py.server.run import serve
-
-    bundle = write_source_bundle(tmp_path_factory.mktemp("grpc_h2"))
-    model = runtime_py.load(bundle)
-    addresses: dict = {}
-    stop = threading.Event()
-    thread = threading.Thread(target=serve, args=([model],), daemon=True, kwargs=dict(
-        port=0, grpc_port=0, workers=request.param, grpc_server="builtin",
-        max_body_bytes=1 << 20, on_ready=addresses.update, stop=stop, log_level="warning"))
-    thread.start()
-    deadline = time.monotonic() + 60
-    while "grpc" not in addresses:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    yield int(addresses["grpc"].rsplit(":", 1)[1]), model
-    stop.set()
-    thread.join(30)
-    model.close()
+    with served_source_bundle(tmp_path_factory.mktemp("grpc_h2"), workers=request.param,
+                              grpc_server="builtin", max_body_bytes=1 << 20) as served:
+        yield served
 
 
 class Client:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -23,30 +22,14 @@ from tritonclient.grpc import service_pb2 as pb  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 from h2_grpc_client import GrpcStatusError, StreamCall, UnaryCall  # noqa: E402
-from synthetic_bundles import write_source_bundle  # noqa: E402
+from synthetic_bundles import served_source_bundle  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=["builtin", "grpcio"])
 def server(request, tmp_path_factory):
-    import runtime_py
-    from runtime_py.server.run import serve
-
-    bundle = write_source_bundle(tmp_path_factory.mktemp("h2_client"))
-    model = runtime_py.load(bundle)
-    addresses: dict = {}
-    stop = threading.Event()
-    thread = threading.Thread(target=serve, args=([model],), daemon=True, kwargs=dict(
-        port=0, grpc_port=0, workers=0, grpc_server=request.param,
-        max_body_bytes=4 << 20, on_ready=addresses.update, stop=stop, log_level="warning"))
-    thread.start()
-    deadline = time.monotonic() + 60
-    while "grpc" not in addresses:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    yield int(addresses["grpc"].rsplit(":", 1)[1]), model
-    stop.set()
-    thread.join(30)
-    model.close()
+    with served_source_bundle(tmp_path_factory.mktemp("h2_client"), workers=0,
+                              grpc_server=request.param, max_body_bytes=4 << 20) as served:
+        yield served
 
 
 def infer_request(model, x: np.ndarray, name: str | None = None, pad: int = 0) -> bytes:
