@@ -36,6 +36,7 @@ _U32 = struct.Struct(">I")
 _MAX_WINDOW = (1 << 31) - 1
 _DEFAULT_WINDOW = 65535
 _GIVE_BACK = 1 << 20      # connection bytes received before they are given back
+_CANCEL = 8               # RST_STREAM's error code when we stop sending
 
 
 class GrpcStatusError(RuntimeError):
@@ -71,6 +72,7 @@ class H2Connection:
         self.pending: list[bytes] = []           # control frames to send with the next write
         self.next_sid = 1
         self.sid = 0
+        self.early: list = []     # the current stream's frames read while sending
         self.sock.sendall(PREFACE + frame(SETTINGS, 0, 0, struct.pack(
             ">HIHI", 2, 0, 4, _MAX_WINDOW)) + frame(WINDOW_UPDATE, 0, 0, _U32.pack(
                 _MAX_WINDOW - _DEFAULT_WINDOW)))
@@ -84,6 +86,7 @@ class H2Connection:
         """A new stream with the request headers of ``path``: its id."""
         self.sid, self.next_sid = self.next_sid, self.next_sid + 2
         self.stream_window = self.peer_initial
+        self.early.clear()
         self.head_block = hpack.encode_headers([
             (b":method", b"POST"), (b":scheme", b"http"), (b":path", path),
             (b":authority", self.authority), (b"content-type", b"application/grpc"),
@@ -94,7 +97,9 @@ class H2Connection:
 
     def send(self, data: bytes | memoryview, end_stream: bool) -> None:
         """``data`` on the current stream as DATA frames, as fast as the windows allow
-        (the frames wait in one ``sendmsg`` with anything pending)."""
+        (the frames wait in one ``sendmsg`` with anything pending). A server that answers
+        before it has read everything (a refusal of an oversize message) ends the send:
+        its frames are kept for ``read_stream`` and the rest of ``data`` is cancelled."""
         view = memoryview(data)
         pos, total = 0, len(view)
         while True:
@@ -120,7 +125,14 @@ class H2Connection:
                 self._sendmsg(out)
             if pos >= total:
                 return
-            self._frame()           # wait for window (WINDOW_UPDATE, SETTINGS)
+            ftype, flags, sid, payload = self._frame()   # wait for window
+            if sid != self.sid or ftype not in (DATA, HEADERS, RST_STREAM):
+                continue
+            self.early.append((ftype, flags, self._headers(flags, payload)
+                               if ftype == HEADERS else bytes(payload)))
+            if ftype == RST_STREAM or flags & END_STREAM:
+                self.pending.append(frame(RST_STREAM, 0, self.sid, _U32.pack(_CANCEL)))
+                return
 
     def _sendmsg(self, buffers: list) -> None:
         """All of ``buffers`` (a socket with a timeout may take part of a sendmsg)."""
@@ -207,9 +219,14 @@ class H2Connection:
             if self.pending:
                 self._sendmsg(self.pending)
                 self.pending = []
-            ftype, flags, sid, payload = self._frame()
-            if sid != self.sid:
-                continue
+            if self.early:
+                ftype, flags, payload = self.early.pop(0)
+            else:
+                ftype, flags, sid, payload = self._frame()
+                if sid != self.sid:
+                    continue
+                if ftype == HEADERS:
+                    payload = self._headers(flags, payload)
             if ftype == DATA:
                 if flags & PADDED:
                     payload = payload[1:len(payload) - payload[0]]
@@ -218,7 +235,7 @@ class H2Connection:
                         into, 1)[0]:
                     return False
             elif ftype == HEADERS:
-                fields = dict(self._headers(flags, payload))
+                fields = dict(payload)
                 status = fields.get(b"grpc-status")
                 if status is not None and status != b"0":
                     raise GrpcStatusError(int(status), unquote(

@@ -162,3 +162,23 @@ def test_the_client_keeps_within_the_servers_windows():
     listener.close()
     assert seen["data"] == len(request) + 5
     assert not seen["overruns"], f"DATA over the granted window: {seen['overruns'][:3]}"
+
+
+def test_an_oversize_request_is_refused_and_the_connection_serves_on(server):
+    """Both servers refuse a message over ``max_body_bytes`` (4 MiB here) before reading
+    all of it: the client must stop sending and raise the status instead of waiting for
+    window that will not come."""
+    port, model = server
+    x = np.zeros((1, 3, 8, 8), np.float32)
+    call = UnaryCall(port, "ModelInfer", infer_request(model, x, pad=6 << 20))
+    call.conn.sock.settimeout(20)
+    try:
+        with pytest.raises(GrpcStatusError) as e:
+            call()
+        assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+        call.set_request(infer_request(model, x))
+        out = output_of(pb.ModelInferResponse.FromString(call()))
+        want = next(iter(model.infer({model.inputs[0].name: x}).values()))
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    finally:
+        call.close()
