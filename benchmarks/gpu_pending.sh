@@ -19,7 +19,9 @@
 #       the eleventh session were void, the clients' start-up is now waited for).
 #       PATHS=, GRPC=builtin,grpcio (both gRPC servers side by side), PROCS=8 narrow it;
 #       GRPC_CLIENT=raw,grpcio measures the gRPC paths with both clients (raw: the lean
-#       h2_grpc_client, the default; grpcio: grpcio's stub, the twelfth session's client).
+#       h2_grpc_client, the default; grpcio: grpcio's stub, the twelfth session's client);
+#       REPEATS=3 measures each path three times next to its own batcher figure and shows
+#       the median round (about 3x the time: 8 s a round here).
 #
 # Logs: OUT_DIR/<step>.log. Each step prints as it goes and has its own timeout.
 set -u
@@ -64,7 +66,7 @@ serve)
       --bundle "$bundles/timm_xception-$p-uint8-1.0.0-torch-aoti.bundle" --batch 32 \
       --clients 64 --http-clients 64 --http-procs "${PROCS:-8,32}" --workers-list "$w" \
       --paths "${PATHS:-http,grpc,grpc_stream,http_shm}" --grpc-server "${GRPC:-builtin}" \
-      --grpc-client "${GRPC_CLIENT:-raw}" \
+      --grpc-client "${GRPC_CLIENT:-raw}" --repeats "${REPEATS:-1}" \
       --seconds 3 --warmup 1
   done
   ;;
