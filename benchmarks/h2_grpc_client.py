@@ -73,6 +73,7 @@ class H2Connection:
         self.next_sid = 1
         self.sid = 0
         self.early: list = []     # the current stream's frames read while sending
+        self.blocks: dict[bytes, bytes] = {}     # request header block by path
         self.sock.sendall(PREFACE + frame(SETTINGS, 0, 0, struct.pack(
             ">HIHI", 2, 0, 4, _MAX_WINDOW)) + frame(WINDOW_UPDATE, 0, 0, _U32.pack(
                 _MAX_WINDOW - _DEFAULT_WINDOW)))
@@ -87,12 +88,14 @@ class H2Connection:
         self.sid, self.next_sid = self.next_sid, self.next_sid + 2
         self.stream_window = self.peer_initial
         self.early.clear()
-        self.head_block = hpack.encode_headers([
-            (b":method", b"POST"), (b":scheme", b"http"), (b":path", path),
-            (b":authority", self.authority), (b"content-type", b"application/grpc"),
-            (b"te", b"trailers")])
+        block = self.blocks.get(path)
+        if block is None:
+            block = self.blocks[path] = hpack.encode_headers([
+                (b":method", b"POST"), (b":scheme", b"http"), (b":path", path),
+                (b":authority", self.authority), (b"content-type", b"application/grpc"),
+                (b"te", b"trailers")])
         self.pending.append(frame(HEADERS, END_HEADERS | (END_STREAM if end_stream else 0),
-                                  self.sid, self.head_block))
+                                  self.sid, block))
         return self.sid
 
     def send(self, data: bytes | memoryview, end_stream: bool) -> None:
