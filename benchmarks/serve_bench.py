@@ -153,7 +153,10 @@ def bench_batcher(batcher: Batcher, feeds, clients: int, seconds: float, warmup:
     stay split: the batcher's cohort rule waits for the rows the last batch delivered,
     not for those still in flight. With the synthetic engine's fixed cost per batch that
     halves the figure (2-core: 384-392 against 688-752 img/s in the same run, for the
-    batcher and for the network paths alike); ``--repeats`` shows which windows did."""
+    batcher and for the network paths alike). Queuing together does not always prevent
+    it: a batcher still expecting the previous window's smaller cohort can dispatch
+    before the last of these are queued (seen once in three rounds). ``--repeats`` shows
+    which windows split."""
     start = threading.Barrier(clients + 1)
     t_begin = t_end = 0.0
     counts = [0] * clients
