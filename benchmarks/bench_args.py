@@ -18,6 +18,17 @@ def positive_ints(text: str) -> list[int]:
     return values
 
 
+def positive_int(text: str) -> int:
+    """``argparse`` type for one positive integer (a repeat count)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"one positive integer, got {text!r}")
+    return value
+
+
 def names_of(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
     """``argparse`` type for "NAME[,NAME..]" drawn from ``choices`` (servers, rules): an
     unknown name is a usage error listing the choices."""

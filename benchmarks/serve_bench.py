@@ -70,7 +70,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_args import names_of, positive_ints  # noqa: E402
+from bench_args import names_of, positive_int, positive_ints  # noqa: E402
 from batch_timeline import BatchTimeline, format_summary  # noqa: E402
 from role_cpu import RoleSampler, children_running, format_report  # noqa: E402
 from runtime_py.batcher import EARLY_DISPATCH_RULES, Batcher  # noqa: E402
@@ -702,7 +702,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--max-delay-ms", type=float, default=2.0)
     ap.add_argument("--seconds", type=float, default=5.0, help="measured time per figure")
     ap.add_argument("--warmup", type=float, default=1.0)
-    ap.add_argument("--repeats", type=int, default=1, metavar="N",
+    ap.add_argument("--repeats", type=positive_int, default=1, metavar="N",
                     help="measure each path N times, each time next to its own batcher "
                          "figure (reference before the path, then after it, alternating); "
                          "the figure shown is the round with the median ratio, and every "

@@ -30,3 +30,10 @@ def test_anything_else_is_a_usage_error_naming_the_value(bench_args, text):
     ap.add_argument("--procs", type=bench_args.positive_ints)
     with pytest.raises(argparse.ArgumentError, match="positive integers"):
         ap.parse_args(["--procs", text])
+
+
+def test_one_positive_integer(bench_args):
+    assert bench_args.positive_int("3") == 3
+    for text in ("0", "3,4", "x", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            bench_args.positive_int(text)

@@ -1,0 +1,58 @@
+"""benchmarks/serve_bench.py --repeats: each path measured in several rounds, each next to
+its own batcher figure, the round with the median ratio shown (the H200's and the 2-core
+machine's single windows moved by +-10%, and some landed in a split-cohort state)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytest.importorskip("starlette")
+
+
+@pytest.fixture(scope="module")
+def serve_bench():
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+    return importlib.import_module("serve_bench")
+
+
+def test_the_median_round_is_a_real_round(serve_bench):
+    rounds = [(700.0, 350.0, "cpu1", "t1", "u1"),     # 0.50: a split window
+              (700.0, 630.0, "cpu2", "t2", "u2"),     # 0.90
+              (400.0, 600.0, "cpu3", "t3", "u3")]     # 1.50: a split reference
+    assert serve_bench._median_round(rounds)[2] == "cpu2"
+    # an even count: the lower of the two middle rounds
+    assert serve_bench._median_round(rounds[:2])[2] == "cpu1"
+
+
+def test_a_failed_round_fails_the_path(serve_bench):
+    rounds = [(700.0, 630.0, "cpu1", "t1", "u1"), (700.0, "http: ConnectionError", {}, {}, {})]
+    assert serve_bench._median_round(rounds)[1] == "http: ConnectionError"
+
+
+def test_repeats_end_to_end_on_the_synthetic_model(serve_bench, capsys):
+    """Three rounds of HTTP over the synthetic model: three ratios, and the figure shown is
+    the median one's."""
+    result = serve_bench.main([
+        "--synthetic", "--light", "--dtype", "uint8", "--image-size", "64", "--cost-ms", "2",
+        "--paths", "http", "--workers-list", "0", "--http-clients", "4", "--http-procs", "1",
+        "--seconds", "0.3", "--warmup", "0.1", "--repeats", "3", "--json"])
+    capsys.readouterr()
+    rounds = result["paths_over_batcher_rounds"]["http_w0"]
+    assert result["repeats"] == 3 and len(rounds) == 3
+    assert result["paths_over_batcher"]["http_w0"] == sorted(rounds)[1]
+    json.dumps(result)      # what --json prints
+
+
+def test_zero_repeats_is_a_usage_error(serve_bench, capsys):
+    with pytest.raises(SystemExit) as e:
+        serve_bench.main(["--synthetic", "--repeats", "0"])
+    assert e.value.code == 2
+    assert "one positive integer" in capsys.readouterr().err
