@@ -3,23 +3,18 @@
 
 from __future__ import annotations
 
-import importlib
-import sys
 import threading
-from pathlib import Path
 
 import numpy as np
 
 from runtime_py.batcher import Batcher, BatchStats
 from runtime_py.testing import AsyncToyModel
+from benchmark_modules import load_benchmark
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _timeline():
-    if str(ROOT / "benchmarks") not in sys.path:
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-    return importlib.import_module("batch_timeline")
+    return load_benchmark("batch_timeline")
 
 
 def _stats(dispatched_at, enqueue_s, ready_s, compute_s, queue_s, size=4):

@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import importlib
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmark_modules import load_benchmark
+
 
 
 @pytest.fixture(scope="module")
 def bench_args():
-    if str(ROOT / "benchmarks") not in sys.path:
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-    return importlib.import_module("bench_args")
+    return load_benchmark("bench_args")
 
 
 def test_lists_of_positive_integers_parse(bench_args):

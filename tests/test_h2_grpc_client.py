@@ -6,9 +6,7 @@ or the benchmark's figures would count failed calls."""
 
 from __future__ import annotations
 
-import sys
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,10 +17,11 @@ pytest.importorskip("starlette")
 import grpc  # noqa: E402
 from tritonclient.grpc import service_pb2 as pb  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
-from h2_grpc_client import GrpcStatusError, StreamCall, UnaryCall  # noqa: E402
+from benchmark_modules import load_benchmark  # noqa: E402
 from synthetic_bundles import served_source_bundle  # noqa: E402
+
+_h2 = load_benchmark("h2_grpc_client")
+GrpcStatusError, StreamCall, UnaryCall = _h2.GrpcStatusError, _h2.StreamCall, _h2.UnaryCall
 
 
 @pytest.fixture(scope="module", params=["builtin", "grpcio"])

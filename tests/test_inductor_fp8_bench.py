@@ -5,10 +5,8 @@ family (eager, ``torch._scaled_mm``'s CPU kernel), as the dry run does."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,16 +15,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("timm")
 
+from benchmark_modules import load_benchmark  # noqa: E402
 from bundler.families import families_path, load_family  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load(name: str):
-    """A module of benchmarks/ (they import each other by name, as run from there)."""
-    if str(ROOT / "benchmarks") not in sys.path:
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-    return importlib.import_module(name)
+_load = load_benchmark
 
 
 @pytest.mark.parametrize("name,kind,quantize", [

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import subprocess
 import sys
 import time
@@ -10,15 +9,14 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmark_modules import load_benchmark
+
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
 
 
 def _role_cpu():
-    if str(ROOT / "benchmarks") not in sys.path:
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-    return importlib.import_module("role_cpu")
+    return load_benchmark("role_cpu")
 
 
 def _spin(seconds: float) -> None:

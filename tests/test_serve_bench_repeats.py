@@ -4,23 +4,19 @@ machine's single windows moved by +-10%, and some landed in a split-cohort state
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmark_modules import load_benchmark
+
 
 pytest.importorskip("starlette")
 
 
 @pytest.fixture(scope="module")
 def serve_bench():
-    if str(ROOT / "benchmarks") not in sys.path:
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-    return importlib.import_module("serve_bench")
+    return load_benchmark("serve_bench")
 
 
 def test_the_median_round_is_a_real_round(serve_bench):
