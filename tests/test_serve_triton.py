@@ -536,6 +536,26 @@ def test_serve_reports_caps_binds_and_shuts_down_cleanly(tiny_bundle):
     assert set(os.listdir("/dev/shm")) - shm_before == set()
 
 
+@pytest.mark.parametrize("kind", ["builtin", "grpcio"])
+def test_both_grpc_servers_refuse_a_taken_port_with_one_message(kind):
+    """The same error class and advice whichever server tried (grpcio's own error is a
+    RuntimeError; the CLI maps AddressInUseError to exit 7)."""
+    import asyncio
+    import socket
+
+    from runtime_py.errors import AddressInUseError
+    from runtime_py.server.run import start_grpc
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(AddressInUseError) as e:
+            asyncio.run(start_grpc(kind, None, "127.0.0.1", port, 1 << 20))
+    assert str(e.value).startswith(f"cannot listen for gRPC on 127.0.0.1:{port}: ")
+    assert "--grpc-port (0 picks a free one)" in str(e.value)
+
+
 def test_an_unknown_early_dispatch_rule_is_a_usage_error(tiny_bundle):
     r = subprocess.run([*BUNDLE_CLI, "serve", str(tiny_bundle), "--early-dispatch", "soon"],
                        capture_output=True, text=True, timeout=120)

@@ -425,8 +425,8 @@ async def start_grpc_server(engine: Any, host: str, port: int, max_message_bytes
     try:
         bound = server.add_insecure_port(address)
     except RuntimeError as e:
-        raise OSError(f"cannot bind gRPC to {address}: {e}") from None
+        raise OSError(f"grpcio: {e}") from None
     if not bound:
-        raise OSError(f"cannot bind gRPC to {address} (address in use?)")
+        raise OSError("grpcio could not bind it (address in use?)")
     await server.start()
     return server, bound

@@ -164,14 +164,21 @@ def listening_socket(host: str, port: int, reuse_port: bool = False) -> socket.s
     return sock
 
 
+def port_taken(protocol: str, host: str, port: int, e: OSError) -> AddressInUseError:
+    """The error for a front-end port that cannot be listened on, naming the option that
+    picks another (one message for HTTP and both gRPC servers)."""
+    option = "--port" if protocol == "HTTP" else "--grpc-port"
+    return AddressInUseError(
+        f"cannot listen for {protocol} on {host}:{port}: {e.strerror or e}; stop what uses "
+        f"the port or pick another with {option} (0 picks a free one)")
+
+
 def bind_http(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host:port``, or ``AddressInUseError`` saying why not."""
     try:
         return listening_socket(host, port)
     except OSError as e:
-        raise AddressInUseError(
-            f"cannot listen for HTTP on {host}:{port}: {e.strerror or e}; stop what uses "
-            f"the port or pick another with --port (0 picks a free one)") from None
+        raise port_taken("HTTP", host, port, e) from None
 
 
 def bind_grpc(host: str, port: int, reuse_port: bool = False) -> socket.socket:
@@ -179,9 +186,7 @@ def bind_grpc(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     try:
         return listening_socket(host, port, reuse_port)
     except OSError as e:
-        raise AddressInUseError(
-            f"cannot listen for gRPC on {host}:{port}: {e.strerror or e}; stop what uses "
-            f"the port or pick another with --grpc-port (0 picks a free one)") from None
+        raise port_taken("gRPC", host, port, e) from None
 
 
 def bound_port(sock: socket.socket) -> int:
@@ -275,8 +280,7 @@ async def start_grpc(kind: str, engine: Any, host: str, port: int, max_message_b
         try:
             return await start_grpc_server(engine, host, port, max_message_bytes, reuse_port)
         except OSError as e:
-            raise AddressInUseError(f"{e}; stop what uses the port or pick another with "
-                                    f"--grpc-port (0 picks a free one)") from None
+            raise port_taken("gRPC", host, port, e) from None
     from .grpc_h2 import BuiltinGrpcServer
 
     sock = bind_grpc(host, port, reuse_port)
