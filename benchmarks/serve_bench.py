@@ -367,8 +367,6 @@ def _client(kind: str, port: int, model: str, feeds: dict, tag: str,
                ("grpc.max_receive_message_length", 1 << 30)]
     if grpc_channels == "per-client":
         options.append(("grpc.use_local_subchannel_pool", 1))
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=options)
-    infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
     req = pb.ModelInferRequest(model_name=model)
     for k, v in feeds.items():
         t = req.inputs.add(name=k, datatype=kserve_datatype(v.dtype), shape=list(v.shape))
@@ -377,13 +375,19 @@ def _client(kind: str, port: int, model: str, feeds: dict, tag: str,
         else:
             shm.grpc_params(t.parameters, k)
     if shm is not None:
-        shm.register_grpc(channel)
         o = req.outputs.add(name=shm.out_name)
         shm.grpc_params(o.parameters, None)
     data = req.SerializeToString()
+
+    def channel_of():
+        return grpc.insecure_channel(f"127.0.0.1:{port}", options=options)
+
     if grpc_client == "raw":
-        channel.close()         # it registered the regions, if any
-        return _raw_grpc(kind, port, data, shm, options)
+        return _raw_grpc(kind, port, data, shm, channel_of)
+    channel = channel_of()
+    if shm is not None:
+        shm.register_grpc(channel)
+    infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
     if kind == "grpc_stream":
         return _GrpcStream(channel, data)
 
@@ -394,17 +398,21 @@ def _client(kind: str, port: int, model: str, feeds: dict, tag: str,
     return _Call(lambda: infer(data), close)
 
 
-def _raw_grpc(kind: str, port: int, data: bytes, shm, options) -> _Call:
+def _raw_grpc(kind: str, port: int, data: bytes, shm, channel_of) -> _Call:
     """``h2_grpc_client``'s unary call or stream with the prebuilt ``data``; a stream's
     answer that carries an error message raises (its first field, error_message, is
-    serialized first when set)."""
-    import grpc
+    serialized first when set). Shared-memory regions are registered and unregistered
+    over a grpcio channel (``channel_of()``) opened for that alone."""
     from h2_grpc_client import StreamCall, UnaryCall
+
+    if shm is not None:
+        with channel_of() as channel:
+            shm.register_grpc(channel)
 
     def close():
         one.close()
         if shm is not None:
-            with grpc.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
+            with channel_of() as channel:
                 shm.close(channel)
 
     if kind != "grpc_stream":
