@@ -549,15 +549,14 @@ class GrpcConnection(asyncio.BufferedProtocol):
             try:
                 resp = await s.rpc.each(data)
             finally:
+                s.inflight -= 1
                 if release is not None:
                     release()
             body = s.rpc.serialize(resp)
         except Exception as e:
-            s.inflight -= 1
             log.error("gRPC %s failed", s.name, exc_info=e)
             self._finish(s, UNKNOWN, f"{type(e).__name__}: {e}")
             return
-        s.inflight -= 1
         self._send_message(s, body)
         if s.remote_closed and not s.inflight:
             self._finish(s, OK)
