@@ -49,6 +49,9 @@ suffixes of an fp8 base (``model.FP8_GEMMS``):
                cuDNN's kernel and a quantize pass; -dwcudnn: cuDNN's kernel and the quantize
                pass. Without one of these, the family's ``torch_aoti.fp8_depthwise``
                (timm_xception: triton since 2026-12-02; the older logs' -cl was cuDNN's)
+  -tfused      fp8_conv "triton-fused": image families, the channels_last model with fused
+               ResNet bottlenecks; "as_is" families, the fused MLPs (fc1 + GELU + fc2's
+               quantize on the Triton kernel: ``fused_mlp.FusedMlp``)
   -unpadded    NHWC families: channel counts not carried padded to 16 (-padded: carried,
                the fp8 default since 2026-11-29; the older logs' plain "fp8" was unpadded)
 Default: fp16,fp8,fp8-fp16out-fastacc,fp8-fp16out,fp8-fastacc,fp8-dequant.
@@ -96,7 +99,7 @@ SUFFIXES = {"-fastacc": ("fast_accum", True), "-fp16out": ("gemm", "rowwise-fp16
             "-sbdequant": ("small_batch_pointwise", "dequantized"),
             "-cl": ("form", "channels_last"), "-nhwc": ("form", "nhwc"),
             "-dwslices": ("depthwise", "slices"), "-dwtriton": ("depthwise", "triton"),
-            "-dwcudnn": ("depthwise", "cudnn")}
+            "-dwcudnn": ("depthwise", "cudnn"), "-tfused": ("conv", "triton-fused")}
 STARTED = time.monotonic()
 
 
@@ -119,6 +122,7 @@ class Variant:
     small_batch_pointwise: str = "gemm"
     form: str = "family"             # fp8: "family", "nhwc" or "channels_last"
     depthwise: str = "family"        # channels_last fp8: "cudnn", "slices", "triton" or the family's
+    conv: str | None = None          # fp8_conv ("triton-fused"); None: the family's / env's
 
 
 def parse_variant(name: str, family) -> Variant:
@@ -176,7 +180,8 @@ def engine_module(variant: Variant, model, family, fp8: dict | None, max_batch: 
         fp8_gemm=variant.gemm, pad_channels=pad,
         input_shape=shape if variant.shared_ones else None,
         max_batch=max_batch if variant.shared_ones else None, layout=layout,
-        fp8_conv=default_fp8_conv(None) if variant.precision == "fp8" else "im2col",
+        fp8_conv=(variant.conv or default_fp8_conv(None, family.torch_aoti_fp8_conv)
+                  if variant.precision == "fp8" else "im2col"),
         hook=getattr(ext, "nhwc_module", None), channels_last=channels_last and not nhwc,
         small_batch_pointwise=variant.small_batch_pointwise,
         depthwise=(depthwise_form(family, variant.precision, variant.recipe)

@@ -94,7 +94,10 @@ MAX_STATIC_BATCHES = 8
 TORCH_AOTI_FP8_GEMMS = ("rowwise", "tensorwise", "rowwise-fp16", "dequantized")
 #: ``torch_aoti.fp8_conv``: how the torch-aoti fp8 engine runs dense k x k FP8 convolutions
 #: (the meaning of each: bundler.targets.torch_aoti.model.FP8_CONVS); "im2col" unless the
-#: family names another; ``$TRT_BUNDLE_FP8_CONV`` overrides it for one build.
+#: family names another; ``$TRT_BUNDLE_FP8_CONV`` overrides it for one build. For a layout
+#: "as_is" family (Linear layers) only "triton-fused" means something: its transformer MLPs
+#: run fc1 on the same Triton kernel with GELU and fc2's quantize fused
+#: (bundler.targets.torch_aoti.fused_mlp).
 TORCH_AOTI_FP8_CONVS = ("im2col", "triton", "triton-fused")
 #: ``torch_aoti.fp8_pointwise_small_batch``: how the FP8 1x1 convolutions (a layout "as_is"
 #: family's FP8 Linear layers: gemm or dequantized) run in a static-batch graph of at most 8
@@ -530,6 +533,14 @@ def parse_family(data: Any, *, folder: Path, expected_name: str | None = None) -
             problems.append("torch_aoti.fp8_pointwise_small_batch: triton is the 1x1 "
                             "convolution kernel; the Linear layers of a layout as_is family "
                             "take gemm or dequantized")
+        conv = aoti.get("fp8_conv", "im2col")
+        if aoti.get("layout", "nhwc") == "as_is" and conv == "triton":
+            problems.append("torch_aoti.fp8_conv: a layout as_is family has no convolutions; "
+                            "of the fp8_conv forms only triton-fused applies (fused MLPs)")
+        elif (aoti.get("layout", "nhwc") == "as_is" and conv == "triton-fused"
+              and small_gemm != "gemm"):
+            problems.append("torch_aoti.fp8_conv: the fused MLPs (triton-fused) have one form "
+                            "at every batch; leave fp8_pointwise_small_batch out")
         if not isinstance(aoti.get("fp8_fast_accum", False), bool):
             problems.append("torch_aoti.fp8_fast_accum: must be true or false")
         problems += _static_batch_problems(aoti.get("static_batches", []), batch)

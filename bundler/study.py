@@ -168,6 +168,7 @@ def reuse_mismatch(path: Path, family, req, target: str, source: dict,
                                          list(family.torch_aoti_static_batches_for(
                                              req.precision)))
         from bundler.targets.torch_aoti.build import (FP8_CONV_DESCRIPTIONS,
+                                                      FUSED_MLP_DESCRIPTION,
                                                       SMALL_BATCH_POINTWISE_DESCRIPTIONS,
                                                       default_fp8_conv, default_pad_channels,
                                                       depthwise_form,
@@ -184,6 +185,11 @@ def reuse_mismatch(path: Path, family, req, target: str, source: dict,
             names = {text: name for name, text in FP8_CONV_DESCRIPTIONS.items()}
             checks["fp8 convolution form"] = (names.get(options.get("fp8_conv"),
                                                         options.get("fp8_conv")), conv)
+        elif req.precision == "fp8":
+            # tokens: whether the MLPs are fused (fp8_conv triton-fused) or not
+            fused = options.get("fp8_conv") == FUSED_MLP_DESCRIPTION
+            checks["fp8 MLP form"] = ("triton-fused" if fused else "separate",
+                                      "triton-fused" if conv == "triton-fused" else "separate")
         if req.precision == "fp8":
             # the small-batch form of its FP8 GEMM layers (1x1 convolutions, Linear layers;
             # recorded only where a small static graph has it)

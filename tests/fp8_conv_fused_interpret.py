@@ -207,8 +207,8 @@ def tiny_resnet(seed: int = 0) -> nn.Module:
 
 
 def calibrate(model: nn.Module, x: torch.Tensor, paths: list[str]) -> dict:
-    """path -> (activation scale, weight scales): amax/448 of each input, per channel of
-    each kernel (the recipe's max calibrator)."""
+    """path -> (activation scale, weight scales): amax/448 of each input, per output
+    channel of each kernel (the recipe's max calibrator); convolutions or Linear layers."""
     modules = dict(model.named_modules())
     amax: dict = {}
     hooks = [modules[p].register_forward_hook(
@@ -218,8 +218,10 @@ def calibrate(model: nn.Module, x: torch.Tensor, paths: list[str]) -> dict:
         model(x)
     for hk in hooks:
         hk.remove()
-    return {p: (amax[p] / 448, (modules[p].weight.detach().abs().amax(dim=(1, 2, 3)) / 448)
-                .numpy()) for p in paths}
+    def per_channel(w):      # a convolution's [out, in, kh, kw] or a Linear's [out, in]
+        return w.detach().abs().amax(dim=tuple(range(1, w.dim())))
+
+    return {p: (amax[p] / 448, (per_channel(modules[p].weight) / 448).numpy()) for p in paths}
 
 
 def resnet50() -> nn.Module:

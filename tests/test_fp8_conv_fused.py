@@ -201,6 +201,16 @@ def test_torch_compile_traces_the_fused_model_into_one_graph():
     assert sum(n.kwargs["kwargs"]["OUT_F8"] for n in launches) == 8        # 2 per block + 2
 
 
+#: The fused op's tile arguments, by name (the op's schema: block_m .. group_m).
+_TILE_ARGS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "group_m")
+
+
+def _launch_tiles(node) -> tuple:
+    """The tiles an exported fused-op node launches with."""
+    names = [a.name for a in node.target._schema.arguments]
+    return tuple(node.args[names.index(a)] for a in _TILE_ARGS)
+
+
 @needs_triton
 def test_a_tile_table_sets_the_tiles_of_the_layers_it_names():
     """rewrite_fused(tiles=...) (fp8_conv_bench.py --fused-layers' measured table): the
@@ -226,7 +236,7 @@ def test_a_tile_table_sets_the_tiles_of_the_layers_it_names():
     assert config_for(16, 32, (1, 1), (1, 1)) == default_config(16, 32, (1, 1))  # no table
     program = torch.export.export(EngineModule(body, torch.float16, False, True).eval(),
                                   (torch.randn(2, 3, 16, 16),))
-    launched = sorted(tuple(n.args[-6:]) for n in program.graph.nodes
+    launched = sorted(_launch_tiles(n) for n in program.graph.nodes
                       if "fp8_conv_nhwc_fused" in str(n.target))
     assert launched.count(tuple(chosen)) == 1 and launched.count((32, 16, 32, 2, 2, 8)) == 2
 
@@ -249,7 +259,7 @@ def test_a_graph_traced_for_a_static_batch_launches_that_batchs_tiles():
                           False, True).eval()
 
     def launched(program):
-        return [tuple(n.args[-6:]) for n in program.graph.nodes
+        return [_launch_tiles(n) for n in program.graph.nodes
                 if "fp8_conv_nhwc_fused" in str(n.target)]
 
     static = launched(torch.export.export(module, (torch.randn(1, 3, 16, 16),)))

@@ -74,6 +74,10 @@ def test_variant_names():
         with pytest.raises(ValueError, match="channels_last form"):
             bench.parse_variant("fp8-nhwc" + suffix, xception)
     assert bench.parse_variant("fp8-sbdequant", vit).small_batch_pointwise == "dequantized"
+    # fp8_conv triton-fused (ViT: the fused MLPs); without the suffix, the family's own
+    v = bench.parse_variant("fp8-fp16out-tfused", vit)
+    assert (v.conv, v.gemm) == ("triton-fused", "rowwise-fp16")
+    assert bench.parse_variant("fp8", vit).conv is None
     for bad in ("fp8-depthwise", "fp16-fastacc", "fp8-fp16out-tensorwise", "int8"):
         with pytest.raises(ValueError):
             bench.parse_variant(bad, vit)

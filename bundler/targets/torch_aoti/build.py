@@ -190,7 +190,8 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
                                             int(max_batch))
         body = rewrite.rewrite_as_is(torch_model, dtype, fp8=fp8, fast_accum=fast_accum,
                                         fp8_gemm=fp8_gemm, fp8_rows=rows,
-                                        small_batch_pointwise=small_batch_pointwise)
+                                        small_batch_pointwise=small_batch_pointwise,
+                                        fp8_conv=fp8_conv if precision == "fp8" else "im2col")
         return rewrite.EngineModule(body, dtype, False), {}
     if layout != "nhwc":
         raise UsageError(f"torch_aoti.layout {layout!r}: choose nhwc or as_is")
@@ -493,7 +494,7 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
                     else bool(pad_channels))  # engine_model refuses padding without NHWC
     lo, hi = int(batch["min"]), int(batch["max"])
     fp8_conv = default_fp8_conv(fp8_conv) if precision == "fp8" else "im2col"
-    if fp8_conv == "triton-fused":     # the channels_last model, bottlenecks fused
+    if fp8_conv == "triton-fused" and layout != "as_is":   # channels_last, bottlenecks fused
         nhwc, pad_channels, channels_last = False, False, True
     static = static_sizes(static_batches, lo, hi)
     small_batch_pointwise = effective_small_batch_pointwise(
@@ -591,6 +592,8 @@ def engine_details(host: dict, precision: str, options: dict, *, nhwc: bool,
             "fp8_fast_accum": bool(fast_accum)} if precision == "fp8" else {}),
         **({"fp8_conv": FP8_CONV_DESCRIPTIONS[fp8_conv]}
            if precision == "fp8" and layout != "as_is" else {}),
+        **({"fp8_conv": FUSED_MLP_DESCRIPTION}
+           if precision == "fp8" and layout == "as_is" and fp8_conv == "triton-fused" else {}),
         **({"fp8_pointwise_small_batch": SMALL_BATCH_POINTWISE_DESCRIPTIONS[small_batch_pointwise]}
            if small_batch_pointwise != "gemm" else {}),
         **({"cxx": cxx} if cxx else {}),
@@ -669,6 +672,13 @@ FP8_CONV_DESCRIPTIONS = {
                     "add in its epilogue, e4m3 written with the next layer's activation "
                     "scale (no quantize pass between FP8 layers)",
 }
+
+
+#: ``fp8_conv`` "triton-fused" of a layout "as_is" family (``fused_mlp``), as recorded.
+FUSED_MLP_DESCRIPTION = ("transformer MLPs fused: fc1 on the implicit-GEMM Triton kernel (a 1x1 "
+                         "convolution over the tokens) with bias, GELU and fc2's input "
+                         "quantize in its epilogue, e4m3 out; fc2 and the other FP8 Linear "
+                         "layers on torch._scaled_mm")
 
 
 def _example(input_shape: tuple[int, ...], device: str):

@@ -1070,13 +1070,17 @@ def rewrite_as_is(model: torch.nn.Module, dtype: torch.dtype, *,
                   fp8: Mapping[str, tuple[float, Any]] | None = None, emulate: bool = False,
                   fast_accum: bool = False, fp8_gemm: str = "rowwise",
                   fp8_rows: int | None = None,
-                  small_batch_pointwise: str = "gemm") -> torch.nn.Module:
+                  small_batch_pointwise: str = "gemm",
+                  fp8_conv: str = "im2col") -> torch.nn.Module:
     """A copy of ``model`` in ``dtype``, its layout as it is (a transformer's tokens are
     already row-major ``[tokens, features]`` GEMM operands), with the ``fp8`` Linear
     layers (module path -> (activation scale, weight scales)) as ``Fp8Linear``. The family
     layout rule ``"as_is"`` (``family.json`` ``torch_aoti.layout``);
     ``small_batch_pointwise``: the layers' form in small static-batch graphs
-    (``Fp8Linear``: "gemm" or "dequantized")."""
+    (``Fp8Linear``: "gemm" or "dequantized"). ``fp8_conv="triton-fused"``: every transformer
+    MLP whose fc1 and fc2 are FP8 runs fc1 on the Triton FP8 kernel with GELU and fc2's
+    input quantize in its epilogue (``fused_mlp.FusedMlp``); the other modes have no
+    convolution to act on here."""
     fp8 = dict(fp8 or {})
     ones = OnesColumn(fp8_rows) if fp8 and fp8_rows and fp8_gemm in ROWWISE_GEMMS else None
     body = copy.deepcopy(model).eval().to(dtype)
@@ -1093,6 +1097,16 @@ def rewrite_as_is(model: torch.nn.Module, dtype: torch.dtype, *,
         setattr(parent, child, Fp8Linear(linear, act, weights, dtype, emulate=emulate,
                                          fast_accum=fast_accum, gemm=fp8_gemm, ones=ones,
                                          small_batch_kernel=small_batch_pointwise))
+    if fp8 and fp8_conv == "triton-fused":
+        from bundler.targets.torch_aoti.fused_mlp import fuse_mlps
+
+        if small_batch_pointwise != "gemm":
+            raise UsageError("the fused MLPs (fp8_conv triton-fused) have one form at every "
+                             "batch: leave fp8_pointwise_small_batch out")
+        if not fuse_mlps(body, model, fp8, dtype, emulate=emulate, fast_accum=fast_accum,
+                         gemm=fp8_gemm, ones=ones):
+            raise UsageError("fp8_conv triton-fused fuses transformer MLPs whose fc1 and fc2 "
+                             "are both FP8; this model has none: leave fp8_conv out")
     return body.requires_grad_(False)
 
 

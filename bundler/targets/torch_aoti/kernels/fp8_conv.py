@@ -11,9 +11,14 @@ The GEMM: rows are the output pixels (M = N * Ho * Wo), columns the output chann
 reduction runs over (kh, kw, C) in that order, the layout of the im2col path's kernel
 ``[Cout, kh*kw*Cin]`` (rows padded to ``ldw`` columns), so both paths use the same FP8
 weight buffer. Operands: the input already quantized to e4m3 with the per-tensor
-activation scale, the per-output-channel quantized weight; accumulation in fp32; the
-epilogue multiplies by ``scale[n]`` (activation scale times the channel's weight scale),
-adds the bias, optionally applies ReLU, and stores fp16.
+activation scale, the per-output-channel quantized weight; accumulation into an fp32
+register tile, by default as Triton does FP8 dots on sm_90: the tensor cores'
+reduced-precision accumulation over the whole reduction (``max_num_imprecise_acc_default =
+2**30`` for compute capability 9.0, what cuBLAS calls fast accumulation; the fused op's
+``imprecise_acc`` promotes the partial sums to fp32 every n elements instead, at a cost:
+ViT-B's MLP with fc1 on this kernel, batch 32, 0.161 -> 0.191 ms with n = 32,
+``benchmarks/fp8_mlp_bench.py``); the epilogue multiplies by ``scale[n]`` (activation scale
+times the channel's weight scale), adds the bias, optionally applies ReLU, and stores fp16.
 
 Fused epilogues (``fp8_conv_nhwc_fused``, the same kernel with more constexpr switches), for
 the fused ResNet bottleneck (``bundler.targets.torch_aoti.fused``): a residual (an fp16
@@ -23,7 +28,9 @@ scale (the fp16 value divided by it in IEEE fp32, saturated to +-448, rounded to
 even: ``QuantizeLinear`` of the fp16 tensor the graph has there), so that the next FP8
 convolution reads it without a quantize pass of its own. As in the ONNX graph, the
 convolution's output is rounded to fp16 before the residual is added, and the sum rounded
-to fp16 again.
+to fp16 again. For a transformer MLP's fc1 (``bundler.targets.torch_aoti.fused_mlp``, the
+kernel as a 1x1 convolution over the tokens): GELU of the fp16 output (``GELU_FORMS``)
+instead of ReLU, before the e4m3 output.
 
 Registered with ``torch.library.triton_op`` as ``trt_bundle::fp8_conv_nhwc`` so that
 ``torch.compile`` and AOTInductor see the Triton kernel itself (compiled into the package,
@@ -48,11 +55,15 @@ from torch.library import triton_op, wrap_triton
 from bundler.fp8 import E4M3_MAX
 from bundler.targets.torch_aoti.model import conv_output_hw
 
-__all__ = ["Fp8ConvConfig", "CANDIDATE_CONFIGS", "SMALL_BATCH_CONFIGS", "MEASURED_TILES",
+__all__ = ["GELU_FORMS", "Fp8ConvConfig", "CANDIDATE_CONFIGS", "SMALL_BATCH_CONFIGS", "MEASURED_TILES",
            "MEASURED_TILES_BATCH1", "MEASURED_TILES_BY_BATCH", "TileKey", "TileTable", "tile_key", "small_batch_config", "default_config", "config_for", "fp8_conv_nhwc", "fp8_conv",
            "fp8_conv_nhwc_fused", "fp8_conv_fused"]
 
 OP = "trt_bundle::fp8_conv_nhwc"
+#: GELU in the fused epilogue (``fp8_conv_fused(gelu=)``) -> the kernel's GELU switch:
+#: "erf" libdevice's erf (exact to fp32), "erfc" ``_gelu_erfc`` (|error| <= 1.5e-7, about a
+#: third of the instructions).
+GELU_FORMS = {"erf": 1, "erfc": 2}
 FUSED_OP = "trt_bundle::fp8_conv_nhwc_fused"
 
 
@@ -234,6 +245,24 @@ def _quantize_e4m3(v, s, inv, QMAX: tl.constexpr):
 
 
 @triton.jit
+def _gelu_erfc(g):
+    """GELU(g) = g * Phi(g) with Phi from erfc in Abramowitz & Stegun's 7.1.26 form
+    (``erfc(z) = t * P(t) * exp(-z^2)``, ``t = 1 / (1 + p z)``, |error| <= 1.5e-7): one
+    reciprocal, one exponential and six multiply-adds, where libdevice's ``erff`` costs
+    about 40 instructions. Why: in fc1's epilogue (ViT-B: 3,072 values per token) the exact
+    erf is compute-bound, 26 us of a 45 us GEMM on the H200 (``benchmarks/fp8_mlp_bench.py``).
+    For g < 0, Phi(g) = erfc(|g| / sqrt 2) / 2 is taken as it is (no 1 + erf cancellation).
+    The output is rounded to fp16, then to e4m3: the error changes a value only at a
+    rounding tie of either."""
+    z = tl.abs(g) * 0.7071067811865476
+    t = 1.0 / (1.0 + 0.3275911 * z)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741
+                                                       + t * (-1.453152027 + t * 1.061405429))))
+    half_erfc = 0.5 * poly * tl.exp(-z * z)
+    return g * tl.where(g >= 0, 1.0 - half_erfc, half_erfc)
+
+
+@triton.jit
 def _window_origins(offs_m, HO, WO, SH: tl.constexpr, SW: tl.constexpr, PH: tl.constexpr,
                     PW: tl.constexpr):
     """Output pixels (flat NHWC row indices) -> (image, output row, output column, top and
@@ -254,7 +283,7 @@ def _fp8_conv_nhwc_kernel(
         RELU: tl.constexpr, EVEN_C: tl.constexpr, RESIDUAL: tl.constexpr,
         RES_CONTIG: tl.constexpr, OUT_F16: tl.constexpr, OUT_F8: tl.constexpr, QMAX: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        GROUP_M: tl.constexpr):
+        GROUP_M: tl.constexpr, GELU: tl.constexpr = 0, IMPRECISE_ACC: tl.constexpr = None):
     # grouped program order: GROUP_M row tiles share the column tiles' weights in L2
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
@@ -291,7 +320,7 @@ def _fp8_conv_nhwc_kernel(
             c_ok = c < C
             a = tl.load(a_ptrs, mask=inside[:, None] & c_ok[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=n_ok[None, :] & c_ok[:, None], other=0.0)
-        acc = tl.dot(a, b, acc)
+        acc = tl.dot(a, b, acc, max_num_imprecise_acc=IMPRECISE_ACC)
 
     # (loaded after the K loop: loaded before it, they stay live in registers through it,
     # +20-40 registers per thread on sm_90, fewer resident programs for the small tiles)
@@ -310,6 +339,12 @@ def _fp8_conv_nhwc_kernel(
         y = y.to(tl.float16).to(tl.float32) + r.to(tl.float32)
     if RELU:
         y = tl.maximum(y, 0.0)
+    if GELU:       # the graph's fp16 MatMul + Add output, then GELU computed in fp32
+        g = y.to(tl.float16).to(tl.float32)
+        if GELU == 1:
+            y = 0.5 * g * (1.0 + tl.math.erf(g * 0.7071067811865476))
+        else:
+            y = _gelu_erfc(g)
     y16 = y.to(tl.float16)
     if OUT_F16:
         tl.store(out_ptr + out_offs, y16, mask=ok)
@@ -352,14 +387,24 @@ def fp8_conv_nhwc_fused(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
                         out_scale: Optional[torch.Tensor], out_f16: bool, cout: int, kh: int,
                         kw: int, sh: int, sw: int, ph: int, pw: int, dh: int, dw: int,
                         relu: bool, block_m: int, block_n: int, block_k: int, num_warps: int,
-                        num_stages: int, group_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+                        num_stages: int, group_m: int, gelu: int,
+                        imprecise_acc: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``fp8_conv_nhwc`` with the fused epilogues: ``residual`` fp16 [N, Ho, Wo, cout] (any
-    strides, channels contiguous) added before the ReLU; ``out_f16``: write the fp16 result;
+    strides, channels contiguous) added before the ReLU; ``gelu``: GELU of the fp16
+    result instead (a transformer MLP's fc1; ``GELU_FORMS``: 1 libdevice's erf, 2
+    ``_gelu_erfc``); ``out_f16``: write the fp16 result;
     ``out_scale`` (fp32, its first element read): also write it quantized to e4m3 with that scale.
+    ``imprecise_acc``: 0 leaves the accumulation to Triton's default (on sm_90 the whole
+    reduction in the tensor cores' FP8 accumulator, what cuBLAS calls fast accumulation); n > 0
+    adds the tensor cores' partial sums into the fp32 accumulator every n reduction elements.
     Returns (fp16 [N, Ho, Wo, cout], e4m3 [N, Ho, Wo, cout]); an output not asked for is an
     empty tensor (shape [0])."""
     if not out_f16 and out_scale is None:
         raise ValueError("fp8_conv_nhwc_fused: asked for neither output")
+    if relu and gelu:
+        raise ValueError("fp8_conv_nhwc_fused: ReLU or GELU, not both")
+    if gelu not in (0, 1, 2):
+        raise ValueError(f"fp8_conv_nhwc_fused: gelu {gelu} is not 0 (none), 1 or 2")
     if x.stride(3) != 1:
         x = x.contiguous()
     n, h, w, c = x.shape
@@ -382,7 +427,8 @@ def fp8_conv_nhwc_fused(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
         EVEN_C=c % block_k == 0, RESIDUAL=residual is not None,
         RES_CONTIG=residual is not None and residual.is_contiguous(), OUT_F16=out_f16,
         OUT_F8=out_scale is not None, QMAX=E4M3_MAX, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        GROUP_M=group_m, num_warps=num_warps, num_stages=num_stages)
+        GROUP_M=group_m, GELU=gelu, IMPRECISE_ACC=imprecise_acc if imprecise_acc > 0 else None,
+        num_warps=num_warps, num_stages=num_stages)
     return out, q
 
 
@@ -401,14 +447,17 @@ def fp8_conv_fused(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                    bias: torch.Tensor, cout: int, kernel: tuple[int, int],
                    stride: tuple[int, int], padding: tuple[int, int],
                    dilation: tuple[int, int] = (1, 1), *, residual: torch.Tensor | None = None,
-                   relu: bool = False, out_f16: bool = True,
+                   relu: bool = False, gelu: str | None = None, out_f16: bool = True,
                    out_scale: torch.Tensor | None = None,
-                   config: Fp8ConvConfig | None = None
+                   config: Fp8ConvConfig | None = None, imprecise_acc: int = 0
                    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The fused op in the callers' form: (fp16 out or None, e4m3 out or None)."""
+    """The fused op in the callers' form: (fp16 out or None, e4m3 out or None);
+    ``gelu``: None or a ``GELU_FORMS`` name."""
     cfg = config or default_config(x.shape[-1], cout, kernel)
+    if gelu is not None and gelu not in GELU_FORMS:
+        raise ValueError(f"GELU form {gelu!r}: choose {' or '.join(GELU_FORMS)}")
     y16, y8 = torch.ops.trt_bundle.fp8_conv_nhwc_fused(
         x, weight, scale, bias, residual, out_scale, bool(out_f16), int(cout),
         *map(int, kernel), *map(int, stride), *map(int, padding), *map(int, dilation),
-        bool(relu), *map(int, cfg))
+        bool(relu), *map(int, cfg), GELU_FORMS.get(gelu, 0), int(imprecise_acc))
     return (y16 if out_f16 else None), (y8 if out_scale is not None else None)
