@@ -11,10 +11,18 @@ arena page-locked, the device's copy engine reads each row where it is: one
 The registry is process-wide (page-locking is the process's, not a runner's): ``pin``
 records a range, ``holds`` tells a runner whether an array lies inside one. A range must be
 unpinned before its memory is unmapped.
+
+``holds`` runs for every piece of every batch on the batcher's dispatch path, and a server
+with shared-memory clients pins one range per client region (64 clients: 64 ranges, plus the
+workers' arenas). The ranges are kept sorted by start (page-locked ranges never overlap: the
+CUDA runtime refuses to register memory twice), so ``holds`` bisects instead of scanning:
+with 72 ranges a scan cost ~10 us per piece on the 2-core CI host, 0.33 ms per batch of 32
+shared-memory requests.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 from typing import Any
@@ -26,8 +34,18 @@ from runtime_py.hostcopy import byte_range
 log = logging.getLogger("runtime_py.pinned_host")
 
 _lock = threading.Lock()
-#: (start, end) of every pinned range; replaced whole on change, read without the lock
+#: (start, end) of every pinned range, sorted by start; replaced whole on change (with
+#: ``_starts``, in one assignment of ``_index``), read without the lock
 _ranges: tuple[tuple[int, int], ...] = ()
+#: (the ranges' starts, the ranges): what ``holds`` reads, one consistent pair
+_index: tuple[tuple[int, ...], tuple[tuple[int, int], ...]] = ((), ())
+
+
+def _set_ranges(ranges) -> None:
+    """Replace the registry (call with ``_lock`` held)."""
+    global _ranges, _index
+    _ranges = tuple(sorted(ranges))
+    _index = (tuple(start for start, _ in _ranges), _ranges)
 
 
 class PinnedRange:
@@ -38,12 +56,11 @@ class PinnedRange:
         self._runtime = runtime
 
     def unpin(self) -> None:
-        global _ranges
         with _lock:
             if self._runtime is None:
                 return
             runtime, self._runtime = self._runtime, None
-            _ranges = tuple(r for r in _ranges if r != (self.address, self.address + self.nbytes))
+            _set_ranges(r for r in _ranges if r != (self.address, self.address + self.nbytes))
         try:
             runtime.host_unregister(self.address)
         except RuntimeError as e:   # the context is gone (process exit): nothing to unlock
@@ -65,7 +82,6 @@ def pin(address: int, nbytes: int, runtime: Any = None) -> PinnedRange | None:
     (``runtime``: a ``cudart_held.CudartHeld``, found when None); None, with the reason
     logged, where there is none or the runtime refuses (the engine then copies such rows
     through its staging buffer, as before)."""
-    global _ranges
     if runtime is None:
         from runtime_py.engines import cudart_held
         runtime = cudart_held.find()
@@ -77,14 +93,15 @@ def pin(address: int, nbytes: int, runtime: Any = None) -> PinnedRange | None:
         log.info("host memory not page-locked (%d bytes): %s", nbytes, e)
         return None
     with _lock:
-        _ranges = (*_ranges, (address, address + nbytes))
+        _set_ranges((*_ranges, (address, address + nbytes)))
     return PinnedRange(address, nbytes, runtime)
 
 
 def holds(arr: np.ndarray) -> bool:
     """True when all of ``arr``'s memory lies in one pinned range."""
-    ranges = _ranges
+    starts, ranges = _index
     if not ranges:
         return False
     lo, hi = byte_range(arr)
-    return any(start <= lo and hi <= end for start, end in ranges)
+    i = bisect.bisect_right(starts, lo) - 1        # the last range starting at or before lo
+    return i >= 0 and hi <= ranges[i][1]

@@ -50,6 +50,43 @@ def test_a_pinned_range_holds_arrays_inside_it_until_unpinned():
     buf.close()                      # buffer_address kept no export: the mmap closes
 
 
+def test_holds_finds_the_range_among_many_pinned_in_any_order():
+    """As a server with 64 shared-memory clients has them: many ranges, pinned and unpinned
+    in any order (``holds`` bisects the sorted starts). Inside each: held; across two
+    adjacent ranges, in a gap, before the first or after the last: not held."""
+    import random
+
+    page, count = 4096, 40
+    buf = mmap.mmap(-1, page * (2 * count + 2))
+    base = pinned_host.buffer_address(buf)
+    runtime = RecordingRuntime()
+    # ranges of one page at pages 1, 3, 5, ... and two adjacent ones at the end
+    slots = [1 + 2 * i for i in range(count - 2)] + [2 * count - 3, 2 * count - 2]
+    order = list(range(len(slots)))
+    random.Random(0).shuffle(order)
+    regions = {i: pinned_host.pin(base + slots[i] * page, page, runtime) for i in order}
+    try:
+        def at(page_no, offset=0, n=256):
+            return np.frombuffer(buf, np.uint8, n, page_no * page + offset)
+
+        assert all(pinned_host.holds(at(p, 100)) for p in slots)
+        assert all(pinned_host.holds(at(p, 0, page)) for p in slots)      # the whole page
+        assert not pinned_host.holds(at(0))                               # before the first
+        assert not pinned_host.holds(at(2))                               # a gap
+        assert not pinned_host.holds(at(slots[5], page - 100))            # runs into a gap
+        assert not pinned_host.holds(at(2 * count - 3, page - 100))       # across adjacent
+        assert not pinned_host.holds(at(2 * count - 1))                   # after the last
+        for i in order[::2]:                                              # unpin half
+            regions.pop(i).unpin()
+        assert [pinned_host.holds(at(slots[i], 8)) for i in range(len(slots))] == [
+            i in regions for i in range(len(slots))]
+    finally:
+        for region in regions.values():
+            region.unpin()
+    assert not pinned_host.holds(at(slots[0]))
+    buf.close()
+
+
 def test_a_refused_or_missing_runtime_pins_nothing():
     buf = bytearray(4096)
     address = pinned_host.buffer_address(buf)
