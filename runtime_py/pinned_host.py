@@ -99,9 +99,14 @@ def pin(address: int, nbytes: int, runtime: Any = None) -> PinnedRange | None:
 
 def holds(arr: np.ndarray) -> bool:
     """True when all of ``arr``'s memory lies in one pinned range."""
-    starts, ranges = _index
-    if not ranges:
+    if not _ranges:
         return False
-    lo, hi = byte_range(arr)
+    return holds_span(*byte_range(arr))
+
+
+def holds_span(lo: int, hi: int) -> bool:
+    """True when the addresses [lo, hi) lie in one pinned range (``holds`` for a caller
+    that has an array's address already: reading it costs ~2 us)."""
+    starts, ranges = _index
     i = bisect.bisect_right(starts, lo) - 1        # the last range starting at or before lo
     return i >= 0 and hi <= ranges[i][1]

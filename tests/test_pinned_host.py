@@ -148,3 +148,41 @@ def test_a_shared_memory_region_is_page_locked_until_its_last_view_is_gone(tmp_p
     finally:
         import os
         os.unlink(path)
+
+
+def test_a_batchs_copies_come_from_pinned_pieces_in_place_and_the_rest_through_staging():
+    """``TorchAotiRunner._row_sources`` (the held enqueue path's copy list): rows in a pinned
+    range are copied from where they lie, side-by-side pieces as one copy; a piece outside
+    every range, or a strided view inside one, is first written into the slot's staging
+    rows at its place in the batch."""
+    from types import SimpleNamespace
+
+    from runtime_py.engines.torch_aoti import TorchAotiRunner, _Slot
+    from runtime_py.hostcopy import HostBufferRegistry
+
+    row = 64
+    buf = mmap.mmap(-1, 1 << 16)
+    region = pinned_host.pin(pinned_host.buffer_address(buf), 1 << 15, RecordingRuntime())
+    try:
+        arena = np.frombuffer(buf, np.uint8, 1 << 15).reshape(-1, row)
+        elsewhere = np.arange(2 * row, dtype=np.uint8).reshape(2, row)
+        strided = np.frombuffer(buf, np.uint8, 4 * row, 4096).reshape(2, 2 * row)[:, :row]
+        slot = _Slot()
+        slot.host_in_array = np.zeros((16, row), np.uint8)
+        runner = SimpleNamespace(_pinned=HostBufferRegistry())
+        parts = [arena[0:2], arena[2:5], elsewhere, strided, arena[10:11]]
+        sources = TorchAotiRunner._row_sources(runner, slot, parts)
+
+        def address(a):
+            return a.__array_interface__["data"][0]
+
+        staging = address(slot.host_in_array)
+        assert sources == [(address(arena), 5 * row),                 # two pieces, one copy
+                           (staging + 5 * row, 4 * row),               # rows 5-8, staged
+                           (address(arena[10:11]), row)]
+        assert (slot.host_in_array[5:7] == elsewhere).all()
+        assert (slot.host_in_array[7:9] == strided).all()
+        del arena, strided, parts
+    finally:
+        region.unpin()
+    buf.close()
