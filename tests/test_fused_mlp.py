@@ -18,7 +18,8 @@ pytest.importorskip("timm")
 from torch import nn  # noqa: E402
 
 from runtime_py.errors import UsageError  # noqa: E402
-from triton_interpret import load_script, needs_triton, run_interpreted  # noqa: E402
+from triton_interpret import (TRITON_MISSING, load_script, needs_triton,  # noqa: E402
+                              run_interpreted)
 
 SCRIPT = "fused_mlp_interpret.py"
 
@@ -182,3 +183,17 @@ def test_families_and_the_recorded_form_name_the_fused_mlps(tmp_path):
     with pytest.raises(FamilyError, match="leave fp8_pointwise_small_batch out"):
         load(fp8_conv="triton-fused", fp8_pointwise_small_batch="dequantized",
              static_batches={"fp8": [1]})
+
+
+def test_the_gelu_forms_are_the_kernels_and_an_unknown_one_is_refused():
+    from bundler.targets.torch_aoti.fused_mlp import GELU_NAMES, FusedMlp
+
+    if TRITON_MISSING is None:
+        from bundler.targets.torch_aoti.kernels.fp8_conv import GELU_FORMS
+
+        assert tuple(GELU_FORMS) == GELU_NAMES
+    model, fp8, _ = _vit_and_scales()
+    mlp = model.blocks[0].mlp
+    with pytest.raises(UsageError, match="GELU form 'tanh'.*erf or erfc"):
+        FusedMlp(mlp.fc1, mlp.fc2, fp8["blocks.0.mlp.fc1"], fp8["blocks.0.mlp.fc2"],
+                 torch.float16, gelu="tanh")

@@ -675,10 +675,10 @@ FP8_CONV_DESCRIPTIONS = {
 
 
 #: ``fp8_conv`` "triton-fused" of a layout "as_is" family (``fused_mlp``), as recorded.
-FUSED_MLP_DESCRIPTION = ("transformer MLPs fused: fc1 on the implicit-GEMM Triton kernel (a 1x1 "
-                         "convolution over the tokens) with bias, GELU and fc2's input "
-                         "quantize in its epilogue, e4m3 out; fc2 and the other FP8 Linear "
-                         "layers on torch._scaled_mm")
+FUSED_MLP_DESCRIPTION = ("transformer MLPs fused: fc1 on the implicit-GEMM Triton kernel "
+                         "(a 1x1 convolution over the tokens) with bias, GELU (erfc form, "
+                         "|error| <= 1.5e-7) and fc2's input quantize in its epilogue, e4m3 "
+                         "out; fc2 and the other FP8 Linear layers on torch._scaled_mm")
 
 
 def _example(input_shape: tuple[int, ...], device: str):

@@ -53,6 +53,11 @@ MLP_TILES: dict[tuple[int, int], tuple[int, ...]] = {
 }
 
 
+#: The epilogue's GELU forms (``kernels.fp8_conv.GELU_FORMS``' names; that module imports
+#: triton, which the emulated form does not need): "erf" exact, "erfc" ``gelu_erfc``.
+GELU_NAMES = ("erf", "erfc")
+
+
 def gelu_erfc(g: torch.Tensor) -> torch.Tensor:
     """The kernel's "erfc" GELU (``kernels/fp8_conv._gelu_erfc``) in fp32 torch: the same
     formula; the GPU's reciprocal and exponential are approximate to an ulp or two, so the
@@ -110,6 +115,9 @@ class FusedMlp(nn.Module):
         if dtype != torch.float16:
             raise UsageError("the fused MLP is an fp16 engine's form (fp8 builds are fp16 "
                              "elsewhere)")
+        if gelu not in GELU_NAMES:
+            raise UsageError(f"GELU form {gelu!r} of a fused MLP: choose "
+                             f"{' or '.join(GELU_NAMES)}")
         # fc1's buffers, as Fp8Linear quantizes them (bit-identical FP8 operands)
         layer1 = Fp8Linear(fc1, *scales1, dtype, emulate=True)
         self.cin, self.hidden = layer1.cin, layer1.cout
