@@ -54,7 +54,7 @@ def test_the_kernel_writes_what_the_emulated_form_computes(interpreted, gelu):
 def test_the_epilogue_gelu_is_torchs_gelu_to_fp16_rounding(interpreted, gelu):
     r = interpreted["gelu_f16"][gelu]
     assert r["negative_inputs"] > 100                # the erfc branch of g < 0 was taken
-    assert r["differ"] <= 2 and r["max_abs"] < 1e-5
+    assert r["differ"] <= 4 and r["max_abs"] < 1e-5    # (1 here: a value of ~1e-7)
 
 
 def test_gelu_erfc_rounds_to_the_exact_gelu_over_every_fp16_input():
@@ -69,18 +69,22 @@ def test_gelu_erfc_rounds_to_the_exact_gelu_over_every_fp16_input():
     x = x[torch.isfinite(x)].float()
     exact, cheap = F.gelu(x).half(), gelu_erfc(x).half()
     differ = exact != cheap
-    assert int(differ.sum()) < 400 and float(x[differ].max()) < -3.2
+    # (321 here, all below -3.24; a few near-ties above may round the other way with
+    # another CPU's exp and erf)
+    assert int(differ.sum()) < 400 and int((differ & (x >= -3.2)).sum()) <= 4
     big = differ & (exact.float().abs() > 1e-4)
     steps = (exact.view(torch.int16).int() - cheap.view(torch.int16).int()).abs()
     assert int(steps[big].max()) == 1
-    assert float(exact.float().abs()[differ].max()) < 2e-3
+    assert float(exact.float().abs()[differ & (x < -3.2)].max()) < 2e-3
 
 
 @pytest.mark.parametrize("gelu", ["erf", "erfc"])
 def test_the_fused_model_equals_the_unfused_fp8_model(gelu):
     """rewrite_as_is with fp8_conv triton-fused, emulated: each MLP a FusedMlp, the output
     that of the unfused fp8 model (Fp8Linear, GELU, Fp8Linear: the same FP8 operands and
-    roundings; exact with the erf GELU, within fp16 rounding with erfc)."""
+    roundings). 0 measured with either GELU; allowed: a tenth of the FP8 error itself,
+    since the scales are applied in another order (an fp32 ulp can move an fp16 or e4m3
+    rounding tie on another CPU's GEMM)."""
     from bundler.targets.torch_aoti import fused_mlp
     from bundler.targets.torch_aoti.model import rewrite_as_is
 
@@ -95,8 +99,9 @@ def test_the_fused_model_equals_the_unfused_fp8_model(gelu):
     with torch.no_grad():
         got, ref, exact = fused(x.half()).float(), unfused(x.half()).float(), model(x)
     err = float((got - ref).abs().max() / ref.abs().max())
-    assert err == 0 if gelu == "erf" else err < 1e-2
-    assert float((ref - exact).abs().max() / exact.abs().max()) > 1e-3     # it is FP8
+    fp8_err = float((ref - exact).abs().max() / exact.abs().max())
+    assert fp8_err > 1e-2                                          # it is FP8 (0.06 here)
+    assert err < fp8_err / 10
 
 
 def test_mlps_that_cannot_be_fused_are_refused_by_name_and_unselected_ones_kept():
