@@ -47,7 +47,8 @@ from bundler.fp8 import stored_scale
 from bundler.targets.torch_aoti.model import Fp8ConvNHWC, quantize, static_batch
 from runtime_py.errors import UsageError
 
-__all__ = ["FusedConv", "FusedBottleneck", "bottleneck_parts", "rewrite_fused"]
+__all__ = ["FusedConv", "FusedBottleneck", "bottleneck_parts", "rewrite_fused",
+           "scale_tensor"]
 
 #: The submodules of a timm Bottleneck that must be no-ops once BatchNorm is folded.
 _IDENTITIES = ("bn1", "bn2", "bn3", "drop_block", "aa")
@@ -62,7 +63,9 @@ _RELUS = ("act1", "act2", "act3")
 SCALE_SLOTS = 16
 
 
-def _scale_tensor(scale: float) -> torch.Tensor:
+def scale_tensor(scale: float) -> torch.Tensor:
+    """An output-scale buffer of ``SCALE_SLOTS`` copies of the stored scale (the kernel
+    reads the first)."""
     return torch.full((SCALE_SLOTS,), float(stored_scale(scale)), dtype=torch.float32)
 
 
@@ -86,7 +89,7 @@ class FusedConv(nn.Module):
         self.relu, self.out16 = relu, out16
         self.fp8 = scales is not None
         self.cout = conv.out_channels
-        self.register_buffer("out_scale", None if out_scale is None else _scale_tensor(out_scale))
+        self.register_buffer("out_scale", None if out_scale is None else scale_tensor(out_scale))
         if not self.fp8:
             self.conv = copy.deepcopy(conv).half().to(memory_format=torch.channels_last)
             return

@@ -36,8 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bundler.fp8 import stored_scale
-from bundler.targets.torch_aoti.fused import SCALE_SLOTS
+from bundler.targets.torch_aoti.fused import scale_tensor
 from bundler.targets.torch_aoti.model import Fp8Linear, padded, quantize
 from runtime_py.errors import UsageError
 
@@ -134,8 +133,7 @@ class FusedMlp(nn.Module):
         bias = torch.zeros(self.width)
         bias[:self.hidden] = layer1.bias_out[:self.hidden]
         self.register_buffer("bias", bias)              # the fp16 graph's bias, in fp32
-        self.register_buffer("out_scale", torch.full((SCALE_SLOTS,),
-                                                     float(stored_scale(scales2[0]))))
+        self.register_buffer("out_scale", scale_tensor(scales2[0]))
         self.fc2 = Fp8Linear(fc2, *scales2, dtype, emulate=emulate, **options)
         # fc1's kernel tiles: given, measured (MLP_TILES), else config_for's rule (resolved
         # where the kernel is imported: triton is not needed to build the emulated form)
