@@ -575,27 +575,55 @@ def _sockets(pid: int) -> int:
     return n
 
 
+def _open_connections(conn) -> dict[str, int]:
+    """The server's ``trt_bundle_frontend_connections`` gauge for HTTP, by worker, scraped
+    over ``conn`` (a keep-alive connection)."""
+    conn.request("GET", "/metrics")
+    r = conn.getresponse()
+    text = r.read().decode()
+    assert r.status == 200
+    found = re.findall(r'^trt_bundle_frontend_connections\{protocol="http",worker="(\d+)"\} '
+                       r'(\S+)$', text, re.M)
+    return {w: int(float(v)) for w, v in found}
+
+
 def test_http_connections_are_dealt_out_evenly_to_the_workers(tiny_bundle):
     """The engine process accepts HTTP connections and hands each worker its share (with
     the listening socket shared, whichever worker woke first took it: on the H200 the
     busiest worker did 3x the idlest's work): 8 connections over 2 workers are 4 each,
-    and every one is answered."""
+    and every one is answered.
+
+    Each kept connection follows a short one, as a client that registers its shared
+    memory region over a connection of its own does. Counted as handed out, every short
+    connection went to one worker and every kept one to the other (0 and 8); counted
+    while open (workers report closes), the shares stay even, and the metrics gauge says
+    so."""
     import http.client
+
+    def connect():
+        c = http.client.HTTPConnection("127.0.0.1", s.http_port, timeout=30)
+        c.request("GET", "/v2/health/ready")
+        r = c.getresponse()
+        r.read()
+        assert r.status == 200
+        return c
 
     s = Server(tiny_bundle, "--workers", "2")
     conns = []
     try:
         workers = _children(s.proc.pid)
         before = {pid: _sockets(pid) for pid in workers}
-        for _ in range(8):
-            c = http.client.HTTPConnection("127.0.0.1", s.http_port, timeout=30)
-            c.request("GET", "/v2/health/ready")
-            r = c.getresponse()
-            r.read()
-            assert r.status == 200
-            conns.append(c)
+        conns.append(connect())           # kept; /metrics is scraped over it
+        for _ in range(7):
+            connect().close()             # a short one first
+            deadline = time.monotonic() + 10
+            while sum(_open_connections(conns[0]).values()) != len(conns):
+                assert time.monotonic() < deadline, _open_connections(conns[0])
+                time.sleep(0.02)
+            conns.append(connect())
         held = {pid: _sockets(pid) - before[pid] for pid in workers}
         assert sorted(held.values()) == [4, 4], held
+        assert _open_connections(conns[0]) == {"0": 4, "1": 4}
         for c in conns:                                 # keep-alive: each still served
             c.request("GET", "/v2/health/live")
             assert c.getresponse().status == 200

@@ -730,9 +730,10 @@ class BuiltinGrpcServer:
         self.servers.append(await loop.create_server(lambda: GrpcConnection(self),
                                                      sock=sock, backlog=2048))
 
-    async def adopt(self, sock: socket.socket) -> None:
+    async def adopt(self, sock: socket.socket, on_closed: Callable[[], None] | None = None
+                    ) -> None:
         """Serve a connection the engine process dealt to this worker."""
-        await adopt_socket(sock, lambda: GrpcConnection(self), self.stopping)
+        await adopt_socket(sock, lambda: GrpcConnection(self), self.stopping, on_closed)
 
     def spawn(self, coro: Any) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)

@@ -553,18 +553,43 @@ class HttpConnection(asyncio.BufferedProtocol):
 
 
 async def adopt_socket(sock: socket.socket, protocol: Callable[[], asyncio.BaseProtocol],
-                       stopping: bool) -> None:
+                       stopping: bool, on_closed: Callable[[], None] | None = None) -> None:
     """Serve ``sock``, accepted elsewhere, with a new ``protocol()`` on this loop (a
-    built-in server's ``adopt``); closed at once while the server is stopping."""
+    built-in server's ``adopt``); closed at once while the server is stopping.
+    ``on_closed()`` runs once when the connection is gone (at once when it never was
+    served): the engine process that dealt it counts the connections each worker holds
+    open (``workers.deal_connections``)."""
     if stopping:
         sock.close()
+        if on_closed is not None:
+            on_closed()
         return
     sock.setblocking(False)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    factory = protocol if on_closed is None else _reporting_close(protocol, on_closed)
     try:
-        await asyncio.get_running_loop().connect_accepted_socket(protocol, sock)
+        await asyncio.get_running_loop().connect_accepted_socket(factory, sock)
     except OSError:            # the client went away before we got to it
         sock.close()
+        if on_closed is not None:
+            on_closed()
+
+
+def _reporting_close(protocol: Callable[[], asyncio.BaseProtocol],
+                     on_closed: Callable[[], None]) -> Callable[[], asyncio.BaseProtocol]:
+    """``protocol`` whose instance calls ``on_closed()`` after its own ``connection_lost``."""
+    def factory() -> asyncio.BaseProtocol:
+        proto = protocol()
+        lost = proto.connection_lost
+
+        def connection_lost(exc: Exception | None) -> None:
+            try:
+                lost(exc)
+            finally:
+                on_closed()
+        proto.connection_lost = connection_lost  # type: ignore[method-assign]
+        return proto
+    return factory
 
 
 async def drain(servers: list, connections: set, tasks: set, timeout: float, *,
@@ -623,10 +648,11 @@ class BuiltinHttpServer:
         buf = self.pool.get(size)
         return buf, lambda: self.pool.put(buf)
 
-    async def adopt(self, sock: socket.socket) -> None:
+    async def adopt(self, sock: socket.socket, on_closed: Callable[[], None] | None = None
+                    ) -> None:
         """Serve a connection accepted elsewhere (the engine process hands each front-end
         worker its share: ``workers.py``); closed at once while shutting down."""
-        await adopt_socket(sock, lambda: HttpConnection(self), self.stopping)
+        await adopt_socket(sock, lambda: HttpConnection(self), self.stopping, on_closed)
 
     def spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

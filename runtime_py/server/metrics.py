@@ -49,6 +49,11 @@ class ServerMetrics:
             ["model"], registry=r)
         self.queue_length = Gauge(
             "trt_bundle_queue_length", "Requests waiting in the batcher.", ["model"], registry=r)
+        self.frontend_connections = Gauge(
+            "trt_bundle_frontend_connections",
+            "Client connections open on each front-end worker process, by protocol "
+            "(built-in servers: the engine process deals them out).",
+            ["worker", "protocol"], registry=r)
         # (model, endpoint, status) -> its request counter, error counter (or None) and
         # latency histogram: ``labels()`` validates and locks on every call, and with
         # front-end workers every request's report is applied on the engine's event loop,
@@ -76,6 +81,11 @@ class ServerMetrics:
     def exposition(self) -> bytes:
         """The text ``/metrics`` answers with."""
         return generate_latest(self.registry)
+
+    def watch_connections(self, worker: str, protocol: str, count: Callable[[], int]) -> None:
+        """Report ``count()``, the connections a front-end worker holds open, at each scrape:
+        one worker holding most of them is the service's slowest hop."""
+        self.frontend_connections.labels(worker, protocol).set_function(count)
 
     def watch(self, model: str, batcher: Batcher) -> Callable[[BatchStats], None]:
         """Feed this batcher's batches into the histograms; returns the listener."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import socket
@@ -255,7 +256,8 @@ async def run_front_ends(engine: Any, http_sock: socket.socket, host: str,
             servers = {b"c"[0]: server} if dealt_http else {}
             if grpc_dealt:
                 servers[b"g"[0]] = grpc_front
-            receive_connections(loop, handoff, servers)
+            receive_connections(loop, handoff, servers,
+                                getattr(engine, "connection_closed", None))
         while not server.started and not serving.done():
             await asyncio.sleep(0.01)
         if server.started and on_bound is not None:
@@ -303,9 +305,12 @@ class _QuietServer(uvicorn.Server):
 
 
 def receive_connections(loop: asyncio.AbstractEventLoop, handoff: socket.socket,
-                        servers: dict[int, Any]) -> None:
+                        servers: dict[int, Any],
+                        on_closed: Callable[[int], None] | None = None) -> None:
     """Serve each connection the engine process sends over ``handoff`` (SCM_RIGHTS), by
-    the server its tag byte names (``workers.deal_connections``: b"c" HTTP, b"g" gRPC)."""
+    the server its tag byte names (``workers.deal_connections``: b"c" HTTP, b"g" gRPC).
+    ``on_closed(tag)`` runs when one of them is gone (``RemoteEngine.connection_closed``
+    tells the engine, which deals by connections open)."""
     handoff.setblocking(False)
 
     def on_readable() -> None:
@@ -321,11 +326,15 @@ def receive_connections(loop: asyncio.AbstractEventLoop, handoff: socket.socket,
                 return
             for i, fd in enumerate(fds):
                 sock = socket.socket(fileno=fd)
-                server = servers.get(data[i] if i < len(data) else b"c"[0])
+                tag = data[i] if i < len(data) else b"c"[0]
+                server = servers.get(tag)
+                closed = None if on_closed is None else functools.partial(on_closed, tag)
                 if server is None:
                     sock.close()
+                    if closed is not None:
+                        closed()
                     continue
-                server.spawn(server.adopt(sock))
+                server.spawn(server.adopt(sock, closed))
 
     loop.add_reader(handoff.fileno(), on_readable)
 

@@ -72,8 +72,12 @@ from .shm import ShmRef
 log = logging.getLogger(__name__)
 
 SLOTS = 64
+#: The metrics' protocol label of each connection tag (``deal_connections``).
+_PROTOCOL_OF_TAG = {b"c": "http", b"g": "grpc"}
 #: Slots of each arena page-locked for a GPU engine: the lowest, handed out first.
 PINNED_SLOTS = 64
+#: The metrics' protocol label of each connection tag (``deal_connections``).
+_PROTOCOL_OF_TAG = {b"c": "http", b"g": "grpc"}
 MIN_SLOT_BYTES = 64 * 1024
 _PAGE = 4096
 
@@ -448,6 +452,12 @@ class RemoteEngine:
     async def shm_status(self, name: str | None = None) -> list[dict]:
         return (await self._call({"op": "shm_status", "name": name}))["value"]
 
+    def connection_closed(self, tag: int) -> None:
+        """Tell the engine that a connection it dealt here (``tag``: b"c"[0] HTTP, b"g"[0]
+        gRPC) is gone, so that it deals by the connections each worker holds open."""
+        if not self.lost.is_set():
+            self._outbox.put({"op": "closed", "tag": tag})
+
     def record_request(self, model: str, endpoint: str, status: int, seconds: float) -> None:
         """Queue the report of an answered request; it goes at the end of this turn of the
         event loop (with the others of the turn), or with the next request to the engine."""
@@ -529,7 +539,8 @@ class _Worker:
                  arena: mmap.mmap, handoff: socket.socket | None = None) -> None:
         self.index, self.proc, self.conn, self.arena = index, proc, conn, arena
         self.handoff = handoff      # where its connections are sent (built-in servers)
-        self.connections: dict[bytes, int] = {}   # connections handed to it, by tag
+        # connections dealt to it and not yet reported closed, by tag (b"c", b"g")
+        self.connections: dict[bytes, int] = {}
         self.lock = threading.Lock()
         self.hello: dict | None = None
         # replies of one turn of the engine's loop, one frame; a worker that cannot be
@@ -549,6 +560,15 @@ class _Worker:
     def reply(self, msg: dict) -> None:
         """Queue a reply for this turn's frame."""
         self.outbox.put(msg)
+
+    def open_connections(self, tag: bytes) -> int:
+        """Connections of kind ``tag`` dealt to this worker and open (the metrics' gauge)."""
+        return self.connections.get(tag, 0)
+
+    def connection_closed(self, tag: int) -> None:
+        """A connection dealt to this worker is gone (its ``closed`` report)."""
+        key = bytes([tag])
+        self.connections[key] = max(0, self.connections.get(key, 0) - 1)
 
 
 class EngineHost:
@@ -657,14 +677,17 @@ class EngineHost:
 def deal_connections(listening: socket.socket, workers: list[_Worker], tag: bytes = b"c"
                      ) -> None:
     """Accept every pending connection and send each to the worker that holds the fewest
-    of its kind so far (SCM_RIGHTS over its handoff socket, with ``tag``: b"c" HTTP, b"g"
+    of its kind open (SCM_RIGHTS over its handoff socket, with ``tag``: b"c" HTTP, b"g"
     gRPC, ``run.receive_connections``).
 
     Why: with the listening socket shared, whichever worker woke first took a connection;
     on the H200 (64 clients, 8 workers) the busiest worker did 3x the work of the idlest,
     and the clients it held came back last in every batch's round trip. Dealt out here,
-    each worker holds its share. (Connections are counted as handed out, not as closed:
-    clients of a service keep theirs open.)"""
+    each worker holds its share. Connections count while open (workers report each one
+    closed): counted as handed out, the short ones a client opens besides its own (a
+    shared-memory registration, a health probe, a metadata call) made the shares uneven.
+    Clients that registered a region over a connection of its own and then opened their
+    inference connection could all land on half of the workers."""
     while True:
         try:
             conn, _ = listening.accept()
@@ -760,7 +783,7 @@ async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, ma
     tasks: set[asyncio.Future] = set()   # requests in flight (tasks, or infer futures)
     pinned: list = []                    # page-locked arena ranges (unlocked last)
     # The built-in HTTP server's connections are accepted here and dealt out to the workers,
-    # each to the one that has had the fewest (``deal_connections``); uvicorn's workers
+    # each to the one that holds the fewest open (``deal_connections``); uvicorn's workers
     # accept from the shared socket.
     deal = http_server == "builtin"
     dealing = False
@@ -784,6 +807,9 @@ async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, ma
                     continue
                 host_.record(msg)   # reports first, in order, without a task
                 op = msg["op"]
+                if op == "closed":
+                    w.connection_closed(msg["tag"])
+                    continue
                 if op == "infer":
                     fut = host_.start_infer(w, msg)
                     if fut is not None:
@@ -844,6 +870,10 @@ async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, ma
             w = _Worker(i, proc, conn, arena, handoff)
             w.outbox.bind(loop)
             procs.append(w)
+            for tag, dealt in ((b"c", deal), (b"g", deal_grpc)):
+                if dealt:
+                    engine.metrics.watch_connections(str(i), _PROTOCOL_OF_TAG[tag],
+                                                     functools.partial(w.open_connections, tag))
             w.send(hello)
             w.more = readable_check(conn.fileno())
             loop.add_reader(conn.fileno(), on_message, w)
