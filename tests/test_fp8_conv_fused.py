@@ -84,8 +84,8 @@ def test_the_fused_bottlenecks_equal_the_unfused_fp8_model(interpreted, which):
 
 @needs_triton
 def test_timm_resnet50_fused_equals_its_unfused_fp8_model(interpreted):
-    """The family's model (random weights, 64x64 for the interpreter): all 16 bottlenecks
-    and 52 FP8 convolutions fused; 15 blocks read the e4m3 their predecessor wrote (the
+    """The family's model (random weights; 32x32 and large tiles for the interpreter): all
+    16 bottlenecks and 52 FP8 convolutions fused; 15 blocks read the e4m3 their predecessor wrote (the
     first quantizes after the max pool), and the 3 later downsamples share it."""
     r = interpreted["blocks"]["resnet50"]
     assert r["fp8_layers"] == 52 and len(r["emits_fp8"]) == 16
