@@ -167,13 +167,12 @@ def reuse_mismatch(path: Path, family, req, target: str, source: dict,
         checks["static-batch graph list"] = (m["engine"]["details"].get("static_batches", []),
                                          list(family.torch_aoti_static_batches_for(
                                              req.precision)))
-        from bundler.targets.torch_aoti.build import (FP8_CONV_DESCRIPTIONS,
-                                                      FUSED_MLP_DESCRIPTION,
-                                                      SMALL_BATCH_POINTWISE_DESCRIPTIONS,
+        from bundler.targets.torch_aoti.build import (SMALL_BATCH_POINTWISE_DESCRIPTIONS,
                                                       default_fp8_conv, default_pad_channels,
                                                       depthwise_form,
                                                       effective_small_batch_pointwise,
-                                                      engine_form, layout_description,
+                                                      engine_form, fp8_conv_named,
+                                                      fp8_conv_recorded, layout_description,
                                                       small_batch_form)
 
         options = m["engine"]["details"].get("compile_options", {})
@@ -181,15 +180,13 @@ def reuse_mismatch(path: Path, family, req, target: str, source: dict,
         # it: a bundle of another convolution form is rebuilt, not reused
         conv = (default_fp8_conv(None, family.torch_aoti_fp8_conv)
                 if req.precision == "fp8" else "im2col")
-        if req.precision == "fp8" and family.torch_aoti_layout != "as_is":
-            names = {text: name for name, text in FP8_CONV_DESCRIPTIONS.items()}
-            checks["fp8 convolution form"] = (names.get(options.get("fp8_conv"),
-                                                        options.get("fp8_conv")), conv)
-        elif req.precision == "fp8":
-            # tokens: whether the MLPs are fused (fp8_conv triton-fused) or not
-            fused = options.get("fp8_conv") == FUSED_MLP_DESCRIPTION
-            checks["fp8 MLP form"] = ("triton-fused" if fused else "separate",
-                                      "triton-fused" if conv == "triton-fused" else "separate")
+        if req.precision == "fp8":
+            # image families: the convolution form; tokens (layout as_is): whether the
+            # MLPs are fused (fp8_conv triton-fused) or not
+            layout = family.torch_aoti_layout
+            checks["fp8 MLP form" if layout == "as_is" else "fp8 convolution form"] = (
+                fp8_conv_named(layout, options.get("fp8_conv")),
+                fp8_conv_named(layout, fp8_conv_recorded("fp8", layout, conv)))
         if req.precision == "fp8":
             # the small-batch form of its FP8 GEMM layers (1x1 convolutions, Linear layers;
             # recorded only where a small static graph has it)

@@ -51,7 +51,6 @@ from bundler.targets import TargetBuild
 from runtime_py.errors import BundleError, EngineUnavailableError, UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
-    import onnx
     import torch
 
     from bundler.build_context import BuildContext
@@ -579,6 +578,7 @@ def engine_details(host: dict, precision: str, options: dict, *, nhwc: bool,
     from bundler.targets.torch_aoti.model import FP8_ALIGN
 
     details = dict(host)
+    recorded_conv = fp8_conv_recorded(precision, layout, fp8_conv)
     details["compile_options"] = {
         "inductor": dict(options),
         "export": "torch.export, dynamic batch" + (
@@ -590,10 +590,7 @@ def engine_details(host: dict, precision: str, options: dict, *, nhwc: bool,
         "dtype": PRECISIONS[precision],
         **({"fp8_gemm": FP8_GEMM_DESCRIPTIONS[fp8_gemm],
             "fp8_fast_accum": bool(fast_accum)} if precision == "fp8" else {}),
-        **({"fp8_conv": FP8_CONV_DESCRIPTIONS[fp8_conv]}
-           if precision == "fp8" and layout != "as_is" else {}),
-        **({"fp8_conv": FUSED_MLP_DESCRIPTION}
-           if precision == "fp8" and layout == "as_is" and fp8_conv == "triton-fused" else {}),
+        **({"fp8_conv": recorded_conv} if recorded_conv is not None else {}),
         **({"fp8_pointwise_small_batch": SMALL_BATCH_POINTWISE_DESCRIPTIONS[small_batch_pointwise]}
            if small_batch_pointwise != "gemm" else {}),
         **({"cxx": cxx} if cxx else {}),
@@ -679,6 +676,28 @@ FUSED_MLP_DESCRIPTION = ("transformer MLPs fused: fc1 on the implicit-GEMM Trito
                          "(a 1x1 convolution over the tokens) with bias, GELU (erfc form, "
                          "|error| <= 1.5e-7) and fc2's input quantize in its epilogue, e4m3 "
                          "out; fc2 and the other FP8 Linear layers on torch._scaled_mm")
+
+
+def fp8_conv_recorded(precision: str, layout: str, fp8_conv: str) -> str | None:
+    """What ``compile_options.fp8_conv`` records of a build: an image family's FP8
+    convolution form; for a layout "as_is" family (tokens), the fused-MLP form where its
+    ``fp8_conv`` is "triton-fused" and nothing otherwise; nothing below fp8. One rule for
+    ``engine_details`` and ``bundle study``'s reuse check (``fp8_conv_named``)."""
+    if precision != "fp8":
+        return None
+    if layout != "as_is":
+        return FP8_CONV_DESCRIPTIONS[fp8_conv]
+    return FUSED_MLP_DESCRIPTION if fp8_conv == "triton-fused" else None
+
+
+def fp8_conv_named(layout: str, recorded: str | None) -> str | None:
+    """The form a recorded ``compile_options.fp8_conv`` stands for, as a user names it:
+    an ``fp8_conv`` value (image families; an unknown text as it is), or "triton-fused" /
+    "separate" for the MLPs of a layout "as_is" family."""
+    if layout == "as_is":
+        return "triton-fused" if recorded == FUSED_MLP_DESCRIPTION else "separate"
+    names = {text: name for name, text in FP8_CONV_DESCRIPTIONS.items()}
+    return names.get(recorded, recorded) if recorded is not None else None
 
 
 def _example(input_shape: tuple[int, ...], device: str):
