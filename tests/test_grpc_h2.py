@@ -368,3 +368,57 @@ def test_stream_messages_are_answered_each_then_ok_and_an_empty_stream_is_ok(ser
     c.send(frame(HEADERS, END_HEADERS | END_STREAM, 3, request_headers("ModelStreamInfer")))
     head, data, trailers = c.response(3)
     assert trailers[b"grpc-status"] == b"0" and data == b""
+
+
+def test_a_dealt_connection_reports_its_close_with_its_tag():
+    """A worker tells the engine when a connection dealt to it is gone
+    (``run.receive_connections`` -> ``RemoteEngine.connection_closed``), so that the
+    engine deals by connections open: reported once, with the connection's tag, only
+    after the client closed it; a connection of a tag no server here takes is closed and
+    reported at once."""
+    import asyncio
+
+    from runtime_py.server.grpc_h2 import BuiltinGrpcServer
+    from runtime_py.server.run import receive_connections
+
+    async def main() -> list[int]:
+        loop = asyncio.get_running_loop()
+        server = BuiltinGrpcServer(object(), 1 << 20)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        closed: list[int] = []
+        reported = asyncio.Event()
+
+        def on_closed(tag: int) -> None:
+            closed.append(tag)
+            reported.set()
+
+        receive_connections(loop, theirs, {b"g"[0]: server}, on_closed)
+        listener = socket.create_server(("127.0.0.1", 0))
+        clients = []
+        try:
+            for tag in (b"x", b"g"):
+                client = socket.create_connection(listener.getsockname())
+                accepted, _ = listener.accept()
+                socket.send_fds(ours, [tag], [accepted.fileno()])
+                accepted.close()
+                client.setblocking(False)
+                clients.append(client)
+            await asyncio.wait_for(reported.wait(), 10)
+            assert closed == [b"x"[0]]          # the untaken tag, at once
+            reported.clear()
+            # the gRPC server's SETTINGS arrive: it serves the connection; nothing reported
+            assert (await asyncio.wait_for(loop.sock_recv(clients[1], 9), 10))[3] == SETTINGS
+            await asyncio.sleep(0.05)
+            assert closed == [b"x"[0]]
+            clients[1].close()
+            await asyncio.wait_for(reported.wait(), 10)
+            await asyncio.sleep(0.05)
+            return closed
+        finally:
+            loop.remove_reader(theirs.fileno())
+            for s in (ours, theirs, listener, *clients):
+                s.close()
+            for conn in list(server.connections):
+                conn.transport.abort()
+
+    assert asyncio.run(main()) == [b"x"[0], b"g"[0]]
