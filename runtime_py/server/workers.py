@@ -72,14 +72,12 @@ from .shm import ShmRef
 log = logging.getLogger(__name__)
 
 SLOTS = 64
-#: The metrics' protocol label of each connection tag (``deal_connections``).
-_PROTOCOL_OF_TAG = {b"c": "http", b"g": "grpc"}
 #: Slots of each arena page-locked for a GPU engine: the lowest, handed out first.
 PINNED_SLOTS = 64
-#: The metrics' protocol label of each connection tag (``deal_connections``).
-_PROTOCOL_OF_TAG = {b"c": "http", b"g": "grpc"}
 MIN_SLOT_BYTES = 64 * 1024
 _PAGE = 4096
+#: The metrics' protocol label of each connection tag (``deal_connections``).
+_PROTOCOL_OF_TAG = {b"c": "http", b"g": "grpc"}
 
 
 def _pack(obj: Any) -> bytes:
