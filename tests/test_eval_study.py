@@ -433,7 +433,7 @@ def test_the_study_report_names_each_torch_aoti_bundle_s_model_form():
 
 
 def test_reuse_of_a_vit_fp8_bundle_needs_the_small_batch_gemm_form_the_family_names(
-        xception_bundles, tmp_path):
+        xception_bundles, tmp_path, monkeypatch):
     """A layout as_is family (timm_vit_base) compares the small-batch form of its FP8 Linear
     layers too: a package whose batch-1 graph runs them dequantized is reused for a family
     that asks for it and rebuilt for one that does not (the check was skipped for as_is
@@ -444,7 +444,7 @@ def test_reuse_of_a_vit_fp8_bundle_needs_the_small_batch_gemm_form_the_family_na
     from bundler.families import load_family
     from bundler.make import MakeRequest, reference_set
     from bundler.study import expected_source, reuse_mismatch
-    from bundler.targets.torch_aoti.build import engine_details
+    from bundler.targets.torch_aoti.build import FP8_CONV_ENV, engine_details
     from bundler.writer import write_bundle
     from runtime_py.compat import GpuInfo, HostInfo
     from runtime_py.format import open_bundle
@@ -481,3 +481,27 @@ def test_reuse_of_a_vit_fp8_bundle_needs_the_small_batch_gemm_form_the_family_na
         **small.spec["torch_aoti"], "fp8_pointwise_small_batch": "gemm"}})
     assert "fp8 small-batch GEMM form differs ('dequantized' vs 'gemm')" in reuse_mismatch(
         path, gemm, req, "torch-aoti", body["source"], cal["data_digest"], h200)
+    # the MLPs' form: this package's are separate; a family that fuses them rebuilds
+    monkeypatch.delenv(FP8_CONV_ENV, raising=False)
+    fused = dataclasses.replace(gemm, spec={**gemm.spec, "torch_aoti": {
+        **gemm.spec["torch_aoti"], "fp8_conv": "triton-fused"}})
+    assert "fp8 MLP form differs ('separate' vs 'triton-fused')" in reuse_mismatch(
+        path, fused, req, "torch-aoti", body["source"], cal["data_digest"], h200)
+
+
+def test_the_recorded_fp8_conv_form_names_the_form_it_was_built_with():
+    """``compile_options.fp8_conv`` and ``bundle study``'s reuse check share one rule:
+    an image family's recorded form names its fp8_conv back; a layout as_is family
+    records only fused MLPs; nothing is recorded below fp8."""
+    pytest.importorskip("torch")
+    from bundler.targets.torch_aoti.build import (FP8_CONV_DESCRIPTIONS, fp8_conv_named,
+                                                  fp8_conv_recorded)
+
+    for name in FP8_CONV_DESCRIPTIONS:
+        assert fp8_conv_named("nhwc", fp8_conv_recorded("fp8", "nhwc", name)) == name
+    assert fp8_conv_named("nhwc", "a form of another version") == "a form of another version"
+    assert fp8_conv_recorded("fp8", "as_is", "im2col") is None
+    assert fp8_conv_named("as_is", None) == "separate"
+    assert fp8_conv_named("as_is", fp8_conv_recorded("fp8", "as_is", "triton-fused")) \
+        == "triton-fused"
+    assert fp8_conv_recorded("fp16", "nhwc", "triton") is None

@@ -531,17 +531,29 @@ def _tiny_model():
             torch.nn.Linear(32, 10)).eval().requires_grad_(False)
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
-                    reason="AOTInductor on the CPU compiles C++: no C++ compiler on this host")
-def test_fp32_package_on_the_cpu_runs_in_the_runner():
-    """AOTInductor packages fp32 for the CPU (minutes on 2 cores: it compiles C++)."""
+needs_cxx = pytest.mark.skipif(
+    shutil.which("g++") is None and shutil.which("c++") is None,
+    reason="AOTInductor on the CPU compiles C++: no C++ compiler on this host")
+
+
+@pytest.fixture(scope="module")
+def cpu_fp32_package():
+    """The tiny model's fp32 CPU package with static graphs of batch 2 and 4 (and the
+    dynamic one), compiled once for the tests that run it (~25 s of C++ on 2 cores)."""
     from bundler.targets.torch_aoti import build_engine
+
+    return build_engine(_tiny_model(), "fp32", (3, 16, 16), {"min": 1, "max": 4},
+                        device="cpu", batch_sizes=[1, 4], static_batches=[4, 2])
+
+
+@pytest.mark.slow
+@needs_cxx
+def test_fp32_package_on_the_cpu_runs_in_the_runner(cpu_fp32_package):
+    """AOTInductor packages fp32 for the CPU (minutes on 2 cores: it compiles C++)."""
     from runtime_py.engines.torch_aoti import TorchAotiRunner
 
     model = _tiny_model()
-    package, details = build_engine(model, "fp32", (3, 16, 16), {"min": 1, "max": 4},
-                                    device="cpu", batch_sizes=[1, 4])
+    package, details = cpu_fp32_package
     assert package[:2] == b"PK"                      # a zip archive: code, .so, no pickle
     assert details["device"] == "cpu" and details["batch_sizes"] == [1, 4]
     runner = TorchAotiRunner(_MemoryBundle("fp32", details, package, (3, 16, 16), 10, 4))
@@ -556,20 +568,17 @@ def test_fp32_package_on_the_cpu_runs_in_the_runner():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
-                    reason="AOTInductor on the CPU compiles C++: no C++ compiler on this host")
-def test_static_batch_graphs_run_their_sizes_and_agree_with_the_dynamic_graph(tmp_path):
+@needs_cxx
+def test_static_batch_graphs_run_their_sizes_and_agree_with_the_dynamic_graph(
+        tmp_path, cpu_fp32_package):
     """torch_aoti.static_batches: one package holds the dynamic graph and a graph per listed
     size (static: it refuses another size); the runner runs those sizes on them and every
     size gives the dynamic graph's outputs."""
     import zipfile
 
-    from bundler.targets.torch_aoti import build_engine
     from runtime_py.engines.torch_aoti import TorchAotiRunner, load_graphs
 
-    model = _tiny_model()
-    package, details = build_engine(model, "fp32", (3, 16, 16), {"min": 1, "max": 4},
-                                    device="cpu", batch_sizes=[1, 4], static_batches=[4, 2])
+    package, details = cpu_fp32_package      # static_batches=[4, 2] asked
     assert details["static_batches"] == [2, 4]
     assert "static batch 2, 4" in details["compile_options"]["export"]
     _details_validator().validate(details)
@@ -606,8 +615,7 @@ def test_static_batch_graphs_run_their_sizes_and_agree_with_the_dynamic_graph(tm
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
-                    reason="AOTInductor on the CPU compiles C++: no C++ compiler on this host")
+@needs_cxx
 def test_the_target_compiles_the_static_batches_its_family_lists(tmp_path):
     """make and rebuild hand the target the family: its torch_aoti.static_batches become
     graphs of the package and the manifest's engine.details.static_batches."""
@@ -645,8 +653,7 @@ def test_static_batches_outside_the_range_are_refused():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
-                    reason="AOTInductor on the CPU compiles C++: no C++ compiler on this host")
+@needs_cxx
 def test_make_and_verify_a_cpu_fp32_bundle(tmp_path):
     """bundle make --backend torch-aoti (device cpu) -> verify -> numerics vs ONNX Runtime."""
     from bundler.make import MakeRequest, make_bundle
@@ -1201,8 +1208,7 @@ def test_gpu_runners_check_activity_and_batch_range_before_running():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
-                    reason="AOTInductor on the CPU compiles C++: no C++ compiler on this host")
+@needs_cxx
 def test_a_uint8_pixel_package_equals_the_float_path_on_the_same_images():
     """The pixel head compiled into the package: uint8 NHWC pixels give the logits that the
     host's float preprocessing of the same pixels gives through the float model, and the
