@@ -187,13 +187,11 @@ def reuse_mismatch(path: Path, family, req, target: str, source: dict,
             checks["fp8 MLP form" if layout == "as_is" else "fp8 convolution form"] = (
                 fp8_conv_named(layout, options.get("fp8_conv")),
                 fp8_conv_named(layout, fp8_conv_recorded("fp8", layout, conv)))
-        if req.precision == "fp8":
             # the small-batch form of its FP8 GEMM layers (1x1 convolutions, Linear layers;
             # recorded only where a small static graph has it)
             want_pw = effective_small_batch_pointwise(
                 family.torch_aoti_fp8_pointwise_small_batch, "fp8",
-                family.torch_aoti_static_batches_for("fp8"), layout=family.torch_aoti_layout,
-                fp8_conv=conv)
+                family.torch_aoti_static_batches_for("fp8"), layout=layout, fp8_conv=conv)
             have_pw = options.get("fp8_pointwise_small_batch")
             pw_names = {text: name for name, text in SMALL_BATCH_POINTWISE_DESCRIPTIONS.items()}
             checks["fp8 small-batch GEMM form"] = (pw_names.get(have_pw, have_pw or "gemm"),
