@@ -20,7 +20,9 @@ import it only where triton may be used (``kernels.available``).
 
 That kernel loads each output's 9 taps (L1/L2 hits, but 9 loads and their masks per output;
 no tile choice closed the 0.2 ms that issue 18's 1.25x needs, docs/measurements/
-h200-2026-12-02-h). ``_dw_rows_kernel`` (a config with ``rows`` > 0; family.json
+h200-2026-12-02-h). Those loads are what bounds it: not its arithmetic, nor DRAM (one
+tap: 3.2 TB/s); 2-D tiles, barriers and eviction hints do not help
+(``benchmarks/dw_kernel_variants.py``, docs/measurements/h200-2026-12-03-g). ``_dw_rows_kernel`` (a config with ``rows`` > 0; family.json
 ``fp8_depthwise: triton-rows``) walks a strip of output rows down the image and loads
 each input row once, adding it to the three output rows it feeds: 3 (rows + 2) / rows
 loads per output. Its columns run flat over images, so the 26 layers of 19x19 maps waste
