@@ -22,11 +22,16 @@
 #       h2_grpc_client, the default; grpcio: grpcio's stub, the twelfth session's client);
 #       REPEATS=3 measures each path three times next to its own batcher figure and shows
 #       the median round (about 3x the time: 8 s a round here).
+#   benchmarks/gpu_pending.sh pair OUT_DIR   # `build`, then serve_pair_bench.py: the fp8
+#       and fp16 bundles served side by side in one process, HTTP and gRPC (PATHS=), 64
+#       clients in 8 and 32 processes (PROCS=), REPEATS=3 rounds, each round measuring
+#       both bundles back to back: issue 15's fp8/fp16 at the client in one run (~280 s;
+#       PAIR_LIMIT= caps the step, 330 s)
 #
 # Logs: OUT_DIR/<step>.log. Each step prints as it goes and has its own timeout.
 set -u
-what=${1:?usage: $0 dw|build|overhead|serve OUT_DIR}
-out=${2:?usage: $0 dw|build|overhead|serve OUT_DIR}
+what=${1:?usage: $0 dw|build|overhead|serve|pair OUT_DIR}
+out=${2:?usage: $0 dw|build|overhead|serve|pair OUT_DIR}
 mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
@@ -70,6 +75,14 @@ serve)
       --seconds 3 --warmup 1
   done
   ;;
-*) echo "usage: $0 dw|build|overhead|serve OUT_DIR" >&2; exit 2 ;;
+pair)   # `build`, then fp8 against fp16 at the client, both served in one run
+  bash "$here/gpu_pending.sh" build "$out" || exit 1
+  step pair "${PAIR_LIMIT:-330}" python3 benchmarks/serve_pair_bench.py \
+    --bundle "$bundles/timm_xception-fp8-uint8-1.0.0-torch-aoti.bundle" \
+    --bundle "$bundles/timm_xception-fp16-uint8-1.0.0-torch-aoti.bundle" --batch 32 \
+    --clients 64 --http-procs "${PROCS:-8,32}" --workers 8 --paths "${PATHS:-http,grpc}" \
+    --rounds "${REPEATS:-3}" --seconds 3 --warmup 1
+  ;;
+*) echo "usage: $0 dw|build|overhead|serve|pair OUT_DIR" >&2; exit 2 ;;
 esac
 echo "== done (+$(( $(date +%s) - start )) s)"

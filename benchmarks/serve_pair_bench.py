@@ -1,0 +1,165 @@
+"""Two bundles served side by side, measured at the client: fp8 against fp16 in one run.
+
+    python benchmarks/serve_pair_bench.py --bundle FP8.bundle --bundle FP16.bundle
+    python benchmarks/serve_pair_bench.py --synthetic-costs 3,4     # CPU smoke run
+
+Issue 15's target "at the client, fp8 img/s >= 1.15x fp16 img/s over gRPC and HTTP" is a
+ratio of two serving figures. Measured by two `serve_bench.py` runs, one per bundle, the
+two figures came minutes apart, and on the H200 the load of the host moves a figure by
++-10% over that time: more than the difference to be shown. Here both bundles are loaded in
+one process, each behind its own batcher and its own server (`run.serve`, the code of
+`bundle serve`, with --workers front-end processes), both servers up for the whole run.
+Each round measures every path with the first bundle and then the second (the order
+reversed on every other round), back to back, with the same clients; the figure is the
+ratio first / second of each round, and the median round is shown.
+
+Beside it, at each round, the same ratio at the two boundaries below the network: the
+engine (`model.infer` on a ready batch) and the in-process batcher (--clients threads), so
+that a ratio lost at the client can be placed: in the engine, the batcher, or the network
+front-ends.
+
+A script, not a test: numbers depend on the host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from types import SimpleNamespace
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_args import positive_int, positive_ints  # noqa: E402
+from serve_bench import (KINDS, _Server, bench_batcher, bench_path, bench_raw,  # noqa: E402
+                         make_model, one_image)
+from runtime_py.batcher import Batcher  # noqa: E402
+
+#: fp8 img/s over fp16 img/s at the client (issue 15).
+TARGET = 1.15
+
+
+def load_pair(args) -> list:
+    """The two models, first the numerator. Synthetic ones are the light toy engine of
+    serve_bench (a GPU engine's profile) with the two per-batch costs given."""
+    if args.synthetic_costs:
+        costs = args.synthetic_costs
+        return [make_model(SimpleNamespace(
+            synthetic=True, light=True, image_size=args.image_size, batch=args.batch,
+            cost_ms=c, per_row_ms=0.0, dtype="uint8")) for c in costs]
+    return [make_model(SimpleNamespace(synthetic=False, bundle=b, backend=args.backend,
+                                       enqueue=None)) for b in args.bundle]
+
+
+def label_of(args, i: int) -> str:
+    if args.synthetic_costs:
+        return f"synthetic {args.synthetic_costs[i]} ms"
+    return os.path.basename(args.bundle[i]).removesuffix(".bundle")
+
+
+def ratio_summary(rounds: list[tuple[float, float]]) -> dict:
+    """Per-round first/second ratios of (first img/s, second img/s) pairs, and the median
+    round's figures (the lower of the two middle ones for an even count, so that every
+    figure shown is one round's, not an average)."""
+    ratios = [a / b for a, b in rounds]
+    order = sorted(range(len(rounds)), key=lambda i: ratios[i])
+    mid = order[(len(order) - 1) // 2]
+    return {"rounds": [round(r, 3) for r in ratios], "median": round(ratios[mid], 3),
+            "first_img_s": round(rounds[mid][0], 1), "second_img_s": round(rounds[mid][1], 1),
+            "spread": [round(min(ratios), 3), round(max(ratios), 3)]}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--bundle", action="append",
+                     help="a .bundle, given twice: the numerator (fp8) first, then fp16")
+    src.add_argument("--synthetic-costs", type=lambda s: [float(x) for x in s.split(",")],
+                     metavar="A,B", help="two synthetic engines of these ms per batch")
+    ap.add_argument("--backend", default="auto")
+    ap.add_argument("--batch", type=positive_int, default=32)
+    ap.add_argument("--clients", type=positive_int, default=64,
+                    help="clients of every figure (batcher threads, network clients)")
+    ap.add_argument("--http-procs", type=positive_ints, default="8", metavar="N[,N..]",
+                    help="client processes of the network paths; several: one figure each")
+    ap.add_argument("--paths", default="http,grpc", help=f"comma-separated, of {KINDS}")
+    ap.add_argument("--workers", type=int, default=8, help="front-end worker processes per server")
+    ap.add_argument("--rounds", type=positive_int, default=3)
+    ap.add_argument("--seconds", type=float, default=3.0, help="measured time per figure")
+    ap.add_argument("--warmup", type=float, default=1.0)
+    ap.add_argument("--max-delay-ms", type=float, default=2.0)
+    ap.add_argument("--image-size", type=int, default=64, help="synthetic: input 3 x N x N")
+    ap.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    args = ap.parse_args(argv)
+    pair = args.bundle or args.synthetic_costs
+    if len(pair) != 2:
+        ap.error(f"give exactly two bundles (or two costs), got {len(pair)}")
+    kinds = [k for k in args.paths.split(",") if k]
+    if not kinds or any(k not in KINDS for k in kinds):
+        ap.error(f"--paths: each of {KINDS}, got {kinds}")
+
+    t0 = time.time()
+    models = load_pair(args)
+    labels = [label_of(args, i) for i in range(2)]
+    feeds = [one_image(m, 1) for m in models]
+    say = (lambda *a: None) if args.json else (lambda *a: print(*a, flush=True))
+    say(f"first: {labels[0]}\nsecond: {labels[1]}\n{args.clients} clients, batch "
+        f"{args.batch}, {args.workers} front-end workers per server, {args.rounds} rounds"
+        f" of {args.seconds:g} s (+{args.warmup:g} s warm-up), cpus {os.cpu_count()}")
+    figures: dict[str, list[tuple[float, float]]] = {}
+    batchers = [Batcher(m, max_batch_size=args.batch, max_delay_ms=args.max_delay_ms)
+                for m in models]
+    servers = [_Server(m, b, args.workers) for m, b in zip(models, batchers)]
+    try:
+        for s in servers:
+            s.__enter__()
+        time.sleep(2.0)       # workers that said hello still finish starting
+        for r in range(args.rounds):
+            order = (0, 1) if r % 2 == 0 else (1, 0)
+            steps = [("engine", None, lambda i: bench_raw(models[i], args.batch, args.seconds)),
+                     ("batcher", None, lambda i: bench_batcher(
+                         batchers[i], feeds[i], args.clients, args.seconds, args.warmup)[0])]
+            steps += [(kind, procs, (lambda i, kind=kind, procs=procs: bench_path(
+                kind, servers[i], models[i], feeds[i], args.clients, procs, args.seconds,
+                args.warmup)[0])) for kind in kinds for procs in args.http_procs]
+            for name, procs, measure in steps:
+                key = name if procs is None else f"{name}@p{procs}"
+                got = [0.0, 0.0]
+                for i in order:
+                    v = measure(i)
+                    if isinstance(v, str):
+                        raise SystemExit(f"{key} of {labels[i]} failed: {v}")
+                    got[i] = v
+                figures.setdefault(key, []).append((got[0], got[1]))
+                say(f"round {r + 1} {key:<14} {got[0]:9.1f} / {got[1]:9.1f} img/s = "
+                    f"{got[0] / got[1]:.3f}   (+{time.time() - t0:.0f} s)")
+    finally:
+        for s in servers:
+            if s.thread.is_alive():
+                s.__exit__(None, None, None)
+        for b in batchers:
+            b.close()
+    summary = {k: ratio_summary(v) for k, v in figures.items()}
+    result = {"first": labels[0], "second": labels[1], "clients": args.clients,
+              "batch": args.batch, "workers": args.workers, "rounds": args.rounds,
+              "seconds": args.seconds, "cpus": os.cpu_count(), "target": TARGET,
+              "first_over_second": summary}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"\n{'boundary':<14} {'first img/s':>11} {'second img/s':>12} {'median':>7}  "
+              f"rounds")
+        for k, s in summary.items():
+            mark = "" if k in ("engine", "batcher") else (
+                "  (target >= %.2f: %s)" % (TARGET, "met" if s["median"] >= TARGET else "not met"))
+            print(f"{k:<14} {s['first_img_s']:11.1f} {s['second_img_s']:12.1f} "
+                  f"{s['median']:7.3f}  {', '.join(f'{x:.3f}' for x in s['rounds'])}{mark}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""benchmarks/serve_pair_bench.py: two bundles served side by side, their client-side
+ratio per round (issue 15's fp8/fp16 at the client in one run)."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmark_modules import load_benchmark
+
+
+pytest.importorskip("starlette")
+
+
+@pytest.fixture(scope="module")
+def pair_bench():
+    return load_benchmark("serve_pair_bench")
+
+
+def test_the_median_round_is_one_rounds_figures(pair_bench):
+    s = pair_bench.ratio_summary([(1200.0, 1000.0), (900.0, 1000.0), (1500.0, 1000.0)])
+    assert s["rounds"] == [1.2, 0.9, 1.5]
+    assert s["median"] == 1.2 and (s["first_img_s"], s["second_img_s"]) == (1200.0, 1000.0)
+    assert s["spread"] == [0.9, 1.5]
+    # an even count: the lower middle round, not an average of two
+    assert pair_bench.ratio_summary([(900.0, 1000.0), (1200.0, 1000.0)])["median"] == 0.9
+
+
+def test_it_wants_exactly_two_bundles(pair_bench, capsys):
+    with pytest.raises(SystemExit):
+        pair_bench.main(["--synthetic-costs", "2"])
+    assert "exactly two" in capsys.readouterr().err
+
+
+def test_two_synthetic_engines_served_side_by_side(pair_bench, capsys):
+    """An engine twice as slow per batch is slower at every boundary, and each figure is
+    the ratio first / second of one round."""
+    result = pair_bench.main([
+        "--synthetic-costs", "2,8", "--image-size", "16", "--clients", "8", "--batch", "8",
+        "--http-procs", "1", "--paths", "http", "--workers", "0", "--rounds", "1",
+        "--seconds", "0.4", "--warmup", "0.1"])
+    ratios = result["first_over_second"]
+    assert set(ratios) == {"engine", "batcher", "http@p1"}
+    for key, s in ratios.items():
+        assert s["median"] > 1.3, (key, s)
+        assert s["median"] == pytest.approx(s["first_img_s"] / s["second_img_s"], abs=2e-3)
+    assert "http@p1" in capsys.readouterr().out
