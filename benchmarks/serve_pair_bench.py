@@ -109,7 +109,8 @@ def main(argv=None) -> dict:
     say = (lambda *a: None) if args.json else (lambda *a: print(*a, flush=True))
     say(f"first: {labels[0]}\nsecond: {labels[1]}\n{args.clients} clients, batch "
         f"{args.batch}, {args.workers} front-end workers per server, {args.rounds} rounds"
-        f" of {args.seconds:g} s (+{args.warmup:g} s warm-up), cpus {os.cpu_count()}")
+        f" of {args.seconds:g} s (+{args.warmup:g} s warm-up), cpus {os.cpu_count()}; "
+        f"both loaded in {time.time() - t0:.0f} s")
     figures: dict[str, list[tuple[float, float]]] = {}
     batchers = [Batcher(m, max_batch_size=args.batch, max_delay_ms=args.max_delay_ms)
                 for m in models]
@@ -118,6 +119,7 @@ def main(argv=None) -> dict:
         for s in servers:
             s.__enter__()
         time.sleep(2.0)       # workers that said hello still finish starting
+        say(f"both servers up (+{time.time() - t0:.0f} s)")
         for r in range(args.rounds):
             order = (0, 1) if r % 2 == 0 else (1, 0)
             steps = [("engine", None, lambda i: bench_raw(models[i], args.batch, args.seconds)),
