@@ -67,30 +67,3 @@ def test_infer_messages_of_one_turn_are_answered_in_one_frame_with_each_requests
     assert replies[3]["ok"] is False and replies[3]["status"] == 500
     assert "fail" in replies[3]["message"]
     assert stats["success"]["count"] == 3 and stats["fail"]["count"] == 1
-
-
-def test_readable_check_tells_waiting_messages_and_end_of_file():
-    """The engine's loop reads a worker's messages until none waits (``readable_check``,
-    one system call): false on a quiet socket, true with a message waiting, true at end of
-    file (the read that follows raises ``EOFError``, which closes the worker's side)."""
-    import socket
-    from multiprocessing.connection import Connection
-
-    import pytest
-
-    from runtime_py.server.workers import readable_check
-    a, b = socket.socketpair()
-    ours, theirs = Connection(a.detach()), Connection(b.detach())
-    more = readable_check(ours.fileno())
-    try:
-        assert more() is False
-        theirs.send_bytes(b"x")
-        assert more() is True
-        assert ours.recv_bytes() == b"x"
-        assert more() is False
-        theirs.close()
-        assert more() is True
-        with pytest.raises(EOFError):
-            ours.recv_bytes()
-    finally:
-        ours.close()

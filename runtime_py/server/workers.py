@@ -47,7 +47,6 @@ import logging
 import math
 import mmap
 import os
-import select
 import signal
 import socket
 import subprocess
@@ -65,6 +64,7 @@ from ..pinned_host import buffer_address
 from ..tensors import TensorSpec
 from .engine import (Engine, InferCall, ModelInfo, ShmInput, ShmOutput, lookup_info,
                      status_of)
+from .frames import FrameReader
 from .gc_tuning import serving_gc
 from .protocol import OutputRequest, RequestError, dtype_name
 from .shm import ShmRef
@@ -92,17 +92,6 @@ def _unpack(data: bytes) -> Any:
 def _dtype(name: str) -> np.dtype:
     """``np.dtype(name)`` for the names on the wire, cached (every tensor of every request)."""
     return np.dtype(name)
-
-
-def readable_check(fd: int) -> Callable[[], bool]:
-    """``Connection.poll(0)`` for ``fd`` in one system call. That method builds a selector,
-    registers the fd, selects and closes the selector on every call: 15% of the engine
-    loop's Python per request in a profile (2 cores, 1 worker), and that loop is the one
-    point every request crosses. True also at end of file, as ``poll(0)`` is (the read
-    that follows raises ``EOFError``)."""
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return lambda: bool(poller.poll(0))
 
 
 def _messages(data: bytes) -> list[dict]:
@@ -241,29 +230,24 @@ class RemoteEngine:
 
     def start(self, loop: asyncio.AbstractEventLoop, on_lost: Callable[[], None]) -> None:
         """Read replies on the event loop itself (no reader thread: one hop less per
-        request). The engine writes each message whole, so a readable socket never
-        blocks ``recv_bytes`` for long."""
+        request), whole frames at a time without blocking (``FrameReader``)."""
         self._loop = loop
         self._on_lost = on_lost
         self._outbox.bind(loop)
-        self._more = readable_check(self.conn.fileno())
+        self._reader = FrameReader(self.conn.fileno())
         loop.add_reader(self.conn.fileno(), self._on_readable)
         os.set_blocking(self.conn.fileno(), True)   # uvloop's add_reader made it non-blocking
 
     def _on_readable(self) -> None:
-        while True:
-            try:
-                msgs = _messages(self.conn.recv_bytes())
-            except (EOFError, OSError):
-                self._loop.remove_reader(self.conn.fileno())
-                self.lost.set()
-                self._fail_all()
-                self._on_lost()
-                return
-            for msg in msgs:
+        for data in self._reader.read():
+            for msg in _messages(data):
                 self._resolve(msg)
-            if not self._more():
-                return
+        if self._reader.eof:
+            self._loop.remove_reader(self.conn.fileno())
+            self._reader.close()
+            self.lost.set()
+            self._fail_all()
+            self._on_lost()
 
     def _resolve(self, msg: dict) -> None:
         fut, on_reply = self._pending.pop(msg["id"], (None, None))
@@ -544,8 +528,8 @@ class _Worker:
         # replies of one turn of the engine's loop, one frame; a worker that cannot be
         # written to is gone, and its requests with it
         self.outbox = _Outbox(self._write, lambda msgs: None)
-        # another message waiting to be read (set when the engine's loop watches it)
-        self.more: Callable[[], bool] = lambda: False
+        # its messages, read whole on the engine's loop (set when the loop watches it)
+        self.reader: FrameReader | None = None
 
     def _write(self, data: bytes) -> None:
         with self.lock:
@@ -790,16 +774,8 @@ async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, ma
     def on_message(w: _Worker) -> None:
         # Every message already here, in order: a worker's one-way metric reports must not
         # lag behind another worker's /metrics request.
-        while True:
-            try:
-                msgs = _messages(w.conn.recv_bytes())
-            except (EOFError, OSError):
-                loop.remove_reader(w.conn.fileno())
-                if not stopping.is_set():
-                    failure.append(f"front-end worker {w.index} exited (code {w.proc.poll()})")
-                    stopping.set()
-                return
-            for msg in msgs:
+        for data in w.reader.read():
+            for msg in _messages(data):
                 if msg.get("op") == "hello":
                     w.hello = msg
                     continue
@@ -817,8 +793,12 @@ async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, ma
                     task = loop.create_task(host_.handle(w, msg))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
-            if not w.more():
-                return
+        if w.reader.eof:
+            loop.remove_reader(w.conn.fileno())
+            w.reader.close()
+            if not stopping.is_set():
+                failure.append(f"front-end worker {w.index} exited (code {w.proc.poll()})")
+                stopping.set()
 
     try:
         for i in range(workers):
@@ -873,7 +853,7 @@ async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, ma
                     engine.metrics.watch_connections(str(i), _PROTOCOL_OF_TAG[tag],
                                                      functools.partial(w.open_connections, tag))
             w.send(hello)
-            w.more = readable_check(conn.fileno())
+            w.reader = FrameReader(conn.fileno())
             loop.add_reader(conn.fileno(), on_message, w)
             # uvloop (libuv) makes a watched fd non-blocking; messages are read and written
             # whole, which needs blocking calls (the reader only reads when data is there).
