@@ -27,6 +27,8 @@ The data path, and why it is shaped so:
   engine together. The engine's loop is the one point every request crosses twice, and
   the time it spends on each of a batch's requests delays the last of them: on the H200,
   closed-loop clients lost 25-45% of the batcher's rate there (docs/measurements).
+  Both sides read frames with ``frames.FrameReader``: what the socket holds, in one
+  non-blocking read per wake-up (``recv_bytes`` took two reads and a ``poll`` a frame).
 - Metrics and statistics stay in the engine process: workers report the requests they
   answered, and ``/metrics`` asks the engine, so one scrape sees every worker. Reports ride
   with the frame of the turn they were made in (a request of that turn carries them, so
