@@ -85,3 +85,26 @@ def test_end_of_file_after_the_last_frames(pair):
     while not reader.eof:
         got += reader.read()
     assert got == [b"last"] and reader.eof
+
+
+def test_one_read_drains_more_than_its_buffer_holds(pair):
+    """Many frames waiting, more bytes than the buffer: one call returns every one of
+    them (the engine's loop relies on that order: a worker's reports before another's
+    /metrics request), and the buffer is back to its size."""
+    reader, theirs, _ = pair
+    frames = [bytes([i]) * 50 for i in range(40)]      # 2,160 bytes against 64
+    for f in frames:
+        theirs.send_bytes(f)
+    assert reader.read() == frames
+    assert len(reader._buf) == 64
+
+
+def test_close_releases_the_duplicate_descriptor(pair):
+    import os
+
+    reader, _, _ = pair
+    fd = reader._sock.fileno()
+    reader.close()
+    reader.close()                                     # again: nothing
+    with pytest.raises(OSError):
+        os.fstat(fd)

@@ -38,27 +38,38 @@ class FrameReader:
         self.eof = False
 
     def close(self) -> None:
+        """Close this reader's descriptor (a duplicate: the connection's own stays open);
+        calling it again does nothing."""
         self._sock.close()
 
     def read(self) -> list[bytes]:
-        """The frames completed by what the socket holds now (maybe none), in order. At end
-        of file (or a reset connection) ``eof`` is set; frames completed before it are still
-        returned first."""
-        need = self._needed()
-        if self._end + max(need, 1) > len(self._buf):
-            self._make_room(need)
-        try:
-            with memoryview(self._buf) as view:
-                n = self._sock.recv_into(view[self._end:], 0, socket.MSG_DONTWAIT)
-        except (BlockingIOError, InterruptedError):
-            n = -1
-        except OSError:
-            n = 0
-        if n == 0:
-            self.eof = True
-        elif n > 0:
+        """The frames completed by what the socket holds now (maybe none), in order: all of
+        it, as the reader it replaces drained the socket before it returned (a read that
+        fills the buffer is followed by another). At end of file (or a reset connection)
+        ``eof`` is set; frames completed before it are still returned first."""
+        frames: list[bytes] = []
+        while not self.eof:
+            need = self._needed()
+            if self._end + max(need, 1) > len(self._buf):
+                self._make_room(need)
+            room = len(self._buf) - self._end
+            try:
+                with memoryview(self._buf) as view:
+                    n = self._sock.recv_into(view[self._end:], 0, socket.MSG_DONTWAIT)
+            except InterruptedError:
+                continue
+            except BlockingIOError:
+                break
+            except OSError:
+                n = 0
+            if n == 0:
+                self.eof = True
+                break
             self._end += n
-        return self._frames()
+            frames += self._frames()
+            if n < room:          # the socket had less than the room: it is drained
+                break
+        return frames
 
     def _frames(self) -> list[bytes]:
         frames = []

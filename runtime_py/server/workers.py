@@ -928,6 +928,8 @@ async def _serve_with_workers(engine, http_sock, host, grpc_port, workers, *, ma
                 loop.remove_reader(w.conn.fileno())
             except (ValueError, OSError):
                 pass
+            if w.reader is not None:
+                w.reader.close()      # its duplicate descriptor too, or the pair stays open
             w.conn.close()
         if tasks:
             await asyncio.gather(*list(tasks), return_exceptions=True)
