@@ -74,18 +74,13 @@ class FrameReader:
     def _frames(self) -> list[bytes]:
         frames = []
         buf, start, end = self._buf, self._start, self._end
-        while end - start >= 4:
-            size = _HEADER.unpack_from(buf, start)[0]
-            head = 4
-            if size == -1:
-                if end - start < 12:
-                    break
-                size = _LONG_HEADER.unpack_from(buf, start + 4)[0]
-                head = 12
-            if end - start < head + size:
+        while True:
+            length = _frame_length(buf, start, end)
+            if length is None or length[0] > end - start:
                 break
-            frames.append(bytes(buf[start + head:start + head + size]))
-            start += head + size
+            total, head = length
+            frames.append(bytes(buf[start + head:start + total]))
+            start += total
         if start == end:
             start = end = 0           # all consumed: the next read starts at the front
             if len(buf) > 4 * self._chunk:     # a big frame is gone: so is its room
@@ -95,17 +90,8 @@ class FrameReader:
 
     def _needed(self) -> int:
         """Bytes the partial frame at the front still needs to be whole (0 if unknown)."""
-        have = self._end - self._start
-        if have < 4:
-            return 0
-        size = _HEADER.unpack_from(self._buf, self._start)[0]
-        head = 4
-        if size == -1:
-            if have < 12:
-                return 0
-            size = _LONG_HEADER.unpack_from(self._buf, self._start + 4)[0]
-            head = 12
-        return max(0, head + size - have)
+        length = _frame_length(self._buf, self._start, self._end)
+        return 0 if length is None else max(0, length[0] - (self._end - self._start))
 
     def _make_room(self, need: int) -> None:
         """Move the partial frame to the front, and grow the buffer if it still cannot take
@@ -116,3 +102,16 @@ class FrameReader:
             self._start, self._end = 0, have
         if have + max(need, 1) > len(self._buf):
             self._buf.extend(bytes(have + need - len(self._buf)))
+
+
+def _frame_length(buf: bytearray, start: int, end: int) -> tuple[int, int] | None:
+    """(whole frame's bytes, header's bytes) of the frame at ``start``, or None while its
+    header is not all in ``buf[start:end]``."""
+    if end - start < 4:
+        return None
+    size = _HEADER.unpack_from(buf, start)[0]
+    if size != -1:
+        return 4 + size, 4
+    if end - start < 12:
+        return None
+    return 12 + _LONG_HEADER.unpack_from(buf, start + 4)[0], 12
