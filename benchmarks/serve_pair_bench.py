@@ -34,8 +34,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_args import positive_int, positive_ints  # noqa: E402
-from serve_bench import (KINDS, _Server, bench_batcher, bench_path, bench_raw,  # noqa: E402
-                         make_model, one_image)
+from serve_bench import (KINDS, _median_round, _Server, bench_batcher,  # noqa: E402
+                         bench_path, bench_raw, make_model, one_image)
 from runtime_py.batcher import Batcher  # noqa: E402
 
 #: fp8 img/s over fp16 img/s at the client (issue 15).
@@ -65,10 +65,9 @@ def ratio_summary(rounds: list[tuple[float, float]]) -> dict:
     round's figures (the lower of the two middle ones for an even count, so that every
     figure shown is one round's, not an average)."""
     ratios = [a / b for a, b in rounds]
-    order = sorted(range(len(rounds)), key=lambda i: ratios[i])
-    mid = order[(len(order) - 1) // 2]
-    return {"rounds": [round(r, 3) for r in ratios], "median": round(ratios[mid], 3),
-            "first_img_s": round(rounds[mid][0], 1), "second_img_s": round(rounds[mid][1], 1),
+    second, first = _median_round([(b, a) for a, b in rounds])   # (reference, figure)
+    return {"rounds": [round(r, 3) for r in ratios], "median": round(first / second, 3),
+            "first_img_s": round(first, 1), "second_img_s": round(second, 1),
             "spread": [round(min(ratios), 3), round(max(ratios), 3)]}
 
 
