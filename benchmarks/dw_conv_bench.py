@@ -186,7 +186,7 @@ def ptxas_report(arch: int = 90) -> int:
                     if cfg.rows:
                         consts = dict(KW=3, PH=1, PW=1, DW=1, RELU=relu, RELU_IN=relu_in,
                                       QMAX=E4M3_MAX, ALIGN=align, BLOCK_W=cfg.block_p,
-                                      BLOCK_C=cfg.block_c, ROWS=cfg.rows)
+                                      BLOCK_C=cfg.block_c, ROWS=cfg.rows, UNROLL=False)
                     else:
                         consts = dict(KH=3, KW=3, SH=1, SW=1, PH=1, PW=1, DH=1, DW=1,
                                       RELU=relu, RELU_IN=relu_in, QMAX=E4M3_MAX, ALIGN=align,

@@ -21,7 +21,8 @@ each on the 150x150 map):
   evict     const, the taps loaded with eviction_policy "evict_last"
   same9     const, all 9 taps loading the centre pixel (are repeated loads L1 hits?)
   row3, col3, rows2  const, only the centre row's 3 taps / the centre column's / 2 rows
-  rowsU<R>  the row-strip kernel with its row walk unrolled, R output rows a program
+  rowsU<R>  the shipped row-strip kernel with its row walk unrolled (``UNROLL``), R output
+            rows a program
   bHxW      const, a program's pixels an H x W block of one image (b8x8bar: + rowbar)
   copy      load, quantize and store the same tile (the memory floor)
 
@@ -44,8 +45,8 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from bundler.fp8 import E4M3_MAX  # noqa: E402
-from bundler.targets.torch_aoti.kernels.dw_conv import (_e4m3_out,  # noqa: E402
-                                                        element_alignment)
+from bundler.targets.torch_aoti.kernels.dw_conv import (_dw_rows_kernel,  # noqa: E402
+                                                        _e4m3_out, element_alignment)
 from bundler.targets.torch_aoti.kernels.fp8_conv import _quantize_e4m3  # noqa: E402
 
 #: (channels, size, stride): the 128x150x150 layer (0.26 ms) and the 26 728x19x19 ones.
@@ -128,64 +129,6 @@ def _dw_variant_kernel(
 
 
 @triton.jit
-def _dw_rows_unrolled_kernel(
-        x_ptr, w_ptr, bias_ptr, q_ptr, q_scale_ptr, NW, C, CPAD,
-        stride_xn, stride_xh, stride_xw,
-        H: tl.constexpr, W: tl.constexpr, HO: tl.constexpr, WO: tl.constexpr,
-        QMAX: tl.constexpr, ALIGN: tl.constexpr,
-        BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr, ROWS: tl.constexpr):
-    """``kernels/dw_conv.py``'s row-strip kernel (3x3, stride 1, padding 1, ReLU on the
-    input) with its walk over the ROWS + 2 input rows unrolled, so that every row's loads
-    can be in flight at once (the shipped one loops, one row's loads at a time): each input
-    loaded 3 times (its three columns of taps) for its three output rows, ~3 (ROWS + 2) /
-    ROWS loads per output instead of 9."""
-    pid_w = tl.program_id(0)
-    pid_h = tl.program_id(1)
-    pid_c = tl.program_id(2)
-    offs_w = pid_w * BLOCK_W + tl.arange(0, BLOCK_W)
-    offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-    w_ok = offs_w < NW
-    c_ok = (offs_c // ALIGN) < (C // ALIGN)
-    img = offs_w // WO
-    wo = offs_w % WO
-    x_cols = x_ptr + tl.multiple_of(img.to(tl.int64) * stride_xn, ALIGN)
-    oh0 = pid_h * ROWS
-    bias = tl.load(bias_ptr + offs_c, mask=c_ok, other=0.0)
-    q_scale = tl.load(q_scale_ptr)
-    q_inv = tl.math.div_rn(tl.full([], 1.0, tl.float32), q_scale)
-    out_rows = (img * HO).to(tl.int64)
-    acc_b = tl.zeros((BLOCK_W, BLOCK_C), dtype=tl.float32)
-    acc_c = tl.zeros((BLOCK_W, BLOCK_C), dtype=tl.float32)
-    for r in tl.static_range(ROWS + 2):
-        ih = oh0 - 1 + r
-        row_ok = w_ok & (ih >= 0) & (ih < H)
-        part_c = tl.zeros((BLOCK_W, BLOCK_C), dtype=tl.float32)
-        for kw in tl.static_range(3):
-            iw = wo - 1 + kw
-            inside = row_ok & (iw >= 0) & (iw < W)
-            pix = tl.multiple_of(ih * stride_xh + iw * stride_xw, ALIGN)
-            a = tl.load(x_cols[:, None] + pix[:, None] + offs_c[None, :],
-                        mask=inside[:, None] & c_ok[None, :], other=0.0)
-            a = tl.maximum(a.to(tl.float32), 0.0)
-            w0 = tl.load(w_ptr + tl.multiple_of(kw * C + offs_c, ALIGN), mask=c_ok, other=0.0)
-            w1 = tl.load(w_ptr + tl.multiple_of((3 + kw) * C + offs_c, ALIGN), mask=c_ok,
-                         other=0.0)
-            w2 = tl.load(w_ptr + tl.multiple_of((6 + kw) * C + offs_c, ALIGN), mask=c_ok,
-                         other=0.0)
-            acc_b += a * w2[None, :]
-            acc_c += a * w1[None, :]
-            part_c += a * w0[None, :]
-        if r >= 2:
-            oh = oh0 + r - 2
-            q = _e4m3_out(acc_b, bias, q_scale, q_inv, False, QMAX)
-            p = (out_rows + oh) * WO + wo
-            tl.store(q_ptr + p[:, None] * CPAD + offs_c[None, :], q,
-                     mask=(w_ok & (oh < HO))[:, None] & (offs_c < CPAD)[None, :])
-        acc_b = acc_c
-        acc_c = part_c
-
-
-@triton.jit
 def _copy_kernel(x_ptr, q_ptr, q_scale_ptr, P, C, CPAD, stride_xp, ALIGN: tl.constexpr,
                  QMAX: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
     pid_p = tl.program_id(0)
@@ -216,13 +159,14 @@ def run_variant(name: str, x, taps, bias, scale, cpad: int, block=(64, 64, 4)):
     align = element_alignment(c, *x.stride()[:3], x.storage_offset(), taps.storage_offset())
     p = n * h * w
     grid = (triton.cdiv(p, bp), triton.cdiv(cpad, bc))
-    if name.startswith("rowsU"):      # rowsU<R>: the unrolled row strip, R rows
+    if name.startswith("rowsU"):      # rowsU<R>: the shipped row strip unrolled, R rows
         rows = int(name[5:])
         grid = (triton.cdiv(n * w, bp), triton.cdiv(h, rows), triton.cdiv(cpad, bc))
-        _dw_rows_unrolled_kernel[grid](
-            x, taps, bias, out, scale, n * w, c, cpad, x.stride(0), x.stride(1), x.stride(2),
-            H=h, W=w, HO=h, WO=w, QMAX=E4M3_MAX, ALIGN=align, BLOCK_W=bp, BLOCK_C=bc,
-            ROWS=rows, num_warps=warps)
+        _dw_rows_kernel[grid](
+            x, taps, bias, out, scale, n * w, h, w, c, h, w, cpad,
+            x.stride(0), x.stride(1), x.stride(2), KW=3, PH=1, PW=1, DW=1, RELU=False,
+            RELU_IN=True, QMAX=E4M3_MAX, ALIGN=align, BLOCK_W=bp, BLOCK_C=bc, ROWS=rows,
+            UNROLL=True, num_warps=warps)
         return out
     if name == "copy":
         _copy_kernel[grid](x, out, scale, p, c, cpad, x.stride(2), ALIGN=align, QMAX=E4M3_MAX,

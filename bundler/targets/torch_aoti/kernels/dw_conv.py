@@ -22,12 +22,15 @@ That kernel loads each output's 9 taps (L1/L2 hits, but 9 loads and their masks 
 no tile choice closed the 0.2 ms that issue 18's 1.25x needs, docs/measurements/
 h200-2026-12-02-h). Those loads are what bounds it: not its arithmetic, nor DRAM (one
 tap: 3.2 TB/s); 2-D tiles, barriers and eviction hints do not help
-(``benchmarks/dw_kernel_variants.py``, docs/measurements/h200-2026-12-03-g). ``_dw_rows_kernel`` (a config with ``rows`` > 0; family.json
-``fp8_depthwise: triton-rows``) walks a strip of output rows down the image and loads
-each input row once, adding it to the three output rows it feeds: 3 (rows + 2) / rows
-loads per output. Its columns run flat over images, so the 26 layers of 19x19 maps waste
-no lanes. Checked under the interpreter; not yet timed on the H200 (``benchmarks/
-gpu_pending.sh dw``).
+(``benchmarks/dw_kernel_variants.py``, docs/measurements/h200-2026-12-03-g).
+
+``_dw_rows_kernel`` (a config with ``rows`` > 0; family.json ``fp8_depthwise:
+triton-rows``) walks a strip of output rows down the image and loads each input row once,
+adding it to the three output rows it feeds: 3 (rows + 2) / rows loads per output. Its
+columns run flat over images, so the 26 layers of 19x19 maps waste no lanes. On the H200
+it is slower than the pixel kernel on every layer shape (docs/measurements/h200-2026-12-03-g,
+``dw-rows-all.log``); with its walk unrolled (``UNROLL``) 10% faster on the largest map
+only.
 """
 
 from __future__ import annotations
@@ -190,12 +193,15 @@ def _dw_rows_kernel(
         stride_xn, stride_xh, stride_xw,
         KW: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr, DW: tl.constexpr,
         RELU: tl.constexpr, RELU_IN: tl.constexpr, QMAX: tl.constexpr, ALIGN: tl.constexpr,
-        BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr, ROWS: tl.constexpr):
+        BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr, ROWS: tl.constexpr,
+        UNROLL: tl.constexpr = False):
     """Stride 1, three rows of taps. A program: BLOCK_W output columns (flat over images
     and columns, NW = N * WO of them, so a narrow image wastes no lanes) x ROWS output
     rows x BLOCK_C channels. It walks down the strip's ROWS + 2 input rows, loading each
     input row once (KW shifted loads) and adding it to the three output rows it feeds,
-    kept as rolling accumulators: ~3 (ROWS + 2) / ROWS loads per output instead of 9."""
+    kept as rolling accumulators: ~3 (ROWS + 2) / ROWS loads per output instead of 9.
+    UNROLL: the walk unrolled (2 rows: -10% on a 150x150 map on the H200, slower on 19x19
+    ones; more rows spill: docs/measurements/h200-2026-12-03-g), not used by the bundles."""
     pid_w = tl.program_id(0)
     pid_h = tl.program_id(1)
     pid_c = tl.program_id(2)
@@ -215,33 +221,55 @@ def _dw_rows_kernel(
     # output row oh0 + r - 1's first
     acc_b = tl.zeros((BLOCK_W, BLOCK_C), dtype=tl.float32)
     acc_c = tl.zeros((BLOCK_W, BLOCK_C), dtype=tl.float32)
-    for r in range(ROWS + 2):
-        ih = oh0 - PH + r
-        row_ok = w_ok & (ih >= 0) & (ih < H)
-        part_c = tl.zeros((BLOCK_W, BLOCK_C), dtype=tl.float32)   # row oh0 + r's tap row 0
-        for kw in tl.static_range(KW):
-            iw = wo - PW + kw * DW
-            inside = row_ok & (iw >= 0) & (iw < W)                 # zero padding
-            pix = tl.multiple_of(ih * stride_xh + iw * stride_xw, ALIGN)
-            a = _load_tap(x_cols[:, None] + pix[:, None] + offs_c[None, :],
-                          inside[:, None] & c_ok[None, :], RELU_IN)
-            w0 = tl.load(w_ptr + tl.multiple_of(kw * C + offs_c, ALIGN), mask=c_ok, other=0.0)
-            w1 = tl.load(w_ptr + tl.multiple_of((KW + kw) * C + offs_c, ALIGN), mask=c_ok,
-                         other=0.0)
-            w2 = tl.load(w_ptr + tl.multiple_of((2 * KW + kw) * C + offs_c, ALIGN), mask=c_ok,
-                         other=0.0)
-            acc_b += a * w2[None, :]
-            acc_c += a * w1[None, :]
-            part_c += a * w0[None, :]
-        # output row oh0 + r - 2 has its three tap rows: written
-        oh = oh0 + r - 2
-        q = _e4m3_out(acc_b, bias, q_scale, q_inv, RELU, QMAX)
-        row_out = (r >= 2) & (oh < HO)
-        p = (out_rows + oh) * WO + wo
-        tl.store(q_ptr + p[:, None] * CPAD + offs_c[None, :], q,
-                 mask=(w_ok & row_out)[:, None] & (offs_c < CPAD)[None, :])
-        acc_b = acc_c
-        acc_c = part_c
+    if UNROLL:     # every row's loads may be in flight at once (benchmarks/dw_kernel_variants.py)
+        for r in tl.static_range(ROWS + 2):
+            acc_b, acc_c = _dw_rows_step(
+                r, acc_b, acc_c, x_cols, w_ptr, q_ptr, bias, q_scale, q_inv, wo, w_ok, offs_c,
+                c_ok, oh0, out_rows, H, W, C, HO, WO, CPAD, stride_xh, stride_xw,
+                KW, PH, PW, DW, RELU, RELU_IN, QMAX, ALIGN, BLOCK_W, BLOCK_C)
+    else:
+        for r in range(ROWS + 2):
+            acc_b, acc_c = _dw_rows_step(
+                r, acc_b, acc_c, x_cols, w_ptr, q_ptr, bias, q_scale, q_inv, wo, w_ok, offs_c,
+                c_ok, oh0, out_rows, H, W, C, HO, WO, CPAD, stride_xh, stride_xw,
+                KW, PH, PW, DW, RELU, RELU_IN, QMAX, ALIGN, BLOCK_W, BLOCK_C)
+
+
+@triton.jit
+def _dw_rows_step(r, acc_b, acc_c, x_cols, w_ptr, q_ptr, bias, q_scale, q_inv, wo, w_ok, offs_c,
+                  c_ok, oh0, out_rows, H, W, C, HO, WO, CPAD, stride_xh, stride_xw,
+                  KW: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr, DW: tl.constexpr,
+                  RELU: tl.constexpr, RELU_IN: tl.constexpr, QMAX: tl.constexpr,
+                  ALIGN: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Step ``r`` of the row strip: input row oh0 - PH + r loaded once (KW shifted loads)
+    and added to the three output rows it feeds; output row oh0 + r - 2, then whole,
+    written. ``acc_b``, ``acc_c``: rows oh0 + r - 2 and oh0 + r - 1 so far; returns them
+    for the next step."""
+    ih = oh0 - PH + r
+    row_ok = w_ok & (ih >= 0) & (ih < H)
+    part_c = tl.zeros((BLOCK_W, BLOCK_C), dtype=tl.float32)   # row oh0 + r's tap row 0
+    for kw in tl.static_range(KW):
+        iw = wo - PW + kw * DW
+        inside = row_ok & (iw >= 0) & (iw < W)                 # zero padding
+        pix = tl.multiple_of(ih * stride_xh + iw * stride_xw, ALIGN)
+        a = _load_tap(x_cols[:, None] + pix[:, None] + offs_c[None, :],
+                      inside[:, None] & c_ok[None, :], RELU_IN)
+        w0 = tl.load(w_ptr + tl.multiple_of(kw * C + offs_c, ALIGN), mask=c_ok, other=0.0)
+        w1 = tl.load(w_ptr + tl.multiple_of((KW + kw) * C + offs_c, ALIGN), mask=c_ok,
+                     other=0.0)
+        w2 = tl.load(w_ptr + tl.multiple_of((2 * KW + kw) * C + offs_c, ALIGN), mask=c_ok,
+                     other=0.0)
+        acc_b += a * w2[None, :]
+        acc_c += a * w1[None, :]
+        part_c += a * w0[None, :]
+    # output row oh0 + r - 2 has its three tap rows: written
+    oh = oh0 + r - 2
+    q = _e4m3_out(acc_b, bias, q_scale, q_inv, RELU, QMAX)
+    row_out = (r >= 2) & (oh < HO)
+    p = (out_rows + oh) * WO + wo
+    tl.store(q_ptr + p[:, None] * CPAD + offs_c[None, :], q,
+             mask=(w_ok & row_out)[:, None] & (offs_c < CPAD)[None, :])
+    return acc_c, part_c
 
 
 @triton_op(OP, mutates_args={})
