@@ -34,6 +34,7 @@ Each variant's e4m3 codes are compared with the shipped kernel's (share that dif
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -51,6 +52,8 @@ from bundler.targets.torch_aoti.kernels.fp8_conv import _quantize_e4m3  # noqa: 
 
 #: (channels, size, stride): the 128x150x150 layer (0.26 ms) and the 26 728x19x19 ones.
 SHAPES = ((128, 150, 1), (728, 19, 1))
+#: The compiled loop variants (``--asm``: did Triton stage their loads asynchronously?).
+LOOP_KERNELS: dict = {}
 VARIANTS = ("shipped", "const", "relu16", "acc16", "center", "copy", "rowbar", "tapbar",
             "evict", "b4x16", "b8x8", "b2x32", "b8x8bar", "same9", "row3", "col3", "rows2")
 
@@ -129,6 +132,66 @@ def _dw_variant_kernel(
 
 
 @triton.jit
+def _dw_loop_kernel(
+        x_ptr, w_ptr, bias_ptr, q_ptr, q_scale_ptr, P, C, CPAD,
+        stride_xn, stride_xh, stride_xw,
+        H: tl.constexpr, W: tl.constexpr, HO: tl.constexpr, WO: tl.constexpr,
+        QMAX: tl.constexpr, ALIGN: tl.constexpr, BLOCK_P: tl.constexpr,
+        BLOCK_C: tl.constexpr, TAP_STAGES: tl.constexpr, BLOCKS: tl.constexpr,
+        BLOCK_STAGES: tl.constexpr):
+    """``const`` with loops Triton may software-pipeline (its pipeliner stages a loop's
+    loads through shared memory with asynchronous copies, ``num_stages`` deep): the 9 taps
+    as a runtime loop (TAP_STAGES > 0), and/or BLOCKS consecutive pixel blocks per program
+    in a loop of BLOCK_STAGES stages (the next block's taps in flight while this one's
+    are summed)."""
+    pid_p = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = (offs_c // ALIGN) < (C // ALIGN)
+    bias = tl.load(bias_ptr + offs_c, mask=c_ok, other=0.0)
+    q_scale = tl.load(q_scale_ptr)
+    q_inv = tl.math.div_rn(tl.full([], 1.0, tl.float32), q_scale)
+    for blk in tl.range(0, BLOCKS, num_stages=BLOCK_STAGES):
+        offs_p = (pid_p * BLOCKS + blk) * BLOCK_P + tl.arange(0, BLOCK_P)
+        p_ok = offs_p < P
+        wo = offs_p % WO
+        ho = (offs_p // WO) % HO
+        img = offs_p // (WO * HO)
+        x_rows = x_ptr + tl.multiple_of(img.to(tl.int64) * stride_xn, ALIGN)
+        acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
+        if TAP_STAGES > 0:
+            for t in tl.range(0, 9, num_stages=TAP_STAGES):
+                kh = t // 3
+                kw = t - kh * 3
+                ih = ho - 1 + kh
+                iw = wo - 1 + kw
+                inside = p_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                pix = tl.multiple_of(ih * stride_xh + iw * stride_xw, ALIGN)
+                a = tl.load(x_rows[:, None] + pix[:, None] + offs_c[None, :],
+                            mask=inside[:, None] & c_ok[None, :], other=0.0)
+                a = tl.maximum(a.to(tl.float32), 0.0)
+                wv = tl.load(w_ptr + tl.multiple_of(t * C + offs_c, ALIGN), mask=c_ok,
+                             other=0.0)
+                acc += a * wv[None, :]
+        else:
+            for kh in tl.static_range(3):
+                for kw in tl.static_range(3):
+                    ih = ho - 1 + kh
+                    iw = wo - 1 + kw
+                    inside = p_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                    pix = tl.multiple_of(ih * stride_xh + iw * stride_xw, ALIGN)
+                    a = tl.load(x_rows[:, None] + pix[:, None] + offs_c[None, :],
+                                mask=inside[:, None] & c_ok[None, :], other=0.0)
+                    a = tl.maximum(a.to(tl.float32), 0.0)
+                    wv = tl.load(w_ptr + tl.multiple_of((kh * 3 + kw) * C + offs_c, ALIGN),
+                                 mask=c_ok, other=0.0)
+                    acc += a * wv[None, :]
+        q = _e4m3_out(acc, bias, q_scale, q_inv, False, QMAX)
+        out = q_ptr + offs_p.to(tl.int64)[:, None] * CPAD + offs_c[None, :]
+        tl.store(out, q, mask=p_ok[:, None] & (offs_c < CPAD)[None, :])
+
+
+@triton.jit
 def _copy_kernel(x_ptr, q_ptr, q_scale_ptr, P, C, CPAD, stride_xp, ALIGN: tl.constexpr,
                  QMAX: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
     pid_p = tl.program_id(0)
@@ -167,6 +230,17 @@ def run_variant(name: str, x, taps, bias, scale, cpad: int, block=(64, 64, 4)):
             x.stride(0), x.stride(1), x.stride(2), KW=3, PH=1, PW=1, DW=1, RELU=False,
             RELU_IN=True, QMAX=E4M3_MAX, ALIGN=align, BLOCK_W=bp, BLOCK_C=bc, ROWS=rows,
             UNROLL=True, num_warps=warps)
+        return out
+    if name.startswith(("tloop", "blk")):   # tloop<S>, blk<K>s<S>[t<S>]
+        m = re.fullmatch(r"tloop(\d)|blk(\d+)s(\d)(?:t(\d))?", name)
+        tap_stages, blocks, block_stages = ((int(m[1]), 1, 1) if m[1] else
+                                            (int(m[4] or 0), int(m[2]), int(m[3])))
+        grid = (triton.cdiv(p, bp * blocks), triton.cdiv(cpad, bc))
+        LOOP_KERNELS[name] = _dw_loop_kernel[grid](
+            x, taps, bias, out, scale, p, c, cpad, x.stride(0), x.stride(1), x.stride(2),
+            H=h, W=w, HO=h, WO=w, QMAX=E4M3_MAX, ALIGN=align, BLOCK_P=bp, BLOCK_C=bc,
+            TAP_STAGES=tap_stages, BLOCKS=blocks, BLOCK_STAGES=block_stages,
+            num_warps=warps)
         return out
     if name == "copy":
         _copy_kernel[grid](x, out, scale, p, c, cpad, x.stride(2), ALIGN=align, QMAX=E4M3_MAX,
@@ -211,6 +285,8 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--blocks", default="64x64x4",
                     help="tiles (pixels x channels x warps), comma-separated")
+    ap.add_argument("--asm", action="store_true",
+                    help="print each loop variant's asynchronous copies (Triton's TTGIR)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA GPU here", file=sys.stderr)
@@ -233,6 +309,10 @@ def main(argv=None) -> int:
                 print(f"  {c}x{size}x{size} {'x'.join(map(str, block)):9s} {name:8s} "
                       f"{ms * 1000:8.1f} us  {moved / ms / 1e9:6.2f} TB/s  differ "
                       f"{differ:.1e}", flush=True)
+    for name, kernel in sorted(LOOP_KERNELS.items()) if args.asm else ():
+        ttgir = kernel.asm.get("ttgir", "")
+        print(f"  {name}: {ttgir.count('async_copy_global_to_local')} async copies, "
+              f"{ttgir.count('async_wait')} waits in its TTGIR", flush=True)
     return 0
 
 
