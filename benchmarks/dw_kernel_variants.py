@@ -132,6 +132,22 @@ def _dw_variant_kernel(
 
 
 @triton.jit
+def _tap_products(x_rows, w_ptr, ho, wo, p_ok, offs_c, c_ok, kh, kw, C, stride_xh, stride_xw,
+                  H: tl.constexpr, W: tl.constexpr, ALIGN: tl.constexpr):
+    """Tap (kh, kw) of a 3x3, stride 1, padding 1 window: ReLU(input) x weight, in fp32
+    (the shipped kernel's arithmetic), for a block of output pixels x channels."""
+    ih = ho - 1 + kh
+    iw = wo - 1 + kw
+    inside = p_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+    pix = tl.multiple_of(ih * stride_xh + iw * stride_xw, ALIGN)
+    a = tl.load(x_rows[:, None] + pix[:, None] + offs_c[None, :],
+                mask=inside[:, None] & c_ok[None, :], other=0.0)
+    wv = tl.load(w_ptr + tl.multiple_of((kh * 3 + kw) * C + offs_c, ALIGN), mask=c_ok,
+                 other=0.0)
+    return tl.maximum(a.to(tl.float32), 0.0) * wv[None, :]
+
+
+@triton.jit
 def _dw_loop_kernel(
         x_ptr, w_ptr, bias_ptr, q_ptr, q_scale_ptr, P, C, CPAD,
         stride_xn, stride_xh, stride_xw,
@@ -161,31 +177,13 @@ def _dw_loop_kernel(
         acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
         if TAP_STAGES > 0:
             for t in tl.range(0, 9, num_stages=TAP_STAGES):
-                kh = t // 3
-                kw = t - kh * 3
-                ih = ho - 1 + kh
-                iw = wo - 1 + kw
-                inside = p_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-                pix = tl.multiple_of(ih * stride_xh + iw * stride_xw, ALIGN)
-                a = tl.load(x_rows[:, None] + pix[:, None] + offs_c[None, :],
-                            mask=inside[:, None] & c_ok[None, :], other=0.0)
-                a = tl.maximum(a.to(tl.float32), 0.0)
-                wv = tl.load(w_ptr + tl.multiple_of(t * C + offs_c, ALIGN), mask=c_ok,
-                             other=0.0)
-                acc += a * wv[None, :]
+                acc += _tap_products(x_rows, w_ptr, ho, wo, p_ok, offs_c, c_ok, t // 3, t % 3,
+                                     C, stride_xh, stride_xw, H, W, ALIGN)
         else:
             for kh in tl.static_range(3):
                 for kw in tl.static_range(3):
-                    ih = ho - 1 + kh
-                    iw = wo - 1 + kw
-                    inside = p_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-                    pix = tl.multiple_of(ih * stride_xh + iw * stride_xw, ALIGN)
-                    a = tl.load(x_rows[:, None] + pix[:, None] + offs_c[None, :],
-                                mask=inside[:, None] & c_ok[None, :], other=0.0)
-                    a = tl.maximum(a.to(tl.float32), 0.0)
-                    wv = tl.load(w_ptr + tl.multiple_of((kh * 3 + kw) * C + offs_c, ALIGN),
-                                 mask=c_ok, other=0.0)
-                    acc += a * wv[None, :]
+                    acc += _tap_products(x_rows, w_ptr, ho, wo, p_ok, offs_c, c_ok, kh, kw,
+                                         C, stride_xh, stride_xw, H, W, ALIGN)
         q = _e4m3_out(acc, bias, q_scale, q_inv, False, QMAX)
         out = q_ptr + offs_p.to(tl.int64)[:, None] * CPAD + offs_c[None, :]
         tl.store(out, q, mask=p_ok[:, None] & (offs_c < CPAD)[None, :])
