@@ -25,6 +25,13 @@ each on the 150x150 map):
             rows a program
   bHxW      const, a program's pixels an H x W block of one image (b8x8bar: + rowbar)
   copy      load, quantize and store the same tile (the memory floor)
+  tloop<S>  the 9 taps as a runtime loop of S stages, which Triton software-pipelines
+            (its loads staged through shared memory by asynchronous copies)
+  blk<K>s<S>[t<S>]  K pixel blocks a program in a loop of S stages (+ the tap loop)
+  gath<R>, gathL<R>  R output rows a program (unrolled / a loop), each input row loaded
+            once and its three horizontal taps taken by ``tl.gather`` (through shuffles
+            or shared memory): one load per input element per program (``--ptxas``
+            prints their registers and spills without a GPU)
 
 Each variant's e4m3 codes are compared with the shipped kernel's (share that differ).
 
@@ -190,6 +197,88 @@ def _dw_loop_kernel(
 
 
 @triton.jit
+def _dw_gather_kernel(
+        x_ptr, w_ptr, bias_ptr, q_ptr, q_scale_ptr, NW, C, CPAD,
+        stride_xn, stride_xh, stride_xw,
+        H: tl.constexpr, W: tl.constexpr, QMAX: tl.constexpr, ALIGN: tl.constexpr,
+        BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr, ROWS: tl.constexpr,
+        UNROLL: tl.constexpr):
+    """3x3, stride 1, padding 1, the shipped kernel's arithmetic; each input element loaded
+    once per program. A program: BLOCK_W - 2 output columns (flat over images, as the
+    row-strip kernel's) x ROWS output rows x BLOCK_C channels. It walks down the strip's
+    ROWS + 2 input rows; each row is one load of BLOCK_W columns (its outputs' columns and
+    one on each side), and its three horizontal taps are ``tl.gather``s of that tile, which
+    Triton lowers through shared memory where the pixels span threads: the input staged
+    once and read three times, where the shipped kernel loads each of 9 taps from L1/L2."""
+    pid_w = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    pid_c = tl.program_id(2)
+    TW: tl.constexpr = BLOCK_W - 2
+    i = tl.arange(0, BLOCK_W)
+    offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = (offs_c // ALIGN) < (C // ALIGN)
+    f_in = pid_w * TW - 1 + i                   # the loaded flat columns
+    in_ok = (f_in >= 0) & (f_in < NW)
+    f_in = tl.where(in_ok, f_in, 0)
+    x_cols = (x_ptr + tl.multiple_of((f_in // W).to(tl.int64) * stride_xn, ALIGN)
+              + tl.multiple_of((f_in % W) * stride_xw, ALIGN))
+    f_out = pid_w * TW + i                      # output i reads loaded columns i .. i + 2
+    out_ok = (i < TW) & (f_out < NW)
+    wo = f_out % W
+    img = f_out // W
+    bias = tl.load(bias_ptr + offs_c, mask=c_ok, other=0.0)
+    q_scale = tl.load(q_scale_ptr)
+    q_inv = tl.math.div_rn(tl.full([], 1.0, tl.float32), q_scale)
+    oh0 = pid_h * ROWS
+    acc_b = tl.zeros((BLOCK_W, BLOCK_C), dtype=tl.float32)
+    acc_c = tl.zeros((BLOCK_W, BLOCK_C), dtype=tl.float32)
+    if UNROLL:
+        for r in tl.static_range(ROWS + 2):
+            acc_b, acc_c = _dw_gather_step(
+                r, acc_b, acc_c, x_cols, in_ok, w_ptr, q_ptr, bias, q_scale, q_inv, i, wo,
+                img, out_ok, offs_c, c_ok, oh0, C, CPAD, stride_xh, H, W, QMAX, ALIGN,
+                BLOCK_W, BLOCK_C)
+    else:
+        for r in range(ROWS + 2):
+            acc_b, acc_c = _dw_gather_step(
+                r, acc_b, acc_c, x_cols, in_ok, w_ptr, q_ptr, bias, q_scale, q_inv, i, wo,
+                img, out_ok, offs_c, c_ok, oh0, C, CPAD, stride_xh, H, W, QMAX, ALIGN,
+                BLOCK_W, BLOCK_C)
+
+
+@triton.jit
+def _dw_gather_step(r, acc_b, acc_c, x_cols, in_ok, w_ptr, q_ptr, bias, q_scale, q_inv, i, wo,
+                    img, out_ok, offs_c, c_ok, oh0, C, CPAD, stride_xh, H: tl.constexpr,
+                    W: tl.constexpr, QMAX: tl.constexpr, ALIGN: tl.constexpr,
+                    BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
+    """``_dw_rows_step`` with the input row loaded once and its taps gathered from it."""
+    ih = oh0 - 1 + r
+    row_ok = in_ok & (ih >= 0) & (ih < H)
+    x = tl.load(x_cols[:, None] + tl.multiple_of(ih * stride_xh, ALIGN) + offs_c[None, :],
+                mask=row_ok[:, None] & c_ok[None, :], other=0.0)
+    part_c = tl.zeros((BLOCK_W, BLOCK_C), dtype=tl.float32)
+    for kw in tl.static_range(3):
+        idx = tl.minimum(i + kw, BLOCK_W - 1)[:, None] + tl.zeros((1, BLOCK_C), tl.int32)
+        a = tl.gather(x, idx, 0).to(tl.float32)
+        tap_ok = (wo + kw - 1 >= 0) & (wo + kw - 1 < W)        # the same image's column
+        a = tl.where(tap_ok[:, None], tl.maximum(a, 0.0), 0.0)
+        w0 = tl.load(w_ptr + tl.multiple_of(kw * C + offs_c, ALIGN), mask=c_ok, other=0.0)
+        w1 = tl.load(w_ptr + tl.multiple_of((3 + kw) * C + offs_c, ALIGN), mask=c_ok,
+                     other=0.0)
+        w2 = tl.load(w_ptr + tl.multiple_of((6 + kw) * C + offs_c, ALIGN), mask=c_ok,
+                     other=0.0)
+        acc_b += a * w2[None, :]
+        acc_c += a * w1[None, :]
+        part_c += a * w0[None, :]
+    oh = oh0 + r - 2
+    q = _e4m3_out(acc_b, bias, q_scale, q_inv, False, QMAX)
+    p = (img.to(tl.int64) * H + oh) * W + wo
+    tl.store(q_ptr + p[:, None] * CPAD + offs_c[None, :], q,
+             mask=(out_ok & (r >= 2) & (oh < H))[:, None] & (offs_c < CPAD)[None, :])
+    return acc_c, part_c
+
+
+@triton.jit
 def _copy_kernel(x_ptr, q_ptr, q_scale_ptr, P, C, CPAD, stride_xp, ALIGN: tl.constexpr,
                  QMAX: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
     pid_p = tl.program_id(0)
@@ -228,6 +317,14 @@ def run_variant(name: str, x, taps, bias, scale, cpad: int, block=(64, 64, 4)):
             x.stride(0), x.stride(1), x.stride(2), KW=3, PH=1, PW=1, DW=1, RELU=False,
             RELU_IN=True, QMAX=E4M3_MAX, ALIGN=align, BLOCK_W=bp, BLOCK_C=bc, ROWS=rows,
             UNROLL=True, num_warps=warps)
+        return out
+    if name.startswith("gath"):      # gath<R> (unrolled) / gathL<R> (a loop): R rows
+        rows = int(name[5:] if name[4] == "L" else name[4:])
+        grid = (triton.cdiv(n * w, bp - 2), triton.cdiv(h, rows), triton.cdiv(cpad, bc))
+        _dw_gather_kernel[grid](
+            x, taps, bias, out, scale, n * w, c, cpad, x.stride(0), x.stride(1), x.stride(2),
+            H=h, W=w, QMAX=E4M3_MAX, ALIGN=align, BLOCK_W=bp, BLOCK_C=bc, ROWS=rows,
+            UNROLL=name[4] != "L", num_warps=warps, num_stages=1)
         return out
     if name.startswith(("tloop", "blk")):   # tloop<S>, blk<K>s<S>[t<S>]
         m = re.fullmatch(r"tloop(\d)|blk(\d+)s(\d)(?:t(\d))?", name)
@@ -276,6 +373,38 @@ def inputs(c: int, size: int, batch: int, device: str):
     return x, taps, bias, scale, cpad
 
 
+def gather_ptxas(names: list[str], blocks: list[tuple[int, int, int]]) -> int:
+    """``--ptxas``: the gather variants' resources for sm_90 on both shapes (bf16 rows), as
+    ``dw_conv_bench.py --ptxas`` reports the shipped tiles': a spilling tile shows before
+    any device time is spent on it."""
+    import tempfile
+
+    from fp8_conv_bench import ptxas_resources
+
+    kernel = _dw_gather_kernel
+    pointers = {"x_ptr": "*bf16", "w_ptr": "*fp32", "bias_ptr": "*fp32", "q_ptr": "*fp8e4nv",
+                "q_scale_ptr": "*fp32"}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
+             if n in pointers or n == "CPAD"}
+    with tempfile.TemporaryDirectory() as tmp:
+        for c, size, _stride in SHAPES:
+            align = element_alignment(c)
+            for bw, bc, warps in blocks:
+                for name in names:
+                    loop = name[4] == "L"
+                    consts = dict(H=size, W=size, QMAX=E4M3_MAX, ALIGN=align, BLOCK_W=bw,
+                                  BLOCK_C=bc, ROWS=int(name[5:] if loop else name[4:]),
+                                  UNROLL=not loop)
+                    sig = {n: "constexpr" if n in consts else pointers.get(n, "i32")
+                           for n in kernel.arg_names}
+                    res = ptxas_resources(kernel, sig, consts, attrs,
+                                          {"num_warps": warps, "num_stages": 1}, 90, Path(tmp))
+                    print(f"  {c}x{size}x{size} {bw}x{bc}x{warps} {name:7s} regs "
+                          f"{res.registers:>3s}  spill {res.spill_bytes:>4s} B  smem "
+                          f"{res.shared_bytes:6d} B", flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=32)
@@ -285,7 +414,14 @@ def main(argv=None) -> int:
                     help="tiles (pixels x channels x warps), comma-separated")
     ap.add_argument("--asm", action="store_true",
                     help="print each loop variant's asynchronous copies (Triton's TTGIR)")
+    ap.add_argument("--ptxas", action="store_true",
+                    help="no GPU needed: compile the gather variants (gath<R>, gathL<R>) of "
+                         "--variants for sm_90 with each of --blocks and print ptxas' "
+                         "registers, spills and shared memory")
     args = ap.parse_args(argv)
+    if args.ptxas:
+        return gather_ptxas([n for n in args.variants.split(",") if n.startswith("gath")],
+                            [tuple(int(v) for v in b.split("x")) for b in args.blocks.split(",")])
     if not torch.cuda.is_available():
         print("no CUDA GPU here", file=sys.stderr)
         return 2

@@ -16,7 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 #: leaves partial pixel tiles, 2-D blocks and row strips.
 SHAPE = (40, 6, 2)
 VARIANTS = ("const", "relu16", "acc16", "center", "copy", "rowbar", "evict", "b4x16",
-            "same9", "row3", "rowsU2", "rowsU4", "tloop3", "blk4s3", "blk2s2t2")
+            "same9", "row3", "rowsU2", "rowsU4", "tloop3", "blk4s3", "blk2s2t2", "gath2",
+            "gathL3")
 
 
 def main() -> None:
