@@ -7,6 +7,9 @@
 #       on the 728x19x19 layers (26 of the 39), each tile's e4m3 codes checked against
 #       cuDNN + quantize ("differ"). Eleventh session: the best row tile 0.837 ms against
 #       the pixel tile's 0.810 (the family keeps `triton`).
+#   benchmarks/gpu_pending.sh dw-gather OUT_DIR   # ~60 s warm, no bundles: the depthwise
+#       kernel with each input row loaded once (dw_kernel_variants.py gath<R>, not yet timed;
+#       docs/measurements/h200-2026-12-03-h) against the shipped kernel and the copy floor
 #   benchmarks/gpu_pending.sh build OUT_DIR      # the uint8-input fp16 and fp8 bundles into
 #       /tmp/pending (~200 s; reused while the machine stays warm)
 #   benchmarks/gpu_pending.sh overhead OUT_DIR   # issue 14: Model.infer / with_copies,
@@ -30,8 +33,8 @@
 #
 # Logs: OUT_DIR/<step>.log. Each step prints as it goes and has its own timeout.
 set -u
-what=${1:?usage: $0 dw|build|overhead|serve|pair OUT_DIR}
-out=${2:?usage: $0 dw|build|overhead|serve|pair OUT_DIR}
+what=${1:?usage: $0 dw|dw-gather|build|overhead|serve|pair OUT_DIR}
+out=${2:?usage: $0 dw|dw-gather|build|overhead|serve|pair OUT_DIR}
 mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
@@ -50,6 +53,10 @@ case "$what" in
 dw)
   step dw-rows 200 python3 benchmarks/dw_conv_bench.py --tiles default,rows \
     --shapes 728x19x19 --budget-s 120 --iters 50
+  ;;
+dw-gather)   # the gather variants on the tiles ptxas shows without spills, next to the shipped one
+  step dw-gather 240 python3 benchmarks/dw_kernel_variants.py --iters 50 \
+    --variants shipped,gath1,gath2,gath4,gathL4,copy --blocks 16x128x4,32x32x4,16x128x8,64x64x4
   ;;
 build)   # the uint8 pair alone (serve and overhead reuse it while the machine is warm)
   step build 330 env INPUTS=uint8 bash -c '. benchmarks/gpu_common.sh; make_parallel "$0" \
@@ -84,6 +91,6 @@ pair)   # `build`, then fp8 against fp16 at the client, both served in one run
     --paths "${PATHS:-http,grpc}" \
     --rounds "${REPEATS:-3}" --seconds 3 --warmup 1
   ;;
-*) echo "usage: $0 dw|build|overhead|serve|pair OUT_DIR" >&2; exit 2 ;;
+*) echo "usage: $0 dw|dw-gather|build|overhead|serve|pair OUT_DIR" >&2; exit 2 ;;
 esac
 echo "== done (+$(( $(date +%s) - start )) s)"
