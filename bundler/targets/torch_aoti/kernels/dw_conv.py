@@ -22,7 +22,9 @@ That kernel loads each output's 9 taps (L1/L2 hits, but 9 loads and their masks 
 no tile choice closed the 0.2 ms that issue 18's 1.25x needs, docs/measurements/
 h200-2026-12-02-h). Those loads are what bounds it: not its arithmetic, nor DRAM (one
 tap: 3.2 TB/s); 2-D tiles, barriers and eviction hints do not help
-(``benchmarks/dw_kernel_variants.py``, docs/measurements/h200-2026-12-03-g).
+(``benchmarks/dw_kernel_variants.py``, docs/measurements/h200-2026-12-03-g); loops that
+Triton software-pipelines, staging each tap's loads through shared memory, are 1.4-2.4x
+slower (docs/measurements/h200-2026-12-03-h).
 
 ``_dw_rows_kernel`` (a config with ``rows`` > 0; family.json ``fp8_depthwise:
 triton-rows``) walks a strip of output rows down the image and loads each input row once,
