@@ -32,6 +32,8 @@ each on the 150x150 map):
             once and its three horizontal taps taken by ``tl.gather`` (through shuffles
             or shared memory): one load per input element per program (``--ptxas``
             prints their registers and spills without a GPU)
+  sdot<R>, sdotL<R>  the same with the taps as products with 0/1 shift matrices on the
+            tensor cores (``tl.dot``, exact)
 
 Each variant's e4m3 codes are compared with the shipped kernel's (share that differ).
 
@@ -202,14 +204,17 @@ def _dw_gather_kernel(
         stride_xn, stride_xh, stride_xw,
         H: tl.constexpr, W: tl.constexpr, QMAX: tl.constexpr, ALIGN: tl.constexpr,
         BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr, ROWS: tl.constexpr,
-        UNROLL: tl.constexpr):
+        UNROLL: tl.constexpr, DOT: tl.constexpr = False):
     """3x3, stride 1, padding 1, the shipped kernel's arithmetic; each input element loaded
     once per program. A program: BLOCK_W - 2 output columns (flat over images, as the
     row-strip kernel's) x ROWS output rows x BLOCK_C channels. It walks down the strip's
     ROWS + 2 input rows; each row is one load of BLOCK_W columns (its outputs' columns and
     one on each side), and its three horizontal taps are ``tl.gather``s of that tile, which
     Triton lowers through shared memory where the pixels span threads: the input staged
-    once and read three times, where the shipped kernel loads each of 9 taps from L1/L2."""
+    once and read three times, where the shipped kernel loads each of 9 taps from L1/L2.
+    DOT: the taps are products with 0/1 shift matrices on the tensor cores instead
+    (``tl.dot``: exact, one nonzero term per output; the tile goes through shared memory
+    as the MMA's operand)."""
     pid_w = tl.program_id(0)
     pid_h = tl.program_id(1)
     pid_c = tl.program_id(2)
@@ -237,20 +242,20 @@ def _dw_gather_kernel(
             acc_b, acc_c = _dw_gather_step(
                 r, acc_b, acc_c, x_cols, in_ok, w_ptr, q_ptr, bias, q_scale, q_inv, i, wo,
                 img, out_ok, offs_c, c_ok, oh0, C, CPAD, stride_xh, H, W, QMAX, ALIGN,
-                BLOCK_W, BLOCK_C)
+                BLOCK_W, BLOCK_C, DOT)
     else:
         for r in range(ROWS + 2):
             acc_b, acc_c = _dw_gather_step(
                 r, acc_b, acc_c, x_cols, in_ok, w_ptr, q_ptr, bias, q_scale, q_inv, i, wo,
                 img, out_ok, offs_c, c_ok, oh0, C, CPAD, stride_xh, H, W, QMAX, ALIGN,
-                BLOCK_W, BLOCK_C)
+                BLOCK_W, BLOCK_C, DOT)
 
 
 @triton.jit
 def _dw_gather_step(r, acc_b, acc_c, x_cols, in_ok, w_ptr, q_ptr, bias, q_scale, q_inv, i, wo,
                     img, out_ok, offs_c, c_ok, oh0, C, CPAD, stride_xh, H: tl.constexpr,
                     W: tl.constexpr, QMAX: tl.constexpr, ALIGN: tl.constexpr,
-                    BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
+                    BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr, DOT: tl.constexpr):
     """``_dw_rows_step`` with the input row loaded once and its taps gathered from it."""
     ih = oh0 - 1 + r
     row_ok = in_ok & (ih >= 0) & (ih < H)
@@ -258,8 +263,12 @@ def _dw_gather_step(r, acc_b, acc_c, x_cols, in_ok, w_ptr, q_ptr, bias, q_scale,
                 mask=row_ok[:, None] & c_ok[None, :], other=0.0)
     part_c = tl.zeros((BLOCK_W, BLOCK_C), dtype=tl.float32)
     for kw in tl.static_range(3):
-        idx = tl.minimum(i + kw, BLOCK_W - 1)[:, None] + tl.zeros((1, BLOCK_C), tl.int32)
-        a = tl.gather(x, idx, 0).to(tl.float32)
+        if DOT:     # row i of the product is row i + kw of x (none past the tile)
+            shift = (tl.arange(0, BLOCK_W)[None, :] == (i + kw)[:, None]).to(x.dtype)
+            a = tl.dot(shift, x)
+        else:
+            idx = tl.minimum(i + kw, BLOCK_W - 1)[:, None] + tl.zeros((1, BLOCK_C), tl.int32)
+            a = tl.gather(x, idx, 0).to(tl.float32)
         tap_ok = (wo + kw - 1 >= 0) & (wo + kw - 1 < W)        # the same image's column
         a = tl.where(tap_ok[:, None], tl.maximum(a, 0.0), 0.0)
         w0 = tl.load(w_ptr + tl.multiple_of(kw * C + offs_c, ALIGN), mask=c_ok, other=0.0)
@@ -318,13 +327,14 @@ def run_variant(name: str, x, taps, bias, scale, cpad: int, block=(64, 64, 4)):
             RELU_IN=True, QMAX=E4M3_MAX, ALIGN=align, BLOCK_W=bp, BLOCK_C=bc, ROWS=rows,
             UNROLL=True, num_warps=warps)
         return out
-    if name.startswith("gath"):      # gath<R> (unrolled) / gathL<R> (a loop): R rows
+    if name.startswith(("gath", "sdot")):   # gath<R> / gathL<R> (a loop), sdot<R> / sdotL<R>
         rows = int(name[5:] if name[4] == "L" else name[4:])
         grid = (triton.cdiv(n * w, bp - 2), triton.cdiv(h, rows), triton.cdiv(cpad, bc))
         _dw_gather_kernel[grid](
             x, taps, bias, out, scale, n * w, c, cpad, x.stride(0), x.stride(1), x.stride(2),
             H=h, W=w, QMAX=E4M3_MAX, ALIGN=align, BLOCK_W=bp, BLOCK_C=bc, ROWS=rows,
-            UNROLL=name[4] != "L", num_warps=warps, num_stages=1)
+            UNROLL=name[4] != "L", DOT=name.startswith("sdot"), num_warps=warps,
+            num_stages=1)
         return out
     if name.startswith(("tloop", "blk")):   # tloop<S>, blk<K>s<S>[t<S>]
         m = re.fullmatch(r"tloop(\d)|blk(\d+)s(\d)(?:t(\d))?", name)
@@ -394,7 +404,7 @@ def gather_ptxas(names: list[str], blocks: list[tuple[int, int, int]]) -> int:
                     loop = name[4] == "L"
                     consts = dict(H=size, W=size, QMAX=E4M3_MAX, ALIGN=align, BLOCK_W=bw,
                                   BLOCK_C=bc, ROWS=int(name[5:] if loop else name[4:]),
-                                  UNROLL=not loop)
+                                  UNROLL=not loop, DOT=name.startswith("sdot"))
                     sig = {n: "constexpr" if n in consts else pointers.get(n, "i32")
                            for n in kernel.arg_names}
                     res = ptxas_resources(kernel, sig, consts, attrs,
@@ -415,12 +425,13 @@ def main(argv=None) -> int:
     ap.add_argument("--asm", action="store_true",
                     help="print each loop variant's asynchronous copies (Triton's TTGIR)")
     ap.add_argument("--ptxas", action="store_true",
-                    help="no GPU needed: compile the gather variants (gath<R>, gathL<R>) of "
+                    help="no GPU needed: compile the gather variants (gath<R>, sdot<R>, ...) of "
                          "--variants for sm_90 with each of --blocks and print ptxas' "
                          "registers, spills and shared memory")
     args = ap.parse_args(argv)
     if args.ptxas:
-        return gather_ptxas([n for n in args.variants.split(",") if n.startswith("gath")],
+        return gather_ptxas([n for n in args.variants.split(",")
+                             if n.startswith(("gath", "sdot"))],
                             [tuple(int(v) for v in b.split("x")) for b in args.blocks.split(",")])
     if not torch.cuda.is_available():
         print("no CUDA GPU here", file=sys.stderr)

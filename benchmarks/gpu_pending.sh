@@ -8,7 +8,8 @@
 #       cuDNN + quantize ("differ"). Eleventh session: the best row tile 0.837 ms against
 #       the pixel tile's 0.810 (the family keeps `triton`).
 #   benchmarks/gpu_pending.sh dw-gather OUT_DIR   # ~60 s warm, no bundles: the depthwise
-#       kernel with each input row loaded once (dw_kernel_variants.py gath<R>, not yet timed;
+#       kernel with each input row loaded once (dw_kernel_variants.py gath<R>: its taps by
+#       tl.gather, sdot<R>: by 0/1 shift matrices on the tensor cores; not yet timed;
 #       docs/measurements/h200-2026-12-03-h) against the shipped kernel and the copy floor
 #   benchmarks/gpu_pending.sh build OUT_DIR      # the uint8-input fp16 and fp8 bundles into
 #       /tmp/pending (~200 s; reused while the machine stays warm)
@@ -56,7 +57,8 @@ dw)
   ;;
 dw-gather)   # the gather variants on the tiles ptxas shows without spills, next to the shipped one
   step dw-gather 240 python3 benchmarks/dw_kernel_variants.py --iters 50 \
-    --variants shipped,gath1,gath2,gath4,gathL4,copy --blocks 16x128x4,32x32x4,16x128x8,64x64x4
+    --variants shipped,gath1,gath2,gath4,sdot1,sdot2,sdot4,sdotL4,copy \
+    --blocks 16x128x4,32x32x4,32x64x4
   ;;
 build)   # the uint8 pair alone (serve and overhead reuse it while the machine is warm)
   step build 330 env INPUTS=uint8 bash -c '. benchmarks/gpu_common.sh; make_parallel "$0" \

@@ -18,6 +18,7 @@ SHAPE = (40, 6, 2)
 VARIANTS = ("const", "relu16", "acc16", "center", "copy", "rowbar", "evict", "b4x16",
             "same9", "row3", "rowsU2", "rowsU4", "tloop3", "blk4s3", "blk2s2t2", "gath2",
             "gathL3")
+FP16_VARIANTS = ("sdot2", "sdotL3")
 
 
 def main() -> None:
@@ -33,6 +34,14 @@ def main() -> None:
     for name in VARIANTS:
         got = v.run_variant(name, x, taps, bias, scale, cpad, block)
         out[name] = float((got.view(torch.uint8) != ref.view(torch.uint8)).float().mean())
+    # The shift-matrix variants on fp16 rows: the interpreter's tl.dot reads bf16 operands
+    # as their integer bits (a numpy uint16), so bf16 is checked on the GPU only.
+    x16 = x.half()
+    ref16 = v.run_variant("shipped", x16, taps, bias, scale, cpad, block)
+    for name in FP16_VARIANTS:
+        got = v.run_variant(name, x16, taps, bias, scale, cpad, block)
+        out[f"{name}-fp16"] = float((got.view(torch.uint8) != ref16.view(torch.uint8))
+                                    .float().mean())
     print(json.dumps(out))
 
 

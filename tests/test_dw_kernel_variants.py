@@ -20,7 +20,7 @@ def differ():
 @needs_triton
 @pytest.mark.parametrize("name", ["const", "relu16", "rowbar", "evict", "b4x16", "rowsU2",
                                   "rowsU4", "tloop3", "blk4s3", "blk2s2t2",
-                                  "gath2", "gathL3"])
+                                  "gath2", "gathL3", "sdot2-fp16", "sdotL3-fp16"])
 def test_the_variants_that_keep_the_arithmetic_give_the_shipped_codes(differ, name):
     assert differ["nonzero"] > differ["total"] // 3, differ     # not trivially zeros
     assert differ[name] == 0.0, (name, differ)
