@@ -447,9 +447,14 @@ def main(argv=None) -> int:
         ref = run_variant("shipped", x, taps, bias, scale, cpad)
         for block in blocks:
             for name in args.variants.split(","):
-                with torch.no_grad():
-                    ms, got = graph_time(lambda name=name: run_variant(
-                        name, x, taps, bias, scale, cpad, block), args.iters)
+                try:
+                    with torch.no_grad():
+                        ms, got = graph_time(lambda name=name: run_variant(
+                            name, x, taps, bias, scale, cpad, block), args.iters)
+                except Exception as e:  # noqa: BLE001 - reported; the other variants go on
+                    print(f"  {c}x{size}x{size} {'x'.join(map(str, block)):9s} {name:8s} "
+                          f"FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
+                    continue
                 differ = float((got.view(torch.uint8) != ref.view(torch.uint8)).float().mean())
                 print(f"  {c}x{size}x{size} {'x'.join(map(str, block)):9s} {name:8s} "
                       f"{ms * 1000:8.1f} us  {moved / ms / 1e9:6.2f} TB/s  differ "

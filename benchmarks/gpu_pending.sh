@@ -7,7 +7,7 @@
 #       on the 728x19x19 layers (26 of the 39), each tile's e4m3 codes checked against
 #       cuDNN + quantize ("differ"). Eleventh session: the best row tile 0.837 ms against
 #       the pixel tile's 0.810 (the family keeps `triton`).
-#   benchmarks/gpu_pending.sh dw-gather OUT_DIR   # ~60 s warm, no bundles: the depthwise
+#   benchmarks/gpu_pending.sh dw-gather OUT_DIR   # ~2 min warm, no bundles: the depthwise
 #       kernel with each input row loaded once (dw_kernel_variants.py gath<R>: its taps by
 #       tl.gather, sdot<R>: by 0/1 shift matrices on the tensor cores; not yet timed;
 #       docs/measurements/h200-2026-12-03-h) against the shipped kernel and the copy floor
