@@ -209,9 +209,11 @@ def _dw_gather_kernel(
     once per program. A program: BLOCK_W - 2 output columns (flat over images, as the
     row-strip kernel's) x ROWS output rows x BLOCK_C channels. It walks down the strip's
     ROWS + 2 input rows; each row is one load of BLOCK_W columns (its outputs' columns and
-    one on each side), and its three horizontal taps are ``tl.gather``s of that tile, which
-    Triton lowers through shared memory where the pixels span threads: the input staged
-    once and read three times, where the shipped kernel loads each of 9 taps from L1/L2.
+    one on each side), and its three horizontal taps are ``tl.gather``s of that tile. Triton
+    moves the tile (through shared memory) to a layout with the pixels across a warp's
+    lanes and gathers with warp shuffles (sm_90 PTX of a 32x64 tile: 192 ``shfl.sync``):
+    the input read from L2 once per program, where the shipped kernel loads each of its 9
+    taps through L1.
     DOT: the taps are products with 0/1 shift matrices on the tensor cores instead
     (``tl.dot``: exact, one nonzero term per output; the tile goes through shared memory
     as the MMA's operand)."""
