@@ -55,8 +55,8 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from bundler.fp8 import E4M3_MAX  # noqa: E402
-from bundler.targets.torch_aoti.kernels.dw_conv import (_dw_rows_kernel,  # noqa: E402
-                                                        _e4m3_out, element_alignment)
+from bundler.targets.torch_aoti.kernels.dw_conv import (  # noqa: E402
+    _add_tap_column, _dw_rows_kernel, _e4m3_out, element_alignment)
 from bundler.targets.torch_aoti.kernels.fp8_conv import _quantize_e4m3  # noqa: E402
 
 #: (channels, size, stride): the 128x150x150 layer (0.26 ms) and the 26 728x19x19 ones.
@@ -273,14 +273,8 @@ def _dw_gather_step(r, acc_b, acc_c, x_cols, in_ok, w_ptr, q_ptr, bias, q_scale,
             a = tl.gather(x, idx, 0).to(tl.float32)
         tap_ok = (wo + kw - 1 >= 0) & (wo + kw - 1 < W)        # the same image's column
         a = tl.where(tap_ok[:, None], tl.maximum(a, 0.0), 0.0)
-        w0 = tl.load(w_ptr + tl.multiple_of(kw * C + offs_c, ALIGN), mask=c_ok, other=0.0)
-        w1 = tl.load(w_ptr + tl.multiple_of((3 + kw) * C + offs_c, ALIGN), mask=c_ok,
-                     other=0.0)
-        w2 = tl.load(w_ptr + tl.multiple_of((6 + kw) * C + offs_c, ALIGN), mask=c_ok,
-                     other=0.0)
-        acc_b += a * w2[None, :]
-        acc_c += a * w1[None, :]
-        part_c += a * w0[None, :]
+        acc_b, acc_c, part_c = _add_tap_column(a, acc_b, acc_c, part_c, w_ptr, kw, C, offs_c,
+                                               c_ok, 3, ALIGN)
     oh = oh0 + r - 2
     q = _e4m3_out(acc_b, bias, q_scale, q_inv, False, QMAX)
     p = (img.to(tl.int64) * H + oh) * W + wo

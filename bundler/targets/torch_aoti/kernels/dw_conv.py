@@ -256,14 +256,8 @@ def _dw_rows_step(r, acc_b, acc_c, x_cols, w_ptr, q_ptr, bias, q_scale, q_inv, w
         pix = tl.multiple_of(ih * stride_xh + iw * stride_xw, ALIGN)
         a = _load_tap(x_cols[:, None] + pix[:, None] + offs_c[None, :],
                       inside[:, None] & c_ok[None, :], RELU_IN)
-        w0 = tl.load(w_ptr + tl.multiple_of(kw * C + offs_c, ALIGN), mask=c_ok, other=0.0)
-        w1 = tl.load(w_ptr + tl.multiple_of((KW + kw) * C + offs_c, ALIGN), mask=c_ok,
-                     other=0.0)
-        w2 = tl.load(w_ptr + tl.multiple_of((2 * KW + kw) * C + offs_c, ALIGN), mask=c_ok,
-                     other=0.0)
-        acc_b += a * w2[None, :]
-        acc_c += a * w1[None, :]
-        part_c += a * w0[None, :]
+        acc_b, acc_c, part_c = _add_tap_column(a, acc_b, acc_c, part_c, w_ptr, kw, C, offs_c,
+                                               c_ok, KW, ALIGN)
     # output row oh0 + r - 2 has its three tap rows: written
     oh = oh0 + r - 2
     q = _e4m3_out(acc_b, bias, q_scale, q_inv, RELU, QMAX)
@@ -272,6 +266,19 @@ def _dw_rows_step(r, acc_b, acc_c, x_cols, w_ptr, q_ptr, bias, q_scale, q_inv, w
     tl.store(q_ptr + p[:, None] * CPAD + offs_c[None, :], q,
              mask=(w_ok & row_out)[:, None] & (offs_c < CPAD)[None, :])
     return acc_c, part_c
+
+
+@triton.jit
+def _add_tap_column(a, acc_b, acc_c, part_c, w_ptr, kw, C, offs_c, c_ok, KW: tl.constexpr,
+                    ALIGN: tl.constexpr):
+    """An input row's values at tap column ``kw`` (``a``) added to the three output rows
+    that row feeds, as the row strip keeps them: the row two above it (tap row 2, ``acc_b``),
+    one above (tap row 1, ``acc_c``) and its own (tap row 0, ``part_c``)."""
+    w0 = tl.load(w_ptr + tl.multiple_of(kw * C + offs_c, ALIGN), mask=c_ok, other=0.0)
+    w1 = tl.load(w_ptr + tl.multiple_of((KW + kw) * C + offs_c, ALIGN), mask=c_ok, other=0.0)
+    w2 = tl.load(w_ptr + tl.multiple_of((2 * KW + kw) * C + offs_c, ALIGN), mask=c_ok,
+                 other=0.0)
+    return acc_b + a * w2[None, :], acc_c + a * w1[None, :], part_c + a * w0[None, :]
 
 
 @triton_op(OP, mutates_args={})
