@@ -35,6 +35,13 @@ each on the 150x150 map):
   sdot<R>, sdotL<R>  the same with the taps as products with 0/1 shift matrices on the
             tensor cores (``tl.dot``, exact)
 
+Measured (docs/measurements/h200-2026-12-04/dw-gather.log, batch 32, tiles 16x128x4,
+32x32x4, 32x64x4): the gather and shift-matrix variants take 331-1024 us on 128x150x150
+and 39-104 us on 728x19x19; the shipped kernel 265-350 and 33-40 on the same tiles. Only
+on 32x64x4, the shipped kernel's slowest tile, do sdot2 / sdot4 match it (332 against 350
+us, 39.4 against 39.6); none comes near its best tile (265 / 33 us). Loading each input
+once does not pay for the shuffles or the dots that redistribute it.
+
 Each variant's e4m3 codes are compared with the shipped kernel's (share that differ).
 
   PYTHONPATH=. python3 benchmarks/dw_kernel_variants.py [--batch 32] [--iters 100]

@@ -24,7 +24,10 @@ h200-2026-12-02-h). Those loads are what bounds it: not its arithmetic, nor DRAM
 tap: 3.2 TB/s); 2-D tiles, barriers and eviction hints do not help
 (``benchmarks/dw_kernel_variants.py``, docs/measurements/h200-2026-12-03-g); loops that
 Triton software-pipelines, staging each tap's loads through shared memory, are 1.4-2.4x
-slower (docs/measurements/h200-2026-12-03-h).
+slower (docs/measurements/h200-2026-12-03-h); so are row strips that load each input row
+once and take its three horizontal taps by ``tl.gather`` (warp shuffles) or by 0/1
+shift-matrix products on the tensor cores (331-1024 us on 128x150x150 against the pixel
+kernel's 265; docs/measurements/h200-2026-12-04, ``dw-gather.log``).
 
 ``_dw_rows_kernel`` (a config with ``rows`` > 0; family.json ``fp8_depthwise:
 triton-rows``) walks a strip of output rows down the image and loads each input row once,
