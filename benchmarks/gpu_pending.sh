@@ -11,6 +11,10 @@
 #       kernel with each input row loaded once (dw_kernel_variants.py gath<R>: its taps by
 #       tl.gather, sdot<R>: by 0/1 shift matrices on the tensor cores; not yet timed;
 #       docs/measurements/h200-2026-12-03-h) against the shipped kernel and the copy floor
+#   benchmarks/gpu_pending.sh skip OUT_DIR   # ~5 min: timm_xception's FP8 1x1 layers on
+#       cuBLASLt or the Triton kernel (skip adds in its epilogue), per layer shape and tile
+#       (pointwise_kernel_bench.py), then inductor_fp8_bench.py fp16, fp8 and fp8-dwskip at
+#       static batch 32
 #   benchmarks/gpu_pending.sh build OUT_DIR      # the uint8-input fp16 and fp8 bundles into
 #       /tmp/pending (~200 s; reused while the machine stays warm)
 #   benchmarks/gpu_pending.sh overhead OUT_DIR   # issue 14: Model.infer / with_copies,
@@ -34,8 +38,8 @@
 #
 # Logs: OUT_DIR/<step>.log. Each step prints as it goes and has its own timeout.
 set -u
-what=${1:?usage: $0 dw|dw-gather|build|overhead|serve|pair OUT_DIR}
-out=${2:?usage: $0 dw|dw-gather|build|overhead|serve|pair OUT_DIR}
+what=${1:?usage: $0 dw|dw-gather|skip|build|overhead|serve|pair OUT_DIR}
+out=${2:?usage: $0 dw|dw-gather|skip|build|overhead|serve|pair OUT_DIR}
 mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
@@ -59,6 +63,11 @@ dw-gather)   # the gather variants on the tiles ptxas shows without spills, next
   step dw-gather 240 python3 benchmarks/dw_kernel_variants.py --iters 50 \
     --variants shipped,gath1,gath2,gath4,sdot1,sdot2,sdot4,sdotL4,copy \
     --blocks 16x128x4,32x32x4,32x64x4
+  ;;
+skip)   # timm_xception's 1x1 FP8 layers: cuBLASLt or the Triton kernel per layer, then the model
+  step pointwise-layers 240 python3 benchmarks/pointwise_kernel_bench.py --iters 100
+  step skip-model 330 python3 benchmarks/inductor_fp8_bench.py --family timm_xception \
+    --static --batch-sizes 32 --variants fp16,fp8,fp8-dwskip --iters 100 --budget-s 300
   ;;
 build)   # the uint8 pair alone (serve and overhead reuse it while the machine is warm)
   step build 330 env INPUTS=uint8 bash -c '. benchmarks/gpu_common.sh; make_parallel "$0" \

@@ -47,7 +47,8 @@ suffixes of an fp8 base (``model.FP8_GEMMS``):
                GEMM as one Triton kernel writing the GEMM's e4m3 rows (``DepthwiseE4m3``,
                ``kernels/dw_conv.py``: convolution, bias, ReLU, quantize) instead of
                cuDNN's kernel and a quantize pass; -dwcudnn: cuDNN's kernel and the quantize
-               pass. Without one of these, the family's ``torch_aoti.fp8_depthwise``
+               pass; -dwskip: -dwtriton and each block's skip add in its last FP8 GEMM's
+               epilogue (``SkipAddBlock``, the Triton implicit GEMM). Without one of these, the family's ``torch_aoti.fp8_depthwise``
                (timm_xception: triton since 2026-12-02; the older logs' -cl was cuDNN's)
   -tfused      fp8_conv "triton-fused": image families, the channels_last model with fused
                ResNet bottlenecks; "as_is" families, the fused MLPs (fc1 + GELU + fc2's
@@ -99,7 +100,8 @@ SUFFIXES = {"-fastacc": ("fast_accum", True), "-fp16out": ("gemm", "rowwise-fp16
             "-sbdequant": ("small_batch_pointwise", "dequantized"),
             "-cl": ("form", "channels_last"), "-nhwc": ("form", "nhwc"),
             "-dwslices": ("depthwise", "slices"), "-dwtriton": ("depthwise", "triton"),
-            "-dwcudnn": ("depthwise", "cudnn"), "-tfused": ("conv", "triton-fused")}
+            "-dwcudnn": ("depthwise", "cudnn"), "-dwskip": ("depthwise", "triton-skip"),
+            "-tfused": ("conv", "triton-fused")}
 STARTED = time.monotonic()
 
 
@@ -142,7 +144,7 @@ def parse_variant(name: str, family) -> Variant:
         raise ValueError(f"{name}: {', '.join(fields)} apply to fp8 variants only")
     if base == "fp8" or (base in family.variants
                          and family.variants[base].get("precision") == "fp8"):
-        if fields.get("depthwise") in ("slices", "triton"):
+        if fields.get("depthwise") in ("slices", "triton", "triton-skip"):
             if fields.get("form") == "nhwc":
                 raise ValueError(f"{name}: -dw{fields['depthwise']} is a channels_last form")
             fields["form"] = "channels_last"

@@ -77,9 +77,9 @@ TORCH_AOTI_FP8_LAYOUTS = ("nhwc", "channels_last")
 #: ``torch_aoti.fp8_depthwise``: how the channels_last fp8 form runs depthwise convolutions
 #: (the meaning of each: bundler.targets.torch_aoti.model.CHANNELS_LAST_DEPTHWISE); "cudnn"
 #: unless named.
-TORCH_AOTI_FP8_DEPTHWISE = ("cudnn", "slices", "triton", "triton-rows")
+TORCH_AOTI_FP8_DEPTHWISE = ("cudnn", "slices", "triton", "triton-rows", "triton-skip")
 #: The forms of it that run the Triton depthwise-to-e4m3 kernel.
-TORCH_AOTI_TRITON_DEPTHWISE = ("triton", "triton-rows")
+TORCH_AOTI_TRITON_DEPTHWISE = ("triton", "triton-rows", "triton-skip")
 #: ``torch_aoti.small_batch_layout``: the static graphs of at most 8 images in the
 #: precision's own form ("same") or as the NHWC rewrite ("nhwc": timm_xception, whose
 #: channels_last form is the faster at batch 32 and the rewrite at batch 1 on the H200).
@@ -245,8 +245,8 @@ class Family:
     @property
     def torch_aoti_fp8_depthwise(self) -> str:
         """How the channels_last fp8 form runs depthwise convolutions
-        (``TORCH_AOTI_FP8_DEPTHWISE``): "cudnn" (the default), "slices", "triton" or
-        "triton-rows"."""
+        (``TORCH_AOTI_FP8_DEPTHWISE``): "cudnn" (the default), "slices", "triton",
+        "triton-rows" or "triton-skip"."""
         return str((self.spec.get("torch_aoti") or {}).get("fp8_depthwise", "cudnn"))
 
     @property

@@ -222,6 +222,47 @@ def test_gpu_the_triton_depthwise_form_compiles_with_aotinductor_and_matches_cud
     assert int((got != ref).sum()) <= got.numel() // 1000
 
 
+@pytest.mark.gpu
+@needs_cuda
+@needs_triton
+def test_gpu_the_triton_skip_form_compiles_with_aotinductor_and_matches_the_triton_form(
+        tmp_path):
+    """``depthwise="triton-skip"`` on two timm Xception blocks (a projected and an identity
+    shortcut) whose 1x1 layers a table sends to the Triton GEMM: AOTInductor with a dynamic
+    batch launches the fused op for them, and the package computes what the "triton" form
+    (``torch._scaled_mm`` and a separate add) computes."""
+    from timm.models.xception_aligned import XceptionModule
+
+    from bundler.targets.torch_aoti.build import compile_package, smoke_check
+    from bundler.targets.torch_aoti.model import (EngineModule, SkipAddBlock,
+                                                  rewrite_channels_last)
+    from bundler.torch_model import fold_batchnorm
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 32, 3, 2, 1),
+                          XceptionModule(32, 64, stride=2, norm_layer=nn.BatchNorm2d),
+                          XceptionModule(64, 64, norm_layer=nn.BatchNorm2d),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 5)).eval()
+    fold_batchnorm(model)
+    fp8 = {n: (0.05, (m.weight.detach().abs().amax(dim=(1, 2, 3)) / 448).numpy())
+           for n, m in model.named_modules()
+           if isinstance(m, nn.Conv2d) and m.kernel_size == (1, 1)}
+    table = {(64, 64, "skip"): (64, 64, 64, 4, 3, 8), (32, 64, "raw"): (64, 64, 64, 4, 3, 8)}
+    forms = {d: EngineModule(rewrite_channels_last(model, torch.float16, fp8=fp8, depthwise=d,
+                                                   triton_pointwise=table),
+                             torch.float16, False, True).cuda().eval()
+             for d in ("triton", "triton-skip")}
+    skip = forms["triton-skip"]
+    assert sum(isinstance(m, SkipAddBlock) for m in skip.modules()) == 2
+    assert sum(getattr(m, "triton_tiles", None) is not None for m in skip.modules()) == 3
+    path, _ = compile_package(skip, (3, 32, 32), {"min": 1, "max": 8}, "cuda",
+                              {"max_autotune": False}, tmp_path / "skip.pt2")
+    diffs = smoke_check(path, forms["triton"], (3, 32, 32), [1, 3, 8], "cuda")
+    with torch.no_grad():
+        scale = float(forms["triton"](torch.randn(4, 3, 32, 32, device="cuda")).abs().max())
+    assert max(diffs.values()) <= 2e-2 * scale, diffs
+
+
 def test_the_benchmark_lists_the_depthwise_layers_the_triton_form_replaces(capsys):
     """benchmarks/dw_conv_bench.py measures what ``rewrite_channels_last(depthwise="triton")``
     replaces in timm_xception: the 39 depthwise halves of its separable convolutions (26 of
@@ -254,7 +295,8 @@ def test_the_exported_cuda_graph_of_timm_xception_has_the_passes_removed():
     GPU needed): in the Triton form, the 39 depthwise layers are the op, cuDNN keeps only
     the stem's two convolutions, 4 quantize passes remain (the block shortcuts' FP8 inputs,
     against 43), 5 ReLUs (against 44), and the dtype conversions drop by the 39 quantizes'
-    two each and the 24 GEMM outputs read raw."""
+    two each and the 24 GEMM outputs read raw. "triton-skip" moves ``TRITON_POINTWISE``'s
+    layers to the Triton GEMM and 3 skip adds into its epilogue."""
     import collections
 
     import numpy as np
@@ -269,7 +311,7 @@ def test_the_exported_cuda_graph_of_timm_xception_has_the_passes_removed():
            for n, m in model.named_modules()
            if isinstance(m, nn.Conv2d) and m.kernel_size == (1, 1)}
     ops = {}
-    for form in ("cudnn", "triton"):
+    for form in ("cudnn", "triton", "triton-skip"):
         body = rewrite_channels_last(model, torch.float16, fp8=fp8, depthwise=form,
                                      fp8_rows=2 * 150 * 150)
         module = EngineModule(body, torch.float16, False, True).eval()
@@ -287,6 +329,14 @@ def test_the_exported_cuda_graph_of_timm_xception_has_the_passes_removed():
     assert (cudnn["aten.clamp.default"], triton["aten.clamp.default"]) == (43, 4)
     assert (relus(cudnn), relus(triton)) == (44, 5)
     assert cudnn["aten.to.dtype"] - triton["aten.to.dtype"] == 2 * 39 + 24
+    # "triton-skip": the 5 layers of TRITON_POINTWISE on the Triton GEMM (the fused op,
+    # the only one launching it in the graph), 3 of them with their block's skip add
+    skip = ops["triton-skip"]
+    assert skip["aten._scaled_mm.default"] == 43 - 5
+    assert skip["trt_bundle.fp8_conv_nhwc_fused.default"] == 5
+    assert skip["trt_bundle.fp8_conv_nhwc.default"] == 0
+    assert triton["aten.add.Tensor"] - skip["aten.add.Tensor"] == 3
+    assert skip["trt_bundle.dw_conv_nhwc_e4m3.default"] == 39
 
 
 @needs_triton
@@ -372,8 +422,8 @@ def test_a_recipe_that_quantizes_the_depthwise_layers_builds_them_the_cudnn_way(
     from bundler.targets.torch_aoti.model import rewrite_channels_last
 
     xception = load_family("timm_xception")
-    assert xception.torch_aoti_fp8_depthwise == "triton"
-    assert depthwise_form(xception, "fp8") == "triton"
+    assert xception.torch_aoti_fp8_depthwise == "triton-skip"
+    assert depthwise_form(xception, "fp8") == "triton-skip"
     assert depthwise_form(xception, "fp8", "fp8-depthwise") == "cudnn"
     assert depthwise_form(xception, "fp16") == "cudnn"
     model = nn.Sequential(nn.Conv2d(8, 8, 3, 1, 1, groups=8)).eval()

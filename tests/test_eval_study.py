@@ -375,13 +375,13 @@ def test_reuse_needs_the_fp8_convolution_form_the_family_names(xception_bundles,
                                                   layout_description)
 
     # as the shipped family builds it: the channels_last form (its depthwise layers the
-    # Triton kernel's), with batch-1 (the NHWC rewrite, its 1x1 GEMMs dequantized) and
-    # batch-32 graphs
+    # Triton kernel's, some 1x1 layers and skip adds on its GEMM), with batch-1 (the NHWC
+    # rewrite, its 1x1 GEMMs dequantized) and batch-32 graphs
     details = {"torch_version": "2.11.0+cu130", "cuda_version": "13.0",
                "compute_capability": "9.0", "device_name": "NVIDIA H200", "device": "cuda",
                "compile_options": {"layout": layout_description(
                                        "fp8", nhwc=False, channels_last=True,
-                                       depthwise="triton"),
+                                       depthwise="triton-skip"),
                                    "small_batch_layout": "nhwc, channels padded to multiples "
                                                          "of 16 (static graphs of batch 1)",
                                    "fp8_conv": FP8_CONV_DESCRIPTIONS["im2col"],

@@ -53,16 +53,26 @@ def test_channels_last_fp8_model_matches_onnxruntime_and_the_nhwc_rewrite(
     shifted-slice ones, or the ones that feed an FP8 GEMM writing its e4m3 rows
     (``DepthwiseE4m3``, here in torch ops: the Triton kernel is tested on its own)."""
     from bundler.targets.torch_aoti.model import (ChannelsLastView, DepthwiseE4m3,
-                                                  Fp8Pointwise, rewrite_channels_last,
-                                                  rewrite_nhwc)
+                                                  Fp8Pointwise, SkipAddBlock,
+                                                  rewrite_channels_last, rewrite_nhwc)
 
     x = torch.from_numpy(graphs_inputs["eval"][:4])
     ref = graphs_run(graphs_fp8, graphs_inputs["eval"][:4])
     nhwc = _run(rewrite_nhwc(graphs_torch_model, torch.float16, fp8=xception_fp8,
                              emulate=True), x, True).numpy()
-    for depthwise in ("cudnn", "slices", "triton", "triton-rows"):
+    outputs = {}
+    for depthwise in ("cudnn", "slices", "triton", "triton-rows", "triton-skip"):
         body = rewrite_channels_last(graphs_torch_model, torch.float16, fp8=xception_fp8,
                                      emulate=True, depthwise=depthwise)
+        # "triton-skip": the layers TRITON_POINTWISE names run on the Triton kernel: the
+        # last 1x1 layer of the first two entry blocks and of the first exit block, with
+        # the block's skip in its epilogue, and the first 1x1 layer of the first two blocks
+        skips = [m for m in body.modules() if isinstance(m, SkipAddBlock)]
+        on_triton = [m for m in body.modules()
+                     if isinstance(m, Fp8Pointwise) and m.triton_tiles is not None]
+        assert len(skips) == (3 if depthwise == "triton-skip" else 0)
+        assert all(m.shortcut is not None for m in skips)
+        assert len(on_triton) == (5 if depthwise == "triton-skip" else 0)
         triton = depthwise.startswith("triton")
         views = [m for m in body.modules() if isinstance(m, ChannelsLastView)]
         fp8 = [v for v in views if isinstance(v.layer, Fp8Pointwise)]
@@ -85,10 +95,25 @@ def test_channels_last_fp8_model_matches_onnxruntime_and_the_nhwc_rewrite(
         convs = [m for m in body.modules() if isinstance(m, torch.nn.Conv2d)]
         assert convs and all(c.weight.dtype == torch.float16 and c.weight.is_contiguous(
             memory_format=torch.channels_last) for c in convs if c.weight.dim() == 4)
-        got = _run(body, x, False, True).numpy()
+        got = outputs[depthwise] = _run(body, x, False, True).numpy()
         assert np.abs(got - ref).max() <= 0.02 * np.abs(ref).max(), depthwise
         assert (got.argmax(1) == ref.argmax(1)).all()
         assert np.abs(got - nhwc).max() <= 0.01 * np.abs(nhwc).max(), depthwise
+    # the add in the GEMM's epilogue rounds as the separate add did: the Conv's output to
+    # fp16, then the sum (only the epilogue's order of the two scale products differs);
+    # with every block's skip in its epilogue (the 8 middle blocks' shortcut is the
+    # identity), the same
+    body = rewrite_channels_last(graphs_torch_model, torch.float16, fp8=xception_fp8,
+                                 emulate=True, depthwise="triton-skip", triton_pointwise={
+                                     (c, c, "skip"): (64, 64, 128, 4, 3, 8)
+                                     for c in (128, 256, 728, 1024)})
+    skips = [m for m in body.modules() if isinstance(m, SkipAddBlock)]
+    assert len(skips) == 12 and sum(m.shortcut is None for m in skips) == 8
+    every = _run(body, x, False, True).numpy()
+    plain = outputs["triton"]
+    for got in (outputs["triton-skip"], every):
+        assert np.abs(got - plain).max() <= 2e-3 * np.abs(plain).max()
+        assert (got.argmax(1) == plain.argmax(1)).all()
 
 
 def test_channels_last_fp8_depthwise_variant_quantizes_the_depthwise_layers(
@@ -212,10 +237,12 @@ def test_the_depthwise_form_is_read_from_the_family_recorded_and_compared(tmp_pa
     from bundler.targets.torch_aoti.build import engine_details, layout_description
 
     xception = load_family("timm_xception")
-    assert xception.torch_aoti_fp8_depthwise == "triton"       # H200: 1.32x cuDNN + quantize
+    # H200: "triton" 1.32x cuDNN + quantize; "triton-skip" 0.05 ms less at batch 32
+    assert xception.torch_aoti_fp8_depthwise == "triton-skip"
     spec = json.loads((xception.path / "family.json").read_text())
     for form, layout, problem in (("cudnn", "channels_last", None),
                                   ("triton", "channels_last", None),
+                                  ("triton-skip", "channels_last", None),
                                   ("winograd", "channels_last", "must be one of"),
                                   ("triton", "nhwc", "form of the channels_last fp8 model")):
         changed = json.loads(json.dumps(spec))
@@ -247,10 +274,50 @@ def test_the_depthwise_form_is_read_from_the_family_recorded_and_compared(tmp_pa
     before = "channels_last (the model as it is), FP8 layers on the NHWC view of their input"
     assert layout_description("fp8", nhwc=False, channels_last=True) == before
     texts = {d: layout_description("fp8", nhwc=False, channels_last=True, depthwise=d)
-             for d in ("cudnn", "slices", "triton", "triton-rows")}
-    assert texts["cudnn"] == before and len(set(texts.values())) == 4
+             for d in ("cudnn", "slices", "triton", "triton-rows", "triton-skip")}
+    assert texts["cudnn"] == before and len(set(texts.values())) == 5
     assert "Triton kernel writing its e4m3 rows" in texts["triton"]
     details = engine_details({}, "fp8", {}, nhwc=False, fast_accum=False, padding={},
                              batch_sizes=[1], seconds=None, channels_last=True,
                              depthwise="triton")
     assert details["compile_options"]["layout"] == texts["triton"]
+
+
+def test_the_pointwise_benchmark_measures_the_layers_the_engine_has(graphs_torch_model,
+                                                                    xception_fp8):
+    """benchmarks/pointwise_kernel_bench.py's layer list (whose measurements fill
+    ``TRITON_POINTWISE``) is timm_xception's stride-1 FP8 1x1 layers with the epilogue
+    the channels_last "triton" form gives each: read off that form here, at 299x299."""
+    import importlib
+    import sys
+    from collections import Counter
+    from pathlib import Path
+
+    from bundler.targets.torch_aoti.model import (Fp8Pointwise, SkipAddBlock,
+                                                  TRITON_POINTWISE, rewrite_channels_last)
+
+    bench_dir = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    if bench_dir not in sys.path:
+        sys.path.insert(0, bench_dir)
+    bench = importlib.import_module("pointwise_kernel_bench")
+    body = rewrite_channels_last(graphs_torch_model, torch.float16, fp8=xception_fp8,
+                                 emulate=True, depthwise="triton")
+    last = {id(m.stack[-1].conv_pw.layer) for m in body.modules() if SkipAddBlock.applies(m)}
+    sides = {}
+
+    def side(mod, inp, _out) -> None:            # the NHWC input's map side
+        sides[id(mod)] = inp[0].shape[1]
+
+    hooks = [m.register_forward_hook(side) for m in body.modules()
+             if isinstance(m, Fp8Pointwise)]
+    _run(body, torch.zeros(1, 3, 299, 299), False, True)
+    for h in hooks:
+        h.remove()
+    found = Counter()
+    for m in body.modules():
+        if isinstance(m, Fp8Pointwise) and m.stride == (1, 1):
+            kind = "raw" if m.raw_out else "skip" if id(m) in last else "relu"
+            found[(m.cin, m.cout, sides[id(m)], kind)] += 1
+    assert found == Counter({(a, b, s, k): n for a, b, s, k, n in bench.XCEPTION_POINTWISE})
+    # the table names only layers the engine has, with an epilogue they have
+    assert set(TRITON_POINTWISE) <= {(a, b, k) for a, b, _s, k in found}

@@ -415,6 +415,8 @@ class Fp8Pointwise(Fp8Gemm):
 
     LAYER = "1x1 convolution"
     SMALL_BATCH_KERNELS = SMALL_BATCH_POINTWISE
+    #: ``run_on_triton``'s tiles; None: ``torch._scaled_mm``
+    triton_tiles: tuple[int, ...] | None = None
 
     def __init__(self, conv: nn.Conv2d, act_scale: float, weight_scale: Any,
                  dtype: torch.dtype, **options: Any) -> None:
@@ -425,17 +427,72 @@ class Fp8Pointwise(Fp8Gemm):
                          act_scale, weight_scale, dtype, **options)
         self.stride = tuple(conv.stride)
         if self.small_batch_kernel == "triton":
+            self.implicit_gemm_scale()
+
+    def implicit_gemm_scale(self) -> None:
+        """The implicit GEMM's epilogue scale (small batches, ``triton_tiles``), a buffer of
+        the layers that launch it only: activation scale times each channel's weight scale."""
+        if not hasattr(self, "conv_scale"):
             self.register_buffer("conv_scale", self.weight_scale_row[0] * self.act_scale)
+
+    def run_on_triton(self, tiles: tuple[int, ...]) -> None:
+        """Run the layer on ``kernels/fp8_conv.py``'s implicit GEMM with ``tiles`` (an
+        ``Fp8ConvConfig``'s fields) at every batch that is not small, instead of
+        ``torch._scaled_mm`` (``TRITON_POINTWISE``: where it measured faster). Stride 1."""
+        if self.stride != (1, 1):
+            raise UsageError(f"the Triton pointwise form takes stride 1, not {self.stride}")
+        self.triton_tiles = tuple(int(t) for t in tiles)
+        self.implicit_gemm_scale()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         small = self.small_batch(x)
         if small and self.small_batch_kernel == "triton" and x.is_cuda:
             return self.implicit_gemm(x)
+        if self.triton_tiles is not None and not small and x.is_cuda and not self.emulate:
+            return self.triton_gemm(x)
         sh, sw = self.stride
         if (sh, sw) != (1, 1):
             x = x[:, ::sh, ::sw, :]
         n, h, w, _ = x.shape
         return self.rows_matmul(x, small).reshape(n, h, w, self.out)
+
+    def with_skip(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+        """The layer's output plus ``skip`` (fp16 NHWC of the output's shape: a residual
+        block's shortcut), NHWC fp16, as the graph computes it: the Conv's output rounded to
+        fp16, then an fp16 Add. On CUDA the add runs in the epilogue of
+        ``kernels/fp8_conv.py``'s implicit GEMM (``SkipAddBlock``): the GEMM's output is not
+        written, read back and written again by an add pass. Elsewhere (the CPU tests) the
+        same arithmetic in torch ops. Needs ``run_on_triton`` (its tiles)."""
+        n, h, w, _ = skip.shape
+        q = self.quantized_rows(x)
+        if x.is_cuda and not self.emulate:
+            from bundler.targets.torch_aoti.kernels.fp8_conv import (Fp8ConvConfig,
+                                                                     fp8_conv_fused)
+
+            y, _ = fp8_conv_fused(q.reshape(n, h, w, self.kpad), self.weight_fp8,
+                                  self.conv_scale, self.bias_out, self.out, (1, 1), (1, 1),
+                                  (0, 0), residual=skip,
+                                  config=Fp8ConvConfig(*self.triton_tiles))
+            return y
+        y = (q.float() @ self.weight_fp8.float().t())[:, :self.out]
+        y = (y * self.conv_scale[:self.out] + self.bias_out).to(torch.float16)
+        y = (y.float() + skip.reshape(-1, self.out).float()).to(torch.float16)
+        return y.reshape(n, h, w, self.out)
+
+    def triton_gemm(self, x: torch.Tensor) -> torch.Tensor:
+        """``run_on_triton``'s path: the fused op without its extra epilogues (fp16 out).
+        The fused op, not the plain one: a graph launching the plain op next to the fused
+        one (``SkipAddBlock``) failed under torch 2.11's Inductor on the H200 ("launcher()
+        missing 2 required positional arguments: '_grid_1' and '_grid_2'",
+        docs/measurements/h200-2026-12-04/skip-model-2.log); with the fused op alone, as
+        in the ResNet bottlenecks, it compiles and runs."""
+        from bundler.targets.torch_aoti.kernels.fp8_conv import Fp8ConvConfig, fp8_conv_fused
+
+        n, h, w, _ = x.shape
+        q = self.quantized_rows(x).reshape(n, h, w, self.kpad)
+        y, _ = fp8_conv_fused(q, self.weight_fp8, self.conv_scale, self.bias_out, self.out,
+                              (1, 1), (1, 1), (0, 0), config=Fp8ConvConfig(*self.triton_tiles))
+        return y if self.dtype == torch.float16 else y.to(self.dtype)
 
     def implicit_gemm(self, x: torch.Tensor) -> torch.Tensor:
         """The small-batch path: quantize (fused by Inductor into the producer's kernel),
@@ -658,6 +715,95 @@ class DepthwiseE4m3(nn.Module):
         if self.cpad != self.channels:
             y = F.pad(y, (0, self.cpad - self.channels))
         return quantize(y, self.act_scale)
+
+
+class SkipAddBlock(nn.Module):
+    """A residual block of separable convolutions (timm's ``XceptionModule``: ``stack``,
+    an optional 1x1 ``shortcut``, ``stack(x) + shortcut(x)``) whose last layer is an FP8
+    1x1 GEMM: that GEMM adds the shortcut in its epilogue (``Fp8Pointwise.with_skip``).
+
+    Why: in the channels_last fp8 form the block's add is a pass of its own after
+    ``torch._scaled_mm`` (its output read back with the shortcut and the sum written).
+    Where the Triton kernel is the faster GEMM for the layer anyway (``TRITON_POINTWISE``),
+    the add comes free in its epilogue. ``rewrite_channels_last(depthwise="triton-skip")``
+    puts the blocks that qualify (``applies``) in this form."""
+
+    def __init__(self, block: nn.Module, tiles: tuple[int, ...]) -> None:
+        super().__init__()
+        self.stack, self.shortcut = block.stack, block.shortcut
+        self.stack[-1].conv_pw.layer.run_on_triton(tiles)
+
+    @staticmethod
+    def applies(block: nn.Module) -> bool:
+        """Whether ``block`` (after the rewrite's replacements) takes this form: an
+        ``XceptionModule`` with its skip and no drop-path, whose stack ends in a separable
+        convolution with nothing after its FP8 1x1 half, at stride 1."""
+        stack = getattr(block, "stack", None)
+        if not (type(block).__name__ == "XceptionModule" and isinstance(stack, nn.Sequential)
+                and len(stack) and getattr(block, "no_skip", True) is False
+                and getattr(block, "drop_path", None) is None):
+            return False
+        last = stack[-1]
+        pw = getattr(last, "conv_pw", None)
+        return (type(last).__name__ == "SeparableConv2d" and isinstance(pw, ChannelsLastView)
+                and isinstance(pw.layer, Fp8Pointwise) and pw.layer.stride == (1, 1)
+                and not pw.layer.raw_out and not pw.layer.padded_io
+                and pw.layer.dtype == torch.float16
+                and all(isinstance(getattr(last, n, None), nn.Identity)
+                        for n in ("bn_dw", "act_dw", "bn_pw", "act_pw")))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        skip = x if self.shortcut is None else self.shortcut(x)
+        layers = list(self.stack)
+        for layer in layers[:-1]:
+            x = layer(x)
+        last = layers[-1]
+        x = last.conv_dw(x)
+        y = last.conv_pw.layer.with_skip(x.permute(0, 2, 3, 1), skip.permute(0, 2, 3, 1))
+        return y.permute(0, 3, 1, 2)
+
+
+#: The FP8 1x1 layers of the channels_last form that run on the Triton implicit GEMM
+#: instead of ``torch._scaled_mm`` under ``rewrite_channels_last(depthwise="triton-skip")``,
+#: by (in channels, out channels, epilogue): "raw" (the GEMM's output read by the next
+#: depthwise kernel) or "skip" (the block's last layer, its shortcut added in the epilogue,
+#: ``SkipAddBlock``) -> the kernel's tiles (``kernels.fp8_conv.Fp8ConvConfig`` fields).
+#: Measured, per layer shape with its epilogue, cuBLASLt (torch.compile'd as the engine runs
+#: it) against the Triton kernel's best tiles: timm_xception at 299x299, batch 32, NVIDIA
+#: H200, torch 2.11 / triton 3.6 (``benchmarks/pointwise_kernel_bench.py``,
+#: docs/measurements/h200-2026-12-04/pointwise-layers.log); the comment: Triton's ms, then
+#: cuBLASLt's. Only where Triton won: cuBLASLt stays the faster on the 728-channel layers
+#: (0.61-0.87x) and on 128->128 and 256->256 without the add. Another GPU or network:
+#: measure again.
+TRITON_POINTWISE: dict[tuple[int, int, str], tuple[int, ...]] = {
+    (64, 128, "raw"): (64, 128, 64, 4, 4, 8),       # @150: 0.0858, cuBLASLt 0.1039
+    (128, 128, "skip"): (64, 128, 64, 4, 4, 8),     # @75: 0.0416, cuBLASLt + add 0.0696
+    (128, 256, "raw"): (64, 128, 64, 4, 4, 8),      # @75: 0.0545, cuBLASLt 0.0567
+    (256, 256, "skip"): (64, 128, 64, 4, 4, 8),     # @38: 0.0307, cuBLASLt + add 0.0400
+    (1024, 1024, "skip"): (256, 128, 64, 8, 3, 8),  # @10: 0.0161, cuBLASLt + add 0.0179
+}
+
+
+def _pointwise_on_triton(body: nn.Module, table: Mapping[tuple[int, int, str], tuple]
+                         ) -> dict[str, int]:
+    """The layers of ``body`` that ``table`` names run on the Triton kernel: the blocks
+    whose last layer it names as "skip" become ``SkipAddBlock``s, the GEMMs that hand over
+    their raw output it names as "raw" switch kernels. How many of each."""
+    blocks = []
+    for name, m in body.named_modules():
+        if name and SkipAddBlock.applies(m):
+            pw = m.stack[-1].conv_pw.layer
+            if (pw.cin, pw.cout, "skip") in table:
+                blocks.append((name, table[(pw.cin, pw.cout, "skip")]))
+    for name, tiles in blocks:
+        parent_name, _, child = name.rpartition(".")
+        parent = body.get_submodule(parent_name) if parent_name else body
+        setattr(parent, child, SkipAddBlock(getattr(parent, child), tiles))
+    raw = [m for m in body.modules() if isinstance(m, Fp8Pointwise) and m.raw_out
+           and m.stride == (1, 1) and (m.cin, m.cout, "raw") in table]
+    for m in raw:
+        m.run_on_triton(table[(m.cin, m.cout, "raw")])
+    return {"skip": len(blocks), "raw": len(raw)}
 
 
 class PointwiseNHWC(nn.Module):
@@ -917,8 +1063,10 @@ def rewrite_nhwc(model: torch.nn.Module, dtype: torch.dtype, *,
 #: kernel writing the GEMM's e4m3 rows; the others stay cuDNN's) or "triton-rows" (the
 #: same, its stride-1 layers on the kernel's row-strip tile, ``kernels.dw_conv.
 #: ROW_STRIP_CONFIG``: each input row loaded once instead of three times; 3% slower than
-#: "triton" over the 728x19x19 layers on the H200, kept to compare); family.json
-#: ``torch_aoti.fp8_depthwise``.
+#: "triton" over the 728x19x19 layers on the H200, kept to compare) or "triton-skip"
+#: ("triton", and the 1x1 layers that measured faster on the Triton implicit GEMM than on
+#: cuBLASLt run on it, a block's last one with the skip add in its epilogue:
+#: ``TRITON_POINTWISE``, ``SkipAddBlock``); family.json ``torch_aoti.fp8_depthwise``.
 CHANNELS_LAST_DEPTHWISE = TORCH_AOTI_FP8_DEPTHWISE
 
 
@@ -948,7 +1096,9 @@ def rewrite_channels_last(model: torch.nn.Module, dtype: torch.dtype, *,
                           emulate: bool = False, fast_accum: bool = False,
                           fp8_gemm: str = "rowwise", fp8_rows: int | None = None,
                           fp8_conv: str = "im2col", small_batch_pointwise: str = "gemm",
-                          depthwise: str = "cudnn") -> torch.nn.Module:
+                          depthwise: str = "cudnn",
+                          triton_pointwise: Mapping[tuple[int, int, str], tuple] | None = None
+                          ) -> torch.nn.Module:
     """A copy of ``model`` (BN-folded, eval) in ``dtype`` and channels_last memory with the
     ``fp8`` convolutions as the NHWC rewrite's FP8 modules (1x1: ``Fp8Pointwise``, dense
     k x k: ``Fp8ConvNHWC``) and the ``fp8_depthwise`` ones quantized-dequantized
@@ -967,6 +1117,8 @@ def rewrite_channels_last(model: torch.nn.Module, dtype: torch.dtype, *,
 
     The arguments mean what they mean for ``rewrite_nhwc``; channel counts are not
     carried padded (each FP8 layer pads into its quantize and slices its output).
+    ``triton_pointwise``: "triton-skip"'s table of the 1x1 layers on the Triton kernel
+    (default ``TRITON_POINTWISE``; a benchmark passes its own).
     """
     if depthwise not in CHANNELS_LAST_DEPTHWISE:
         raise UsageError(f"depthwise form {depthwise!r}: choose one of "
@@ -1023,6 +1175,9 @@ def rewrite_channels_last(model: torch.nn.Module, dtype: torch.dtype, *,
     if depthwise in TORCH_AOTI_TRITON_DEPTHWISE:
         _relus_into_depthwise(body, replaced)
     _rewrite_finish(body, replaced, problems, dtype)     # the model's own leaves: to dtype
+    if depthwise == "triton-skip":
+        _pointwise_on_triton(body, TRITON_POINTWISE if triton_pointwise is None
+                             else triton_pointwise)
     return body.to(memory_format=torch.channels_last).eval().requires_grad_(False)
 
 
