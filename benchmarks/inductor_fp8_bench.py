@@ -47,8 +47,9 @@ suffixes of an fp8 base (``model.FP8_GEMMS``):
                GEMM as one Triton kernel writing the GEMM's e4m3 rows (``DepthwiseE4m3``,
                ``kernels/dw_conv.py``: convolution, bias, ReLU, quantize) instead of
                cuDNN's kernel and a quantize pass; -dwcudnn: cuDNN's kernel and the quantize
-               pass; -dwskip: -dwtriton and each block's skip add in its last FP8 GEMM's
-               epilogue (``SkipAddBlock``, the Triton implicit GEMM). Without one of these, the family's ``torch_aoti.fp8_depthwise``
+               pass; -dwskip: -dwtriton and the 1x1 layers of the family's
+               ``torch_aoti.fp8_triton_pointwise`` on the Triton GEMM, skip adds in its
+               epilogue (``SkipAddBlock``). Without one of these, the family's ``torch_aoti.fp8_depthwise``
                (timm_xception: triton since 2026-12-02; the older logs' -cl was cuDNN's)
   -tfused      fp8_conv "triton-fused": image families, the channels_last model with fused
                ResNet bottlenecks; "as_is" families, the fused MLPs (fc1 + GELU + fc2's
@@ -187,7 +188,8 @@ def engine_module(variant: Variant, model, family, fp8: dict | None, max_batch: 
         hook=getattr(ext, "nhwc_module", None), channels_last=channels_last and not nhwc,
         small_batch_pointwise=variant.small_batch_pointwise,
         depthwise=(depthwise_form(family, variant.precision, variant.recipe)
-                   if variant.depthwise == "family" else variant.depthwise))
+                   if variant.depthwise == "family" else variant.depthwise),
+        triton_pointwise=family.torch_aoti_fp8_triton_pointwise)
     return module
 
 

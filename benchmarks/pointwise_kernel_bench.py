@@ -12,6 +12,9 @@ the add. So each layer shape gets the faster kernel; this says which, for the 39
 the depthwise kernel feeds (the 4 stride-2 shortcut layers, which quantize a strided view
 of fp16, stay on cuBLASLt).
 
+What it prints for the layers Triton wins is what a family's ``torch_aoti.
+fp8_triton_pointwise`` (family.json) lists, for its depthwise form "triton-skip".
+
 Epilogues, as ``rewrite_channels_last(depthwise="triton")`` builds them:
 
   raw   the GEMM's output read by the next depthwise kernel (``raw_out``): cuBLASLt's bf16
@@ -25,7 +28,7 @@ Input: e4m3 NHWC as the depthwise kernel writes it (channels padded to 16), rand
 Each timing is a CUDA graph replay (median of --iters); cuBLASLt's side is torch.compile'd
 (static shapes) as in the engine. Triton: every tile set of ``CANDIDATE_CONFIGS`` and
 ``default_config``. Totals are count-weighted over the 39 layers; the best Triton tiles of
-the shapes where Triton wins are printed as a tile table literal.
+the shapes where Triton wins are printed as family.json entries.
 
   PYTHONPATH=. python3 benchmarks/pointwise_kernel_bench.py [--batch 32] [--iters 100]
 """
@@ -41,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 #: (cin, cout, map side, epilogue, layers) of timm_xception's FP8 1x1 convolutions at
 #: 299x299 that a depthwise kernel feeds (stride 1), read off the model
-#: (tests/test_torch_aoti_channels_last.py checks the counts against timm's).
+#: (tests/test_torch_aoti_channels_last.py checks them against the rewritten model).
 XCEPTION_POINTWISE = (
     (64, 128, 150, "raw", 1), (128, 128, 150, "raw", 1), (128, 128, 75, "skip", 1),
     (128, 256, 75, "raw", 1), (256, 256, 75, "raw", 1), (256, 256, 38, "skip", 1),
@@ -103,8 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from bundler.targets.torch_aoti.kernels.fp8_conv import (CANDIDATE_CONFIGS,
-                                                             default_config, fp8_conv_fused,
-                                                             tile_key)
+                                                             default_config, fp8_conv_fused)
     from fp8_conv_bench import graph_time, rel_err
 
     dev = torch.device("cuda")
@@ -137,18 +139,19 @@ def main(argv: list[str] | None = None) -> int:
         totals["cublas"] += count * t_cublas
         totals["triton-best"] += count * t_best
         totals["faster-of-two"] += count * min(t_cublas, t_best)
-        if t_best < t_cublas:
-            table[tile_key(cin, cout, (1, 1), (1, 1))] = (
-                best, f"{cin}->{cout} @{side} {epilogue}: {t_best:.4f} ms, cuBLASLt "
-                      f"{t_cublas:.4f}")
+        if t_best < t_cublas and epilogue in ("raw", "skip"):
+            table[(cin, cout, epilogue)] = (best, f"@{side}: {t_best:.4f} ms, cuBLASLt "
+                                                  f"{t_cublas:.4f}")
         torch.compiler.reset()
     log("\ntotals over the 39 layers (ms): " + ", ".join(f"{k} {v:.4f}"
                                                         for k, v in totals.items()))
     log(f"the faster kernel per layer saves {totals['cublas'] - totals['faster-of-two']:.4f} "
         "ms per batch")
-    log("\nshapes where the Triton kernel wins, with its tiles:")
-    for key, (cfg, note) in table.items():
-        log(f"    {key}: Fp8ConvConfig{tuple(cfg)},  # {note}")
+    log("\nthe layers where the Triton kernel wins (\"relu\" ones left out: the table takes "
+        "raw and skip), as family.json torch_aoti.fp8_triton_pointwise entries:")
+    for (cin, cout, epilogue), (cfg, note) in table.items():
+        log(f'    {{"in": {cin}, "out": {cout}, "epilogue": "{epilogue}", '
+            f'"tiles": {list(cfg)}}},   {note}')
     return 0
 
 

@@ -80,6 +80,10 @@ TORCH_AOTI_FP8_LAYOUTS = ("nhwc", "channels_last")
 TORCH_AOTI_FP8_DEPTHWISE = ("cudnn", "slices", "triton", "triton-rows", "triton-skip")
 #: The forms of it that run the Triton depthwise-to-e4m3 kernel.
 TORCH_AOTI_TRITON_DEPTHWISE = ("triton", "triton-rows", "triton-skip")
+#: ``torch_aoti.fp8_triton_pointwise`` entries' epilogues: "raw" (the layer's output read by
+#: the next depthwise kernel) or "skip" (a residual block's last layer, its shortcut added
+#: in the epilogue); bundler.targets.torch_aoti.model.SkipAddBlock.
+TRITON_POINTWISE_EPILOGUES = ("raw", "skip")
 #: ``torch_aoti.small_batch_layout``: the static graphs of at most 8 images in the
 #: precision's own form ("same") or as the NHWC rewrite ("nhwc": timm_xception, whose
 #: channels_last form is the faster at batch 32 and the rewrite at batch 1 on the H200).
@@ -248,6 +252,16 @@ class Family:
         (``TORCH_AOTI_FP8_DEPTHWISE``): "cudnn" (the default), "slices", "triton",
         "triton-rows" or "triton-skip"."""
         return str((self.spec.get("torch_aoti") or {}).get("fp8_depthwise", "cudnn"))
+
+    @property
+    def torch_aoti_fp8_triton_pointwise(self) -> dict[tuple[int, int, str], tuple[int, ...]]:
+        """``torch_aoti.fp8_triton_pointwise``: the FP8 1x1 layers that the depthwise form
+        "triton-skip" runs on the Triton implicit GEMM, (in channels, out channels,
+        epilogue) -> tiles (``TRITON_POINTWISE_EPILOGUES``; measured per family and GPU by
+        ``benchmarks/pointwise_kernel_bench.py``). Empty unless named."""
+        entries = (self.spec.get("torch_aoti") or {}).get("fp8_triton_pointwise", [])
+        return {(int(e["in"]), int(e["out"]), str(e["epilogue"])): tuple(int(t) for t in e["tiles"])
+                for e in entries}
 
     @property
     def torch_aoti_small_batch_layout(self) -> str:
@@ -448,6 +462,39 @@ def _static_batch_problems(sizes: Any, batch: BatchRange) -> list[str]:
     return []
 
 
+def _triton_pointwise_problems(entries: Any, depthwise: str) -> list[str]:
+    """What is wrong with ``torch_aoti.fp8_triton_pointwise`` (a list of {"in", "out",
+    "epilogue", "tiles"}), given the family's ``fp8_depthwise``: the table is what the form
+    "triton-skip" reads, and that form has nothing to do without it."""
+    where = "torch_aoti.fp8_triton_pointwise"
+    if entries is None:
+        return ([f"{where}: the depthwise form triton-skip needs this table of the 1x1 "
+                 "layers to run on the Triton GEMM (benchmarks/pointwise_kernel_bench.py "
+                 "measures it)"] if depthwise == "triton-skip" else [])
+    if depthwise != "triton-skip":
+        return [f"{where}: read by fp8_depthwise triton-skip only; set it, or leave the "
+                "table out"]
+    if not (isinstance(entries, list) and entries):
+        return [f"{where}: must be a non-empty list of layers"]
+    problems, seen = [], set()
+    for i, e in enumerate(entries):
+        ok = (isinstance(e, dict) and set(e) == {"in", "out", "epilogue", "tiles"}
+              and all(type(e[k]) is int and e[k] > 0 for k in ("in", "out"))
+              and e["epilogue"] in TRITON_POINTWISE_EPILOGUES
+              and isinstance(e["tiles"], list) and len(e["tiles"]) == 6
+              and all(type(t) is int and t > 0 for t in e["tiles"]))
+        if not ok:
+            problems.append(f"{where}[{i}]: must be {{\"in\": channels, \"out\": channels, "
+                            f"\"epilogue\": one of {list(TRITON_POINTWISE_EPILOGUES)}, "
+                            "\"tiles\": [block_m, block_n, block_k, warps, stages, group_m]}")
+            continue
+        key = (e["in"], e["out"], e["epilogue"])
+        if key in seen:
+            problems.append(f"{where}[{i}]: {key} is listed twice")
+        seen.add(key)
+    return problems
+
+
 def parse_family(data: Any, *, folder: Path, expected_name: str | None = None) -> Family:
     """Validate a decoded spec and build the ``Family``; every problem is reported at once."""
     problems: list[str] = []
@@ -521,6 +568,8 @@ def parse_family(data: Any, *, folder: Path, expected_name: str | None = None) -
               and aoti.get("fp8_layout", "nhwc") != "channels_last"):
             problems.append("torch_aoti.fp8_depthwise: a form of the channels_last fp8 model; "
                             "set fp8_layout channels_last, or leave fp8_depthwise out")
+        problems += _triton_pointwise_problems(aoti.get("fp8_triton_pointwise"),
+                                               aoti.get("fp8_depthwise", "cudnn"))
         if aoti.get("fp8_gemm", "rowwise") not in TORCH_AOTI_FP8_GEMMS:
             problems.append(f"torch_aoti.fp8_gemm: must be one of {list(TORCH_AOTI_FP8_GEMMS)}")
         if aoti.get("fp8_conv", "im2col") not in TORCH_AOTI_FP8_CONVS:

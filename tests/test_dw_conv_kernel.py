@@ -295,8 +295,8 @@ def test_the_exported_cuda_graph_of_timm_xception_has_the_passes_removed():
     GPU needed): in the Triton form, the 39 depthwise layers are the op, cuDNN keeps only
     the stem's two convolutions, 4 quantize passes remain (the block shortcuts' FP8 inputs,
     against 43), 5 ReLUs (against 44), and the dtype conversions drop by the 39 quantizes'
-    two each and the 24 GEMM outputs read raw. "triton-skip" moves ``TRITON_POINTWISE``'s
-    layers to the Triton GEMM and 3 skip adds into its epilogue."""
+    two each and the 24 GEMM outputs read raw. "triton-skip" moves the layers of the
+    family's ``fp8_triton_pointwise`` to the Triton GEMM and 3 skip adds into its epilogue."""
     import collections
 
     import numpy as np
@@ -311,9 +311,10 @@ def test_the_exported_cuda_graph_of_timm_xception_has_the_passes_removed():
            for n, m in model.named_modules()
            if isinstance(m, nn.Conv2d) and m.kernel_size == (1, 1)}
     ops = {}
+    table = load_family("timm_xception").torch_aoti_fp8_triton_pointwise
     for form in ("cudnn", "triton", "triton-skip"):
         body = rewrite_channels_last(model, torch.float16, fp8=fp8, depthwise=form,
-                                     fp8_rows=2 * 150 * 150)
+                                     fp8_rows=2 * 150 * 150, triton_pointwise=table)
         module = EngineModule(body, torch.float16, False, True).eval()
         with FakeTensorMode(allow_non_fake_inputs=True):
             program = torch.export.export(module.to("cuda"),
@@ -329,7 +330,7 @@ def test_the_exported_cuda_graph_of_timm_xception_has_the_passes_removed():
     assert (cudnn["aten.clamp.default"], triton["aten.clamp.default"]) == (43, 4)
     assert (relus(cudnn), relus(triton)) == (44, 5)
     assert cudnn["aten.to.dtype"] - triton["aten.to.dtype"] == 2 * 39 + 24
-    # "triton-skip": the 5 layers of TRITON_POINTWISE on the Triton GEMM (the fused op,
+    # "triton-skip": the family table's 5 layers on the Triton GEMM (the fused op,
     # the only one launching it in the graph), 3 of them with their block's skip add
     skip = ops["triton-skip"]
     assert skip["aten._scaled_mm.default"] == 43 - 5

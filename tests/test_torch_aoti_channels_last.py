@@ -61,10 +61,11 @@ def test_channels_last_fp8_model_matches_onnxruntime_and_the_nhwc_rewrite(
     nhwc = _run(rewrite_nhwc(graphs_torch_model, torch.float16, fp8=xception_fp8,
                              emulate=True), x, True).numpy()
     outputs = {}
+    table = load_family("timm_xception").torch_aoti_fp8_triton_pointwise
     for depthwise in ("cudnn", "slices", "triton", "triton-rows", "triton-skip"):
         body = rewrite_channels_last(graphs_torch_model, torch.float16, fp8=xception_fp8,
-                                     emulate=True, depthwise=depthwise)
-        # "triton-skip": the layers TRITON_POINTWISE names run on the Triton kernel: the
+                                     emulate=True, depthwise=depthwise, triton_pointwise=table)
+        # "triton-skip": the layers the family's table names run on the Triton kernel: the
         # last 1x1 layer of the first two entry blocks and of the first exit block, with
         # the block's skip in its epilogue, and the first 1x1 layer of the first two blocks
         skips = [m for m in body.modules() if isinstance(m, SkipAddBlock)]
@@ -159,6 +160,16 @@ def test_engine_model_builds_the_channels_last_fp8_form(graphs_torch_model, xcep
     layers = [m for m in module.modules() if isinstance(m, Fp8Pointwise)]
     assert len(layers) == 43 and not any(m.padded_io for m in layers)
     assert {m._ones.rows for m in layers} == {4 * 150 * 150}    # the 150x150 entry block
+    # the family's table of 1x1 layers for the Triton GEMM reaches the "triton-skip" form
+    # (which refuses to build without one: a form that silently moved nothing)
+    table = load_family("timm_xception").torch_aoti_fp8_triton_pointwise
+    module, _ = engine_model(graphs_torch_model, "fp8", xception_fp8, nhwc=False,
+                             channels_last=True, depthwise="triton-skip", triton_pointwise=table)
+    assert sum(m.triton_tiles is not None for m in module.modules()
+               if isinstance(m, Fp8Pointwise)) == len(table) == 5
+    with pytest.raises(UsageError, match="fp8_triton_pointwise"):
+        engine_model(graphs_torch_model, "fp8", xception_fp8, nhwc=False,
+                     channels_last=True, depthwise="triton-skip")
     with pytest.raises(UsageError, match="two forms"):
         engine_model(graphs_torch_model, "fp8", xception_fp8, nhwc=True, channels_last=True)
     with pytest.raises(UsageError, match="not the NCHW model"):
@@ -242,12 +253,12 @@ def test_the_depthwise_form_is_read_from_the_family_recorded_and_compared(tmp_pa
     spec = json.loads((xception.path / "family.json").read_text())
     for form, layout, problem in (("cudnn", "channels_last", None),
                                   ("triton", "channels_last", None),
-                                  ("triton-skip", "channels_last", None),
                                   ("winograd", "channels_last", "must be one of"),
                                   ("triton", "nhwc", "form of the channels_last fp8 model")):
         changed = json.loads(json.dumps(spec))
         changed["name"] = "test_dw"
         changed["torch_aoti"].update(fp8_layout=layout, fp8_depthwise=form)
+        changed["torch_aoti"].pop("fp8_triton_pointwise")     # triton-skip's (below)
         root = tmp_path / f"{form}-{layout}"
         (root / "test_dw").mkdir(parents=True)
         (root / "test_dw" / "family.json").write_text(json.dumps(changed))
@@ -255,6 +266,34 @@ def test_the_depthwise_form_is_read_from_the_family_recorded_and_compared(tmp_pa
         with families_path(root):
             if problem is None:
                 assert load_family("test_dw").torch_aoti_fp8_depthwise == form
+            else:
+                with pytest.raises(FamilyError, match=problem):
+                    load_family("test_dw")
+    # "triton-skip" reads the family's table of 1x1 layers for the Triton GEMM: it needs
+    # one, only it reads one, and each entry is checked
+    entry = {"in": 64, "out": 128, "epilogue": "raw", "tiles": [64, 128, 64, 4, 4, 8]}
+    for case, (form, table, problem) in enumerate((
+            ("triton-skip", [entry], None),
+            ("triton-skip", None, "triton-skip needs this table"),
+            ("triton", [entry], "read by fp8_depthwise triton-skip only"),
+            ("triton-skip", [], "non-empty list"),
+            ("triton-skip", [{**entry, "epilogue": "relu"}], r"fp8_triton_pointwise\[0\]"),
+            ("triton-skip", [{**entry, "tiles": [64, 128]}], r"fp8_triton_pointwise\[0\]"),
+            ("triton-skip", [entry, entry], "listed twice"))):
+        changed = json.loads(json.dumps(spec))
+        changed["name"] = "test_dw"
+        changed["torch_aoti"]["fp8_depthwise"] = form
+        changed["torch_aoti"].pop("fp8_triton_pointwise")
+        if table is not None:
+            changed["torch_aoti"]["fp8_triton_pointwise"] = table
+        root = tmp_path / f"table-{case}"
+        (root / "test_dw").mkdir(parents=True)
+        (root / "test_dw" / "family.json").write_text(json.dumps(changed))
+        shutil.copy(xception.path / "class_ids.txt", root / "test_dw" / "class_ids.txt")
+        with families_path(root):
+            if problem is None:
+                assert load_family("test_dw").torch_aoti_fp8_triton_pointwise == {
+                    (64, 128, "raw"): (64, 128, 64, 4, 4, 8)}
             else:
                 with pytest.raises(FamilyError, match=problem):
                     load_family("test_dw")
@@ -285,16 +324,17 @@ def test_the_depthwise_form_is_read_from_the_family_recorded_and_compared(tmp_pa
 
 def test_the_pointwise_benchmark_measures_the_layers_the_engine_has(graphs_torch_model,
                                                                     xception_fp8):
-    """benchmarks/pointwise_kernel_bench.py's layer list (whose measurements fill
-    ``TRITON_POINTWISE``) is timm_xception's stride-1 FP8 1x1 layers with the epilogue
-    the channels_last "triton" form gives each: read off that form here, at 299x299."""
+    """benchmarks/pointwise_kernel_bench.py's layer list (whose measurements fill the
+    family's ``torch_aoti.fp8_triton_pointwise``) is timm_xception's stride-1 FP8 1x1
+    layers with the epilogue the channels_last "triton" form gives each: read off that
+    form here, at 299x299."""
     import importlib
     import sys
     from collections import Counter
     from pathlib import Path
 
     from bundler.targets.torch_aoti.model import (Fp8Pointwise, SkipAddBlock,
-                                                  TRITON_POINTWISE, rewrite_channels_last)
+                                                  rewrite_channels_last)
 
     bench_dir = str(Path(__file__).resolve().parents[1] / "benchmarks")
     if bench_dir not in sys.path:
@@ -320,4 +360,5 @@ def test_the_pointwise_benchmark_measures_the_layers_the_engine_has(graphs_torch
             found[(m.cin, m.cout, sides[id(m)], kind)] += 1
     assert found == Counter({(a, b, s, k): n for a, b, s, k, n in bench.XCEPTION_POINTWISE})
     # the table names only layers the engine has, with an epilogue they have
-    assert set(TRITON_POINTWISE) <= {(a, b, k) for a, b, _s, k in found}
+    table = load_family("timm_xception").torch_aoti_fp8_triton_pointwise
+    assert table and set(table) <= {(a, b, k) for a, b, _s, k in found}

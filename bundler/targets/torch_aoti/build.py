@@ -147,7 +147,9 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
                  max_batch: int | None = None, layout: str = "nhwc",
                  fp8_conv: str = "im2col", hook=None, channels_last: bool = False,
                  small_batch_pointwise: str = "gemm",
-                 depthwise: str = "cudnn") -> tuple[torch.nn.Module, dict]:
+                 depthwise: str = "cudnn",
+                 triton_pointwise: Mapping[tuple[int, int, str], tuple] | None = None
+                 ) -> tuple[torch.nn.Module, dict]:
     """The module to export (fp32 NCHW in, fp32 out) and its fp8 padding record.
 
     ``input_shape`` and ``max_batch`` (both or neither): rowwise FP8 GEMMs then share one
@@ -166,7 +168,9 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
     model as it is in channels_last memory format, the torch.compile user's form
     (family.json ``torch_aoti.fp16_layout``); for fp8, that model with its FP8 layers on
     the NHWC view of their input (``rewrite.rewrite_channels_last``, family.json
-    ``torch_aoti.fp8_layout``; ``depthwise``: its ``CHANNELS_LAST_DEPTHWISE`` form).
+    ``torch_aoti.fp8_layout``; ``depthwise``: its ``CHANNELS_LAST_DEPTHWISE`` form;
+    ``triton_pointwise``: the 1x1 layers its "triton-skip" form runs on the Triton GEMM,
+    family.json ``torch_aoti.fp8_triton_pointwise``).
     ``small_batch_pointwise``: how the FP8 1x1 convolutions (the Linear layers of an
     "as_is" family) run in a static-batch graph of a small batch
     (``rewrite.SMALL_BATCH_POINTWISE``).
@@ -224,7 +228,8 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
             torch_model, dtype, fp8=dense,
             fp8_depthwise={p: s for p, s in (fp8 or {}).items() if p not in dense},
             fast_accum=fast_accum, fp8_gemm=fp8_gemm, fp8_rows=rows, fp8_conv=fp8_conv,
-            small_batch_pointwise=small_batch_pointwise, depthwise=depthwise)
+            small_batch_pointwise=small_batch_pointwise, depthwise=depthwise,
+            triton_pointwise=triton_pointwise)
         return rewrite.EngineModule(body, dtype, False, True), padding
     if not nhwc:
         import copy
@@ -460,7 +465,9 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
                  static_batches: Sequence[int] = (),
                  small_batch_pointwise: str = "gemm",
                  small_batch_layout: str | None = None,
-                 depthwise: str = "cudnn") -> tuple[bytes, dict]:
+                 depthwise: str = "cudnn",
+                 triton_pointwise: Mapping[tuple[int, int, str], tuple] | None = None
+                 ) -> tuple[bytes, dict]:
     """Compile one package from a torch model; returns (package bytes, engine details).
 
     ``fp8`` maps *module paths* to (activation scale, weight scales); ``build_target``
@@ -482,7 +489,7 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
     was the faster at batch 32 and the NHWC rewrite at batch 1, where cuDNN's depthwise
     convolutions cost more than the rewrite's fused slices). ``depthwise``: the
     channels_last fp8 form's depthwise convolutions (``model.CHANNELS_LAST_DEPTHWISE``,
-    family.json ``torch_aoti.fp8_depthwise``).
+    family.json ``torch_aoti.fp8_depthwise``); ``triton_pointwise``: ``engine_model``'s.
     """
     log = log or (lambda _msg: None)
     check_host(device=device, precision=precision)
@@ -504,7 +511,7 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
                                    fp8_conv=fp8_conv, hook=hook,
                                    channels_last=channels_last and not nhwc,
                                    small_batch_pointwise=small_batch_pointwise,
-                                   depthwise=depthwise)
+                                   depthwise=depthwise, triton_pointwise=triton_pointwise)
     small_modules = {}
     small_form = small_batch_form(small_batch_layout, precision, static,
                                   channels_last=channels_last and not nhwc, layout=layout,
@@ -845,6 +852,7 @@ def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] |
                                  small_batch_pointwise=family.torch_aoti_fp8_pointwise_small_batch,
                                  small_batch_layout=family.torch_aoti_small_batch_layout,
                                  depthwise=depthwise_form(family, precision,
-                                                          context.variant))
+                                                          context.variant),
+                                 triton_pointwise=family.torch_aoti_fp8_triton_pointwise)
     return TargetBuild(backend=BACKEND, member=MEMBER, engine_bytes=data, details=details,
                        tag=BACKEND)

@@ -438,7 +438,7 @@ class Fp8Pointwise(Fp8Gemm):
     def run_on_triton(self, tiles: tuple[int, ...]) -> None:
         """Run the layer on ``kernels/fp8_conv.py``'s implicit GEMM with ``tiles`` (an
         ``Fp8ConvConfig``'s fields) at every batch that is not small, instead of
-        ``torch._scaled_mm`` (``TRITON_POINTWISE``: where it measured faster). Stride 1."""
+        ``torch._scaled_mm`` (``_pointwise_on_triton``: where it measured faster). Stride 1."""
         if self.stride != (1, 1):
             raise UsageError(f"the Triton pointwise form takes stride 1, not {self.stride}")
         self.triton_tiles = tuple(int(t) for t in tiles)
@@ -724,8 +724,8 @@ class SkipAddBlock(nn.Module):
 
     Why: in the channels_last fp8 form the block's add is a pass of its own after
     ``torch._scaled_mm`` (its output read back with the shortcut and the sum written).
-    Where the Triton kernel is the faster GEMM for the layer anyway (``TRITON_POINTWISE``),
-    the add comes free in its epilogue. ``rewrite_channels_last(depthwise="triton-skip")``
+    Where the Triton kernel is the faster GEMM for the layer anyway (the family's
+    ``torch_aoti.fp8_triton_pointwise``), the add comes free in its epilogue. ``rewrite_channels_last(depthwise="triton-skip")``
     puts the blocks that qualify (``applies``) in this form."""
 
     def __init__(self, block: nn.Module, tiles: tuple[int, ...]) -> None:
@@ -763,32 +763,18 @@ class SkipAddBlock(nn.Module):
         return y.permute(0, 3, 1, 2)
 
 
-#: The FP8 1x1 layers of the channels_last form that run on the Triton implicit GEMM
-#: instead of ``torch._scaled_mm`` under ``rewrite_channels_last(depthwise="triton-skip")``,
-#: by (in channels, out channels, epilogue): "raw" (the GEMM's output read by the next
-#: depthwise kernel) or "skip" (the block's last layer, its shortcut added in the epilogue,
-#: ``SkipAddBlock``) -> the kernel's tiles (``kernels.fp8_conv.Fp8ConvConfig`` fields).
-#: Measured, per layer shape with its epilogue, cuBLASLt (torch.compile'd as the engine runs
-#: it) against the Triton kernel's best tiles: timm_xception at 299x299, batch 32, NVIDIA
-#: H200, torch 2.11 / triton 3.6 (``benchmarks/pointwise_kernel_bench.py``,
-#: docs/measurements/h200-2026-12-04/pointwise-layers.log); the comment: Triton's ms, then
-#: cuBLASLt's. Only where Triton won: cuBLASLt stays the faster on the 728-channel layers
-#: (0.61-0.87x) and on 128->128 and 256->256 without the add. Another GPU or network:
-#: measure again.
-TRITON_POINTWISE: dict[tuple[int, int, str], tuple[int, ...]] = {
-    (64, 128, "raw"): (64, 128, 64, 4, 4, 8),       # @150: 0.0858, cuBLASLt 0.1039
-    (128, 128, "skip"): (64, 128, 64, 4, 4, 8),     # @75: 0.0416, cuBLASLt + add 0.0696
-    (128, 256, "raw"): (64, 128, 64, 4, 4, 8),      # @75: 0.0545, cuBLASLt 0.0567
-    (256, 256, "skip"): (64, 128, 64, 4, 4, 8),     # @38: 0.0307, cuBLASLt + add 0.0400
-    (1024, 1024, "skip"): (256, 128, 64, 8, 3, 8),  # @10: 0.0161, cuBLASLt + add 0.0179
-}
-
-
 def _pointwise_on_triton(body: nn.Module, table: Mapping[tuple[int, int, str], tuple]
                          ) -> dict[str, int]:
     """The layers of ``body`` that ``table`` names run on the Triton kernel: the blocks
     whose last layer it names as "skip" become ``SkipAddBlock``s, the GEMMs that hand over
-    their raw output it names as "raw" switch kernels. How many of each."""
+    their raw output it names as "raw" switch kernels. How many of each.
+
+    ``table``: (in channels, out channels, "raw" or "skip") -> the kernel's tiles
+    (``kernels.fp8_conv.Fp8ConvConfig`` fields); a family's ``torch_aoti.
+    fp8_triton_pointwise``, measured per layer shape with its epilogue against cuBLASLt
+    (``benchmarks/pointwise_kernel_bench.py``): on the H200 the Triton kernel won on
+    timm_xception's narrow entry layers (up to 1.67x with the skip add) and lost on its
+    728-channel ones (0.61-0.87x), docs/measurements/h200-2026-12-04."""
     blocks = []
     for name, m in body.named_modules():
         if name and SkipAddBlock.applies(m):
@@ -1065,8 +1051,9 @@ def rewrite_nhwc(model: torch.nn.Module, dtype: torch.dtype, *,
 #: ROW_STRIP_CONFIG``: each input row loaded once instead of three times; 3% slower than
 #: "triton" over the 728x19x19 layers on the H200, kept to compare) or "triton-skip"
 #: ("triton", and the 1x1 layers that measured faster on the Triton implicit GEMM than on
-#: cuBLASLt run on it, a block's last one with the skip add in its epilogue:
-#: ``TRITON_POINTWISE``, ``SkipAddBlock``); family.json ``torch_aoti.fp8_depthwise``.
+#: cuBLASLt run on it, a block's last one with the skip add in its epilogue: the family's
+#: ``torch_aoti.fp8_triton_pointwise``, ``SkipAddBlock``); family.json
+#: ``torch_aoti.fp8_depthwise``.
 CHANNELS_LAST_DEPTHWISE = TORCH_AOTI_FP8_DEPTHWISE
 
 
@@ -1118,12 +1105,17 @@ def rewrite_channels_last(model: torch.nn.Module, dtype: torch.dtype, *,
     The arguments mean what they mean for ``rewrite_nhwc``; channel counts are not
     carried padded (each FP8 layer pads into its quantize and slices its output).
     ``triton_pointwise``: "triton-skip"'s table of the 1x1 layers on the Triton kernel
-    (default ``TRITON_POINTWISE``; a benchmark passes its own).
+    (``_pointwise_on_triton``; family.json ``torch_aoti.fp8_triton_pointwise``).
     """
     if depthwise not in CHANNELS_LAST_DEPTHWISE:
         raise UsageError(f"depthwise form {depthwise!r}: choose one of "
                          f"{', '.join(CHANNELS_LAST_DEPTHWISE)}")
     fp8, fp8_depthwise = dict(fp8 or {}), dict(fp8_depthwise or {})
+    if depthwise == "triton-skip" and fp8 and not triton_pointwise:
+        raise UsageError("depthwise form triton-skip runs the 1x1 layers of a table on the "
+                         "Triton GEMM, and none was given: set the family's "
+                         "torch_aoti.fp8_triton_pointwise (benchmarks/pointwise_kernel_bench.py "
+                         "measures it), or use depthwise triton")
     if depthwise in TORCH_AOTI_TRITON_DEPTHWISE and fp8_depthwise:
         raise UsageError("depthwise form triton writes e4m3 from fp16 depthwise convolutions; "
                          "the fp8-depthwise recipe quantizes them itself: use cudnn or slices")
@@ -1175,9 +1167,8 @@ def rewrite_channels_last(model: torch.nn.Module, dtype: torch.dtype, *,
     if depthwise in TORCH_AOTI_TRITON_DEPTHWISE:
         _relus_into_depthwise(body, replaced)
     _rewrite_finish(body, replaced, problems, dtype)     # the model's own leaves: to dtype
-    if depthwise == "triton-skip":
-        _pointwise_on_triton(body, TRITON_POINTWISE if triton_pointwise is None
-                             else triton_pointwise)
+    if depthwise == "triton-skip" and fp8:
+        _pointwise_on_triton(body, triton_pointwise)
     return body.to(memory_format=torch.channels_last).eval().requires_grad_(False)
 
 
