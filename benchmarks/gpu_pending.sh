@@ -15,6 +15,11 @@
 #       cuBLASLt or the Triton kernel (skip adds in its epilogue), per layer shape and tile
 #       (pointwise_kernel_bench.py), then inductor_fp8_bench.py fp16, fp8 and fp8-dwskip at
 #       static batch 32
+#   benchmarks/gpu_pending.sh cudnn-fp8 OUT_DIR   # ~5 min, no bundles: ResNet-50's FP8
+#       convolutions on cuDNN's own FP8 kernels (the cuDNN frontend's Python graph API) next to
+#       cuDNN fp16, im2col and the Triton kernel, per layer (fp8_conv_bench.py; never measured:
+#       the earlier runs had no frontend). Needs the nvidia-cudnn-frontend wheel for cp312 in
+#       the carried wheel folder (pip download nvidia-cudnn-frontend ...)
 #   benchmarks/gpu_pending.sh build OUT_DIR      # the uint8-input fp16 and fp8 bundles into
 #       /tmp/pending (~200 s; reused while the machine stays warm)
 #   benchmarks/gpu_pending.sh overhead OUT_DIR   # issue 14: Model.infer / with_copies,
@@ -38,8 +43,8 @@
 #
 # Logs: OUT_DIR/<step>.log. Each step prints as it goes and has its own timeout.
 set -u
-what=${1:?usage: $0 dw|dw-gather|skip|build|overhead|serve|pair OUT_DIR}
-out=${2:?usage: $0 dw|dw-gather|skip|build|overhead|serve|pair OUT_DIR}
+what=${1:?usage: $0 dw|dw-gather|skip|cudnn-fp8|build|overhead|serve|pair OUT_DIR}
+out=${2:?usage: $0 dw|dw-gather|skip|cudnn-fp8|build|overhead|serve|pair OUT_DIR}
 mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
@@ -68,6 +73,11 @@ skip)   # timm_xception's 1x1 FP8 layers: cuBLASLt or the Triton kernel per laye
   step pointwise-layers 240 python3 benchmarks/pointwise_kernel_bench.py --iters 100
   step skip-model 330 python3 benchmarks/inductor_fp8_bench.py --family timm_xception \
     --static --batch-sizes 32 --variants fp16,fp8,fp8-dwskip --iters 100 --budget-s 300
+  ;;
+cudnn-fp8)   # issue 18: cuDNN's own FP8 convolution (cuDNN frontend) on ResNet-50's layers
+  step cudnn-probe 60 python3 -c "import cudnn; print('cuDNN frontend', cudnn.__version__, 'backend', cudnn.backend_version())"
+  step cudnn-fp8 260 python3 benchmarks/fp8_conv_bench.py --configs default --compile-kinds '' \
+    --budget-s 230 --iters 50
   ;;
 build)   # the uint8 pair alone (serve and overhead reuse it while the machine is warm)
   step build 330 env INPUTS=uint8 bash -c '. benchmarks/gpu_common.sh; make_parallel "$0" \
