@@ -75,7 +75,7 @@ skip)   # timm_xception's 1x1 FP8 layers: cuBLASLt or the Triton kernel per laye
     --static --batch-sizes 32 --variants fp16,fp8,fp8-dwskip --iters 100 --budget-s 300
   ;;
 cudnn-fp8)   # issue 18: cuDNN's own FP8 convolution (cuDNN frontend) on ResNet-50's layers
-  step cudnn-probe 60 python3 -c "import cudnn; print('cuDNN frontend', cudnn.__version__, 'backend', cudnn.backend_version())"
+  step cudnn-probe 60 python3 -c "import torch, cudnn; print('cuDNN frontend', cudnn.__version__, 'backend', cudnn.backend_version())"
   step cudnn-fp8 260 python3 benchmarks/fp8_conv_bench.py --configs default --compile-kinds '' \
     --budget-s 230 --iters 50
   ;;
