@@ -15,6 +15,13 @@ D2H), median of ``--iterations``. The bundles must hold the same weights (checke
 ms, peer ms / bundle ms (> 1: the bundle is faster) and first bundle ms / bundle ms.
 `benchmarks/gpu_static_batches.sh` builds the bundles and runs this on the H200.
 
+``--profile``: after the timings, a kernel profile (``benchmarks/kernel_profile.py``: time by
+kind and the top kernels, plain runs without CUDA graphs) of each bundle's engine and of the
+peer at each batch size. Why: timm_xception's fp16 bundle and the peer are the same model
+in the same form, yet the bundle ran 0.95-0.97x the peer at batch 32 on some H200s
+(docs/measurements/h200-2026-12-04) while under torch.compile the bundle's module was as
+fast as the peer; the profiles say which kernels differ.
+
 Without a GPU the bundles run on their CPU engine and the peer is the fp32 eager model,
 timed per ``infer`` call (boundary ``engine``): the script runs, its ratios say little.
 """
@@ -53,6 +60,33 @@ def peer_times(peer, batch: int, shape: tuple[int, ...], timing: dict) -> dict[s
     return {"engine": cpu_times(lambda: peer.infer(x), timing)}
 
 
+def profile_engine(runner, label: str, sizes: list[int], rows: int) -> None:
+    """Kernel profile of a GPU runner's engine on its own device input, each batch size,
+    without its CUDA graphs (the profiler then sees each kernel)."""
+    from kernel_profile import kernel_table
+
+    graphs, runner.use_cuda_graphs = runner.use_cuda_graphs, False
+    try:
+        for b in sizes:
+            kernel_table(lambda: runner.run_device(b), f"{label}, batch {b}", rows)
+    finally:
+        runner.use_cuda_graphs = graphs
+
+
+def profile_peer(peer, shape: tuple[int, ...], sizes: list[int], rows: int) -> None:
+    """The same for the torch.compile peer: its compiled function, plain runs."""
+    import numpy as np
+    import torch
+
+    from kernel_profile import kernel_table
+
+    for b in sizes:
+        peer.infer(np.zeros((b, *shape), np.float32))   # compiled and warmed up for b
+        x = torch.zeros((b, *shape), device="cuda")
+        with torch.no_grad():
+            kernel_table(lambda: peer.fn(x), f"peer, batch {b}", rows)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("bundles", nargs="+", type=Path)
@@ -62,6 +96,9 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile each engine and the peer by kernel (GPU)")
+    parser.add_argument("--rows", type=int, default=15, help="top kernels per profile")
     args = parser.parse_args()
 
     import numpy as np
@@ -95,12 +132,16 @@ def main() -> int:
                              "median_ms": statistics.median(times) * 1e3,
                              "max_abs_diff_vs_first": diff})
         labels.append(label)
+        if args.profile and getattr(model.runner, "run_device", None) is not None:
+            profile_engine(model.runner, label, sizes, args.rows)
         model.close()
     print(f"peer {args.peer}: compiling", flush=True)
     peer = make_peer(args.peer, peer_model(manifest))
     shape = tuple(int(d) for d in manifest["inputs"][0]["shape"][1:])
     peer_ms = {(boundary, b): statistics.median(times) * 1e3 for b in sizes
                for boundary, times in peer_times(peer, b, shape, timing).items()}
+    if args.profile and hasattr(peer, "fn"):
+        profile_peer(peer, shape, sizes, args.rows)
     first_ms = {(r["boundary"], r["batch"]): r["median_ms"] for r in rows
                 if r["bundle"] == labels[0]}
     print(f"\n{'bundle':<58} {'batch':>5} {'boundary':<13} {'static':>6} {'ms':>8} "

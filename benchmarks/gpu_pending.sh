@@ -20,6 +20,11 @@
 #       cuDNN fp16, im2col and the Triton kernel, per layer (fp8_conv_bench.py; never measured:
 #       the earlier runs had no frontend). Needs the nvidia-cudnn-frontend wheel for cp312 in
 #       the carried wheel folder (pip download nvidia-cudnn-frontend ...)
+#   benchmarks/gpu_pending.sh fp16-peer OUT_DIR   # ~6 min: timm_xception's fp16 bundle
+#       (float32 input, built into /tmp/pending) against the torch.compile peer at batch 32,
+#       timed and profiled by kernel (aoti_static_vs_peer.py --profile): why the bundle ran
+#       0.96x the peer there in the eighteenth session while its module under torch.compile
+#       matched it
 #   benchmarks/gpu_pending.sh build OUT_DIR      # the uint8-input fp16 and fp8 bundles into
 #       /tmp/pending (~200 s; reused while the machine stays warm)
 #   benchmarks/gpu_pending.sh overhead OUT_DIR   # issue 14: Model.infer / with_copies,
@@ -43,8 +48,8 @@
 #
 # Logs: OUT_DIR/<step>.log. Each step prints as it goes and has its own timeout.
 set -u
-what=${1:?usage: $0 dw|dw-gather|skip|cudnn-fp8|build|overhead|serve|pair OUT_DIR}
-out=${2:?usage: $0 dw|dw-gather|skip|cudnn-fp8|build|overhead|serve|pair OUT_DIR}
+what=${1:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|build|overhead|serve|pair OUT_DIR}
+out=${2:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|build|overhead|serve|pair OUT_DIR}
 mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
@@ -78,6 +83,12 @@ cudnn-fp8)   # issue 18: cuDNN's own FP8 convolution (cuDNN frontend) on ResNet-
   step cudnn-probe 60 python3 -c "import torch, cudnn; print('cuDNN frontend', cudnn.__version__, 'backend', cudnn.backend_version())"
   step cudnn-fp8 260 python3 benchmarks/fp8_conv_bench.py --configs default --compile-kinds '' \
     --budget-s 230 --iters 50
+  ;;
+fp16-peer)   # issue 18: timm_xception's fp16 bundle against the peer at batch 32, by kernel
+  step fp16-build 300 env FAMILY=timm_xception bash -c '. benchmarks/gpu_common.sh; \
+    make_parallel "$0" "fp16:--precision fp16"' "$bundles"
+  step fp16-peer 240 python3 benchmarks/aoti_static_vs_peer.py \
+    "$bundles"/timm_xception-fp16-1.0.0-torch-aoti.bundle --batch-sizes 32 --profile
   ;;
 build)   # the uint8 pair alone (serve and overhead reuse it while the machine is warm)
   step build 330 env INPUTS=uint8 bash -c '. benchmarks/gpu_common.sh; make_parallel "$0" \
