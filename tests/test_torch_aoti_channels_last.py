@@ -328,18 +328,13 @@ def test_the_pointwise_benchmark_measures_the_layers_the_engine_has(graphs_torch
     family's ``torch_aoti.fp8_triton_pointwise``) is timm_xception's stride-1 FP8 1x1
     layers with the epilogue the channels_last "triton" form gives each: read off that
     form here, at 299x299."""
-    import importlib
-    import sys
     from collections import Counter
-    from pathlib import Path
 
+    from benchmark_modules import load_benchmark
     from bundler.targets.torch_aoti.model import (Fp8Pointwise, SkipAddBlock,
                                                   rewrite_channels_last)
 
-    bench_dir = str(Path(__file__).resolve().parents[1] / "benchmarks")
-    if bench_dir not in sys.path:
-        sys.path.insert(0, bench_dir)
-    bench = importlib.import_module("pointwise_kernel_bench")
+    bench = load_benchmark("pointwise_kernel_bench")
     body = rewrite_channels_last(graphs_torch_model, torch.float16, fp8=xception_fp8,
                                  emulate=True, depthwise="triton")
     last = {id(m.stack[-1].conv_pw.layer) for m in body.modules() if SkipAddBlock.applies(m)}
