@@ -38,6 +38,23 @@ def xception_fp8(graphs_fp8, graphs_torch_model, graphs_act_scales, graphs_weigh
     return {paths[n]: s for n, s in layers.items()}
 
 
+def _write_family(root, name: str, aoti: dict, drop: tuple[str, ...] = ()):
+    """timm_xception's family.json with its ``torch_aoti`` settings updated by ``aoti``
+    (``drop``: settings removed first), written as family ``name`` under ``root`` (with the
+    class ids); returns ``root``, the folder to put on ``families_path``."""
+    xception = load_family("timm_xception")
+    spec = json.loads((xception.path / "family.json").read_text())
+    spec["name"] = name
+    for key in drop:
+        spec["torch_aoti"].pop(key)
+    spec["torch_aoti"].update(aoti)
+    folder = root / name
+    folder.mkdir(parents=True)
+    (folder / "family.json").write_text(json.dumps(spec))
+    shutil.copy(xception.path / "class_ids.txt", folder / "class_ids.txt")
+    return root
+
+
 def _run(body, x, nhwc: bool, channels_last: bool = False):
     from bundler.targets.torch_aoti.model import EngineModule
 
@@ -183,20 +200,12 @@ def test_the_form_is_read_from_the_family_and_recorded(tmp_path):
     from bundler.families import FamilyError
     from bundler.targets.torch_aoti.build import engine_details, engine_form, layout_description
 
-    xception = load_family("timm_xception")
-    spec = json.loads((xception.path / "family.json").read_text())
     for layout, problem in (("channels_last", None), ("nchw", "fp8_layout"),
                             ("channels_last+fused", "a form of its own")):
-        changed = json.loads(json.dumps(spec))
-        changed["name"] = "test_cl"
-        changed["torch_aoti"]["fp8_layout"] = layout.split("+")[0]
+        aoti = {"fp8_layout": layout.split("+")[0]}
         if layout.endswith("fused"):
-            changed["torch_aoti"]["fp8_conv"] = "triton-fused"
-        folder = tmp_path / layout / "test_cl"
-        folder.mkdir(parents=True)
-        (folder / "family.json").write_text(json.dumps(changed))
-        shutil.copy(xception.path / "class_ids.txt", folder / "class_ids.txt")
-        with families_path(tmp_path / layout):
+            aoti["fp8_conv"] = "triton-fused"
+        with families_path(_write_family(tmp_path / layout, "test_cl", aoti)):
             if problem is None:
                 family = load_family("test_cl")
                 assert family.torch_aoti_fp8_layout == "channels_last"
@@ -250,19 +259,13 @@ def test_the_depthwise_form_is_read_from_the_family_recorded_and_compared(tmp_pa
     xception = load_family("timm_xception")
     # H200: "triton" 1.32x cuDNN + quantize; "triton-skip" 0.05 ms less at batch 32
     assert xception.torch_aoti_fp8_depthwise == "triton-skip"
-    spec = json.loads((xception.path / "family.json").read_text())
     for form, layout, problem in (("cudnn", "channels_last", None),
                                   ("triton", "channels_last", None),
                                   ("winograd", "channels_last", "must be one of"),
                                   ("triton", "nhwc", "form of the channels_last fp8 model")):
-        changed = json.loads(json.dumps(spec))
-        changed["name"] = "test_dw"
-        changed["torch_aoti"].update(fp8_layout=layout, fp8_depthwise=form)
-        changed["torch_aoti"].pop("fp8_triton_pointwise")     # triton-skip's (below)
-        root = tmp_path / f"{form}-{layout}"
-        (root / "test_dw").mkdir(parents=True)
-        (root / "test_dw" / "family.json").write_text(json.dumps(changed))
-        shutil.copy(xception.path / "class_ids.txt", root / "test_dw" / "class_ids.txt")
+        root = _write_family(tmp_path / f"{form}-{layout}", "test_dw",
+                             {"fp8_layout": layout, "fp8_depthwise": form},
+                             drop=("fp8_triton_pointwise",))     # triton-skip's (below)
         with families_path(root):
             if problem is None:
                 assert load_family("test_dw").torch_aoti_fp8_depthwise == form
@@ -280,16 +283,11 @@ def test_the_depthwise_form_is_read_from_the_family_recorded_and_compared(tmp_pa
             ("triton-skip", [{**entry, "epilogue": "relu"}], r"fp8_triton_pointwise\[0\]"),
             ("triton-skip", [{**entry, "tiles": [64, 128]}], r"fp8_triton_pointwise\[0\]"),
             ("triton-skip", [entry, entry], "listed twice"))):
-        changed = json.loads(json.dumps(spec))
-        changed["name"] = "test_dw"
-        changed["torch_aoti"]["fp8_depthwise"] = form
-        changed["torch_aoti"].pop("fp8_triton_pointwise")
+        aoti = {"fp8_depthwise": form}
         if table is not None:
-            changed["torch_aoti"]["fp8_triton_pointwise"] = table
-        root = tmp_path / f"table-{case}"
-        (root / "test_dw").mkdir(parents=True)
-        (root / "test_dw" / "family.json").write_text(json.dumps(changed))
-        shutil.copy(xception.path / "class_ids.txt", root / "test_dw" / "class_ids.txt")
+            aoti["fp8_triton_pointwise"] = table
+        root = _write_family(tmp_path / f"table-{case}", "test_dw", aoti,
+                             drop=("fp8_triton_pointwise",))
         with families_path(root):
             if problem is None:
                 assert load_family("test_dw").torch_aoti_fp8_triton_pointwise == {
@@ -298,15 +296,10 @@ def test_the_depthwise_form_is_read_from_the_family_recorded_and_compared(tmp_pa
                 with pytest.raises(FamilyError, match=problem):
                     load_family("test_dw")
     # each setting is checked on its own: both problems are reported
-    changed = json.loads(json.dumps(spec))
-    changed["name"] = "test_dw"
-    changed["torch_aoti"].update(fp8_layout="channels_last", fp8_conv="triton-fused",
-                                 fp8_depthwise="winograd")
-    root = tmp_path / "both" / "test_dw"
-    root.mkdir(parents=True)
-    (root / "family.json").write_text(json.dumps(changed))
-    shutil.copy(xception.path / "class_ids.txt", root / "class_ids.txt")
-    with families_path(root.parent), pytest.raises(FamilyError) as info:
+    root = _write_family(tmp_path / "both", "test_dw",
+                         {"fp8_layout": "channels_last", "fp8_conv": "triton-fused",
+                          "fp8_depthwise": "winograd"})
+    with families_path(root), pytest.raises(FamilyError) as info:
         load_family("test_dw")
     assert any("a form of its own" in p for p in info.value.problems), info.value.problems
     assert any("fp8_depthwise: must be one of" in p for p in info.value.problems)

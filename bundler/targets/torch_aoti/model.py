@@ -463,25 +463,18 @@ class Fp8Pointwise(Fp8Gemm):
         ``kernels/fp8_conv.py``'s implicit GEMM (``SkipAddBlock``): the GEMM's output is not
         written, read back and written again by an add pass. Elsewhere (the CPU tests) the
         same arithmetic in torch ops. Needs ``run_on_triton`` (its tiles)."""
+        if x.is_cuda and not self.emulate:
+            return self.triton_gemm(x, skip)
         n, h, w, _ = skip.shape
         q = self.quantized_rows(x)
-        if x.is_cuda and not self.emulate:
-            from bundler.targets.torch_aoti.kernels.fp8_conv import (Fp8ConvConfig,
-                                                                     fp8_conv_fused)
-
-            y, _ = fp8_conv_fused(q.reshape(n, h, w, self.kpad), self.weight_fp8,
-                                  self.conv_scale, self.bias_out, self.out, (1, 1), (1, 1),
-                                  (0, 0), residual=skip,
-                                  config=Fp8ConvConfig(*self.triton_tiles))
-            return y
         y = (q.float() @ self.weight_fp8.float().t())[:, :self.out]
         y = (y * self.conv_scale[:self.out] + self.bias_out).to(torch.float16)
         y = (y.float() + skip.reshape(-1, self.out).float()).to(torch.float16)
         return y.reshape(n, h, w, self.out)
 
-    def triton_gemm(self, x: torch.Tensor) -> torch.Tensor:
-        """``run_on_triton``'s path: the fused op without its extra epilogues (fp16 out).
-        The fused op, not the plain one: a graph launching the plain op next to the fused
+    def triton_gemm(self, x: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:
+        """``run_on_triton``'s path: the fused op, fp16 out, ``skip`` (``with_skip``) added
+        in its epilogue. The fused op, not the plain one: a graph launching the plain op next to the fused
         one (``SkipAddBlock``) failed under torch 2.11's Inductor on the H200 ("launcher()
         missing 2 required positional arguments: '_grid_1' and '_grid_2'",
         docs/measurements/h200-2026-12-04/skip-model-2.log); with the fused op alone, as
@@ -491,7 +484,8 @@ class Fp8Pointwise(Fp8Gemm):
         n, h, w, _ = x.shape
         q = self.quantized_rows(x).reshape(n, h, w, self.kpad)
         y, _ = fp8_conv_fused(q, self.weight_fp8, self.conv_scale, self.bias_out, self.out,
-                              (1, 1), (1, 1), (0, 0), config=Fp8ConvConfig(*self.triton_tiles))
+                              (1, 1), (1, 1), (0, 0), residual=skip,
+                              config=Fp8ConvConfig(*self.triton_tiles))
         return y if self.dtype == torch.float16 else y.to(self.dtype)
 
     def implicit_gemm(self, x: torch.Tensor) -> torch.Tensor:
@@ -725,8 +719,9 @@ class SkipAddBlock(nn.Module):
     Why: in the channels_last fp8 form the block's add is a pass of its own after
     ``torch._scaled_mm`` (its output read back with the shortcut and the sum written).
     Where the Triton kernel is the faster GEMM for the layer anyway (the family's
-    ``torch_aoti.fp8_triton_pointwise``), the add comes free in its epilogue. ``rewrite_channels_last(depthwise="triton-skip")``
-    puts the blocks that qualify (``applies``) in this form."""
+    ``torch_aoti.fp8_triton_pointwise``), the add comes free in its epilogue.
+    ``rewrite_channels_last(depthwise="triton-skip")`` puts the blocks that qualify
+    (``applies``) in this form."""
 
     def __init__(self, block: nn.Module, tiles: tuple[int, ...]) -> None:
         super().__init__()
