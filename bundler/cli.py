@@ -762,17 +762,24 @@ def _str_list(text: str) -> list[str]:
               help="Also measure what a user would run instead, in the same run: on a GPU the "
                    "timm model in fp16, channels_last, torch.compile (default mode), CUDA graph "
                    "replay, same boundaries; without one the fp32 eager model.")
+@click.option("--input", "input_dtype", default="float32", show_default=True,
+              type=click.Choice(["float32", "uint8"]),
+              help="What every bundle takes (`bundle make --input`), the fp32 reference "
+                   "included; with uint8 the peer takes the same pixels and normalizes them "
+                   "on the GPU, and with_copies copies 4x fewer bytes.")
 @click.option("--json", "as_json", is_flag=True, help="Print study.json to stdout.")
 @handle_errors
 def study(family, precisions, variants, batch_sizes, backend, out_dir, random_weights, seed,
           checkpoint, calib_data, calib_count, eval_data, eval_count, eval_stride, labels_from,
-          allow_calibration_images, no_reuse, peer, as_json) -> None:
+          allow_calibration_images, no_reuse, peer, input_dtype, as_json) -> None:
     """Build (or reuse) FAMILY's bundles and measure speed, size and quality side by side:
 
     \b
       bundle study timm_xception --random-weights --out study-cpu/
       bundle study timm_xception --backend tensorrt --variants fp8-depthwise \\
           --calib-data calib/ --eval-data val/ --out study-trt/
+      bundle study timm_xception --backend torch-aoti --peer torch-compile \\
+          --input uint8 --random-weights --out study-gpu/
 
     Writes study.json, study.md and study.png (with matplotlib) into --out.
     """
@@ -790,7 +797,8 @@ def study(family, precisions, variants, batch_sizes, backend, out_dir, random_we
         calib_count=calib_count, eval_data=eval_data, eval_count=eval_count,
         eval_stride=eval_stride, labels_from=labels_from,
         allow_calibration_overlap=allow_calibration_images, reuse=not no_reuse,
-        command=shlex.join(["bundle"] + sys.argv[1:]), progress=print_progress, peer=peer)
+        command=shlex.join(["bundle"] + sys.argv[1:]), progress=print_progress, peer=peer,
+        input_dtype=input_dtype)
     if as_json:
         from bundler.study_report import _jsonable
 

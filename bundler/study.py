@@ -20,6 +20,13 @@ target, weights (random seed, or checkpoint sha256), FP8 recipe digest, calibrat
 and data digest, reference inputs (count and source), trt-bundle version, and the
 versions of the packages that make the graph and engine (torch, timm, onnx,
 onnx-graphsurgeon, and tensorrt for plans). Anything else is rebuilt (and the reason kept).
+
+Input (``input_dtype``, `bundle study --input`): float32 studies bundles that take the
+preprocessed NCHW tensor; uint8 builds every bundle, the fp32 reference included, with uint8
+NHWC pixel input (`bundle make --input uint8`: the engine rescales and normalizes on its
+device), evaluates them on the same synthetic pictures as pixels, and gives the peer the same
+pixels (normalized inside its compiled function). The copies of a uint8 batch are 4x smaller,
+which is what a GPU service ships and what ``with_copies`` then measures.
 """
 
 from __future__ import annotations
@@ -80,7 +87,8 @@ class Planned:
 
 def plan_bundles(family, precisions: Sequence[str], variants: Sequence[str], target: str,
                  out_dir: Path, make_fields: dict) -> list[Planned]:
-    """fp32 first (the reference), then the precisions, then the variants."""
+    """fp32 first (the reference), then the precisions, then the variants (every one with
+    ``make_fields``' input dtype, the reference included)."""
     from bundler.make import MakeRequest
     from bundler.targets import bundle_name
 
@@ -98,7 +106,8 @@ def plan_bundles(family, precisions: Sequence[str], variants: Sequence[str], tar
         req = MakeRequest(family=family.name, precision=precision, variant=variant,
                           backend=target, out_dir=out_dir, replace_existing=True,
                           **make_fields)  # the study decides itself what to reuse
-        prefix = bundle_name(family.name, family.version, precision, variant, "")
+        prefix = bundle_name(family.name, family.version, precision, variant, "",
+                             make_fields.get("input_dtype", "float32"))
         planned.append(Planned(precision, variant, prefix, req))
     return planned
 
@@ -153,6 +162,7 @@ def reuse_mismatch(path: Path, family, req, target: str, source: dict,
         "precision": (m["precision"], req.precision),
         "variant": (m["variant"], req.variant),
         "engine target": (m["engine"]["backend"], target),
+        "input dtype": (m["inputs"][0]["dtype"], req.input_dtype),
         "trt-bundle version": (m["build"]["tool_version"], __version__),
     }
     if not same_source(m["source"], source):
@@ -306,7 +316,7 @@ class EvalInputs:
     """What every bundle is evaluated on: the data (or reference inputs) and the stress set."""
 
     description: dict
-    batches: Callable[[], object]  # () -> iterable of NCHW float32 batches
+    batches: Callable[[], object]  # () -> iterable of NCHW float32 (or NHWC uint8) batches
     labels: np.ndarray | None
     stress_names: tuple[str, ...]
     stress: np.ndarray
@@ -319,16 +329,19 @@ def eval_inputs(reference: Planned, eval_data, eval_count: int, eval_stride: int
     pictures without it."""
     from bundler.calibration.data import STUDY_EVALUATION, synthetic_calibration_set
     from bundler.evaluate import open_eval_data
-    from bundler.stress import stress_inputs
+    from bundler.stress import stress_inputs, stress_pixels
     from runtime_py.format import open_bundle
     from runtime_py.preprocess import Preprocessor
 
     with open_bundle(reference.path) as bundle:
         spec = bundle.preprocess
     shape = tuple(int(d) for d in reference.manifest["inputs"][0]["shape"][1:])
-    stress = stress_inputs(shape, spec)
+    pixels = bool(spec) and spec.get("dtype") == "uint8"
+    stress = stress_pixels(shape) if pixels else stress_inputs(shape, spec)
     if eval_data is None:
-        data = synthetic_calibration_set(shape, eval_count, seed=EVAL_SEED,
+        # the same pictures either way: a pixel input's (H, W, C) names them by (C, H, W)
+        chw = (shape[2], shape[0], shape[1]) if pixels else shape
+        data = synthetic_calibration_set(chw, eval_count, seed=EVAL_SEED,
                                          preprocess=Preprocessor(spec) if spec else None)
         desc = {"source": f"{data.source} (seeded synthetic pictures through the bundle's "
                           "preprocessing; seeds apart from calibration's and the reference "
@@ -455,7 +468,7 @@ def run_study(family: str, *, precisions: Sequence[str] = ("fp16", "fp8"),
               allow_calibration_overlap: bool = False,
               reuse: bool = True, timing: dict | None = None, eval_batch: int = 8,
               command: str | None = None, progress: Progress | None = None,
-              peer: str | None = None) -> dict:
+              peer: str | None = None, input_dtype: str = "float32") -> dict:
     """Build or reuse the bundles, measure them, write study.json, study.md (and study.png).
 
     ``peer`` (one of `bundler.peer.PEERS`) also measures what a user would run instead, in
@@ -464,16 +477,19 @@ def run_study(family: str, *, precisions: Sequence[str] = ("fp16", "fp8"),
     Counts default small for --random-weights (calibration 16, reference 4, eval 32) and
     to make's defaults otherwise (500, 8, 500). `timing` overrides `CPU_TIMING` /
     `GPU_TIMING` keys. `labels_from`: how per-class folders of `eval_data` map to class
-    indices (`bundler.class_labels`, as `bundle eval --labels-from`). Returns the study as
-    data (what study.json holds).
+    indices (`bundler.class_labels`, as `bundle eval --labels-from`). `input_dtype`: what
+    every bundle takes (module docstring: Input). Returns the study as data (what study.json
+    holds).
     """
     from bundler.evaluate import check_calibration_overlap
     from bundler.families import load_family
-    from bundler.make import choose_target
+    from bundler.make import INPUT_DTYPES, choose_target
     from bundler.study_report import write_report
     from runtime_py.format import open_bundle
 
     progress = progress or _noop
+    if input_dtype not in INPUT_DTYPES:
+        raise UsageError(f"--input {input_dtype!r}: choose one of {', '.join(INPUT_DTYPES)}")
     if eval_data is None and labels_from != "auto":
         raise UsageError(f"--labels-from {labels_from} labels the per-class folders of "
                          "--eval-data; pass --eval-data DIR, or leave --labels-from out")
@@ -491,7 +507,8 @@ def run_study(family: str, *, precisions: Sequence[str] = ("fp16", "fp8"),
     target = choose_target(backend)
     planned = plan_bundles(fam, precisions, variants, target, out, {
         "checkpoint": checkpoint, "random_weights": random_weights, "seed": seed,
-        "calib_data": calib_data, "calib_count": calib_count, "reference_count": reference_count})
+        "calib_data": calib_data, "calib_count": calib_count, "reference_count": reference_count,
+        "input_dtype": input_dtype})
 
     build_or_reuse(planned, fam, target, reuse, progress)
     reference = planned[0]
@@ -522,7 +539,8 @@ def run_study(family: str, *, precisions: Sequence[str] = ("fp16", "fp8"),
                      "checkpoint": str(checkpoint) if checkpoint else None,
                      "calibration": {"data": str(calib_data) if calib_data else "synthetic",
                                      "count": calib_count},
-                     "reference_count": reference_count, "timing": timing, "reuse": reuse},
+                     "reference_count": reference_count, "timing": timing, "reuse": reuse,
+                     "input_dtype": input_dtype},
         "reference": ref.record,
         "eval": inputs.description,
         "stress_inputs": list(inputs.stress_names),
@@ -535,8 +553,10 @@ def run_study(family: str, *, precisions: Sequence[str] = ("fp16", "fp8"),
 
         progress("peer", f"{peer}: batch sizes {', '.join(map(str, batch_sizes))}, then "
                          f"{inputs.description['images']} images")
+        with open_bundle(reference.path) as bundle:
+            spec = bundle.preprocess
         study["peer"] = measure_peer(peer, reference.manifest, checkpoint, batch_sizes, timing,
-                                     inputs, ref_logits, ref_stress)
+                                     inputs, ref_logits, ref_stress, preprocess=spec)
         study["peer_ratios"] = peer_ratios(bundles, study["peer"])
     progress("report", f"writing study.json, study.md and the plot into {out}")
     study["files"] = write_report(study, out)

@@ -86,6 +86,9 @@ def render_markdown(study: dict) -> str:
                 "Speed figures are meaningful (same graphs and engines); quality figures only "
                 "say that the precisions track fp32 on these inputs, not ImageNet accuracy.", ""]
     out += [f"Command: `{env['command'] or '(library call)'}`  ", f"Date: {env['date_utc']}", ""]
+    if s.get("input_dtype", "float32") == "uint8":
+        out += ["Input: uint8 NHWC pixels for every bundle and the peer (rescale and normalize "
+                "on the device): with_copies copies a quarter of the float32 bytes.", ""]
 
     out += ["## Speed ratio: fp16 time / fp8 time (> 1 means fp8 is faster)", ""]
     if study["ratios"]:

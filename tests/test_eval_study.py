@@ -7,6 +7,7 @@ fp32/fp16 graphs, so that the calibration-image refusal is tested on what make r
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -176,6 +177,10 @@ def test_reuse_needs_the_same_inputs(xception_bundles):
                             calib_count=16, reference_count=8)
     assert "reference inputs" in reuse_mismatch(path, family, more_refs, "onnxruntime",
                                                 expected_source(family, more_refs), None)
+    pixels = MakeRequest(family=family.name, precision="fp16", random_weights=True,
+                         calib_count=16, reference_count=4, input_dtype="uint8")
+    assert "input dtype differs ('float32' vs 'uint8')" in reuse_mismatch(
+        path, family, pixels, "onnxruntime", expected_source(family, pixels), None)
 
 
 def test_reuse_needs_the_static_batch_graphs_the_family_lists(xception_bundles, tmp_path):
@@ -284,6 +289,71 @@ def test_study_on_the_fixture_bundles(xception_bundles, tmp_path):
     else:
         assert (tmp_path / "study.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert matplotlib.__version__ in saved["environment"]["packages"]["matplotlib"]
+
+
+@pytest.mark.slow
+def test_a_uint8_study_builds_pixel_bundles_and_feeds_the_peer_the_same_pixels(tmp_path):
+    """`bundle study --input uint8`: every bundle (the fp32 reference too) takes uint8 NHWC
+    pixels, the evaluation pictures and stress set are pixels, and the peer normalizes the
+    same pixels itself, so it agrees with the pixel-input reference; a second run reuses the
+    bundles, and the float32 bundles of the same folder are not taken for them."""
+    from bundler.study import run_study
+
+    stages = []
+    kwargs = dict(precisions=("fp16",), batch_sizes=(2,), out_dir=tmp_path, random_weights=True,
+                  calib_count=16, reference_count=4, eval_count=4, command="pytest",
+                  timing={"warmup": 0, "min_calls": 1, "min_seconds": 0, "max_seconds": 0},
+                  progress=lambda stage, msg: stages.append((stage, msg)), peer="eager")
+    study = run_study("timm_xception", input_dtype="uint8", **kwargs)
+    builds = [m for s, m in stages if s == "build" and ": building (" in m]
+    assert len(builds) == 2 and "no earlier bundle" in builds[0] and study["settings"]["input_dtype"] == "uint8"
+    names = [Path(b["path"]).name for b in study["bundles"]]
+    assert names == ["timm_xception-fp32-uint8-1.0.0-onnxruntime.bundle",
+                     "timm_xception-fp16-uint8-1.0.0-onnxruntime.bundle"]
+    assert study["reference"]["kind"] == "fp32 bundle"
+    assert "black" in study["stress_inputs"] and "zeros" not in study["stress_inputs"]
+    fp16 = study["bundles"][1]
+    assert fp16["quality"]["nan_count"] == 0 and fp16["quality"]["top1_agreement"] >= 0.75
+    peer = study["peer"]
+    assert peer["input"] == "uint8" and "normalized on the host" in peer["note"]
+    assert peer["quality"]["top1_agreement"] == 1.0 and peer["quality"]["max_abs_diff"] < 1e-3
+    assert "Input: uint8 NHWC pixels" in (tmp_path / "study.md").read_text()
+
+    stages.clear()
+    again = run_study("timm_xception", input_dtype="uint8", **kwargs)
+    assert [s for s, _m in stages].count("reuse") == 2 and "build" not in dict(stages)
+    assert again["eval"]["digest"] == study["eval"]["digest"]
+    with pytest.raises(UsageError, match="--input 'int8'"):
+        run_study("timm_xception", input_dtype="int8", **kwargs)
+
+
+def test_the_pixel_peer_normalizes_as_the_bundles_head_does():
+    """The peer of a uint8 study gets NHWC pixels and normalizes them in its compiled
+    function: the same logits as the model on `Preprocessor.normalize`'s tensor (the
+    arithmetic the engine head and the host reference use); float32 input is cast only."""
+    import torch
+
+    from bundler.families import load_family
+    from bundler.peer import make_peer, peer_forward
+    from runtime_py.preprocess import Preprocessor, pixel_input_spec
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.AdaptiveAvgPool2d(1),
+                                torch.nn.Flatten()).eval()
+    pre = Preprocessor(pixel_input_spec(load_family("timm_xception").preprocessing_spec()))
+    pixels = np.random.default_rng(0).integers(0, 256, (2, 9, 7, 3), dtype=np.uint8)
+    with torch.no_grad():
+        want = model(torch.from_numpy(pre.normalize(pixels))).numpy()
+        got = peer_forward(model, torch.float32, pre.pixel_scale_bias)(torch.from_numpy(pixels))
+        assert got.dtype == torch.float32 and got.shape == (2, 4)
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-6)
+        floats = torch.from_numpy(pre.normalize(pixels))
+        np.testing.assert_array_equal(peer_forward(model, torch.float32)(floats).numpy(),
+                                      model(floats).numpy())
+    if not torch.cuda.is_available():     # the CPU peer: the same host arithmetic
+        peer = make_peer("torch-compile", model, pre.spec)
+        assert peer.host_dtype == "uint8"
+        np.testing.assert_allclose(peer.infer(pixels), want, rtol=1e-6, atol=1e-6)
 
 
 def test_time_model_uses_device_timings_when_the_runner_offers_them():
