@@ -186,6 +186,12 @@ def reuse_mismatch(path: Path, family, req, target: str, source: dict,
                                                       small_batch_form)
 
         options = m["engine"]["details"].get("compile_options", {})
+        # the Inductor options this build would pass (an older package timed its pointwise
+        # block sizes while compiling: rebuilt)
+        from bundler.targets.torch_aoti.build import DEFAULT_COMPILE_OPTIONS
+
+        for key, value in DEFAULT_COMPILE_OPTIONS.items():
+            checks[f"Inductor option {key}"] = (options.get("inductor", {}).get(key), value)
         # the family's torch_aoti.fp8_conv (or $TRT_BUNDLE_FP8_CONV) as this make would build
         # it: a bundle of another convolution form is rebuilt, not reused
         conv = (default_fp8_conv(None, family.torch_aoti_fp8_conv)

@@ -192,6 +192,7 @@ def test_reuse_needs_the_static_batch_graphs_the_family_lists(xception_bundles, 
     from bundler.families import load_family
     from bundler.make import MakeRequest
     from bundler.study import expected_source, reuse_mismatch
+    from bundler.targets.torch_aoti.build import DEFAULT_COMPILE_OPTIONS
     from bundler.writer import write_bundle
     from runtime_py.format import open_bundle
 
@@ -200,7 +201,8 @@ def test_reuse_needs_the_static_batch_graphs_the_family_lists(xception_bundles, 
         members = {name: bundle.read_member(name) for name in bundle.member_names}
     details = {"torch_version": str(torch.__version__), "cuda_version": None,
                "compute_capability": None, "device_name": "cpu", "device": "cpu",
-               "compile_options": {"layout": "nchw"}}
+               "compile_options": {"layout": "nchw",
+                                   "inductor": dict(DEFAULT_COMPILE_OPTIONS)}}
     body["engine"] = {"backend": "torch-aoti", "member": "engine.pt2", "details": details}
     path, _ = write_bundle(tmp_path / "x.bundle", body, {**members, "engine.pt2": b"pt2"})
     # a package of another model form (here the NHWC rewrite) is rebuilt, not reused
@@ -214,6 +216,12 @@ def test_reuse_needs_the_static_batch_graphs_the_family_lists(xception_bundles, 
     assert reuse_mismatch(path, family, req, "torch-aoti", source, None) is None
     assert "model form differs ('nhwc' vs 'nchw')" in reuse_mismatch(
         other_path, family, req, "torch-aoti", source, None)
+    # a package whose Inductor timed its pointwise block sizes (before 2026-12-04) is rebuilt
+    tuned = json.loads(json.dumps(body))
+    del tuned["engine"]["details"]["compile_options"]["inductor"]["triton.autotune_pointwise"]
+    tuned_path, _ = write_bundle(tmp_path / "t.bundle", tuned, {**members, "engine.pt2": b"pt2"})
+    assert "Inductor option triton.autotune_pointwise differs (None vs False)" in reuse_mismatch(
+        tuned_path, family, req, "torch-aoti", source, None)
     spec = {**family.spec, "torch_aoti": {"static_batches": [1, 32]}}
     static = dataclasses.replace(family, spec=spec)
     assert static.torch_aoti_static_batches_for("fp16") == (1, 32)
@@ -441,7 +449,8 @@ def test_reuse_needs_the_fp8_convolution_form_the_family_names(xception_bundles,
     with open_bundle(xception_bundles["fp8"]) as bundle:
         body = {k: v for k, v in bundle.manifest.items() if k not in ("format", "members")}
         members = {name: bundle.read_member(name) for name in bundle.member_names}
-    from bundler.targets.torch_aoti.build import (SMALL_BATCH_POINTWISE_DESCRIPTIONS,
+    from bundler.targets.torch_aoti.build import (DEFAULT_COMPILE_OPTIONS,
+                                                  SMALL_BATCH_POINTWISE_DESCRIPTIONS,
                                                   layout_description)
 
     # as the shipped family builds it: the channels_last form (its depthwise layers the
@@ -449,7 +458,8 @@ def test_reuse_needs_the_fp8_convolution_form_the_family_names(xception_bundles,
     # rewrite, its 1x1 GEMMs dequantized) and batch-32 graphs
     details = {"torch_version": "2.11.0+cu130", "cuda_version": "13.0",
                "compute_capability": "9.0", "device_name": "NVIDIA H200", "device": "cuda",
-               "compile_options": {"layout": layout_description(
+               "compile_options": {"inductor": dict(DEFAULT_COMPILE_OPTIONS),
+                                   "layout": layout_description(
                                        "fp8", nhwc=False, channels_last=True,
                                        depthwise="triton-skip"),
                                    "small_batch_layout": "nhwc, channels padded to multiples "
@@ -514,7 +524,8 @@ def test_reuse_of_a_vit_fp8_bundle_needs_the_small_batch_gemm_form_the_family_na
     from bundler.families import load_family
     from bundler.make import MakeRequest, reference_set
     from bundler.study import expected_source, reuse_mismatch
-    from bundler.targets.torch_aoti.build import FP8_CONV_ENV, engine_details
+    from bundler.targets.torch_aoti.build import (DEFAULT_COMPILE_OPTIONS, FP8_CONV_ENV,
+                                                  engine_details)
     from bundler.writer import write_bundle
     from runtime_py.compat import GpuInfo, HostInfo
     from runtime_py.format import open_bundle
@@ -531,7 +542,7 @@ def test_reuse_of_a_vit_fp8_bundle_needs_the_small_batch_gemm_form_the_family_na
                       calib_count=16, reference_count=4, calib_method=cal["method"])
     host = {"torch_version": "2.11.0+cu130", "cuda_version": "13.0",
             "compute_capability": "9.0", "device_name": "NVIDIA H200", "device": "cuda"}
-    details = engine_details(host, "fp8", {}, nhwc=False, fast_accum=False, padding={},
+    details = engine_details(host, "fp8", DEFAULT_COMPILE_OPTIONS, nhwc=False, fast_accum=False, padding={},
                              batch_sizes=[1, 32], seconds=None, fp8_gemm="rowwise-fp16",
                              layout="as_is", static_batches=[1],
                              small_batch_pointwise="dequantized")

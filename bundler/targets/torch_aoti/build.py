@@ -28,7 +28,8 @@ FP8 GEMMs (``model.rewrite_as_is``).
 
 Exported with ``torch.export`` (batch dynamic over the family's range) and compiled with
 the Inductor options in ``DEFAULT_COMPILE_OPTIONS`` (never max-autotune: on xception41 it
-took over 9 minutes for a few percent). The package is a zip of generated C++/Triton code,
+took over 9 minutes for a few percent; no timing of pointwise block sizes either, which a
+shared GPU turns into slow picks). The package is a zip of generated C++/Triton code,
 compiled kernels (cubins), the shared library and the weights as raw constant blobs; it is
 loaded with ``torch._inductor.aoti_load_package``, which unpickles nothing.
 
@@ -58,7 +59,16 @@ if TYPE_CHECKING:  # pragma: no cover
 BACKEND = "torch-aoti"
 MEMBER = "engine.pt2"
 #: Inductor options every package is compiled with (recorded in the manifest).
-DEFAULT_COMPILE_OPTIONS: dict[str, Any] = {"max_autotune": False}
+#: ``triton.autotune_pointwise`` off: Inductor otherwise times each pointwise kernel's
+#: candidate block sizes while it compiles, and on a GPU that other work shares (parallel
+#: builds, a serving process) it picks slow ones. On the H200 (docs/measurements/
+#: h200-2026-12-04-b) timm_xception's fp16 package built beside three other builds ran
+#: 4.37-4.44 ms at batch 32 against 4.23 built alone: one bias + ReLU kernel (27 launches)
+#: took 0.31 ms instead of 0.18. With the option off the heuristic block sizes are taken
+#: without timing: 4.18-4.25 ms (0.18 ms for that kernel), the same package whatever else
+#: runs, and the fp8 package as fast as before (3.53 ms).
+DEFAULT_COMPILE_OPTIONS: dict[str, Any] = {"max_autotune": False,
+                                           "triton.autotune_pointwise": False}
 #: Options this target refuses: they cost minutes of compile time for little (module doc).
 REFUSED_COMPILE_OPTIONS = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwise")
 #: Compute capability of the first GPUs with FP8 tensor cores (Ada; Hopper is 9.0).
