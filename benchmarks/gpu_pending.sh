@@ -17,14 +17,15 @@
 #       static batch 32
 #   benchmarks/gpu_pending.sh cudnn-fp8 OUT_DIR   # ~5 min, no bundles: ResNet-50's FP8
 #       convolutions on cuDNN's own FP8 kernels (the cuDNN frontend's Python graph API) next to
-#       cuDNN fp16, im2col and the Triton kernel, per layer (fp8_conv_bench.py; never measured:
-#       the earlier runs had no frontend). Needs the nvidia-cudnn-frontend wheel for cp312 in
-#       the carried wheel folder (pip download nvidia-cudnn-frontend ...)
+#       cuDNN fp16, im2col and the Triton kernel, per layer (fp8_conv_bench.py). Needs the
+#       nvidia-cudnn-frontend wheel for cp312 in the carried wheel folder (pip download
+#       nvidia-cudnn-frontend ...). Nineteenth session: 0.90x cuDNN fp16 over the 52 layers,
+#       the Triton kernel 1.50x (docs/measurements/h200-2026-12-04-b)
 #   benchmarks/gpu_pending.sh fp16-peer OUT_DIR   # ~6 min: timm_xception's fp16 bundle
 #       (float32 input, built into /tmp/pending) against the torch.compile peer at batch 32,
-#       timed and profiled by kernel (aoti_static_vs_peer.py --profile): why the bundle ran
-#       0.96x the peer there in the eighteenth session while its module under torch.compile
-#       matched it
+#       timed and profiled by kernel (aoti_static_vs_peer.py --profile). Nineteenth session:
+#       the 0.96x of the eighteenth was one pointwise kernel's block size, timed by Inductor
+#       while compiling beside other builds; packages no longer time them (h200-2026-12-04-b)
 #   benchmarks/gpu_pending.sh build OUT_DIR      # the uint8-input fp16 and fp8 bundles into
 #       /tmp/pending (~200 s; reused while the machine stays warm)
 #   benchmarks/gpu_pending.sh overhead OUT_DIR   # issue 14: Model.infer / with_copies,
