@@ -176,10 +176,15 @@ def graphs_fp32_outputs(graphs_fp32, graphs_inputs, graphs_run):
 _CPP = Path(__file__).resolve().parent.parent / "cpp_stub"
 
 
+#: What the C++ reader's build needs from the system (.ci/run installs the same list).
+CPP_SYSTEM_PACKAGES = ("cmake", "g++", "libzstd-dev", "libmsgpuck-dev", "libssl-dev")
+
+
 def _unavailable(reason: str):
     if os.environ.get("BUNDLE_CPP_REQUIRED") == "1":
         pytest.fail(f"cpp_stub cannot be built: {reason}")
-    pytest.skip(f"cpp_stub cannot be built: {reason}")
+    pytest.skip(f"cpp_stub cannot be built: {reason} (Debian/Ubuntu: apt-get install "
+                f"{' '.join(CPP_SYSTEM_PACKAGES)}, as .ci/run does)")
 
 
 @pytest.fixture(scope="session")

@@ -57,3 +57,14 @@ def test_ci_and_the_readme_install_with_the_lock():
     setup = "pip install -c constraints/lock.txt -e '.[dev]'"
     assert setup in (ROOT / "README.md").read_text()
     assert "-c constraints/lock.txt -e '.[dev]'" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_ci_the_readme_and_the_cpp_skip_reason_name_the_same_system_packages():
+    """A newcomer reads the packages in the README (or in the C++ tests' skip reason); CI
+    installs them: one list, or the tests skip on a fresh machine with advice that fails."""
+    from conftest import CPP_SYSTEM_PACKAGES
+
+    ci = re.search(r"for pkg in ([^;]+); do", (ROOT / ".ci" / "run").read_text()).group(1)
+    readme = re.search(r"`apt-get install ([^`]+)`", (ROOT / "README.md").read_text()).group(1)
+    assert ci.split() == readme.split()
+    assert set(CPP_SYSTEM_PACKAGES) == set(ci.split()) - {"clang"}   # clang: the fuzzer only
