@@ -269,6 +269,17 @@ def sign(bundle_path, key, certificate, chain, signature_path, as_json) -> None:
         click.echo(result["signature"])
 
 
+#: `bundler.make.INPUT_DTYPES` (not imported here: the CLI starts without numpy and the
+#: family code; tests/test_eval_study.py checks the two agree).
+INPUT_DTYPES = ("float32", "uint8")
+
+
+def input_dtype_option(help_text: str):
+    """`--input` of `bundle make` and `bundle study`: one choice list, one default."""
+    return click.option("--input", "input_dtype", default="float32", show_default=True,
+                        type=click.Choice(INPUT_DTYPES), help=help_text)
+
+
 def tensorrt_options(func):
     """The TensorRT build options shared by `make` and `rebuild`."""
     for option in reversed([
@@ -364,11 +375,9 @@ def print_progress(stage: str, message: str) -> None:
               help="Images for the reference member and the quality summary (default: a "
                    "seeded synthetic set, recorded as such).")
 @click.option("--reference-count", default=8, show_default=True)
-@click.option("--input", "input_dtype", default="float32", show_default=True,
-              type=click.Choice(["float32", "uint8"]),
-              help="What the engine takes. uint8: the pixels after decode, resize and crop "
-                   "(NHWC), with rescale, normalize, layout and cast done by the engine on its "
-                   "device (4x fewer bytes to copy and send); float32: preprocessed NCHW.")
+@input_dtype_option("What the engine takes. uint8: the pixels after decode, resize and crop "
+                    "(NHWC), with rescale, normalize, layout and cast done by the engine on "
+                    "its device (4x fewer bytes to copy and send); float32: preprocessed NCHW.")
 @click.option("--force", is_flag=True,
               help="Replace a bundle of the same name in --out (without it: refused, exit 6; "
                    "the same name can hold another id: other weights, data or versions).")
@@ -762,11 +771,9 @@ def _str_list(text: str) -> list[str]:
               help="Also measure what a user would run instead, in the same run: on a GPU the "
                    "timm model in fp16, channels_last, torch.compile (default mode), CUDA graph "
                    "replay, same boundaries; without one the fp32 eager model.")
-@click.option("--input", "input_dtype", default="float32", show_default=True,
-              type=click.Choice(["float32", "uint8"]),
-              help="What every bundle takes (`bundle make --input`), the fp32 reference "
-                   "included; with uint8 the peer takes the same pixels and normalizes them "
-                   "on the GPU, and with_copies copies 4x fewer bytes.")
+@input_dtype_option("What every bundle takes (`bundle make --input`), the fp32 reference "
+                    "included; with uint8 the peer takes the same pixels and normalizes them "
+                    "on the GPU, and with_copies copies 4x fewer bytes.")
 @click.option("--json", "as_json", is_flag=True, help="Print study.json to stdout.")
 @handle_errors
 def study(family, precisions, variants, batch_sizes, backend, out_dir, random_weights, seed,

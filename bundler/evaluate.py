@@ -332,7 +332,7 @@ def evaluate_bundle(bundle_path: str | os.PathLike, data: str | os.PathLike | No
     overlap is checked before any engine starts.
     """
     import runtime_py
-    from bundler.stress import stress_inputs, stress_pixels
+    from bundler.stress import stress_set
     from runtime_py.format import open_bundle
 
     progress = progress or _noop
@@ -389,8 +389,7 @@ def evaluate_bundle(bundle_path: str | os.PathLike, data: str | os.PathLike | No
             "quality": quality_figures(ref_logits, test_logits, labels),
         }
         if stress:
-            s = (stress_pixels(shape) if spec and spec.get("dtype") == "uint8"
-                 else stress_inputs(shape, spec))
+            s = stress_set(shape, spec)
             progress("stress", f"{len(s)} stress inputs")
             report["stress"] = stress_figures(
                 s.names, logits_over(ref.infer, split_batches(s.inputs, batch_size)),

@@ -158,14 +158,12 @@ class _CpuPeer:
 
 
 def _timing_batch(n: int, shape: tuple[int, ...], dtype: str) -> np.ndarray:
-    """The seeded batch the peer is timed on: uniform [-1, 1] float32 like the runners'
-    `random_feeds`, or uniform uint8 pixels."""
-    import numpy as np
+    """The seeded batch the peer is timed on: the runners' `random_feeds` (uniform [-1, 1],
+    or 0..255 pixels)."""
+    from runtime_py.bench import random_feeds
+    from runtime_py.tensors import TensorSpec
 
-    rng = np.random.default_rng(0)
-    if dtype == "uint8":
-        return rng.integers(0, 256, (n, *shape), dtype=np.uint8)
-    return rng.uniform(-1, 1, (n, *shape)).astype(np.float32)
+    return random_feeds([TensorSpec("x", dtype, ["batch", *shape])], n)["x"]
 
 
 def make_peer(name: str, model, preprocess: dict | None = None) -> _CudaPeer | _CpuPeer:
@@ -184,17 +182,16 @@ def make_peer(name: str, model, preprocess: dict | None = None) -> _CudaPeer | _
 
 
 def measure_peer(name: str, manifest: dict, checkpoint, batch_sizes: Sequence[int],
-                 timing: dict, inputs, ref_logits: np.ndarray, ref_stress: np.ndarray,
-                 preprocess: dict | None = None) -> dict:
+                 timing: dict, inputs, ref_logits: np.ndarray, ref_stress: np.ndarray) -> dict:
     """The peer's study entry: timings per batch size, quality and stress vs the reference
-    (``inputs``: the study's `bundler.study.EvalInputs`; ``preprocess``: the bundles'
-    preprocessing spec, whose dtype says whether the peer takes pixels)."""
+    (``inputs``: the study's `bundler.study.EvalInputs`, whose preprocessing spec says
+    whether the peer takes pixels)."""
     from bundler.evaluate import (logits_over, quality_figures, split_batches,
                                   stress_figures)
     from bundler.study import cpu_times
     from runtime_py.bench import DEVICE_TIMING_BOUNDARIES, figure
 
-    peer = make_peer(name, peer_model(manifest, checkpoint), preprocess)
+    peer = make_peer(name, peer_model(manifest, checkpoint), inputs.preprocess)
     shape = tuple(int(d) for d in manifest["inputs"][0]["shape"][1:])
     timings = []
     for b in batch_sizes:

@@ -100,6 +100,15 @@ def stress_inputs(shape: tuple[int, int, int], spec: dict | None = None) -> Stre
     return StressSet(names, inputs)
 
 
+def stress_set(shape: tuple[int, int, int], spec: dict | None) -> StressSet:
+    """The stress set of an input of ``shape`` under preprocessing ``spec``: pixels
+    (`stress_pixels`, shape (H, W, C)) where the spec hands the engine uint8 pixels, else
+    preprocessed tensors (`stress_inputs`, shape (C, H, W))."""
+    if spec and spec.get("dtype") == "uint8":
+        return stress_pixels(shape)
+    return stress_inputs(shape, spec)
+
+
 def stress_pixels(shape: tuple[int, int, int]) -> StressSet:
     """The stress set of a uint8-input bundle, as pixels (N, H, W, C): the engine's input
     domain is 0..255, so only the pixel-expressible cases apply: black and white frames,

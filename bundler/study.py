@@ -326,6 +326,7 @@ class EvalInputs:
     labels: np.ndarray | None
     stress_names: tuple[str, ...]
     stress: np.ndarray
+    preprocess: dict | None = None  # the bundles' preprocessing spec (the reference's)
 
 
 def eval_inputs(reference: Planned, eval_data, eval_count: int, eval_stride: int,
@@ -335,7 +336,7 @@ def eval_inputs(reference: Planned, eval_data, eval_count: int, eval_stride: int
     pictures without it."""
     from bundler.calibration.data import STUDY_EVALUATION, synthetic_calibration_set
     from bundler.evaluate import open_eval_data
-    from bundler.stress import stress_inputs, stress_pixels
+    from bundler.stress import stress_set
     from runtime_py.format import open_bundle
     from runtime_py.preprocess import Preprocessor
 
@@ -343,7 +344,7 @@ def eval_inputs(reference: Planned, eval_data, eval_count: int, eval_stride: int
         spec = bundle.preprocess
     shape = tuple(int(d) for d in reference.manifest["inputs"][0]["shape"][1:])
     pixels = bool(spec) and spec.get("dtype") == "uint8"
-    stress = stress_pixels(shape) if pixels else stress_inputs(shape, spec)
+    stress = stress_set(shape, spec)
     if eval_data is None:
         # the same pictures either way: a pixel input's (H, W, C) names them by (C, H, W)
         chw = (shape[2], shape[0], shape[1]) if pixels else shape
@@ -354,14 +355,14 @@ def eval_inputs(reference: Planned, eval_data, eval_count: int, eval_stride: int
                           "inputs')", "digest": data.digest, "images": len(data),
                 "labelled": False}
         batches = lambda: (b for b, _l, _k in data.iter_batches(batch_size))  # noqa: E731
-        return EvalInputs(desc, batches, None, stress.names, stress.inputs), None
+        return EvalInputs(desc, batches, None, stress.names, stress.inputs, spec), None
     data = open_eval_data(eval_data, spec, count=eval_count, stride=eval_stride,
                           labels_from=labels_from, family=reference.manifest["family"]["name"],
                           role=STUDY_EVALUATION, option="--eval-data")
     desc = {"source": data.source, "digest": data.digest, "images": len(data),
             "stride": eval_stride, "labelled": data.labels is not None}
     batches = lambda: (b for b, _l, _k in data.iter_batches(batch_size))  # noqa: E731
-    return EvalInputs(desc, batches, data.labels, stress.names, stress.inputs), data
+    return EvalInputs(desc, batches, data.labels, stress.names, stress.inputs, spec), data
 
 
 def environment(command: str | None) -> dict:
@@ -559,10 +560,8 @@ def run_study(family: str, *, precisions: Sequence[str] = ("fp16", "fp8"),
 
         progress("peer", f"{peer}: batch sizes {', '.join(map(str, batch_sizes))}, then "
                          f"{inputs.description['images']} images")
-        with open_bundle(reference.path) as bundle:
-            spec = bundle.preprocess
         study["peer"] = measure_peer(peer, reference.manifest, checkpoint, batch_sizes, timing,
-                                     inputs, ref_logits, ref_stress, preprocess=spec)
+                                     inputs, ref_logits, ref_stress)
         study["peer_ratios"] = peer_ratios(bundles, study["peer"])
     progress("report", f"writing study.json, study.md and the plot into {out}")
     study["files"] = write_report(study, out)

@@ -333,6 +333,10 @@ def test_a_uint8_study_builds_pixel_bundles_and_feeds_the_peer_the_same_pixels(t
     assert again["eval"]["digest"] == study["eval"]["digest"]
     with pytest.raises(UsageError, match="--input 'int8'"):
         run_study("timm_xception", input_dtype="int8", **kwargs)
+    import bundler.cli
+    import bundler.make
+
+    assert bundler.cli.INPUT_DTYPES == bundler.make.INPUT_DTYPES
 
 
 def test_the_pixel_peer_normalizes_as_the_bundles_head_does():
