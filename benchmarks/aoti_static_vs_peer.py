@@ -105,6 +105,7 @@ def main() -> int:
 
     from bundler.peer import make_peer, peer_model
     from bundler.study import CPU_TIMING
+    from runtime_py.bench import random_feeds
     from runtime_py.model import load
 
     sizes = [int(b) for b in args.batch_sizes.split(",") if b]
@@ -117,13 +118,13 @@ def main() -> int:
         static = details.get("static_batches") or []
         print(f"{label}: {model.backend}, static-batch graphs: {static or 'none'}", flush=True)
         if manifest is None:
-            manifest = model.bundle.manifest
+            manifest, preprocess = model.bundle.manifest, model.bundle.preprocess
         elif model.bundle.manifest["source"] != manifest["source"]:
             raise SystemExit(f"{path} holds other weights than {args.bundles[0]}")
         spec = model.runner.input_metadata()[0]
         for b in sizes:
-            x = np.random.default_rng(b).uniform(-1, 1, (b, *spec.shape[1:])).astype(np.float32)
-            out = next(iter(model.infer({spec.name: x}).values()))
+            # the bundle's own input dtype (uint8 pixels for --input uint8 bundles)
+            out = next(iter(model.infer(random_feeds([spec], b, seed=b)).values()))
             first = outputs.setdefault(b, out)
             diff = float(np.abs(out.astype(np.float64) - first).max())
             for boundary, times in bundle_times(model, b, timing).items():
@@ -136,7 +137,7 @@ def main() -> int:
             profile_engine(model.runner, label, sizes, args.rows)
         model.close()
     print(f"peer {args.peer}: compiling", flush=True)
-    peer = make_peer(args.peer, peer_model(manifest))
+    peer = make_peer(args.peer, peer_model(manifest), preprocess)   # pixels as the bundles
     shape = tuple(int(d) for d in manifest["inputs"][0]["shape"][1:])
     peer_ms = {(boundary, b): statistics.median(times) * 1e3 for b in sizes
                for boundary, times in peer_times(peer, b, shape, timing).items()}
