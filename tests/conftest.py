@@ -11,6 +11,30 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+# --- parallel runs (pytest-xdist, the README's `-n 2 --dist loadgroup`) -----------------
+#: Test files that create or list segments in /dev/shm (Triton shared-memory clients, the
+#: region registry, Ray's object store, the serve command's no-leftover check): one group,
+#: so one worker runs them one after another and a listing never sees another file's
+#: segments.
+DEV_SHM_FILES = frozenset({
+    "test_serve_triton.py", "test_shm_registry.py", "test_pinned_host.py", "test_grpc_h2.py",
+    "test_grpc_wire.py", "test_ray_serve.py", "test_stat_held.py",
+    "test_torch_aoti.py"})   # its GPU test of a client's region
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Every test gets an ``xdist_group``: its file's, or "dev-shm" (above). Under
+    ``--dist loadgroup`` a group runs on one worker, so a module's fixtures (compiled
+    packages, built bundles) are made once, as in a serial run. Marked before xdist
+    reads the marks (tryfirst); a serial run ignores them."""
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group("dev-shm" if name in DEV_SHM_FILES else name))
+
+
 # --- real bundles of the family, built once per session (slow part of the suite) -------
 @pytest.fixture(scope="session")
 def xception_bundles(tmp_path_factory):
