@@ -4,11 +4,13 @@ replicas, and a replica killed under load is replaced with every request answere
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import threading
 import time
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -38,8 +40,12 @@ def cluster(tmp_path_factory):
     folder = tmp_path_factory.mktemp("ray_bundle")
     bundle = ort_bundle(folder)
     port = _free_port()
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
-             configure_logging=False, namespace="trt-bundle-tests")
+    # Ray's processes start with this environment. Serve kills a proxy whose readiness
+    # check misses 5 s three times; on 2 cores shared with another test worker, the
+    # proxy's imports alone took 18 s (CI, 2026-12-04): 30 s per check instead.
+    with mock.patch.dict(os.environ, {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "30"}):
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False, namespace="trt-bundle-tests")
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port,
                                   "request_timeout_s": TIMEOUT_S})
