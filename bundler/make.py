@@ -307,7 +307,8 @@ def make_bundle(req: MakeRequest, progress: Progress | None = None) -> MakeResul
     out_dir = prepare_out_dir(req.out_dir)
     if not req.replace_existing and get_target(target).named_before_build:
         refuse_existing_bundle(out_dir / (targets.bundle_name(
-            family.name, family.version, req.precision, req.variant, target) + ".bundle"))
+            family.name, family.version, req.precision, req.variant, target,
+            req.input_dtype) + ".bundle"))
 
     weights: Weights = resolve_weights(family, req.checkpoint, req.random_weights, req.seed)
     progress("weights", "seeded random weights (smoke bundle)" if weights.is_random

@@ -68,15 +68,22 @@ def test_prepare_out_dir_leaves_nothing_behind(tmp_path):
     assert out == tmp_path / "a" / "b" and list(tmp_path.iterdir()) == []
 
 
-def test_an_existing_bundle_of_the_same_name_is_refused_without_force(tmp_path):
+@pytest.mark.parametrize("input_args, name", [
+    ((), FP16_NAME),
+    # the name carries -uint8: the early check once left it out, so a uint8 torch-aoti build
+    # compiled for minutes before it was refused (H200, 2026-12-04)
+    (("--input", "uint8"), "timm_xception-fp16-uint8-1.0.0-onnxruntime.bundle"),
+])
+def test_an_existing_bundle_of_the_same_name_is_refused_without_force(tmp_path, input_args,
+                                                                     name):
     old = write_source_bundle(tmp_path / "src")
     out = tmp_path / "out"
     out.mkdir()
-    target = out / FP16_NAME
+    target = out / name
     shutil.copy(old, target)
     before = target.read_bytes()
     started = time.monotonic()
-    res = make("--out", str(out))
+    res = make("--out", str(out), *input_args)
     assert res.exit_code == 6, res.output
     assert "already exists" in res.output and "--force" in res.output
     assert time.monotonic() - started < 10          # refused before the export
