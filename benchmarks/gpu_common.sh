@@ -17,7 +17,9 @@ FAMILY=${FAMILY:-timm_xception}
 # make_parallel OUT NAME:ARGS...: one `bundle make $FAMILY` per item, all at once (ARGS are
 # words without spaces, e.g. "fp8-depthwise:--precision fp8 --variant fp8-depthwise"); logs in
 # OUT/make-$FAMILY-NAME.log, their tails printed; fails when any build failed. An item built
-# by an earlier call into the same OUT (marker OUT/make-$FAMILY-NAME.ok) is skipped.
+# by an earlier call into the same OUT (marker OUT/make-$FAMILY-NAME.ok) is skipped; bundles
+# copied into OUT from elsewhere need their markers too, or `bundle make` refuses to
+# overwrite them (at once since 38ae3a0; before, a uint8 build compiled first).
 make_parallel() {
   local out=$1 item pid log name failed=0
   shift
