@@ -25,9 +25,12 @@ Variants: a base and suffixes.
   fp8          the fp8 engine with the family's recipe; an fp8 variant of the family by
                its name (fp8-depthwise, fp8-pointwise) with that variant's recipe
 suffixes of an fp8 base (``model.FP8_GEMMS``):
+  (without a GEMM suffix: the family's ``torch_aoti.fp8_gemm``, with its fast accumulation)
   -fastacc     use_fast_accum=True (FP8 accumulation without periodic fp32 promotion)
   -fp16out     GEMM mode "rowwise-fp16": fp16 bias and fp16 output in the epilogue, no
-               bf16 -> fp16 pass
+               bf16 -> fp16 pass (timm_xception's and timm_vit_base's own)
+  -bf16out     GEMM mode "rowwise": bf16 output, then a pass to fp16 (the default of a
+               family that names none)
   -tensorwise  GEMM mode "tensorwise": per-channel scale and bias in a pass after it
   -dequant     GEMM mode "dequantized": the same FP8 operands dequantized, fp16 GEMM (the
                ONNX graph's arithmetic; isolates the FP8 GEMMs' gain from the quantize cost)
@@ -95,6 +98,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 DEFAULT_VARIANTS = "fp16,fp8,fp8-fp16out-fastacc,fp8-fp16out,fp8-fastacc,fp8-dequant"
 #: suffix -> (field of ``Variant``, value)
 SUFFIXES = {"-fastacc": ("fast_accum", True), "-fp16out": ("gemm", "rowwise-fp16"),
+            "-bf16out": ("gemm", "rowwise"),
             "-tensorwise": ("gemm", "tensorwise"), "-dequant": ("gemm", "dequantized"),
             "-rowcols": ("shared_ones", False), "-unpadded": ("padded", False),
             "-padded": ("padded", True), "-sbtriton": ("small_batch_pointwise", "triton"),
@@ -118,8 +122,8 @@ class Variant:
     precision: str
     recipe: str | None = None        # the family's fp8 variant, "fp8-depthwise" (None: base)
     fp16_form: str = "family"        # "family", "nhwc", "nchw" or "cl"
-    gemm: str = "rowwise"
-    fast_accum: bool = False
+    gemm: str | None = None          # None: the family's torch_aoti.fp8_gemm
+    fast_accum: bool | None = None   # None: the family's torch_aoti.fp8_fast_accum
     shared_ones: bool = True
     padded: bool | None = None       # None: the target's default
     small_batch_pointwise: str = "gemm"
@@ -159,7 +163,7 @@ def engine_module(variant: Variant, model, family, fp8: dict | None, max_batch: 
     """The engine module as ``build_engine`` would compile it for ``variant``."""
     from bundler.targets.torch_aoti.build import (default_fp8_conv, default_nhwc,
                                                   default_pad_channels, depthwise_form,
-                                                  engine_model)
+                                                  engine_model, fp8_gemm_options)
 
     layout = family.torch_aoti_layout
     nhwc, channels_last = None, False
@@ -178,9 +182,10 @@ def engine_module(variant: Variant, model, family, fp8: dict | None, max_batch: 
     pad = default_pad_channels(variant.precision, variant.padded) if nhwc else False
     shape = tuple(family.input.shape)
     ext = family.extension()
+    gemm, fast_accum = fp8_gemm_options(family, variant.gemm, variant.fast_accum)
     module, _padding = engine_model(
-        model, variant.precision, fp8, nhwc=nhwc, fast_accum=variant.fast_accum,
-        fp8_gemm=variant.gemm, pad_channels=pad,
+        model, variant.precision, fp8, nhwc=nhwc, fast_accum=fast_accum,
+        fp8_gemm=gemm, pad_channels=pad,
         input_shape=shape if variant.shared_ones else None,
         max_batch=max_batch if variant.shared_ones else None, layout=layout,
         fp8_conv=(variant.conv or default_fp8_conv(None, family.torch_aoti_fp8_conv)

@@ -78,7 +78,17 @@ def test_variant_names():
     v = bench.parse_variant("fp8-fp16out-tfused", vit)
     assert (v.conv, v.gemm) == ("triton-fused", "rowwise-fp16")
     assert bench.parse_variant("fp8", vit).conv is None
-    for bad in ("fp8-depthwise", "fp16-fastacc", "fp8-fp16out-tensorwise", "int8"):
+    # without a GEMM suffix the family's own mode (timm_xception: rowwise-fp16 since the
+    # twenty-first session); -bf16out names the rowwise form it replaced
+    from bundler.targets.torch_aoti.build import fp8_gemm_options
+
+    plain, bf16 = bench.parse_variant("fp8", xception), bench.parse_variant("fp8-bf16out", xception)
+    assert (plain.gemm, plain.fast_accum, bf16.gemm) == (None, None, "rowwise")
+    assert fp8_gemm_options(xception, plain.gemm, plain.fast_accum) == (
+        xception.torch_aoti_fp8_gemm, xception.torch_aoti_fp8_fast_accum)
+    assert fp8_gemm_options(xception, bf16.gemm, bf16.fast_accum)[0] == "rowwise"
+    for bad in ("fp8-depthwise", "fp16-fastacc", "fp8-fp16out-tensorwise", "fp8-bf16out-fp16out",
+                "int8"):
         with pytest.raises(ValueError):
             bench.parse_variant(bad, vit)
 
