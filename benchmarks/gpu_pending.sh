@@ -68,12 +68,22 @@ export PYTHONPATH=${PYTHONPATH:-}:$PWD PYTHONUNBUFFERED=1
 bundles=/tmp/pending
 mkdir -p "$bundles"
 start=$(date +%s)
+# A step's `timeout` runs its command in a process group of its own, which a signal to
+# this script's group (an outer `timeout`, the device call's limit) does not reach: the step
+# ran on into the next device call (twenty-first session). So the script waits on the step
+# in the background, where a TERM or INT reaches the trap below at once, and passes it on.
+step_pid=
+trap '[ -n "$step_pid" ] && kill -TERM "$step_pid" 2>/dev/null; exit 143' TERM INT
 step() {   # step NAME TIMEOUT_S COMMAND...
-  local name=$1 limit=$2
+  local name=$1 limit=$2 rc
   shift 2
   echo "== $name (+$(( $(date +%s) - start )) s, at most $limit s): $*"
-  timeout "$limit" "$@" 2>&1 | grep --line-buffered -v '^[EW][0-9]' | tee "$out/$name.log"
-  echo "== $name: exit ${PIPESTATUS[0]}"
+  timeout "$limit" "$@" > >(grep --line-buffered -v '^[EW][0-9]' | tee "$out/$name.log") 2>&1 &
+  step_pid=$!
+  wait "$step_pid"; rc=$?
+  step_pid=
+  sleep 0.2   # the log's last lines, through the filter
+  echo "== $name: exit $rc"
 }
 case "$what" in
 dw)
