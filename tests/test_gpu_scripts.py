@@ -1,0 +1,76 @@
+"""The H200 scripts under benchmarks/ run on a lent machine whose every second counts: they
+must parse, and a limit that ends a script must end what it is running, or the next device
+call measures beside it (twenty-first session: a serving step ran on into the next call)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+needs_bash = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
+                                reason="needs bash and coreutils' timeout")
+
+
+@needs_bash
+@pytest.mark.parametrize("script", sorted(p.name for p in BENCHMARKS.glob("*.sh")))
+def test_the_script_parses(script):
+    res = subprocess.run(["bash", "-n", str(BENCHMARKS / script)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie left for a parent that does not reap it is not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@needs_bash
+def test_a_limit_that_ends_gpu_pending_ends_its_running_step(tmp_path):
+    """gpu_pending.sh's `step` under an outer `timeout`, as a device call runs it: the
+    step's command (in the process group of the step's own `timeout`) must go too."""
+    text = (BENCHMARKS / "gpu_pending.sh").read_text()
+    header = text[:text.index('case "$what" in')]       # the script's set-up and `step`
+    pid_file = tmp_path / "child.pid"
+    child = (f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+             "print('child up', flush=True); time.sleep(120)")
+    script = tmp_path / "one_step.sh"
+    script.write_text(header + f"step sleeper 300 {sys.executable} -c \"{child}\"\n"
+                      "echo after-the-step\n")
+    out = tmp_path / "out"
+    proc = subprocess.Popen(["timeout", "60", "bash", str(script), "x", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=tmp_path)
+    log = out / "sleeper.log"
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text() and log.exists()
+               and log.read_text() == "child up\n"):     # running, and its output logged
+        assert time.monotonic() < deadline, "the step's command never started"
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.05)
+    child_pid = int(pid_file.read_text())
+    try:
+        os.kill(proc.pid, signal.SIGTERM)     # what `timeout` sends at the limit (its group)
+        output, _ = proc.communicate(timeout=10)
+        deadline = time.monotonic() + 5
+        while _alive(child_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child_pid), "the step's command outlived the script"
+        assert "after-the-step" not in output and "child up" in output
+    finally:
+        if _alive(child_pid):
+            os.kill(child_pid, signal.SIGKILL)
