@@ -11,8 +11,8 @@ head:
   calibrated per-tensor scale, saturate to +-448, round to nearest even, as ONNX
   ``QuantizeLinear`` does), ``_scaled_mm`` against the per-output-channel quantized weight
   with the activation scale, the per-channel weight scales and the bias applied in the
-  GEMM's own epilogue (rowwise scaling, bf16 out: the only output type cuBLASLt gives
-  with rowwise scales; ``FP8_GEMMS``). The activation scale is folded into the
+  GEMM's own epilogue (rowwise scaling; bf16 out, or fp16 out with ``rowwise-fp16``,
+  which timm_xception and timm_vit_base name; ``FP8_GEMMS``). The activation scale is folded into the
   per-channel row, so the row-scale operand is a slice of one column of ones shared by
   all GEMMs (``OnesColumn``): no kernel builds it.
   Channel counts are padded to multiples of ``FP8_ALIGN`` inside the module (728 -> 736):
