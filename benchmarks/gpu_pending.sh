@@ -35,7 +35,8 @@
 #       `fp8_fast_accum` (into /tmp/pending/fastacc), checks it (verify --numerics) and times
 #       the three with the peer in one process (aoti_static_vs_peer.py; its |diff| column is
 #       each bundle's distance from the fp16 one). Random weights cannot say what fast
-#       accumulation does to real-weights top-1: family.json keeps it off until they can.
+#       accumulation does to real-weights top-1, and on timm_vit_base it cost agreement
+#       with fp32 (92.2% -> 84.4%, random weights): family.json keeps it off until they can.
 #   benchmarks/gpu_pending.sh build OUT_DIR      # the uint8-input fp16 and fp8 bundles into
 #       /tmp/pending (~200 s; reused while the machine stays warm)
 #   benchmarks/gpu_pending.sh overhead OUT_DIR   # issue 14: Model.infer / with_copies,
