@@ -86,6 +86,11 @@ step() {   # step NAME TIMEOUT_S COMMAND...
   sleep 0.2   # the log's last lines, through the filter
   echo "== $name: exit $rc"
 }
+build_pair() {   # build_pair TIMEOUT_S: the family's uint8 fp16 and fp8 bundles into $bundles
+  step build "$1" env INPUTS=uint8 bash -c '. benchmarks/gpu_common.sh; make_parallel "$0" \
+    "fp16-uint8:--precision fp16 --input uint8" "fp8-uint8:--precision fp8 --input uint8"' \
+    "$bundles"
+}
 case "$what" in
 dw)
   step dw-rows 200 python3 benchmarks/dw_conv_bench.py --tiles default,rows \
@@ -122,9 +127,7 @@ make_bundle(MakeRequest(family='timm_xception', precision='fp8', backend='torch-
     input_dtype='uint8', target_options={'fp8_fast_accum': True}))" \
     >"$out/fastacc-make.log" 2>&1 &
   made=$!
-  step build 400 env INPUTS=uint8 bash -c '. benchmarks/gpu_common.sh; make_parallel "$0" \
-    "fp16-uint8:--precision fp16 --input uint8" "fp8-uint8:--precision fp8 --input uint8"' \
-    "$bundles"
+  build_pair 400
   wait "$made"; echo "== fastacc-make: exit $?"; grep -v '^[EW][0-9]' "$out/fastacc-make.log" | tail -3
   fast=$bundles/fastacc/timm_xception-fp8-uint8-1.0.0-torch-aoti.bundle
   step fastacc-verify 90 python3 -m bundler.cli verify --numerics "$fast"
@@ -133,9 +136,7 @@ make_bundle(MakeRequest(family='timm_xception', precision='fp8', backend='torch-
     "$bundles"/timm_xception-fp8-uint8-1.0.0-torch-aoti.bundle "$fast" --batch-sizes 1,32
   ;;
 build)   # the uint8 pair alone (serve and overhead reuse it while the machine is warm)
-  step build 330 env INPUTS=uint8 bash -c '. benchmarks/gpu_common.sh; make_parallel "$0" \
-    "fp16-uint8:--precision fp16 --input uint8" "fp8-uint8:--precision fp8 --input uint8"' \
-    "$bundles"
+  build_pair 330
   ;;
 overhead)   # issue 14's Model.infer / with_copies at batch 1 and 32 (needs `build`)
   for p in fp8 fp16; do
