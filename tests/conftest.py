@@ -15,12 +15,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 #: Test files that create or list segments in /dev/shm (Triton shared-memory clients, the
 #: region registry, Ray's object store, the serve command's no-leftover check): one group,
 #: so one worker runs them one after another and a listing never sees another file's
-#: segments. A file where one test does it marks that test instead
-#: (``@pytest.mark.xdist_group("dev-shm")``: test_torch_aoti.py's GPU test of a client's
-#: region), so that the rest of the file runs beside the group.
+#: segments.
 DEV_SHM_FILES = frozenset({
     "test_serve_triton.py", "test_shm_registry.py", "test_pinned_host.py", "test_grpc_h2.py",
-    "test_grpc_wire.py", "test_ray_serve.py", "test_stat_held.py"})
+    "test_grpc_wire.py", "test_ray_serve.py", "test_stat_held.py",
+    "test_torch_aoti.py"})   # its GPU test of a client's region
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -1063,7 +1063,6 @@ def test_gpu_prepare_captures_every_size_into_one_pool_and_outputs_agree(gpu_fp1
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.xdist_group("dev-shm")     # its client region in /dev/shm (tests/conftest.py)
 def test_gpu_rows_are_copied_to_the_device_where_they_lie(gpu_fp16_tiny):
     """``infer_rows_async``: a batch given as pieces (a batcher's requests) gives the same
     outputs as the gathered batch, whether a piece lies in memory page-locked in place (an
