@@ -35,6 +35,26 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.xdist_group("dev-shm" if name in DEV_SHM_FILES else name))
 
 
+# --- caches: one set per test run, removed with it --------------------------------------
+@pytest.fixture(scope="session", autouse=True)
+def run_caches(tmp_path_factory):
+    """The export cache (``TRT_BUNDLE_CACHE``) and Inductor's compile cache
+    (``TORCHINDUCTOR_CACHE_DIR``) of this run, under pytest's run folder.
+
+    Without it the suite wrote ~/.cache/trt-bundle and /tmp/torchinductor_root, which
+    outlive the run and grow with each torch version: a run on a reused machine then saw
+    warm caches a clean CI machine does not have, and the disk filled up (CI failed with
+    ENOSPC). Both xdist workers share the run folder's caches, as they shared the home
+    ones (writes to both are atomic); subprocesses inherit the variables. A green run's
+    folder is deleted at the end (``tmp_path_retention_policy = "failed"``)."""
+    base = tmp_path_factory.getbasetemp()
+    run_folder = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRT_BUNDLE_CACHE", str(run_folder / "trt-bundle-cache"))
+        patch.setenv("TORCHINDUCTOR_CACHE_DIR", str(run_folder / "torchinductor-cache"))
+        yield run_folder
+
+
 # --- real bundles of the family, built once per session (slow part of the suite) -------
 @pytest.fixture(scope="session")
 def xception_bundles(tmp_path_factory):

@@ -1,0 +1,44 @@
+"""The suite writes its caches into pytest's run folder (tests/conftest.py ``run_caches``),
+never into the home cache or /tmp/torchinductor_root: those outlived each run, filled the
+CI machine's disk (ENOSPC in the middle of a run) and gave reused machines warm caches a
+clean CI machine does not have."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def _inside(path: str | Path, folder: Path) -> bool:
+    return Path(path).resolve().is_relative_to(folder.resolve())
+
+
+def test_the_export_cache_is_the_runs(run_caches):
+    from bundler.export import default_cache_dir
+
+    assert _inside(default_cache_dir(), run_caches)
+    assert not _inside(default_cache_dir(), Path.home())
+
+
+def test_inductors_cache_is_the_runs(run_caches):
+    cache_dir_utils = pytest.importorskip(
+        "torch._inductor.runtime.cache_dir_utils",
+        reason="this torch has no torch._inductor.runtime.cache_dir_utils")
+    assert _inside(cache_dir_utils.cache_dir(), run_caches)
+
+
+def test_a_subprocess_gets_the_runs_caches(run_caches):
+    """The CLI tests run `bundle make` in subprocesses: they inherit the variables."""
+    code = ("import os; print(os.environ['TRT_BUNDLE_CACHE']); "
+            "print(os.environ['TORCHINDUCTOR_CACHE_DIR'])")
+    lines = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True).stdout.split()
+    assert len(lines) == 2 and all(_inside(line, run_caches) for line in lines)
+
+
+def test_green_runs_leave_no_folder_behind(pytestconfig):
+    assert pytestconfig.getini("tmp_path_retention_policy") == "failed"
