@@ -46,7 +46,9 @@ def run_caches(tmp_path_factory):
     warm caches a clean CI machine does not have, and the disk filled up (CI failed with
     ENOSPC). Both xdist workers share the run folder's caches, as they shared the home
     ones (writes to both are atomic); subprocesses inherit the variables. A green run's
-    folder is deleted at the end (``tmp_path_retention_policy = "failed"``)."""
+    folder is deleted at the end (``tmp_path_retention_policy = "failed"``). Inductor's
+    precompiled headers (~0.7 GB) stay in /tmp/torchinductor_$USER: torch fixes that path
+    at import, keyed by compiler, flags and header contents, so later runs reuse them."""
     base = tmp_path_factory.getbasetemp()
     run_folder = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
     with pytest.MonkeyPatch.context() as patch:

@@ -42,3 +42,24 @@ def test_a_subprocess_gets_the_runs_caches(run_caches):
 
 def test_green_runs_leave_no_folder_behind(pytestconfig):
     assert pytestconfig.getini("tmp_path_retention_policy") == "failed"
+
+
+def test_ci_refuses_to_start_on_a_full_disk(tmp_path):
+    """.ci/run reads the free space with df before installing anything: a df that reports
+    100 MB free makes it stop with a message that says what to free, not run the suite."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "df").write_text(
+        "#!/bin/sh\necho 'Filesystem 1048576-blocks Used Available Capacity Mounted on'\n"
+        "echo '/dev/vda 252000 251900 100 100% /'\n")
+    (fake / "df").chmod(0o755)
+    for tool in ("apt-get", "pip", "python3"):   # anything past the check would call these
+        (fake / tool).write_text(f"#!/bin/sh\necho 'CI went past the disk check: {tool}'\n"
+                                 "exit 99\n")
+        (fake / tool).chmod(0o755)
+    ci = Path(__file__).resolve().parent.parent / ".ci" / "run"
+    done = subprocess.run(["bash", str(ci)], capture_output=True, text=True,
+                          env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"})
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "100 MB free" in done.stderr and "needs about" in done.stderr
+    assert "went past" not in done.stdout + done.stderr
