@@ -14,8 +14,8 @@ Timing boundaries:
                 iteration, copies excluded (`runtime_py.bench.device_timings`)
   with_copies   GPU runners: H2D + run + D2H, synchronized per iteration
 
-Reuse: a bundle at `<out>/<name>.bundle` is reused when it verifies and its manifest says
-it was made from the same inputs: family name and version, precision, variant, engine
+Reuse (`bundler.reuse`): a bundle at `<out>/<name>.bundle` is reused when it verifies and its
+manifest says it was made from the same inputs: family name and version, precision, variant, engine
 target, weights (random seed, or checkpoint sha256), FP8 recipe digest, calibration method
 and data digest, reference inputs (count and source), trt-bundle version, and the
 versions of the packages that make the graph and engine (torch, timm, onnx,
@@ -42,7 +42,8 @@ import numpy as np
 
 from bundler.evaluate import (logits_over, model_infer, quality_figures, reference_from_bundle,
                               split_batches, stress_figures)
-from runtime_py.errors import BundleError, UsageError
+from bundler.reuse import matching_bundle
+from runtime_py.errors import UsageError
 
 Progress = Callable[[str, str], None]
 
@@ -57,7 +58,6 @@ DATA_COUNTS = {"calib_count": 500, "reference_count": 8, "eval_count": 500}
 #: Seed of the synthetic pictures a study evaluates on without --eval-data (calibration
 #: uses seed 0 by default, the reference inputs ``bundler.make.REFERENCE_SEED``).
 EVAL_SEED = 2_000_003
-GRAPH_PACKAGES = ("torch", "timm", "onnx", "onnx-graphsurgeon", "tensorrt")
 
 
 def _noop(stage: str, message: str) -> None:
@@ -112,161 +112,18 @@ def plan_bundles(family, precisions: Sequence[str], variants: Sequence[str], tar
     return planned
 
 
-def expected_source(family, req) -> dict:
-    """The manifest `source` record a build of `req` would write (without loading weights)."""
-    from bundler.weights import file_sha256, hf_cache_file
-
-    if req.random_weights:
-        return {"kind": "random-weights", "seed": int(req.seed)}
-    path = Path(req.checkpoint) if req.checkpoint is not None else hf_cache_file(family)
-    if path is None or not path.is_file():
-        return {"kind": "checkpoint", "sha256": None}  # make_bundle will say what is missing
-    return {"kind": "checkpoint", "sha256": "sha256:" + file_sha256(path)}
-
-
-def expected_calibration_digest(family, req) -> str:
-    """Digest of the images `bundle make` would calibrate on for `req` (no decoding)."""
-    from bundler.make import calibration_set
-
-    return calibration_set(family, req).digest
-
-
-def target_host(target: str):
-    """This host as the reuse check needs it for ``target``: torch-aoti packages are checked
-    against the CUDA build of torch, which only importing torch tells (without it every
-    torch-aoti bundle read as "cannot run here, CPU-only torch" and was rebuilt)."""
-    from runtime_py.compat import probe_host
-    from runtime_py.targets import get_target
-
-    return probe_host(probe_torch="torch" in get_target(target).packages)
-
-
-def reuse_mismatch(path: Path, family, req, target: str, source: dict,
-                   calibration_digest: str | None, host=None) -> str | None:
-    """None when the bundle at `path` was made from the same inputs; else why not."""
-    from bundler import __version__
-    from bundler.evaluate import same_source
-    from bundler.make import package_versions, reference_set
-    from runtime_py.compat import check_target
-    from runtime_py.format import open_bundle
-
-    try:
-        with open_bundle(path) as bundle:
-            bundle.verify()
-            m = bundle.manifest
-        check_target(m["engine"], host or target_host(target))
-    except BundleError as exc:
-        return f"{path.name} does not verify or cannot run here ({exc})"
-    checks = {
-        "family": (m["family"], {"name": family.name, "version": family.version}),
-        "precision": (m["precision"], req.precision),
-        "variant": (m["variant"], req.variant),
-        "engine target": (m["engine"]["backend"], target),
-        "input dtype": (m["inputs"][0]["dtype"], req.input_dtype),
-        "trt-bundle version": (m["build"]["tool_version"], __version__),
-    }
-    if not same_source(m["source"], source):
-        return f"weights differ ({m['source']} vs {source})"
-    if req.precision == "fp8":
-        checks["recipe digest"] = ((m.get("recipe") or {}).get("digest"),
-                                   "sha256:" + family.recipe_digest(req.variant))
-        cal = m.get("calibration") or {}
-        checks["calibration"] = ((cal.get("method"), cal.get("data_digest")),
-                                 (req.calib_method, calibration_digest))
-    if target == "torch-aoti":
-        checks["static-batch graph list"] = (m["engine"]["details"].get("static_batches", []),
-                                         list(family.torch_aoti_static_batches_for(
-                                             req.precision)))
-        from bundler.targets.torch_aoti.build import (SMALL_BATCH_POINTWISE_DESCRIPTIONS,
-                                                      default_fp8_conv, default_pad_channels,
-                                                      depthwise_form,
-                                                      effective_small_batch_pointwise,
-                                                      engine_form, fp8_conv_named,
-                                                      fp8_conv_recorded, layout_description,
-                                                      small_batch_form)
-
-        options = m["engine"]["details"].get("compile_options", {})
-        # the Inductor options this build would pass (an older package timed its pointwise
-        # block sizes while compiling: rebuilt)
-        from bundler.targets.torch_aoti.build import DEFAULT_COMPILE_OPTIONS
-
-        for key, value in DEFAULT_COMPILE_OPTIONS.items():
-            checks[f"Inductor option {key}"] = (options.get("inductor", {}).get(key), value)
-        # the family's torch_aoti.fp8_conv (or $TRT_BUNDLE_FP8_CONV) as this make would build
-        # it: a bundle of another convolution form is rebuilt, not reused
-        conv = (default_fp8_conv(None, family.torch_aoti_fp8_conv)
-                if req.precision == "fp8" else "im2col")
-        if req.precision == "fp8":
-            # image families: the convolution form; tokens (layout as_is): whether the
-            # MLPs are fused (fp8_conv triton-fused) or not
-            layout = family.torch_aoti_layout
-            checks["fp8 MLP form" if layout == "as_is" else "fp8 convolution form"] = (
-                fp8_conv_named(layout, options.get("fp8_conv")),
-                fp8_conv_named(layout, fp8_conv_recorded("fp8", layout, conv)))
-            # the small-batch form of its FP8 GEMM layers (1x1 convolutions, Linear layers;
-            # recorded only where a small static graph has it)
-            want_pw = effective_small_batch_pointwise(
-                family.torch_aoti_fp8_pointwise_small_batch, "fp8",
-                family.torch_aoti_static_batches_for("fp8"), layout=layout, fp8_conv=conv)
-            have_pw = options.get("fp8_pointwise_small_batch")
-            pw_names = {text: name for name, text in SMALL_BATCH_POINTWISE_DESCRIPTIONS.items()}
-            checks["fp8 small-batch GEMM form"] = (pw_names.get(have_pw, have_pw or "gemm"),
-                                                  want_pw)
-        # the model form (NHWC rewrite, channels_last, ...) the family's settings build now
-        form = engine_form(family, req.precision, conv)
-        checks["model form"] = (
-            options.get("layout"),
-            layout_description(req.precision, nhwc=form == "nhwc",
-                               pad_channels=form == "nhwc"
-                               and default_pad_channels(req.precision),
-                               layout=family.torch_aoti_layout,
-                               channels_last=form == "channels_last", fp8_conv=conv,
-                               depthwise=depthwise_form(family, req.precision,
-                                                        req.variant)))
-        checks["small-batch graph form"] = (
-            options.get("small_batch_layout"),
-            small_batch_form(family.torch_aoti_small_batch_layout, req.precision,
-                             family.torch_aoti_static_batches_for(req.precision),
-                             channels_last=form == "channels_last",
-                             layout=family.torch_aoti_layout, fp8_conv=conv))
-    inputs_source = reference_set(family, req).source
-    checks["reference inputs"] = ((m["quality"]["images"], m["quality"]["inputs_source"]),
-                                  (req.reference_count, inputs_source))
-    installed = package_versions(("tensorrt",))
-    built = m["build"].get("packages") or {}
-    for name in GRAPH_PACKAGES:
-        if name in built or (name in installed and name != "tensorrt"):
-            checks[f"{name} version"] = (built.get(name), installed.get(name))
-    for what, (have, want) in checks.items():
-        if have != want:
-            return f"{what} differs ({have!r} vs {want!r})"
-    return None
-
-
 def build_or_reuse(planned: list[Planned], family, target: str, reuse: bool,
                    progress: Progress) -> None:
     from bundler.make import make_bundle
     from runtime_py.format import open_bundle
 
-    source = expected_source(family, planned[0].request) if reuse else None
-    host = target_host(target) if reuse else None
-    digests: dict = {}
     for p in planned:
         reason = "--no-reuse"
         if reuse:
-            digest = None
-            if p.precision == "fp8":
-                if "fp8" not in digests:  # the same data for fp8 and its variants
-                    digests["fp8"] = expected_calibration_digest(family, p.request)
-                digest = digests["fp8"]
             candidates = sorted(Path(p.request.out_dir).glob(p.prefix + "*.bundle"))
-            reason = "no earlier bundle in the folder"
-            for candidate in candidates:
-                reason = reuse_mismatch(candidate, family, p.request, target, source, digest,
-                                        host)
-                if reason is None:
-                    p.path = candidate
-                    break
+            found, reason = matching_bundle(candidates, family, p.request, target)
+            if found is not None:
+                p.path, reason = found, None
         if reason is None:
             p.reused = True
             progress("reuse", f"{p.path.name}: same inputs, reused")

@@ -161,7 +161,7 @@ def test_eval_refuses_a_reference_of_other_weights(xception_bundles, image_data,
 def test_reuse_needs_the_same_inputs(xception_bundles):
     from bundler.families import load_family
     from bundler.make import MakeRequest
-    from bundler.study import expected_source, reuse_mismatch
+    from bundler.reuse import expected_source, reuse_mismatch
 
     family = load_family("timm_xception")
     same = MakeRequest(family=family.name, precision="fp16", random_weights=True,
@@ -191,7 +191,7 @@ def test_reuse_needs_the_static_batch_graphs_the_family_lists(xception_bundles, 
 
     from bundler.families import load_family
     from bundler.make import MakeRequest
-    from bundler.study import expected_source, reuse_mismatch
+    from bundler.reuse import expected_source, reuse_mismatch
     from bundler.targets.torch_aoti.build import DEFAULT_COMPILE_OPTIONS
     from bundler.writer import write_bundle
     from runtime_py.format import open_bundle
@@ -234,7 +234,7 @@ def test_reuse_checks_torch_aoti_bundles_against_torch_cuda_build():
     torch tells: without it every such bundle read as "CPU-only torch" and was rebuilt (seen
     on the H200)."""
     torch = pytest.importorskip("torch")
-    from bundler.study import target_host
+    from bundler.reuse import target_host
 
     assert target_host("torch-aoti").torch_cuda_version == torch.version.cuda
     assert target_host("torch-aoti").torch_version == str(torch.__version__)
@@ -444,7 +444,7 @@ def test_reuse_needs_the_fp8_convolution_form_the_family_names(xception_bundles,
 
     from bundler.families import load_family
     from bundler.make import MakeRequest
-    from bundler.study import expected_source, reuse_mismatch
+    from bundler.reuse import expected_source, reuse_mismatch
     from bundler.targets.torch_aoti.build import (FP8_CONV_DESCRIPTIONS, FP8_CONV_ENV)
     from bundler.writer import write_bundle
     from runtime_py.compat import GpuInfo, HostInfo
@@ -454,6 +454,7 @@ def test_reuse_needs_the_fp8_convolution_form_the_family_names(xception_bundles,
         body = {k: v for k, v in bundle.manifest.items() if k not in ("format", "members")}
         members = {name: bundle.read_member(name) for name in bundle.member_names}
     from bundler.targets.torch_aoti.build import (DEFAULT_COMPILE_OPTIONS,
+                                                  FP8_GEMM_DESCRIPTIONS,
                                                   SMALL_BATCH_POINTWISE_DESCRIPTIONS,
                                                   layout_description)
 
@@ -470,7 +471,9 @@ def test_reuse_needs_the_fp8_convolution_form_the_family_names(xception_bundles,
                                                          "of 16 (static graphs of batch 1)",
                                    "fp8_conv": FP8_CONV_DESCRIPTIONS["im2col"],
                                    "fp8_pointwise_small_batch":
-                                       SMALL_BATCH_POINTWISE_DESCRIPTIONS["dequantized"]},
+                                       SMALL_BATCH_POINTWISE_DESCRIPTIONS["dequantized"],
+                                   "fp8_gemm": FP8_GEMM_DESCRIPTIONS["rowwise-fp16"],
+                                   "fp8_fast_accum": False},
                "static_batches": [1, 32]}
     h200 = HostInfo(gpus=(GpuInfo("NVIDIA H200", (9, 0)),), torch_version="2.11.0",
                     torch_cuda_version="13.0")   # where the bundle runs
@@ -501,6 +504,16 @@ def test_reuse_needs_the_fp8_convolution_form_the_family_names(xception_bundles,
             **family.spec["torch_aoti"], **change}})
         assert words in reuse_mismatch(path, other, req, "torch-aoti", source,
                                        cal["data_digest"], h200)
+    # the FP8 GEMMs' form: the family's earlier rowwise (bf16 out) package is rebuilt since
+    # family.json names rowwise-fp16; a build asking for fast accumulation rebuilds too
+    bf16 = json.loads(json.dumps(body))
+    bf16["engine"]["details"]["compile_options"]["fp8_gemm"] = FP8_GEMM_DESCRIPTIONS["rowwise"]
+    bf16_path, _ = write_bundle(tmp_path / "b.bundle", bf16, {**members, "engine.pt2": b"pt2"})
+    assert "fp8 GEMM form differs ('rowwise' vs 'rowwise-fp16')" in reuse_mismatch(
+        bf16_path, family, req, "torch-aoti", source, cal["data_digest"], h200)
+    fast = dataclasses.replace(req, target_options={"fp8_fast_accum": True})
+    assert "fp8 fast accumulation differs (False vs True)" in reuse_mismatch(
+        path, family, fast, "torch-aoti", source, cal["data_digest"], h200)
 
 
 def test_the_study_report_names_each_torch_aoti_bundle_s_model_form():
@@ -527,7 +540,7 @@ def test_reuse_of_a_vit_fp8_bundle_needs_the_small_batch_gemm_form_the_family_na
 
     from bundler.families import load_family
     from bundler.make import MakeRequest, reference_set
-    from bundler.study import expected_source, reuse_mismatch
+    from bundler.reuse import expected_source, reuse_mismatch
     from bundler.targets.torch_aoti.build import (DEFAULT_COMPILE_OPTIONS, FP8_CONV_ENV,
                                                   engine_details)
     from bundler.writer import write_bundle
