@@ -15,22 +15,20 @@ since() { echo "+$(( $(date +%s) - start )) s"; }
 FAMILY=${FAMILY:-timm_xception}
 
 # make_parallel OUT NAME:ARGS...: one `bundle make $FAMILY` per item, all at once (ARGS are
-# words without spaces, e.g. "fp8-depthwise:--precision fp8 --variant fp8-depthwise"); logs in
-# OUT/make-$FAMILY-NAME.log, their tails printed; fails when any build failed. An item built
-# by an earlier call into the same OUT (marker OUT/make-$FAMILY-NAME.ok) is skipped; bundles
-# copied into OUT from elsewhere need their markers too, or `bundle make` refuses to
-# overwrite them (at once since 38ae3a0; before, a uint8 build compiled first).
+# words without spaces, e.g. "fp8-depthwise:--precision fp8 --variant fp8-depthwise"); logs
+# appended to OUT/make-$FAMILY-NAME.log, their tails printed; fails when any build failed.
+# Each make runs with --reuse: a bundle already in OUT made from the same inputs (an earlier
+# call's, or one copied in from another folder) is kept, not compiled again; one made from
+# other inputs (another family setting, torch version, ...) is refused with what differs.
 make_parallel() {
   local out=$1 item pid log name failed=0
   shift
   local pids=()
   for item in "$@"; do
     name="$FAMILY-${item%%:*}"
-    if [ -e "$out/make-$name.ok" ]; then echo "$name: built earlier"; continue; fi
     # shellcheck disable=SC2086  # ARGS are meant to split into words
-    ( $BUNDLE make "$FAMILY" --random-weights --calib-count 16 --reference-count 4 \
-        --backend torch-aoti --out "$out" ${item#*:} >"$out/make-$name.log" 2>&1 \
-      && touch "$out/make-$name.ok" ) &
+    $BUNDLE make "$FAMILY" --reuse --random-weights --calib-count 16 --reference-count 4 \
+      --backend torch-aoti --out "$out" ${item#*:} >>"$out/make-$name.log" 2>&1 &
     pids+=("$!")
   done
   for pid in "${pids[@]}"; do wait "$pid" || failed=1; done

@@ -381,6 +381,11 @@ def print_progress(stage: str, message: str) -> None:
 @click.option("--force", is_flag=True,
               help="Replace a bundle of the same name in --out (without it: refused, exit 6; "
                    "the same name can hold another id: other weights, data or versions).")
+@click.option("--reuse", is_flag=True,
+              help="If --out holds this bundle made from the same inputs (weights, data, "
+                   "recipe, engine form, versions: the check `bundle study` makes), print its "
+                   "id and build nothing. One made from other inputs is refused with the "
+                   "difference (exit 6), or rebuilt with --force.")
 @tensorrt_options
 @click.option("--sign-key", type=click.Path(path_type=Path), default=None,
               help="Sign the new bundle with this private key (checked before the build); "
@@ -389,8 +394,8 @@ def print_progress(stage: str, message: str) -> None:
 @handle_errors
 def make(family: str, precision: str, variant, backend, out_dir, checkpoint, random_weights,
          seed, calib_data, calib_count, calib_stride, calib_method, percentile, reference_data,
-         reference_count, input_dtype, force, timing_cache, hardware_compat, version_compatible,
-         workspace_mib, sign_key, as_json) -> None:
+         reference_count, input_dtype, force, reuse, timing_cache, hardware_compat,
+         version_compatible, workspace_mib, sign_key, as_json) -> None:
     """Build one bundle of FAMILY at one precision, e.g.:
 
     \b
@@ -399,7 +404,8 @@ def make(family: str, precision: str, variant, backend, out_dir, checkpoint, ran
 
     Progress goes to stderr; the bundle id is printed last on stdout. --out is checked
     before any work (a file, a path under a file or a folder that cannot be written is
-    refused, exit 6), and an existing bundle of the same name is replaced only with --force.
+    refused, exit 6), and an existing bundle of the same name is replaced only with --force
+    (or, with --reuse, taken as it is when it was made from the same inputs).
     The fp32 export is cached in $TRT_BUNDLE_CACHE/export (default ~/.cache/trt-bundle/export).
     Real weights: see README.md (`hf download`, the pinned revision, the cache layout).
     """
@@ -420,14 +426,15 @@ def make(family: str, precision: str, variant, backend, out_dir, checkpoint, ran
                       calib_method=calib_method, percentile=percentile,
                       reference_data=reference_data, reference_count=reference_count,
                       input_dtype=input_dtype,
-                      replace_existing=force,
+                      replace_existing=force, reuse_existing=reuse,
                       target_options=target_options(timing_cache, hardware_compat,
                                                     version_compatible, workspace_mib))
     result = make_bundle(req, progress=None if as_json else print_progress)
     signed = signer.sign_bundle(result.path) if signer is not None else None
     if as_json:
         echo_json({"path": str(result.path), "id": result.bundle_id, "name": result.manifest["name"],
-                   "quality": result.manifest["quality"], "signature": signed})
+                   "quality": result.manifest["quality"], "signature": signed,
+                   "reused": result.reused})
     else:
         if signed:
             print_progress("sign", f"wrote {signed['signature']} (key {signed['key_fingerprint']})")

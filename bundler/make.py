@@ -83,6 +83,9 @@ class MakeRequest:
     target_options: dict = field(default_factory=dict)
     #: Replace a bundle of the same name in out_dir (`--force`); refused by default.
     replace_existing: bool = False
+    #: Return a bundle in out_dir made from the same inputs instead of building
+    #: (`--reuse`, ``bundler.reuse``); with replace_existing, one of other inputs is rebuilt.
+    reuse_existing: bool = False
 
 
 @dataclass
@@ -90,6 +93,8 @@ class MakeResult:
     path: Path
     bundle_id: str
     manifest: dict
+    #: True when nothing was built: `path` was already there, made from the same inputs
+    reused: bool = False
 
 
 def _noop(stage: str, message: str) -> None:
@@ -289,6 +294,26 @@ def choose_target(requested: str) -> str:
     return choose_backend("auto", probe_host())
 
 
+def reusable_bundle(family: Family, req: MakeRequest, target: str, out_dir: Path,
+                    progress: Progress) -> MakeResult | str:
+    """A bundle in ``out_dir`` of this request's name (any target tag) made from its inputs
+    (``bundler.reuse``), as the result of this make; else why none is."""
+    from bundler import targets
+    from bundler.reuse import matching_bundle
+    from runtime_py.format import open_bundle
+
+    prefix = targets.bundle_name(family.name, family.version, req.precision, req.variant, "",
+                                 req.input_dtype)
+    found, why = matching_bundle(sorted(out_dir.glob(prefix + "*.bundle")), family, req,
+                                 target)
+    if found is None:
+        progress("reuse", f"nothing to reuse ({why}): building")
+        return why
+    with open_bundle(found) as bundle:
+        progress("reuse", f"{found.name} was made from the same inputs: reused, nothing built")
+        return MakeResult(found, bundle.id, bundle.manifest, reused=True)
+
+
 # --- the whole job ---------------------------------------------------------------------------
 
 def make_bundle(req: MakeRequest, progress: Progress | None = None) -> MakeResult:
@@ -305,10 +330,16 @@ def make_bundle(req: MakeRequest, progress: Progress | None = None) -> MakeResul
     if hasattr(builder, "check_host"):                # refuse a target this host lacks, early
         builder.check_host(**{"precision": req.precision, **req.target_options})
     out_dir = prepare_out_dir(req.out_dir)
+    difference = None  # why the bundle already there (if any) is not reused
+    if req.reuse_existing:
+        reused = reusable_bundle(family, req, target, out_dir, progress)
+        if isinstance(reused, MakeResult):
+            return reused
+        difference = reused
     if not req.replace_existing and get_target(target).named_before_build:
         refuse_existing_bundle(out_dir / (targets.bundle_name(
             family.name, family.version, req.precision, req.variant, target,
-            req.input_dtype) + ".bundle"))
+            req.input_dtype) + ".bundle"), difference)
 
     weights: Weights = resolve_weights(family, req.checkpoint, req.random_weights, req.seed)
     progress("weights", "seeded random weights (smoke bundle)" if weights.is_random
@@ -382,7 +413,7 @@ def make_bundle(req: MakeRequest, progress: Progress | None = None) -> MakeResul
     body = manifest_body(family, req, name, weights, recipe, calibration_record, quality,
                          target, engine)
     if not req.replace_existing:
-        refuse_existing_bundle(out_dir / f"{name}.bundle")
+        refuse_existing_bundle(out_dir / f"{name}.bundle", difference)
     path, bundle_id = write_bundle(out_dir / f"{name}.bundle", body, members)
     progress("done", f"wrote {path} in {time.monotonic() - started:.0f} s")
     return MakeResult(path, bundle_id, body)

@@ -85,11 +85,12 @@ def prepare_out_dir(out_dir: str | os.PathLike) -> Path:
     return out_dir
 
 
-def refuse_existing_bundle(path: Path) -> None:
+def refuse_existing_bundle(path: Path, difference: str | None = None) -> None:
     """Refuse to replace a bundle file silently (`bundle make --force` replaces it).
 
     The same name does not mean the same bundle: other weights, calibration data or
-    versions give another id under the same name.
+    versions give another id under the same name. ``difference``: why `--reuse` did not
+    take it, said in the message.
     """
     if not path.exists():
         return
@@ -100,7 +101,8 @@ def refuse_existing_bundle(path: Path) -> None:
             what = f"a bundle (id {old.id[:16]})"
     except BundleError:
         what = "a file that is not a readable bundle"
-    raise BundleExistsError(f"{path} already exists and holds {what}: pass --force to "
+    why = f", not reused: {difference}" if difference else ""
+    raise BundleExistsError(f"{path} already exists and holds {what}{why}: pass --force to "
                             "replace it, or choose another --out")
 
 

@@ -74,3 +74,31 @@ def test_a_limit_that_ends_gpu_pending_ends_its_running_step(tmp_path):
     finally:
         if _alive(child_pid):
             os.kill(child_pid, signal.SIGKILL)
+
+
+@needs_bash
+def test_make_parallel_reuses_what_an_earlier_call_built(tmp_path):
+    """Every build of make_parallel passes --reuse (a re-run after an interrupted call, or
+    bundles copied in, are kept instead of compiled again: twenty-first session, a call
+    lost ~230 s rebuilding copied bundles) and appends to its log; a failed build fails it."""
+    fake = tmp_path / "fake-bundle"
+    fake.write_text('#!/bin/sh\necho "args: $*"\ncase "$*" in *fail*) exit 3;; esac\n')
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    common = BENCHMARKS / "gpu_common.sh"
+
+    def make_parallel(*items: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", "-c", f'. "{common}"; make_parallel "$@"', "sh", str(out), *items],
+            capture_output=True, text=True, env={**os.environ, "BUNDLE": str(fake)})
+
+    for _ in range(2):
+        done = make_parallel("fp16:--precision fp16", "fp8:--precision fp8")
+        assert done.returncode == 0, done.stdout + done.stderr
+    lines = (out / "make-timm_xception-fp8.log").read_text().splitlines()
+    assert len(lines) == 2 and all(line.startswith("args: make timm_xception --reuse ")
+                                   and line.endswith("--out " + str(out) + " --precision fp8")
+                                   for line in lines), lines
+    failed = make_parallel("bad:--precision fail")
+    assert failed.returncode != 0 and "a build failed" in failed.stdout

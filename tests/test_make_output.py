@@ -1,8 +1,10 @@
-"""`bundle make --out`: the output place is checked before any work, and an existing bundle
-of the same name is replaced only with --force."""
+"""`bundle make --out`: the output place is checked before any work, an existing bundle of
+the same name is replaced only with --force, and --reuse takes one made from the same
+inputs instead of building."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -100,3 +102,33 @@ def test_force_replaces_it(tmp_path):
     bundle_id = res.output.strip().splitlines()[-1]
     ok = CliRunner().invoke(cli, ["verify", str(out / FP16_NAME)])
     assert ok.exit_code == 0 and bundle_id in ok.output
+
+
+@pytest.mark.slow
+def test_reuse_takes_a_bundle_of_the_same_inputs_and_names_what_differs(tmp_path):
+    """GPU scripts re-run after an interrupted device call rebuilt torch-aoti bundles they
+    had (minutes each on an H200); --reuse makes that a check of the manifest."""
+    out = tmp_path / "out"
+    first = make("--out", str(out), "--json")
+    assert first.exit_code == 0, first.output
+    made = json.loads(first.stdout)
+    path = out / FP16_NAME
+    assert made["reused"] is False and Path(made["path"]) == path
+    before = path.stat()
+
+    again = make("--out", str(out), "--reuse", "--json")
+    assert again.exit_code == 0, again.output
+    reused = json.loads(again.stdout)
+    assert reused["reused"] is True and reused["id"] == made["id"]
+    assert (path.stat().st_ino, path.stat().st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+
+    other = make("--out", str(out), "--reuse", "--seed", "1")   # other weights: not reused
+    assert other.exit_code == 6, other.output
+    assert "already exists" in other.output and "not reused: weights differ" in other.output
+    assert path.stat().st_mtime_ns == before.st_mtime_ns
+
+    rebuilt = make("--out", str(out), "--reuse", "--force", "--seed", "1", "--json")
+    assert rebuilt.exit_code == 0, rebuilt.output
+    replaced = json.loads(rebuilt.stdout)
+    assert replaced["reused"] is False and replaced["id"] != made["id"]
+    assert sorted(p.name for p in out.iterdir()) == [FP16_NAME]
