@@ -100,7 +100,7 @@ def render_markdown(study: dict) -> str:
         out.append("(no fp16 and fp8 pair in this study)")
     peer = study.get("peer")
     if peer:
-        out += ["", f"## Against the peer: peer time / bundle time (> 1 means the bundle is "
+        out += ["", "## Against the peer: peer time / bundle time (> 1 means the bundle is "
                     "faster)", "", f"Peer: {peer['note']}; ran on {peer['ran_on']}.", ""]
         out += _table(["batch", "boundary", "bundle", "peer ms", "bundle ms", "peer/bundle"],
                       [[str(r["batch_size"]), r["boundary"], r["bundle"], f"{r['peer_ms']:.3f}",
