@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runtime_py.errors import UsageError
+from runtime_py.errors import OutputPathError, UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -133,7 +133,7 @@ def export_fp32_onnx(
     model = _export(module, family)
     try:
         _write_atomic(path, serialize(model))
-    except OSError:
+    except (OSError, OutputPathError):   # atomic_write's refusal names the file
         pass  # an unwritable cache costs time, not correctness
     return model
 

@@ -9,6 +9,7 @@ interrupted make never leaves something that looks like a bundle.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import tempfile
@@ -40,9 +41,15 @@ def source_date_epoch() -> int | None:
 def atomic_write(path: Path, chunks: Iterable[bytes], mode: int = 0o644) -> None:
     """Write `chunks` to a temporary file beside `path`, fsync, rename into place.
 
-    Readers never see a partial file, and an interrupted write leaves nothing behind.
+    Readers never see a partial file, and an interrupted write leaves nothing behind. A
+    write the system refuses (a full disk, a quota, a file size limit, a read-only mount)
+    is an OutputPathError naming the file, not a traceback at the end of a long build.
     """
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial",
+                                        dir=path.parent)
+    except OSError as exc:
+        raise _write_refused(path, exc) from exc
     try:
         with os.fdopen(fd, "wb") as f:
             for chunk in chunks:
@@ -51,9 +58,19 @@ def atomic_write(path: Path, chunks: Iterable[bytes], mode: int = 0o644) -> None
             os.fsync(f.fileno())
         os.chmod(tmp_name, mode)
         os.replace(tmp_name, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp_name).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise _write_refused(path, exc) from exc
         raise
+
+
+def _write_refused(path: Path, exc: OSError) -> OutputPathError:
+    full = exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+    hint = ("free space there or write elsewhere (--out; $TRT_BUNDLE_CACHE for the export "
+            "cache)" if full else "check the folder's permissions or write elsewhere")
+    return OutputPathError(f"could not write {path}: {exc.strerror or exc}; {hint}; "
+                           "nothing was left behind")
 
 
 def prepare_out_dir(out_dir: str | os.PathLike) -> Path:
@@ -152,11 +169,20 @@ def write_bundle(out_path: str | os.PathLike, manifest_body: dict, members: dict
     prepare_out_dir(out_path.parent)
     manifest, blobs = build_manifest(manifest_body, members, level)
     validate_manifest(manifest)
+    created = [f for f in (out_path.parent, *out_path.parent.parents) if not f.exists()]
     out_path.parent.mkdir(parents=True, exist_ok=True)
     manifest_bytes = encode_manifest(manifest)
     data_end = HEADER_SIZE + sum(len(b) for b in blobs)
     header = Header(FORMAT_MAJOR, FORMAT_MINOR, data_end, len(manifest_bytes),
                     hashlib.sha256(manifest_bytes).digest())
 
-    atomic_write(out_path, [header.pack(), *blobs, manifest_bytes])
+    try:
+        atomic_write(out_path, [header.pack(), *blobs, manifest_bytes])
+    except BaseException:
+        for folder in created:          # deepest first: a failed write leaves no new folder
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        raise
     return out_path, bundle_id_of(manifest_bytes)

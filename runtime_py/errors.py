@@ -207,5 +207,6 @@ EXIT_CODES_HELP = """\
 Exit codes: 0 success; 1 verify found problems (one line each); 2 bad command line;
 3 malformed or corrupt bundle; 4 path not found or not a file; 5 bundle cannot run on
 this host (engine missing, GPU/version mismatch); 6 request refused (bad family,
-weights, calibration data, precision, inputs, key files); 7 serving error; 8 signature
-missing, malformed or not from a trusted signer."""
+weights, calibration data, precision, inputs, key files, an output place that cannot be
+written: full disk, permissions); 7 serving error; 8 signature missing, malformed or not
+from a trusted signer."""

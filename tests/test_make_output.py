@@ -132,3 +132,32 @@ def test_reuse_takes_a_bundle_of_the_same_inputs_and_names_what_differs(tmp_path
     replaced = json.loads(rebuilt.stdout)
     assert replaced["reused"] is False and replaced["id"] != made["id"]
     assert sorted(p.name for p in out.iterdir()) == [FP16_NAME]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="needs RLIMIT_FSIZE and SIGXFSZ (Linux)")
+def test_a_write_the_system_refuses_is_exit_6_and_leaves_nothing(tmp_path):
+    """A full disk (the CI machine's, 2026-12-04) or a file size limit: the system refuses the
+    bundle's write. `bundle make` says which file and why (exit 6, no traceback) and leaves
+    no partial file and no folder it created. Here a real EFBIG from an 8 MB file size
+    limit on the process (the fp32 bundle is ~90 MB)."""
+    import resource
+    import signal
+    import subprocess
+
+    def limit_file_size():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)      # EFBIG instead of a kill
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8 << 20, resource.RLIM_INFINITY))
+
+    out = tmp_path / "new" / "bundles"
+    done = subprocess.run(
+        [sys.executable, "-m", "bundler.cli", "make", "timm_xception", "--precision", "fp32",
+         "--random-weights", "--backend", "onnxruntime", "--reference-count", "2",
+         "--out", str(out)],
+        preexec_fn=limit_file_size, capture_output=True, text=True,
+        cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 6, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert "could not write" in done.stderr and "File too large" in done.stderr
+    assert str(out / "timm_xception-fp32-1.0.0-onnxruntime.bundle") in done.stderr
+    assert list(tmp_path.iterdir()) == []              # no partial file, no new folder
