@@ -49,7 +49,7 @@ def atomic_write(path: Path, chunks: Iterable[bytes], mode: int = 0o644) -> None
         fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial",
                                         dir=path.parent)
     except OSError as exc:
-        raise _write_refused(path, exc) from exc
+        raise write_refused(path, exc) from exc
     try:
         with os.fdopen(fd, "wb") as f:
             for chunk in chunks:
@@ -61,16 +61,22 @@ def atomic_write(path: Path, chunks: Iterable[bytes], mode: int = 0o644) -> None
     except BaseException as exc:
         Path(tmp_name).unlink(missing_ok=True)
         if isinstance(exc, OSError):
-            raise _write_refused(path, exc) from exc
+            raise write_refused(path, exc) from exc
         raise
 
 
-def _write_refused(path: Path, exc: OSError) -> OutputPathError:
-    full = exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-    hint = ("free space there or write elsewhere (--out; $TRT_BUNDLE_CACHE for the export "
-            "cache)" if full else "check the folder's permissions or write elsewhere")
-    return OutputPathError(f"could not write {path}: {exc.strerror or exc}; {hint}; "
-                           "nothing was left behind")
+#: errno values that mean "the system refused to store this": no space, quota, size limit
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def write_refused(path: Path, exc: OSError,
+                  elsewhere: str = "--out; $TRT_BUNDLE_CACHE for the export cache"
+                  ) -> OutputPathError:
+    """The OutputPathError (exit 6) for a write of ``path`` the system refused."""
+    hint = ("free space there or write elsewhere" if exc.errno in NO_ROOM
+            else "check the folder's permissions or write elsewhere")
+    return OutputPathError(f"could not write {path}: {exc.strerror or exc}; {hint} "
+                           f"({elsewhere}); nothing was left behind")
 
 
 def prepare_out_dir(out_dir: str | os.PathLike) -> Path:

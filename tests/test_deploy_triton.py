@@ -228,6 +228,28 @@ def test_a_failure_leaves_the_repository_as_it_was(tmp_path):
     assert parse(repo / "tiny-fp32-1").dynamic_batching.max_queue_delay_microseconds == 5000
 
 
+def test_a_full_disk_while_staging_is_exit_6_and_leaves_nothing(tmp_path):
+    """The system refusing a write inside the staging folder (no space, quota) is an
+    OutputPathError naming the repository, and the folder this run created is gone; other
+    OS errors (a missing source file) stay what they are."""
+    import errno
+    import os
+
+    from bundler.deploy.staging import StagedFolder
+    from runtime_py.errors import OutputPathError
+
+    repo = tmp_path / "repo"
+    with pytest.raises(OutputPathError, match=r"could not write .*repo: No space left"):
+        with StagedFolder(repo) as staged:
+            staged.path("model").write_bytes(b"half")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(FileNotFoundError):
+        with StagedFolder(repo):
+            raise FileNotFoundError(errno.ENOENT, "no such source", "engine.pt2")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_two_bundles_of_one_model_name_are_refused(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()

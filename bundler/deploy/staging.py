@@ -10,11 +10,13 @@ model folder without its config or its engine file.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
+from bundler.writer import NO_ROOM, write_refused
 from runtime_py.errors import UsageError
 
 
@@ -47,6 +49,9 @@ class StagedFolder:
             self._stage = None
         if exc_type is not None and self._created_target:
             shutil.rmtree(self.target, ignore_errors=True)
+        if isinstance(exc, OSError) and exc.errno in NO_ROOM + (errno.EROFS,):
+            # a full disk while copying an engine in: exit 6 naming the folder, no traceback
+            raise write_refused(self.target, exc, "another folder") from exc
 
     def path(self, name: str) -> Path:
         """Where to write entry ``name`` (a top-level file or folder of the target)."""
