@@ -95,6 +95,9 @@ def reuse_mismatch(path: Path, family, req, target: str, source: dict,
                                                       layout_description, small_batch_form)
 
         options = m["engine"]["details"].get("compile_options", {})
+        # a CPU package (target option device cpu) is no GPU package, and the other way round
+        checks["device"] = (m["engine"]["details"].get("device"),
+                            req.target_options.get("device", "cuda"))
         # the Inductor options this build would pass (an older package timed its pointwise
         # block sizes while compiling: rebuilt)
         from bundler.targets.torch_aoti.build import DEFAULT_COMPILE_OPTIONS

@@ -211,9 +211,13 @@ def test_reuse_needs_the_static_batch_graphs_the_family_lists(xception_bundles, 
     other_path, _ = write_bundle(tmp_path / "y.bundle", other, {**members, "engine.pt2": b"pt2"})
     family = load_family("timm_xception")
     req = MakeRequest(family=family.name, precision="fp32", random_weights=True,
-                      calib_count=16, reference_count=4)
+                      calib_count=16, reference_count=4, target_options={"device": "cpu"})
     source = expected_source(family, req)
     assert reuse_mismatch(path, family, req, "torch-aoti", source, None) is None
+    # the package is a CPU one: a build for the GPU (the default device) does not take it
+    gpu = dataclasses.replace(req, target_options={})
+    assert "device differs ('cpu' vs 'cuda')" in reuse_mismatch(
+        path, family, gpu, "torch-aoti", source, None)
     assert "model form differs ('nhwc' vs 'nchw')" in reuse_mismatch(
         other_path, family, req, "torch-aoti", source, None)
     # a package whose Inductor timed its pointwise block sizes (before 2026-12-04) is rebuilt
