@@ -304,8 +304,11 @@ def reusable_bundle(family: Family, req: MakeRequest, target: str, out_dir: Path
 
     prefix = targets.bundle_name(family.name, family.version, req.precision, req.variant, "",
                                  req.input_dtype)
-    found, why = matching_bundle(sorted(out_dir.glob(prefix + "*.bundle")), family, req,
-                                 target)
+    # the bundle of this target's own name last, so that `why` is its difference (what the
+    # refusal to overwrite it then says)
+    own = prefix + target + ".bundle"
+    candidates = sorted(out_dir.glob(prefix + "*.bundle"), key=lambda p: (p.name == own, p.name))
+    found, why = matching_bundle(candidates, family, req, target)
     if found is None:
         progress("reuse", f"nothing to reuse ({why}): building")
         return why

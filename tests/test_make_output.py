@@ -122,9 +122,14 @@ def test_reuse_takes_a_bundle_of_the_same_inputs_and_names_what_differs(tmp_path
     assert reused["reused"] is True and reused["id"] == made["id"]
     assert (path.stat().st_ino, path.stat().st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
 
+    # another file of the family's bundle names beside it (here not a bundle at all): the
+    # refusal names what differs in the bundle of this target's name, not in that one
+    decoy = out / FP16_NAME.replace("onnxruntime", "torch-aoti")
+    decoy.write_bytes(b"not a bundle")
     other = make("--out", str(out), "--reuse", "--seed", "1")   # other weights: not reused
     assert other.exit_code == 6, other.output
     assert "already exists" in other.output and "not reused: weights differ" in other.output
+    decoy.unlink()
     assert path.stat().st_mtime_ns == before.st_mtime_ns
 
     rebuilt = make("--out", str(out), "--reuse", "--force", "--seed", "1", "--json")
