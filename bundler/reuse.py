@@ -164,15 +164,29 @@ def reuse_mismatch(path: Path, family, req, target: str, source: dict,
     return None
 
 
-def matching_bundle(candidates, family, req, target: str) -> tuple[Path | None, str]:
+def matching_bundle(candidates, family, req, target: str,
+                    shared: dict | None = None) -> tuple[Path | None, str]:
     """The first of ``candidates`` made from ``req``'s inputs, or None and why none is
-    (the last candidate's difference, or that there was none)."""
-    source = expected_source(family, req)
-    digest = expected_calibration_digest(family, req) if req.precision == "fp8" else None
-    host = target_host(target)
+    (the last candidate's difference, or that there was none).
+
+    What is expected is worked out only when there is a candidate: the weights' sha256
+    (reads the checkpoint), the calibration data's digest, the host (imports torch).
+    ``shared``: a dict kept across the requests of one study, which share weights and
+    calibration data, so that each is worked out once."""
+    if not candidates:
+        return None, "no earlier bundle in the folder"
+    known = {} if shared is None else shared
+    if "source" not in known:
+        known["source"] = expected_source(family, req)
+    if req.precision == "fp8" and "calibration" not in known:
+        known["calibration"] = expected_calibration_digest(family, req)
+    if ("host", target) not in known:
+        known[("host", target)] = target_host(target)
+    digest = known["calibration"] if req.precision == "fp8" else None
     reason = "no earlier bundle in the folder"
     for candidate in candidates:
-        reason = reuse_mismatch(candidate, family, req, target, source, digest, host)
+        reason = reuse_mismatch(candidate, family, req, target, known["source"], digest,
+                                known[("host", target)])
         if reason is None:
             return candidate, "same inputs"
     return None, reason

@@ -117,11 +117,12 @@ def build_or_reuse(planned: list[Planned], family, target: str, reuse: bool,
     from bundler.make import make_bundle
     from runtime_py.format import open_bundle
 
+    shared: dict = {}   # the study's bundles share weights and calibration data
     for p in planned:
         reason = "--no-reuse"
         if reuse:
             candidates = sorted(Path(p.request.out_dir).glob(p.prefix + "*.bundle"))
-            found, reason = matching_bundle(candidates, family, p.request, target)
+            found, reason = matching_bundle(candidates, family, p.request, target, shared)
             if found is not None:
                 p.path, reason = found, None
         if reason is None:
