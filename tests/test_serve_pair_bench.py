@@ -32,15 +32,19 @@ def test_it_wants_exactly_two_bundles(pair_bench, capsys):
 
 
 def test_two_synthetic_engines_served_side_by_side(pair_bench, capsys):
-    """An engine twice as slow per batch is slower at every boundary, and each figure is
-    the ratio first / second of one round."""
+    """An engine much slower per batch is slower at every boundary, and each figure is
+    the ratio first / second of one round.
+
+    The slow engine is 20x the fast one so that it, not the 2-core HTTP front-end, bounds its
+    server: at 4x (2,8 ms) a loaded CI machine's front-end capped the fast server near the slow
+    one and the HTTP ratio fell to 1.297 (CI, 9c86950)."""
     result = pair_bench.main([
-        "--synthetic-costs", "2,8", "--image-size", "16", "--clients", "8", "--batch", "8",
+        "--synthetic-costs", "2,40", "--image-size", "16", "--clients", "8", "--batch", "8",
         "--http-procs", "1", "--paths", "http", "--workers", "0", "--rounds", "1",
-        "--seconds", "0.4", "--warmup", "0.1"])
+        "--seconds", "0.6", "--warmup", "0.1"])
     ratios = result["first_over_second"]
     assert set(ratios) == {"engine", "batcher", "http@p1"}
     for key, s in ratios.items():
         assert s["median"] > 1.3, (key, s)
-        assert s["median"] == pytest.approx(s["first_img_s"] / s["second_img_s"], abs=2e-3)
+        assert s["median"] == pytest.approx(s["first_img_s"] / s["second_img_s"], rel=1e-3)
     assert "http@p1" in capsys.readouterr().out
