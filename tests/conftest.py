@@ -7,8 +7,31 @@ from pathlib import Path
 
 import pytest
 
+from runtime_py.engines.onnxruntime import THREADS_ENV as ORT_THREADS_ENV
+
 # Tests must never reach a model hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _threads_per_worker() -> int:
+    """The cores this process may use, shared among the run's xdist workers."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+
+
+def pytest_configure(config):
+    """Each process that runs tests gets its share of the cores for torch (OpenMP, read when
+    torch is imported: set here, before collection imports it) and for ONNX Runtime
+    (trt-bundle's ``THREADS_ENV``); subprocesses (CLI runs, servers) inherit both. Left at
+    their defaults, each of the README's two workers ran a thread per core of both on 2
+    cores, and the spinning threads took CPU from the other worker: two workers running
+    test_runtime_bundles.py side by side took 122 s each, 96 s with one thread each. Not in
+    xdist's controller, which runs no tests: its environment is the workers', and a value
+    set there would stand for theirs. A value the caller set is kept."""
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        return
+    os.environ.setdefault("OMP_NUM_THREADS", str(_threads_per_worker()))
+    os.environ.setdefault(ORT_THREADS_ENV, str(_threads_per_worker()))
 
 
 # --- parallel runs (pytest-xdist, the README's `-n 2 --dist loadgroup`) -----------------

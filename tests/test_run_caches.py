@@ -63,3 +63,21 @@ def test_ci_refuses_to_start_on_a_full_disk(tmp_path):
     assert done.returncode == 1, done.stdout + done.stderr
     assert "100 MB free" in done.stderr and "needs about" in done.stderr
     assert "went past" not in done.stdout + done.stderr
+
+
+def _share_of_the_cores() -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+
+
+def test_each_worker_runs_its_share_of_the_cores_in_torch_and_onnxruntime():
+    """Two workers on 2 cores: one thread each in torch and in every ONNX Runtime session,
+    not a spinning thread per core in each (conftest sets both before torch is imported)."""
+    torch = pytest.importorskip("torch")
+    import onnxruntime as ort
+
+    from runtime_py.engines.onnxruntime import session_options
+
+    share = _share_of_the_cores()
+    assert torch.get_num_threads() == share
+    assert session_options(ort, "fp16").intra_op_num_threads == share

@@ -73,9 +73,9 @@ def _with_outputs(model, tensor_names: Sequence[str]):
 def _session(model, intra_op_threads: int | None):
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    if intra_op_threads is not None:
-        options.intra_op_num_threads = int(intra_op_threads)
+    from runtime_py.engines.onnxruntime import session_options
+
+    options = session_options(ort, intra_op_threads=intra_op_threads)
     return ort.InferenceSession(
         model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"]
     )

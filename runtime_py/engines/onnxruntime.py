@@ -7,10 +7,18 @@ installed and `providers` does not say otherwise.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from runtime_py.engines.base import Runner
-from runtime_py.errors import CompatibilityError, EngineUnavailableError
+from runtime_py.errors import CompatibilityError, EngineUnavailableError, UsageError
+
+#: Intra-op threads of every ONNX Runtime session trt-bundle opens where the caller gives
+#: none (a runner's ``intra_op_threads`` option wins). ONNX Runtime reads no variable of
+#: its own: unset, each session starts a thread per core, so N processes on one host (serve
+#: replicas, build jobs, test workers) run N x cores spinning threads.
+THREADS_ENV = "TRT_BUNDLE_ORT_THREADS"
 
 
 def import_onnxruntime():
@@ -41,13 +49,44 @@ def optimization_level(ort, precision: str):
     return levels.ORT_DISABLE_ALL if precision == "fp8" else levels.ORT_ENABLE_ALL
 
 
+def threads_from_environment() -> int | None:
+    """``$TRT_BUNDLE_ORT_THREADS`` as a thread count (None where unset, empty or 0: ONNX
+    Runtime's own default)."""
+    raw = os.environ.get(THREADS_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        threads = int(raw)
+    except ValueError:
+        threads = -1
+    if threads < 0:
+        raise UsageError(f"${THREADS_ENV} is {raw!r}: give a whole number of threads (1 per "
+                         f"process where several share the cores, 0 for one per core) or unset it")
+    return threads or None
+
+
+def session_options(ort, precision: str | None = None, intra_op_threads: int | None = None,
+                    inter_op_threads: int | None = None):
+    """The SessionOptions of every session trt-bundle opens: the runner's optimization level
+    for ``precision`` (ONNX Runtime's default where None), threads as given, else from
+    ``$TRT_BUNDLE_ORT_THREADS``."""
+    opts = ort.SessionOptions()
+    if precision is not None:
+        opts.graph_optimization_level = optimization_level(ort, precision)
+    intra = intra_op_threads or threads_from_environment()
+    if intra:
+        opts.intra_op_num_threads = int(intra)
+    if inter_op_threads:
+        opts.inter_op_num_threads = int(inter_op_threads)
+    return opts
+
+
 def cpu_session(model_bytes: bytes, precision: str = "fp32"):
     """A quiet CPU session over a graph, optimized as the runner optimizes it (for the
     bundler's reference outputs and evaluation, which must match what the runtime gives)."""
     ort = import_onnxruntime()
-    opts = ort.SessionOptions()
+    opts = session_options(ort, precision)
     opts.log_severity_level = 3
-    opts.graph_optimization_level = optimization_level(ort, precision)
     try:
         return ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
     except Exception as exc:  # ORT raises its own exception types for graphs it cannot load
@@ -69,13 +108,9 @@ class OnnxRuntimeRunner(Runner):
 
     def activate_impl(self) -> None:
         ort = import_onnxruntime()
-        opts = ort.SessionOptions()
-        opts.graph_optimization_level = optimization_level(
-            ort, self.bundle.manifest.get("precision", ""))
-        if self.options.get("intra_op_threads"):
-            opts.intra_op_num_threads = int(self.options["intra_op_threads"])
-        if self.options.get("inter_op_threads"):
-            opts.inter_op_num_threads = int(self.options["inter_op_threads"])
+        opts = session_options(ort, self.bundle.manifest.get("precision", ""),
+                               self.options.get("intra_op_threads"),
+                               self.options.get("inter_op_threads"))
         providers = self.options.get("providers") or default_providers(
             ort, int(self.options.get("device") or 0))
         try:
