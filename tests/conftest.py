@@ -1,8 +1,11 @@
 """Shared fixtures. Sections are owned by topic (prefix in the fixture name)."""
 
+import fcntl
+import json
 import os
 import shutil
 import subprocess
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -81,24 +84,47 @@ def run_caches(tmp_path_factory):
 
 
 # --- real bundles of the family, built once per session (slow part of the suite) -------
+@contextmanager
+def _run_lock(path: Path):
+    """An exclusive lock on ``path`` between the run's xdist workers (one at a time builds
+    what the run shares)."""
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
-def xception_bundles(tmp_path_factory):
+def xception_bundles(run_caches):
     """precision -> Path of a random-weights timm_xception bundle (onnxruntime target).
 
     Built with small calibration and reference sets to keep CI fast; the graphs are the
-    real family graphs (43 FP8 convolutions for fp8).
+    real family graphs (43 FP8 convolutions for fp8). Built once per run, in the run
+    folder: the first worker that needs them builds them under a lock, the other takes
+    them (tests read them, never change them), which saves the run three builds of
+    xception (about 45 s of CPU).
     """
     from bundler.make import MakeRequest, make_bundle
 
-    out = tmp_path_factory.mktemp("xception_bundles")
-    bundles = {}
-    for precision in ("fp32", "fp16", "fp8"):
-        result = make_bundle(MakeRequest(
-            family="timm_xception", precision=precision, backend="onnxruntime",
-            random_weights=True, out_dir=out, calib_count=16, reference_count=4))
-        bundles[precision] = result.path
+    out = run_caches / "xception_bundles"
+    listing = out / "bundles.json"
+    with _run_lock(run_caches / "xception_bundles.lock"):
+        if listing.is_file():
+            return {precision: Path(path)
+                    for precision, path in json.loads(listing.read_text()).items()}
+        shutil.rmtree(out, ignore_errors=True)       # a build that failed in another worker
+        out.mkdir()
+        bundles = {}
+        for precision in ("fp32", "fp16", "fp8"):
+            result = make_bundle(MakeRequest(
+                family="timm_xception", precision=precision, backend="onnxruntime",
+                random_weights=True, out_dir=out, calib_count=16, reference_count=4))
+            bundles[precision] = result.path
+        listing.write_text(json.dumps({precision: str(path)
+                                       for precision, path in bundles.items()}))
     return bundles
-
 
 
 # --- graphs_ fixtures (bundler.export / bundler.graphs): built once per session ---------
@@ -128,8 +154,11 @@ def graphs_torch_model(graphs_family, graphs_state_dict):
 
 
 @_graphs_pytest.fixture(scope="session")
-def graphs_export_cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("graphs_export_cache")
+def graphs_export_cache(run_caches):
+    """The run's, not the worker's: both workers read the one export (writes are atomic)."""
+    folder = run_caches / "graphs_export_cache"
+    folder.mkdir(exist_ok=True)
+    return folder
 
 
 @_graphs_pytest.fixture(scope="session")

@@ -4,7 +4,6 @@ opens where the caller gives none (ONNX Runtime reads no variable of its own).""
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
