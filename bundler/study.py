@@ -43,6 +43,7 @@ import numpy as np
 from bundler.evaluate import (logits_over, model_infer, quality_figures, reference_from_bundle,
                               split_batches, stress_figures)
 from bundler.reuse import matching_bundle
+from runtime_py.compat import usable_cores
 from runtime_py.errors import UsageError
 
 Progress = Callable[[str, str], None]
@@ -236,10 +237,7 @@ def environment(command: str | None) -> dict:
                 break
     except OSError:
         pass
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
+    usable = usable_cores()
     return {
         "command": command,
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import os
 import re
 import shutil
 import subprocess
@@ -69,6 +70,15 @@ class HostInfo:
 
 
 # --- small pure helpers --------------------------------------------------------------
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which containers and taskset
+    narrow; ``os.cpu_count()`` counts the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
 
 def parse_version(text: str) -> tuple[int, ...]:
     """Leading numeric components of a version string: "11.4.0.106" -> (11, 4, 0, 106)."""

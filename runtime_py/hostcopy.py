@@ -7,12 +7,13 @@ copy split along the batch axis over a few threads runs at the memory system's s
 from __future__ import annotations
 
 import functools
-import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 import numpy as np
+
+from runtime_py.compat import usable_cores
 
 #: Below this many bytes one thread is faster than handing chunks to others.
 PARALLEL_MIN_BYTES = 4 << 20
@@ -31,10 +32,7 @@ def copy_threads() -> int:
     """Threads a large copy is split over: up to 8, never more than the cores this process
     may use, and 1 on a machine of one or two cores (they are busy with the rest). Read
     once: every batch asks."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
+    cores = usable_cores()
     return 1 if cores <= 2 else min(MAX_THREADS, cores // 2)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from runtime_py.compat import usable_cores
 from runtime_py.engines.onnxruntime import THREADS_ENV as ORT_THREADS_ENV
 
 # Tests must never reach a model hub.
@@ -18,8 +19,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def _threads_per_worker() -> int:
     """The cores this process may use, shared among the run's xdist workers."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    return max(1, usable_cores() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
 
 
 def pytest_configure(config):

@@ -66,8 +66,9 @@ def test_ci_refuses_to_start_on_a_full_disk(tmp_path):
 
 
 def _share_of_the_cores() -> int:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    from runtime_py.compat import usable_cores
+
+    return max(1, usable_cores() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
 
 
 def test_each_worker_runs_its_share_of_the_cores_in_torch_and_onnxruntime():

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import os
 import signal
 import socket
 import threading
@@ -23,6 +22,7 @@ from typing import Any, Callable, Iterable, Mapping
 import uvicorn
 
 from ..batcher import Batcher
+from ..compat import usable_cores
 from ..errors import AddressInUseError, UsageError
 from .app import DEFAULT_MAX_BODY_BYTES, create_engine_app
 from .engine import Engine
@@ -403,5 +403,5 @@ class ServerThread:
 def default_workers() -> int:
     """Front-end worker processes for this host: 0 (parse in the engine process) on hosts
     with few cores, where extra processes only compete with the engine for them."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return 0 if (cores or 1) <= 2 else min(8, (cores or 1) // 2)
+    cores = usable_cores()
+    return 0 if cores <= 2 else min(8, cores // 2)
