@@ -116,6 +116,60 @@ def test_vit_fp8_engine_model_keeps_its_layout_and_quantizes_the_block_linears()
     assert isinstance(module.body.head, torch.nn.Linear) and module.body.head.weight.dtype == torch.float16
 
 
+@pytest.mark.parametrize("patch, size, bias", [((16, 16), (32, 48), True),
+                                                ((16, 8), (35, 33), False),
+                                                ((4, 4), (8, 8), True)])
+def test_patch_gemm_is_the_patchifying_convolution(patch, size, bias):
+    """A convolution whose kernel is its stride, as one GEMM over the patches: the same
+    output (rows and columns that fill no patch dropped, as the convolution drops them),
+    NCHW, and laid out so that timm's flatten(2).transpose(1, 2) after it is a view."""
+    from bundler.targets.torch_aoti.model import PatchGemm
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 24, patch, stride=patch, bias=bias).eval()
+    x = torch.randn(2, 3, *size)
+    gemm = PatchGemm(conv)
+    with torch.no_grad():
+        want, got = conv(x), gemm(x)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert got.flatten(2).transpose(1, 2).is_contiguous()
+
+
+def test_only_patchifying_convolutions_become_gemms():
+    from bundler.targets.torch_aoti.model import PatchGemm, is_patchify
+
+    conv = torch.nn.Conv2d
+    assert is_patchify(conv(3, 8, 16, stride=16)) and is_patchify(conv(3, 8, (2, 4), stride=(2, 4)))
+    for other in (conv(3, 8, 16, stride=8), conv(3, 8, 3, stride=3, padding=1),
+                  conv(4, 8, 2, stride=2, groups=2), conv(3, 8, 2, stride=2, dilation=2),
+                  conv(3, 8, 1, padding="same"), torch.nn.Linear(3, 8)):
+        assert not is_patchify(other), other
+    with pytest.raises(UsageError, match="patches"):
+        PatchGemm(conv(3, 8, 3, stride=1))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_vit_engine_model_runs_its_patch_embedding_as_one_gemm(precision):
+    """timm_vit_base's engine model (every precision: the rewrite is rewrite_as_is's) has
+    no convolution left: its 16x16/16 patch embedding is a PatchGemm, and the model's
+    output is the timm model's (fp32 here: the CPU's fp16 convolution is the reference
+    that is slow, not the one that is exact)."""
+    from bundler.targets.torch_aoti import engine_model
+    from bundler.targets.torch_aoti.model import PatchGemm
+    from bundler.torch_model import build_torch_model
+
+    family = load_family("timm_vit_base")
+    vit = build_torch_model(family, seed=0)
+    module, _ = engine_model(vit, precision, layout="as_is")
+    assert isinstance(module.body.patch_embed.proj, PatchGemm)
+    assert not any(isinstance(m, torch.nn.Conv2d) for m in module.modules())
+    if precision == "fp32":
+        x = torch.randn(2, *family.input.shape, generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            torch.testing.assert_close(module(x), vit(x), rtol=1e-4, atol=1e-4)
+
+
 def test_resnet_fp16_engine_is_the_model_in_channels_last_memory(resnet):
     """family.json torch_aoti.fp16_layout "channels_last": the fp16 engine is the model as it
     is, channels_last, the form a torch.compile user runs (no NHWC rewrite)."""
@@ -236,11 +290,13 @@ def test_fp8_linear_small_static_batches_run_dequantized_and_others_the_fp8_gemm
 def test_vit_small_batch_graph_compiles_without_fp8_gemms_and_keeps_the_quantize_fused():
     """Compiled for static batch 1 with the dequantized small-batch form, a ViT block has no
     ``_scaled_mm`` left and every quantize still lands in the kernel of the op before it (no
-    pass of its own); compiled for a batch above ``SMALL_BATCH`` it keeps the FP8 GEMMs."""
+    pass of its own), and no convolution (the patch embedding is one GEMM); compiled for a
+    batch above ``SMALL_BATCH`` it keeps the FP8 GEMMs."""
     from bundler.targets.torch_aoti.model import SMALL_BATCH
 
     one = _inductor_code("rowwise-fp16", batch=1, small_batch="dequantized")
     assert "_scaled_mm" not in one
+    assert "convolution" not in one                     # the patch embedding: a PatchGemm
     kernels = sorted(set(re.findall(r"\b(cpp_fused_\w+|triton_\w+)\(", one)))
     quantizing = [k for k in kernels if "clamp" in k]
     assert len(quantizing) == 4, kernels                      # qkv, proj, fc1, fc2 inputs

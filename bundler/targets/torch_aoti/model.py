@@ -42,7 +42,8 @@ permutes are views).
 
 Families whose activations are not images (timm_vit_base: tokens) keep their layout
 (``rewrite_as_is``, family layout rule ``"as_is"``): their selected Linear layers become
-``Fp8Linear``, the same FP8 GEMM over the last axis.
+``Fp8Linear``, the same FP8 GEMM over the last axis, and a patch embedding (a
+convolution whose kernel is its stride) becomes one GEMM over the patches (``PatchGemm``).
 
 Other modules are kept as they are (activations, dropout, containers); channel norms are
 refused by name (``rewrite_nhwc``); and ``check_rewrite`` compares the rewritten fp32 model
@@ -76,7 +77,7 @@ from bundler.fp8 import E4M3_MAX, quantize as quantize_fp8, stored_scale
 from runtime_py.errors import UsageError
 
 __all__ = ["FP8_ALIGN", "FP8_GEMMS", "FP8_CONVS", "SMALL_BATCH", "SMALL_BATCH_POINTWISE", "fp8_conv_kernel", "padded", "map_nodes_to_modules", "rewrite_nhwc",
-           "rewrite_channels_last", "ChannelsLastView", "DepthwiseE4m3", "feeds_fp8_gemm", "rewrite_as_is", "fp8_gemm_rows", "shape_pass", "EngineModule", "check_rewrite",
+           "rewrite_channels_last", "ChannelsLastView", "DepthwiseE4m3", "feeds_fp8_gemm", "rewrite_as_is", "PatchGemm", "is_patchify", "fp8_gemm_rows", "shape_pass", "EngineModule", "check_rewrite",
            "fake_quant_reference"]
 
 #: FP8 GEMM operands need both dimensions of the weight to be multiples of 16 (cuBLASLt).
@@ -857,6 +858,61 @@ class ChannelsLastView(nn.Module):
         return self.layer(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
 
 
+def is_patchify(conv: nn.Module) -> bool:
+    """Whether ``conv`` cuts its input into non-overlapping patches (a ViT's patch
+    embedding): a 2-d convolution whose kernel equals its stride, with no padding, dilation
+    or groups. Such a convolution is one GEMM over the patches (``PatchGemm``)."""
+    return (isinstance(conv, nn.Conv2d) and tuple(conv.kernel_size) == tuple(conv.stride)
+            and tuple(conv.dilation) == (1, 1) and conv.groups == 1
+            and not isinstance(conv.padding, str) and tuple(conv.padding) == (0, 0))
+
+
+class PatchGemm(nn.Module):
+    """A patchifying convolution (``is_patchify``) as one GEMM: the patches are a reshape
+    and one permute of the NCHW input, ``[N*Hp*Wp, C*ph*pw]``, times the kernel flattened
+    in the same (C, ph, pw) order. The output is the convolution's NCHW tensor as a view
+    of the GEMM's rows, so timm's ``flatten(2).transpose(1, 2)`` after it is free.
+
+    Why: on the H200 (torch 2.11, cuDNN 9.19) cuDNN ran timm_vit_base's 16x16/16 patch
+    embedding in 0.233 ms at batch 32 and 0.083 ms at batch 1, plus two layout
+    conversions (0.087 / 0.015 ms): about a tenth of the fp8 engine, for 7.4 GFLOP (batch
+    32) that a GEMM runs in well under 0.03 ms
+    (docs/measurements/h200-2026-12-01-s3/vit-fp8.log). Rows or columns that do not fill
+    a patch are dropped, as the convolution drops them."""
+
+    def __init__(self, conv: nn.Conv2d) -> None:
+        super().__init__()
+        if not is_patchify(conv):
+            raise UsageError(f"{conv} does not cut its input into patches (kernel = stride, "
+                             "no padding, dilation or groups)")
+        self.patch = tuple(int(k) for k in conv.kernel_size)
+        self.cout = int(conv.out_channels)
+        self.register_buffer("weight", conv.weight.detach().reshape(self.cout, -1).clone())
+        self.register_buffer("bias", None if conv.bias is None else conv.bias.detach().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, c, h, w = x.shape
+        ph, pw = self.patch
+        hp, wp = h // ph, w // pw
+        if (hp * ph, wp * pw) != (h, w):
+            x = x[:, :, :hp * ph, :wp * pw]
+        patches = (x.reshape(n, c, hp, ph, wp, pw).permute(0, 2, 4, 1, 3, 5)
+                   .reshape(n * hp * wp, c * ph * pw))
+        y = F.linear(patches, self.weight, self.bias)
+        return y.reshape(n, hp, wp, self.cout).permute(0, 3, 1, 2)
+
+
+def _patchify_as_gemms(body: nn.Module) -> list[str]:
+    """Replace, in ``body``, every patchifying convolution by a ``PatchGemm``; returns
+    their module paths."""
+    names = [n for n, m in body.named_modules() if n and is_patchify(m)]
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        parent = body.get_submodule(parent_name) if parent_name else body
+        setattr(parent, child, PatchGemm(getattr(parent, child)))
+    return names
+
+
 class GlobalAvgPoolNHWC(nn.Module):
     def __init__(self, flatten: bool) -> None:
         super().__init__()
@@ -1215,7 +1271,8 @@ def rewrite_as_is(model: torch.nn.Module, dtype: torch.dtype, *,
                   fp8_conv: str = "im2col") -> torch.nn.Module:
     """A copy of ``model`` in ``dtype``, its layout as it is (a transformer's tokens are
     already row-major ``[tokens, features]`` GEMM operands), with the ``fp8`` Linear
-    layers (module path -> (activation scale, weight scales)) as ``Fp8Linear``. The family
+    layers (module path -> (activation scale, weight scales)) as ``Fp8Linear`` and its
+    patch embedding (a convolution whose kernel is its stride) as ``PatchGemm``. The family
     layout rule ``"as_is"`` (``family.json`` ``torch_aoti.layout``);
     ``small_batch_pointwise``: the layers' form in small static-batch graphs
     (``Fp8Linear``: "gemm" or "dequantized"). ``fp8_conv="triton-fused"``: every transformer
@@ -1231,6 +1288,7 @@ def rewrite_as_is(model: torch.nn.Module, dtype: torch.dtype, *,
     if problems:
         raise UsageError("cannot build the torch-aoti engine model: " + "; ".join(problems[:5]),
                          problems=problems)
+    _patchify_as_gemms(body)
     for name, (act, weights) in fp8.items():
         linear = copy.deepcopy(model.get_submodule(name))     # the fp32 kernel, as the graph
         parent_name, _, child = name.rpartition(".")
