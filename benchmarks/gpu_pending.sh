@@ -37,6 +37,17 @@
 #       each bundle's distance from the fp16 one). Random weights cannot say what fast
 #       accumulation does to real-weights top-1, and on timm_vit_base it cost agreement
 #       with fp32 (92.2% -> 84.4%, random weights): family.json keeps it off until they can.
+#   benchmarks/gpu_pending.sh vit-patch OUT_DIR   # ~5 min, no bundles: issue 18, timm_vit_base's
+#       patch embedding as one GEMM over the patches (model.PatchGemm, 2026-12-05, not yet
+#       timed on a GPU) against cuDNN's 16x16/16 convolution it replaces (-patchconv), fp16
+#       and fp8, static batches 1 and 32, one process, profiled by kernel. The 2026-12-01
+#       profile had that convolution at 0.233 ms (batch 32) and 0.083 ms (batch 1) plus
+#       0.087 / 0.015 ms of layout conversions, of a 2.8 / 0.68 ms fp8 engine
+#       (docs/measurements/h200-2026-12-01-s3/vit-fp8.log)
+#   benchmarks/gpu_pending.sh vit-peer OUT_DIR    # ~6 min: timm_vit_base's fp16 and fp8
+#       bundles with PatchGemm (built in parallel into /tmp/pending/vit), fp8 verified
+#       (verify --numerics), both timed with the torch.compile peer in one process (the
+#       fp16 bundle against the peer: 0.93-1.05x before; target >= 1.0x)
 #   benchmarks/gpu_pending.sh build OUT_DIR      # the uint8-input fp16 and fp8 bundles into
 #       /tmp/pending (~200 s; reused while the machine stays warm)
 #   benchmarks/gpu_pending.sh overhead OUT_DIR   # issue 14: Model.infer / with_copies,
@@ -60,8 +71,8 @@
 #
 # Logs: OUT_DIR/<step>.log. Each step prints as it goes and has its own timeout.
 set -u
-what=${1:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|build|overhead|serve|pair OUT_DIR}
-out=${2:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|build|overhead|serve|pair OUT_DIR}
+what=${1:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|overhead|serve|pair OUT_DIR}
+out=${2:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|overhead|serve|pair OUT_DIR}
 mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
@@ -135,6 +146,21 @@ make_bundle(MakeRequest(family='timm_xception', precision='fp8', backend='torch-
     "$bundles"/timm_xception-fp16-uint8-1.0.0-torch-aoti.bundle \
     "$bundles"/timm_xception-fp8-uint8-1.0.0-torch-aoti.bundle "$fast" --batch-sizes 1,32
   ;;
+vit-patch)   # issue 18: ViT's patch embedding, one GEMM (PatchGemm) against the convolution
+  step vit-patch 330 python3 benchmarks/inductor_fp8_bench.py --family timm_vit_base --static \
+    --batch-sizes 1,32 --variants fp16,fp16-patchconv,fp8,fp8-patchconv --iters 200 \
+    --profile fp16,fp16-patchconv --rows 8 --budget-s 300
+  ;;
+vit-peer)   # issue 18: timm_vit_base's bundles with PatchGemm against the peer
+  mkdir -p "$bundles/vit"
+  step vit-build 330 env FAMILY=timm_vit_base bash -c '. benchmarks/gpu_common.sh; \
+    make_parallel "$0" "fp16:--precision fp16" "fp8:--precision fp8"' "$bundles/vit"
+  step vit-verify 90 python3 -m bundler.cli verify --numerics \
+    "$bundles"/vit/timm_vit_base-fp8-1.0.0-torch-aoti.bundle
+  step vit-time 200 python3 benchmarks/aoti_static_vs_peer.py \
+    "$bundles"/vit/timm_vit_base-fp16-1.0.0-torch-aoti.bundle \
+    "$bundles"/vit/timm_vit_base-fp8-1.0.0-torch-aoti.bundle --batch-sizes 1,32
+  ;;
 build)   # the uint8 pair alone (serve and overhead reuse it while the machine is warm)
   build_pair 330
   ;;
@@ -166,6 +192,6 @@ pair)   # `build`, then fp8 against fp16 at the client, both served in one run
     --paths "${PATHS:-http,grpc}" \
     --rounds "${REPEATS:-3}" --seconds 3 --warmup 1
   ;;
-*) echo "usage: $0 dw|dw-gather|build|overhead|serve|pair OUT_DIR" >&2; exit 2 ;;
+*) echo "usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|overhead|serve|pair OUT_DIR" >&2; exit 2 ;;
 esac
 echo "== done (+$(( $(date +%s) - start )) s)"

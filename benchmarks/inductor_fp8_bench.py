@@ -59,6 +59,10 @@ suffixes of an fp8 base (``model.FP8_GEMMS``):
                quantize on the Triton kernel: ``fused_mlp.FusedMlp``)
   -unpadded    NHWC families: channel counts not carried padded to 16 (-padded: carried,
                the fp8 default since 2026-11-29; the older logs' plain "fp8" was unpadded)
+suffix of any variant (fp16 too):
+  -patchconv   "as_is" families: the patch embedding as the model's convolution (cuDNN), as
+               before 2026-12-05, instead of the one GEMM over the patches the target now
+               builds (``model.PatchGemm``): the change measured in one process
 Default: fp16,fp8,fp8-fp16out-fastacc,fp8-fp16out,fp8-fastacc,fp8-dequant.
 
 Boundary: fp32 NCHW input on the device, logits out; CUDA graph replay of the compiled
@@ -107,6 +111,8 @@ SUFFIXES = {"-fastacc": ("fast_accum", True), "-fp16out": ("gemm", "rowwise-fp16
             "-dwslices": ("depthwise", "slices"), "-dwtriton": ("depthwise", "triton"),
             "-dwcudnn": ("depthwise", "cudnn"), "-dwskip": ("depthwise", "triton-skip"),
             "-tfused": ("conv", "triton-fused")}
+#: the suffix that keeps an "as_is" family's patch embedding a convolution
+PATCH_CONV = "-patchconv"
 STARTED = time.monotonic()
 
 
@@ -130,10 +136,18 @@ class Variant:
     form: str = "family"             # fp8: "family", "nhwc" or "channels_last"
     depthwise: str = "family"        # channels_last fp8: "cudnn", "slices", "triton" or the family's
     conv: str | None = None          # fp8_conv ("triton-fused"); None: the family's / env's
+    patch_conv: bool = False         # the patch embedding as the convolution (-patchconv)
 
 
 def parse_variant(name: str, family) -> Variant:
     """``name`` (module docstring) -> Variant; ValueError naming what is wrong."""
+    if name.endswith(PATCH_CONV):
+        if family.torch_aoti_layout != "as_is":
+            raise ValueError(f"{name}: {PATCH_CONV} applies to layout as_is families (a "
+                             "patch embedding); this one has no PatchGemm")
+        variant = parse_variant(name.removesuffix(PATCH_CONV), family)
+        variant.name, variant.patch_conv = name, True
+        return variant
     if name in ("fp16", "fp16-nhwc", "fp16-nchw", "fp16-cl"):
         return Variant(name, "fp16", fp16_form=name.removeprefix("fp16-") if "-" in name else "family")
     base, fields = name, {}
@@ -195,6 +209,26 @@ def engine_module(variant: Variant, model, family, fp8: dict | None, max_batch: 
         depthwise=(depthwise_form(family, variant.precision, variant.recipe)
                    if variant.depthwise == "family" else variant.depthwise),
         triton_pointwise=family.torch_aoti_fp8_triton_pointwise)
+    return patch_convolutions(module) if variant.patch_conv else module
+
+
+def patch_convolutions(module):
+    """``module`` with each ``PatchGemm`` back as the convolution it replaced (same
+    weights and dtype): the engine model before 2026-12-05, for -patchconv."""
+    from torch import nn
+
+    from bundler.targets.torch_aoti.model import PatchGemm
+
+    for name, gemm in [(n, m) for n, m in module.named_modules() if isinstance(m, PatchGemm)]:
+        cin = gemm.weight.shape[1] // (gemm.patch[0] * gemm.patch[1])
+        conv = nn.Conv2d(cin, gemm.cout, gemm.patch, stride=gemm.patch,
+                         bias=gemm.bias is not None).to(gemm.weight.dtype)
+        conv.weight.data = gemm.weight.reshape(gemm.cout, cin, *gemm.patch).clone()
+        if gemm.bias is not None:
+            conv.bias.data = gemm.bias.clone()
+        parent_name, _, child = name.rpartition(".")
+        setattr(module.get_submodule(parent_name) if parent_name else module, child,
+                conv.requires_grad_(False))
     return module
 
 

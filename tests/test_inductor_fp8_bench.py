@@ -88,9 +88,39 @@ def test_variant_names():
         xception.torch_aoti_fp8_gemm, xception.torch_aoti_fp8_fast_accum)
     assert fp8_gemm_options(xception, bf16.gemm, bf16.fast_accum)[0] == "rowwise"
     for bad in ("fp8-depthwise", "fp16-fastacc", "fp8-fp16out-tensorwise", "fp8-bf16out-fp16out",
-                "int8"):
+                "int8", "fp8-patchconv-fastacc"):
         with pytest.raises(ValueError):
             bench.parse_variant(bad, vit)
+    # -patchconv: any variant of an as_is family, its patch embedding kept a convolution
+    v = bench.parse_variant("fp8-fastacc-patchconv", vit)
+    assert (v.name, v.precision, v.fast_accum, v.patch_conv) == (
+        "fp8-fastacc-patchconv", "fp8", True, True)
+    assert bench.parse_variant("fp16-patchconv", vit).patch_conv
+    assert not bench.parse_variant("fp16", vit).patch_conv
+    with pytest.raises(ValueError, match="as_is"):
+        bench.parse_variant("fp16-patchconv", xception)
+
+
+def test_patchconv_puts_the_patch_embedding_convolution_back():
+    """The -patchconv engine model: the target's PatchGemm back as a Conv2d of the same
+    weights, the same output (fp32, the CPU)."""
+    import timm
+
+    from bundler.targets.torch_aoti.model import PatchGemm, rewrite_as_is
+
+    bench = _load("inductor_fp8_bench")
+    torch.manual_seed(0)
+    vit = timm.create_model("vit_base_patch16_224", pretrained=False, depth=1, embed_dim=64,
+                            num_heads=2, img_size=32, num_classes=10).eval()
+    gemm = rewrite_as_is(vit, torch.float32)
+    assert isinstance(gemm.patch_embed.proj, PatchGemm)
+    conv = bench.patch_convolutions(rewrite_as_is(vit, torch.float32))
+    assert isinstance(conv.patch_embed.proj, torch.nn.Conv2d)
+    assert not any(isinstance(m, PatchGemm) for m in conv.modules())
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(conv(x), gemm(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(conv(x), vit(x), rtol=1e-5, atol=1e-5)
 
 
 def test_torch_side_recipe_selects_what_make_selects():
@@ -162,7 +192,8 @@ def test_the_benchmark_runs_end_to_end_on_the_cpu(tmp_path, capsys):
                            "--eval-count", "2", "--calib-count", "2", "--batch-sizes", "2,1",
                            # not -tensorwise: the CPU kernel of tensorwise _scaled_mm
                            # takes a minute a call (its GEMM is tested on its own)
-                           "--variants", "fp16,fp8,fp8-fp16out-fastacc,fp8-dequant,fp8-rowcols",
+                           "--variants", "fp16,fp8,fp8-fp16out-fastacc,fp8-dequant,fp8-rowcols,"
+                           "fp16-patchconv",
                            "--profile", "fp8", "--rows", "3", "--json", str(out)]) == 0
         assert bench.main(["--family", name, "--variants", "fp8-blockwise",
                            "--device", "cpu"]) == 2
@@ -173,7 +204,7 @@ def test_the_benchmark_runs_end_to_end_on_the_cpu(tmp_path, capsys):
     assert "FP8 GEMM" in text and "kernels/run" in text
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["variant"] for r in lines] == ["fp16", "fp8", "fp8-fp16out-fastacc",
-                                             "fp8-dequant", "fp8-rowcols"]
+                                             "fp8-dequant", "fp8-rowcols", "fp16-patchconv"]
     assert all(set(r["ms"]) == {"2", "1"} for r in lines)
     profiled = next(r for r in lines if r["variant"] == "fp8")["kernels"]["2"]
     assert profiled["groups"]["FP8 GEMM"]["count"] == 48

@@ -629,8 +629,8 @@ def layout_description(precision: str, *, nhwc: bool, pad_channels: bool = False
     what `bundle study` compares before it reuses a bundle)."""
     if nhwc:
         return "nhwc, channels padded to multiples of 16" if pad_channels else "nhwc"
-    if layout == "as_is":
-        return "as is (tokens)"
+    if layout == "as_is":   # (a package from before PatchGemm said "as is (tokens)")
+        return "as is (tokens), patch embedding as one GEMM"
     if not channels_last:
         return "nchw"
     if precision == "fp8" and fp8_conv != "triton-fused":
