@@ -170,6 +170,23 @@ def test_vit_engine_model_runs_its_patch_embedding_as_one_gemm(precision):
             torch.testing.assert_close(module(x), vit(x), rtol=1e-4, atol=1e-4)
 
 
+def test_patch_gemm_exports_with_a_dynamic_batch():
+    """The engine model with its PatchGemm exports as the package does (torch.export, the
+    batch dimension dynamic) and the exported program computes the model at another
+    batch: the patches' reshape holds no batch size of its own."""
+    from torch.export import Dim, export
+
+    from bundler.targets.torch_aoti.model import EngineModule, rewrite_as_is
+
+    vit = _tiny_vit()
+    module = EngineModule(rewrite_as_is(vit, torch.float32), torch.float32, False).eval()
+    program = export(module, (torch.randn(2, 3, 32, 32),),
+                     dynamic_shapes=({0: Dim("batch", min=1, max=32)},))
+    x = torch.randn(5, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(program.module()(x), vit(x), rtol=1e-4, atol=1e-4)
+
+
 def test_resnet_fp16_engine_is_the_model_in_channels_last_memory(resnet):
     """family.json torch_aoti.fp16_layout "channels_last": the fp16 engine is the model as it
     is, channels_last, the form a torch.compile user runs (no NHWC rewrite)."""
