@@ -315,6 +315,8 @@ def test_vit_small_batch_graph_compiles_without_fp8_gemms_and_keeps_the_quantize
     assert "_scaled_mm" not in one
     assert "convolution" not in one                     # the patch embedding: a PatchGemm
     kernels = sorted(set(re.findall(r"\b(cpp_fused_\w+|triton_\w+)\(", one)))
+    # its patches: one permute, in the kernel that converts the input to fp16
+    assert any("to_copy" in k and "permute" in k and "clamp" not in k for k in kernels), kernels
     quantizing = [k for k in kernels if "clamp" in k]
     assert len(quantizing) == 4, kernels                      # qkv, proj, fc1, fc2 inputs
     assert all(any(op in k for op in ("native_layer_norm", "gelu", "transpose"))
