@@ -226,9 +226,7 @@ def patch_convolutions(module):
         conv.weight.data = gemm.weight.reshape(gemm.cout, cin, *gemm.patch).clone()
         if gemm.bias is not None:
             conv.bias.data = gemm.bias.clone()
-        parent_name, _, child = name.rpartition(".")
-        setattr(module.get_submodule(parent_name) if parent_name else module, child,
-                conv.requires_grad_(False))
+        module.set_submodule(name, conv.requires_grad_(False))
     return module
 
 

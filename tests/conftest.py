@@ -17,7 +17,7 @@ from runtime_py.engines.onnxruntime import THREADS_ENV as ORT_THREADS_ENV
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def _threads_per_worker() -> int:
+def threads_per_worker() -> int:
     """The cores this process may use, shared among the run's xdist workers."""
     return max(1, usable_cores() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
 
@@ -33,8 +33,9 @@ def pytest_configure(config):
     set there would stand for theirs. A value the caller set is kept."""
     if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
         return
-    os.environ.setdefault("OMP_NUM_THREADS", str(_threads_per_worker()))
-    os.environ.setdefault(ORT_THREADS_ENV, str(_threads_per_worker()))
+    share = str(threads_per_worker())
+    os.environ.setdefault("OMP_NUM_THREADS", share)
+    os.environ.setdefault(ORT_THREADS_ENV, share)
 
 
 # --- parallel runs (pytest-xdist, the README's `-n 2 --dist loadgroup`) -----------------

@@ -65,20 +65,15 @@ def test_ci_refuses_to_start_on_a_full_disk(tmp_path):
     assert "went past" not in done.stdout + done.stderr
 
 
-def _share_of_the_cores() -> int:
-    from runtime_py.compat import usable_cores
-
-    return max(1, usable_cores() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
-
-
 def test_each_worker_runs_its_share_of_the_cores_in_torch_and_onnxruntime():
     """Two workers on 2 cores: one thread each in torch and in every ONNX Runtime session,
     not a spinning thread per core in each (conftest sets both before torch is imported)."""
     torch = pytest.importorskip("torch")
     import onnxruntime as ort
 
+    from conftest import threads_per_worker
     from runtime_py.engines.onnxruntime import session_options
 
-    share = _share_of_the_cores()
+    share = threads_per_worker()
     assert torch.get_num_threads() == share
     assert session_options(ort, "fp16").intra_op_num_threads == share

@@ -305,9 +305,7 @@ def rewrite_fused(model: nn.Module, fp8: Mapping[str, tuple[float, Any]],
         if drop_unread_f16 and block.emits_fp8 and successor.reads_e4m3_only:
             block.conv3.out16 = False
     for name, new in replaced.items():
-        parent_name, _, child = name.rpartition(".")
-        parent = body.get_submodule(parent_name) if parent_name else body
-        setattr(parent, child, new)
+        body.set_submodule(name, new)
     for name, m in body.named_modules():          # the rest: fp16, channels_last
         if not list(m.children()) and not any(name.startswith(r + ".") or name == r
                                                  for r in replaced):

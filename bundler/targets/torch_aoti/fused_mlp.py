@@ -177,8 +177,6 @@ def fuse_mlps(body: nn.Module, model: nn.Module, fp8: Mapping[str, tuple[float, 
     found = [(name, parts) for name, m in model.named_modules()
              if (parts := mlp_parts(m, fp8, name)) is not None]
     for name, (fc1, fc2) in found:
-        parent_name, _, child = name.rpartition(".")
-        parent = body.get_submodule(parent_name) if parent_name else body
-        setattr(parent, child, FusedMlp(fc1, fc2, fp8[f"{name}.fc1"], fp8[f"{name}.fc2"],
-                                        dtype, **options))
+        body.set_submodule(name, FusedMlp(fc1, fc2, fp8[f"{name}.fc1"], fp8[f"{name}.fc2"],
+                                          dtype, **options))
     return len(found)

@@ -778,9 +778,7 @@ def _pointwise_on_triton(body: nn.Module, table: Mapping[tuple[int, int, str], t
             if (pw.cin, pw.cout, "skip") in table:
                 blocks.append((name, table[(pw.cin, pw.cout, "skip")]))
     for name, tiles in blocks:
-        parent_name, _, child = name.rpartition(".")
-        parent = body.get_submodule(parent_name) if parent_name else body
-        setattr(parent, child, SkipAddBlock(getattr(parent, child), tiles))
+        body.set_submodule(name, SkipAddBlock(body.get_submodule(name), tiles))
     raw = [m for m in body.modules() if isinstance(m, Fp8Pointwise) and m.raw_out
            and m.stride == (1, 1) and (m.cin, m.cout, "raw") in table]
     for m in raw:
@@ -902,15 +900,10 @@ class PatchGemm(nn.Module):
         return y.reshape(n, hp, wp, self.cout).permute(0, 3, 1, 2)
 
 
-def _patchify_as_gemms(body: nn.Module) -> list[str]:
-    """Replace, in ``body``, every patchifying convolution by a ``PatchGemm``; returns
-    their module paths."""
-    names = [n for n, m in body.named_modules() if n and is_patchify(m)]
-    for name in names:
-        parent_name, _, child = name.rpartition(".")
-        parent = body.get_submodule(parent_name) if parent_name else body
-        setattr(parent, child, PatchGemm(getattr(parent, child)))
-    return names
+def _patchify_as_gemms(body: nn.Module) -> None:
+    """Replace, in ``body``, every patchifying convolution by a ``PatchGemm``."""
+    for name in [n for n, m in body.named_modules() if n and is_patchify(m)]:
+        body.set_submodule(name, PatchGemm(body.get_submodule(name)))
 
 
 class GlobalAvgPoolNHWC(nn.Module):
@@ -997,9 +990,7 @@ def _rewrite_finish(body: torch.nn.Module, replaced: Mapping[str, nn.Module],
         raise UsageError("cannot build the torch-aoti engine model: " + "; ".join(problems[:5]),
                          problems=problems)
     for name, new in replaced.items():
-        parent_name, _, child = name.rpartition(".")
-        parent = body.get_submodule(parent_name) if parent_name else body
-        setattr(parent, child, new)
+        body.set_submodule(name, new)
     for name, m in body.named_modules():
         if (not list(m.children()) and name not in replaced
                 and not any(name.startswith(r + ".") for r in replaced)):
@@ -1291,11 +1282,9 @@ def rewrite_as_is(model: torch.nn.Module, dtype: torch.dtype, *,
     _patchify_as_gemms(body)
     for name, (act, weights) in fp8.items():
         linear = copy.deepcopy(model.get_submodule(name))     # the fp32 kernel, as the graph
-        parent_name, _, child = name.rpartition(".")
-        parent = body.get_submodule(parent_name) if parent_name else body
-        setattr(parent, child, Fp8Linear(linear, act, weights, dtype, emulate=emulate,
-                                         fast_accum=fast_accum, gemm=fp8_gemm, ones=ones,
-                                         small_batch_kernel=small_batch_pointwise))
+        body.set_submodule(name, Fp8Linear(linear, act, weights, dtype, emulate=emulate,
+                                           fast_accum=fast_accum, gemm=fp8_gemm, ones=ones,
+                                           small_batch_kernel=small_batch_pointwise))
     if fp8 and fp8_conv == "triton-fused":
         from bundler.targets.torch_aoti.fused_mlp import fuse_mlps
 
