@@ -57,25 +57,35 @@ def test_the_epilogue_gelu_is_torchs_gelu_to_fp16_rounding(interpreted, gelu):
     assert r["differ"] <= 4 and r["max_abs"] < 1e-5    # (1 here: a value of ~1e-7)
 
 
-def test_gelu_erfc_rounds_to_the_exact_gelu_over_every_fp16_input():
-    """The epilogue's cheap GELU (Abramowitz & Stegun 7.1.26 for erfc) against the exact
-    erf GELU, on every finite fp16 input, rounded to fp16: the same value for x >= -3.2;
-    below it the values are under 2e-3 in magnitude and at most one fp16 step apart."""
+def test_gelu_erfc_is_the_exact_gelu_to_a_fraction_of_an_fp16_step():
+    """The epilogue's cheap GELU (Abramowitz & Stegun 7.1.26 for erfc, evaluated in fp32)
+    against the exact GELU (erf in float64), on every finite fp16 input, in fp16 steps of the
+    exact value: within 0.15 of a step for x >= -3.2 (0.11 here), within one step below it.
+    So, rounded to fp16, the two differ only next to a rounding tie, by one step. The
+    reference is float64 on purpose: torch's fp32 GELU on the CPU is a vectorized erf that
+    differs by CPU (AVX-512 here: up to 5.8 steps off), which made this test fail on a new
+    machine when it compared against that."""
     import torch.nn.functional as F
 
     from bundler.targets.torch_aoti.fused_mlp import gelu_erfc
 
     x = torch.arange(0, 65536, dtype=torch.int32).to(torch.int16).view(torch.float16)
-    x = x[torch.isfinite(x)].float()
-    exact, cheap = F.gelu(x).half(), gelu_erfc(x).half()
-    differ = exact != cheap
-    # (321 here, all below -3.24; a few near-ties above may round the other way with
-    # another CPU's exp and erf)
-    assert int(differ.sum()) < 400 and int((differ & (x >= -3.2)).sum()) <= 4
-    big = differ & (exact.float().abs() > 1e-4)
-    steps = (exact.view(torch.int16).int() - cheap.view(torch.int16).int()).abs()
-    assert int(steps[big].max()) == 1
-    assert float(exact.float().abs()[differ & (x < -3.2)].max()) < 2e-3
+    x = x[torch.isfinite(x)]
+    exact = F.gelu(x.double())
+    cheap = gelu_erfc(x.float()).double()
+    step = torch.exp2(torch.floor(torch.log2(exact.abs().clamp_min(2.0 ** -14))) - 10)
+    error = (cheap - exact).abs() / step
+    upper = x.float() >= -3.2
+    assert float(error[upper].max()) < 0.15
+    assert float(error.max()) < 1.0
+
+    differ = exact.half() != cheap.half()
+    assert 0 < int(differ.sum()) < 400                    # (254 here, 26 of them above -3.2)
+    tie = (exact - exact.half().double()).abs() / step    # 0.5: halfway between two fp16s
+    assert float(tie[differ & upper].min()) > 0.35        # only next to a tie
+    steps = (exact.half().view(torch.int16).int() - cheap.half().view(torch.int16).int()).abs()
+    assert int(steps[differ].max()) == 1
+    assert float(exact.abs()[differ & ~upper].max()) < 2.5e-3
 
 
 @pytest.mark.parametrize("gelu", ["erf", "erfc"])
