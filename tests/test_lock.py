@@ -68,3 +68,17 @@ def test_ci_the_readme_and_the_cpp_skip_reason_name_the_same_system_packages():
     readme = re.search(r"`apt-get install ([^`]+)`", (ROOT / "README.md").read_text()).group(1)
     assert ci.split() == readme.split()
     assert set(CPP_SYSTEM_PACKAGES) == set(ci.split()) - {"clang"}   # clang: the fuzzer only
+
+
+def test_the_versions_the_readme_quotes_are_the_locks():
+    """The README names the locked versions a bundle id is reproducible with; they drifted
+    once (ml_dtypes 0.6.0 quoted while the lock had 0.5.4), and an id made with the quoted
+    set would not have matched one made with the README's own set-up command."""
+    section = (ROOT / "README.md").read_text().split("### Versions", 1)[1].split("\n#", 1)[0]
+    quoted = re.search(r"\(([^()]*?), \.\.\.;", section)
+    assert quoted, "README's Versions section lost its list of locked versions"
+    pins = lock_pins()
+    for item in quoted.group(1).split(","):
+        name, version = item.split()
+        assert pins.get(canonicalize_name(name)) == version, \
+            f"README quotes {name} {version}; constraints/lock.txt has {pins.get(canonicalize_name(name))}"
