@@ -192,9 +192,13 @@ def labels_for(family: Family) -> list[str] | None:
 
 def onnx_outputs(model_bytes: bytes, inputs: np.ndarray, batch: int = 8,
                  precision: str = "fp32") -> np.ndarray:
-    """Logits of an ONNX graph on the CPU (ONNX Runtime, as the runtime runs it), in batches."""
+    """Logits of an ONNX graph on the CPU (ONNX Runtime), in batches, computed so that they
+    are the same on every CPU (``bundler.graphs.portable``): they are bytes of the bundle."""
+    from bundler.graphs.portable import portable_bytes
     from runtime_py.engines.onnxruntime import cpu_session
 
+    if precision == "fp32":                 # (fp16 Softmax is already the same everywhere)
+        model_bytes = portable_bytes(model_bytes)
     session = cpu_session(model_bytes, precision)
     name = session.get_inputs()[0].name
     parts = [session.run(None, {name: inputs[i:i + batch]})[0] for i in range(0, len(inputs), batch)]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bundler.graphs.portable import portable_softmax
 from runtime_py.errors import CalibrationError
 
 from .calibrators import DEFAULT_PERCENTILE, check_method, compute_amax, scale_from_amax
@@ -75,7 +76,8 @@ def _session(model, intra_op_threads: int | None):
 
     from runtime_py.engines.onnxruntime import session_options
 
-    options = session_options(ort, intra_op_threads=intra_op_threads)
+    # (the level whose ranges are the same on every CPU: they go into the bundle's bytes)
+    options = session_options(ort, intra_op_threads=intra_op_threads, reproducible=True)
     return ort.InferenceSession(
         model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"]
     )
@@ -141,7 +143,7 @@ def collect_statistics(
     names = list(dict.fromkeys(tensor_names))
     if not names:
         raise CalibrationError("no tensors to calibrate: the FP8 recipe selected no layer")
-    model = _with_outputs(_load_model(onnx_model), names)
+    model = portable_softmax(_with_outputs(_load_model(onnx_model), names), copy=False)
     session = _session(model, intra_op_threads)
     inputs = session.get_inputs()
     if len(inputs) != 1:

@@ -49,6 +49,25 @@ def optimization_level(ort, precision: str):
     return levels.ORT_DISABLE_ALL if precision == "fp8" else levels.ORT_ENABLE_ALL
 
 
+def reproducible_level(ort, precision: str):
+    """The level of the sessions whose results go into a bundle's bytes (calibration
+    ranges, reference outputs, quality figures): ENABLE_EXTENDED where the runner uses
+    ENABLE_ALL; FP8 graphs as the runner runs them (DISABLE_ALL).
+
+    ENABLE_ALL adds the NCHWc layout, whose convolution kernels block the channels by the
+    CPU's vector width (8 floats with AVX2, 16 with AVX-512) and so sum in another order:
+    the same graph and inputs give other last bits on another CPU, hence other references
+    and another bundle id (timm_xception's fp8 smoke bundle, same lock: 957033e2... on the
+    machines of earlier sessions, 44ebab92... on an AVX-512 one). Without it convolutions
+    run as im2col + SGEMM, which sums each output in the same order with AVX2 and AVX-512
+    (``bundler.graphs.portable`` has what was measured, and what else it rewrites). The
+    runtime keeps ENABLE_ALL (faster); its outputs differ from the references by rounding,
+    which ``bundle verify --numerics`` allows for.
+    """
+    levels = ort.GraphOptimizationLevel
+    return levels.ORT_DISABLE_ALL if precision == "fp8" else levels.ORT_ENABLE_EXTENDED
+
+
 def threads_from_environment() -> int | None:
     """``$TRT_BUNDLE_ORT_THREADS`` as a thread count (None where unset, empty or 0: ONNX
     Runtime's own default)."""
@@ -66,12 +85,15 @@ def threads_from_environment() -> int | None:
 
 
 def session_options(ort, precision: str | None = None, intra_op_threads: int | None = None,
-                    inter_op_threads: int | None = None):
+                    inter_op_threads: int | None = None, *, reproducible: bool = False):
     """The SessionOptions of every session trt-bundle opens: the runner's optimization level
-    for ``precision`` (ONNX Runtime's default where None), threads as given, else from
-    ``$TRT_BUNDLE_ORT_THREADS``."""
+    for ``precision`` (ONNX Runtime's default where None), or with ``reproducible`` the
+    level whose results do not depend on the CPU (``reproducible_level``; fp32 where
+    ``precision`` is None); threads as given, else from ``$TRT_BUNDLE_ORT_THREADS``."""
     opts = ort.SessionOptions()
-    if precision is not None:
+    if reproducible:
+        opts.graph_optimization_level = reproducible_level(ort, precision or "fp32")
+    elif precision is not None:
         opts.graph_optimization_level = optimization_level(ort, precision)
     intra = intra_op_threads or threads_from_environment()
     if intra:
@@ -82,10 +104,12 @@ def session_options(ort, precision: str | None = None, intra_op_threads: int | N
 
 
 def cpu_session(model_bytes: bytes, precision: str = "fp32"):
-    """A quiet CPU session over a graph, optimized as the runner optimizes it (for the
-    bundler's reference outputs and evaluation, which must match what the runtime gives)."""
+    """A quiet CPU session over a graph for the bundler's reference outputs and evaluation:
+    the runner's arithmetic, at the level whose results are the same with AVX2 and AVX-512
+    (``reproducible_level``), so that a bundle's bytes do not depend on the machine that
+    made it."""
     ort = import_onnxruntime()
-    opts = session_options(ort, precision)
+    opts = session_options(ort, precision, reproducible=True)
     opts.log_severity_level = 3
     try:
         return ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
