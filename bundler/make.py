@@ -193,7 +193,8 @@ def labels_for(family: Family) -> list[str] | None:
 def onnx_outputs(model_bytes: bytes, inputs: np.ndarray, batch: int = 8,
                  precision: str = "fp32") -> np.ndarray:
     """Logits of an ONNX graph on the CPU (ONNX Runtime), in batches, computed so that they
-    are the same on every CPU (``bundler.graphs.portable``): they are bytes of the bundle."""
+    are the same with AVX2 and AVX-512 (``bundler.graphs.portable``): they are bytes of the
+    bundle."""
     from bundler.graphs.portable import portable_bytes
     from runtime_py.engines.onnxruntime import cpu_session
 

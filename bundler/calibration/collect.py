@@ -76,7 +76,7 @@ def _session(model, intra_op_threads: int | None):
 
     from runtime_py.engines.onnxruntime import session_options
 
-    # (the level whose ranges are the same on every CPU: they go into the bundle's bytes)
+    # (the level whose ranges are the same with AVX2 and AVX-512: they are bundle bytes)
     options = session_options(ort, intra_op_threads=intra_op_threads, reproducible=True)
     return ort.InferenceSession(
         model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"]
