@@ -50,6 +50,8 @@
 #       fp16 bundle against the peer: 0.93-1.05x before; target >= 1.0x)
 #   benchmarks/gpu_pending.sh build OUT_DIR      # the uint8-input fp16 and fp8 bundles into
 #       /tmp/pending (~200 s; reused while the machine stays warm)
+#   benchmarks/gpu_pending.sh prebuild OUT_DIR   # `build` and vit-peer's timm_vit_base
+#       fp16 and fp8 bundles, the four at once (~5 min); later steps reuse them (--reuse)
 #   benchmarks/gpu_pending.sh overhead OUT_DIR   # issue 14: Model.infer / with_copies,
 #       batch 1 and 32, fp8 and fp16 (needs `build`; ~170 s)
 #   [SERVE="fp8:8 fp16:8"] benchmarks/gpu_pending.sh serve OUT_DIR   # `build`, then
@@ -71,8 +73,8 @@
 #
 # Logs: OUT_DIR/<step>.log. Each step prints as it goes and has its own timeout.
 set -u
-what=${1:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|overhead|serve|pair OUT_DIR}
-out=${2:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|overhead|serve|pair OUT_DIR}
+what=${1:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|pair OUT_DIR}
+out=${2:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|pair OUT_DIR}
 mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
@@ -164,6 +166,14 @@ vit-peer)   # issue 18: timm_vit_base's bundles with PatchGemm against the peer
 build)   # the uint8 pair alone (serve and overhead reuse it while the machine is warm)
   build_pair 330
   ;;
+prebuild)   # `build` and vit-peer's two bundles, four builds at once (pair and vit-peer reuse them)
+  mkdir -p "$bundles/vit"
+  FAMILY=timm_vit_base bash -c '. benchmarks/gpu_common.sh; make_parallel "$0" \
+    "fp16:--precision fp16" "fp8:--precision fp8"' "$bundles/vit" >"$out/vit-build.log" 2>&1 &
+  vit=$!
+  build_pair "${BUILD_LIMIT:-540}"
+  wait "$vit"; echo "== vit-build: exit $?"; grep -v '^[EW][0-9]' "$out/vit-build.log" | tail -8
+  ;;
 overhead)   # issue 14's Model.infer / with_copies at batch 1 and 32 (needs `build`)
   for p in fp8 fp16; do
     step "overhead-$p" 120 python3 benchmarks/infer_overhead.py --batch 1,32 \
@@ -192,6 +202,6 @@ pair)   # `build`, then fp8 against fp16 at the client, both served in one run
     --paths "${PATHS:-http,grpc}" \
     --rounds "${REPEATS:-3}" --seconds 3 --warmup 1
   ;;
-*) echo "usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|overhead|serve|pair OUT_DIR" >&2; exit 2 ;;
+*) echo "usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|pair OUT_DIR" >&2; exit 2 ;;
 esac
 echo "== done (+$(( $(date +%s) - start )) s)"
