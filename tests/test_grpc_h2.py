@@ -169,6 +169,87 @@ def test_a_message_split_over_tiny_padded_frames_and_continuations(server):
     assert list(resp.outputs[0].shape)[0] == 1
 
 
+def padded_infer_request(model, x: np.ndarray, pad: int) -> bytes:
+    """An infer request made ``pad`` bytes longer by an unknown field (number 99) after
+    its tensor: protobuf skips it, so the answer is the tensor's."""
+    tail = b"\x9a\x06" + _varint(pad) + b"\x07" * pad     # field 99, length-delimited
+    return infer_request(model, x).SerializeToString() + tail
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+def test_a_large_frame_arriving_in_pieces_is_answered(server):
+    """A 200 KB DATA frame sent 8 KB at a time (the server takes it in parts as the bytes
+    come, ``_data_part``), its last piece in one write with the next frame (a PING): the
+    answer equals the model's, the PING is answered, and the connection goes on."""
+    port, model = server
+    c = Client(port)
+    x = np.random.default_rng(5).random((1, 3, 8, 8), dtype=np.float32)
+    body = message(padded_infer_request(model, x, 200_000))
+    data = frame(DATA, END_STREAM, 1, body)
+    ping = frame(PING, 0, 0, b"12345678")
+    c.send(frame(HEADERS, END_HEADERS, 1, request_headers("ModelInfer")))
+    for i in range(0, len(data), 8192):
+        piece = data[i:i + 8192]
+        c.send(piece if i + 8192 < len(data) else piece + ping)
+        time.sleep(0.002)
+    _, out, trailers = c.response(1)
+    assert trailers[b"grpc-status"] == b"0", trailers
+    resp = pb.ModelInferResponse.FromString(out[5:])
+    got = np.frombuffer(resp.raw_output_contents[0], np.float32).reshape(resp.outputs[0].shape)
+    want = next(iter(model.infer({model.inputs[0].name: x}).values()))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    _, _, trailers = call(c, 3, "ServerLive", pb.ServerLiveRequest())
+    assert trailers[b"grpc-status"] == b"0"
+
+
+def test_a_refused_message_in_a_frame_taken_in_parts_drops_the_rest():
+    """A frame taken in parts whose message is refused at its prefix (over the size
+    limit): RESOURCE_EXHAUSTED, the frame's remaining bytes are dropped as they come, and
+    a call after it on the same connection is answered. While the frame comes, the
+    partial frame is not kept in the receive buffer (nothing left to move there)."""
+    import asyncio
+
+    from runtime_py.server.grpc_h2 import BuiltinGrpcServer
+    from runtime_py.server.run import listening_socket
+
+    class NoEngine:
+        infos: dict = {}
+
+    async def main() -> None:
+        server = BuiltinGrpcServer(NoEngine(), 1 << 16)
+        sock = listening_socket("127.0.0.1", 0)
+        await server.start(sock)
+        c = await asyncio.to_thread(Client, sock.getsockname()[1])
+        payload = b"\0" + struct.pack(">I", 1 << 17) + b"\1" * 150_000
+        data = frame(DATA, END_STREAM, 1, payload)
+        c.send(frame(HEADERS, END_HEADERS, 1, request_headers("ModelInfer")), data[:20_000])
+        for _ in range(200):
+            conns = list(server.connections)
+            if conns and conns[0].data_left:
+                break
+            await asyncio.sleep(0.01)
+        conn = conns[0]
+        assert conn.data_left == len(payload) - (20_000 - 9)
+        assert conn.start == conn.end, "a partial frame left in the receive buffer"
+        c.send(data[20_000:])
+        _, _, trailers = await asyncio.to_thread(c.response, 1)
+        assert trailers[b"grpc-status"] == b"8", trailers
+        _, out, trailers = await asyncio.to_thread(call, c, 3, "ServerLive",
+                                                   pb.ServerLiveRequest())
+        assert trailers[b"grpc-status"] == b"0" and conn.data_left == 0
+        await server.stop(grace=1.0)
+
+    asyncio.run(main())
+
+
 def test_responses_wait_for_the_clients_window(server):
     """With a 10-byte stream window the server sends 10 bytes of DATA, then waits for the
     client's WINDOW_UPDATE before the rest and the trailers."""
