@@ -130,6 +130,22 @@ def infer_request(model, x: np.ndarray) -> pb.ModelInferRequest:
     return req
 
 
+async def bare_server(max_message_bytes: int):
+    """A built-in gRPC server with no models, started on a free port; (server, client)."""
+    import asyncio
+
+    from runtime_py.server.grpc_h2 import BuiltinGrpcServer
+    from runtime_py.server.run import listening_socket
+
+    class NoEngine:
+        infos: dict = {}
+
+    server = BuiltinGrpcServer(NoEngine(), max_message_bytes)
+    sock = listening_socket("127.0.0.1", 0)
+    await server.start(sock)
+    return server, await asyncio.to_thread(Client, sock.getsockname()[1])
+
+
 def test_unary_calls_and_inference_equal_the_model(server):
     port, model = server
     c = Client(port)
@@ -217,17 +233,8 @@ def test_a_refused_message_in_a_frame_taken_in_parts_drops_the_rest():
     partial frame is not kept in the receive buffer (nothing left to move there)."""
     import asyncio
 
-    from runtime_py.server.grpc_h2 import BuiltinGrpcServer
-    from runtime_py.server.run import listening_socket
-
-    class NoEngine:
-        infos: dict = {}
-
     async def main() -> None:
-        server = BuiltinGrpcServer(NoEngine(), 1 << 16)
-        sock = listening_socket("127.0.0.1", 0)
-        await server.start(sock)
-        c = await asyncio.to_thread(Client, sock.getsockname()[1])
+        server, c = await bare_server(1 << 16)
         payload = b"\0" + struct.pack(">I", 1 << 17) + b"\1" * 150_000
         data = frame(DATA, END_STREAM, 1, payload)
         c.send(frame(HEADERS, END_HEADERS, 1, request_headers("ModelInfer")), data[:20_000])
@@ -400,18 +407,8 @@ def test_a_stream_refused_midway_stops_its_handler():
     of it is left running (a refused stream must not leave a task waiting forever)."""
     import asyncio
 
-    from runtime_py.server.grpc_h2 import BuiltinGrpcServer
-    from runtime_py.server.run import listening_socket
-
-    class NoEngine:
-        infos: dict = {}
-
     async def main() -> None:
-        server = BuiltinGrpcServer(NoEngine(), 1 << 20)
-        sock = listening_socket("127.0.0.1", 0)
-        await server.start(sock)
-        port = sock.getsockname()[1]
-        c = await asyncio.to_thread(Client, port)
+        server, c = await bare_server(1 << 20)
         c.send(frame(HEADERS, END_HEADERS, 1, request_headers("ModelStreamInfer")),
                frame(DATA, END_STREAM, 1, b"\0\0\0\0\x09abc"))
         _, _, trailers = await asyncio.to_thread(c.response, 1)
