@@ -12,6 +12,7 @@ import struct
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -24,7 +25,7 @@ from tritonclient.grpc import service_pb2 as pb  # noqa: E402
 from runtime_py.server import hpack  # noqa: E402
 from runtime_py.server.grpc_h2 import (  # noqa: E402
     CONTINUATION, DATA, END_HEADERS, END_STREAM, GOAWAY, HEADERS, MAX_FRAME, PADDED, PING,
-    PREFACE, RST_STREAM, SETTINGS, WINDOW_UPDATE, frame)
+    PREFACE, READ_AHEAD, RST_STREAM, SETTINGS, WINDOW_UPDATE, frame)
 
 sys.path.insert(0, str(Path(__file__).parent))
 from synthetic_bundles import served_source_bundle  # noqa: E402
@@ -130,17 +131,20 @@ def infer_request(model, x: np.ndarray) -> pb.ModelInferRequest:
     return req
 
 
-async def bare_server(max_message_bytes: int):
-    """A built-in gRPC server with no models, started on a free port; (server, client)."""
+class NoEngine:
+    """An engine with no models: every inference is refused after it is received."""
+    infos: dict = {}
+
+
+async def bare_server(max_message_bytes: int, engine=None):
+    """A built-in gRPC server (with no models by default), started on a free port;
+    (server, client)."""
     import asyncio
 
     from runtime_py.server.grpc_h2 import BuiltinGrpcServer
     from runtime_py.server.run import listening_socket
 
-    class NoEngine:
-        infos: dict = {}
-
-    server = BuiltinGrpcServer(NoEngine(), max_message_bytes)
+    server = BuiltinGrpcServer(engine or NoEngine(), max_message_bytes)
     sock = listening_socket("127.0.0.1", 0)
     await server.start(sock)
     return server, await asyncio.to_thread(Client, sock.getsockname()[1])
@@ -252,6 +256,57 @@ def test_a_refused_message_in_a_frame_taken_in_parts_drops_the_rest():
         _, out, trailers = await asyncio.to_thread(call, c, 3, "ServerLive",
                                                    pb.ServerLiveRequest())
         assert trailers[b"grpc-status"] == b"0" and conn.data_left == 0
+        await server.stop(grace=1.0)
+
+    asyncio.run(main())
+
+
+def test_a_message_with_an_arena_block_is_read_straight_into_it():
+    """In a worker an inference's message gets a block of the engine's arena; once its
+    DATA frame is taken in parts, the next reads go into that block (``get_buffer``
+    returns a view of it), and the block holds the message's bytes when it is done. After
+    a message in big frames the reads outside messages are short (``READ_AHEAD``: the
+    next message's head, then its bulk into its block); after one in small frames, not."""
+    import asyncio
+
+    class ArenaEngine(NoEngine):
+        def __init__(self) -> None:
+            self.blocks: list[bytearray] = []
+            self.released = 0
+
+        def arena_block(self, size: int, aligned_at: int = 0):
+            self.blocks.append(bytearray(size))
+            return memoryview(self.blocks[-1]), self._release
+
+        def _release(self) -> None:
+            self.released += 1
+
+    async def main() -> None:
+        engine = ArenaEngine()
+        server, c = await bare_server(1 << 20, engine)
+        body = padded_infer_request(SimpleNamespace(name="m", inputs=[SimpleNamespace(
+            name="x")]), np.ones((1, 3, 8, 8), np.float32), 150_000)
+        data = frame(DATA, END_STREAM, 1, message(body))
+        c.send(frame(HEADERS, END_HEADERS, 1, request_headers("ModelInfer")), data[:20_000])
+        for _ in range(200):
+            conns = list(server.connections)
+            if conns and conns[0].data_left:
+                break
+            await asyncio.sleep(0.01)
+        into = conns[0].get_buffer(-1)        # what the next read would fill
+        assert len(engine.blocks) == 1 and into.obj is engine.blocks[0]
+        assert len(into) == len(body) - (20_000 - 9 - 5)
+        c.send(data[20_000:])
+        _, _, trailers = await asyncio.to_thread(c.response, 1)
+        assert trailers[b"grpc-status"] != b"0"          # no such model, after receiving it
+        assert bytes(engine.blocks[0]) == body and engine.released == 1
+        assert len(conns[0].get_buffer(-1)) == READ_AHEAD
+        small = [frame(DATA, 0, 3, data[i:i + 16384]) for i in range(9, len(data), 16384)]
+        c.send(frame(HEADERS, END_HEADERS, 3, request_headers("ModelInfer")), *small,
+               frame(DATA, END_STREAM, 3, b""))
+        _, _, trailers = await asyncio.to_thread(c.response, 3)
+        assert bytes(engine.blocks[1]) == body and engine.released == 2
+        assert len(conns[0].get_buffer(-1)) > READ_AHEAD
         await server.stop(grace=1.0)
 
     asyncio.run(main())
