@@ -150,6 +150,20 @@ async def bare_server(max_message_bytes: int, engine=None):
     return server, await asyncio.to_thread(Client, sock.getsockname()[1])
 
 
+async def frame_in_parts(server, c: Client, data: bytes, n: int):
+    """Opens ModelInfer on stream 1 and sends the first ``n`` bytes of the DATA frame
+    ``data``; the server's connection once it is taking that frame in parts."""
+    import asyncio
+
+    c.send(frame(HEADERS, END_HEADERS, 1, request_headers("ModelInfer")), data[:n])
+    for _ in range(200):
+        conns = list(server.connections)
+        if conns and conns[0].data_left:
+            return conns[0]
+        await asyncio.sleep(0.01)
+    raise AssertionError("the frame was not taken in parts")
+
+
 def test_unary_calls_and_inference_equal_the_model(server):
     port, model = server
     c = Client(port)
@@ -241,13 +255,7 @@ def test_a_refused_message_in_a_frame_taken_in_parts_drops_the_rest():
         server, c = await bare_server(1 << 16)
         payload = b"\0" + struct.pack(">I", 1 << 17) + b"\1" * 150_000
         data = frame(DATA, END_STREAM, 1, payload)
-        c.send(frame(HEADERS, END_HEADERS, 1, request_headers("ModelInfer")), data[:20_000])
-        for _ in range(200):
-            conns = list(server.connections)
-            if conns and conns[0].data_left:
-                break
-            await asyncio.sleep(0.01)
-        conn = conns[0]
+        conn = await frame_in_parts(server, c, data, 20_000)
         assert conn.data_left == len(payload) - (20_000 - 9)
         assert conn.start == conn.end, "a partial frame left in the receive buffer"
         c.send(data[20_000:])
@@ -287,26 +295,21 @@ def test_a_message_with_an_arena_block_is_read_straight_into_it():
         body = padded_infer_request(SimpleNamespace(name="m", inputs=[SimpleNamespace(
             name="x")]), np.ones((1, 3, 8, 8), np.float32), 150_000)
         data = frame(DATA, END_STREAM, 1, message(body))
-        c.send(frame(HEADERS, END_HEADERS, 1, request_headers("ModelInfer")), data[:20_000])
-        for _ in range(200):
-            conns = list(server.connections)
-            if conns and conns[0].data_left:
-                break
-            await asyncio.sleep(0.01)
-        into = conns[0].get_buffer(-1)        # what the next read would fill
+        conn = await frame_in_parts(server, c, data, 20_000)
+        into = conn.get_buffer(-1)        # what the next read would fill
         assert len(engine.blocks) == 1 and into.obj is engine.blocks[0]
         assert len(into) == len(body) - (20_000 - 9 - 5)
         c.send(data[20_000:])
         _, _, trailers = await asyncio.to_thread(c.response, 1)
         assert trailers[b"grpc-status"] != b"0"          # no such model, after receiving it
         assert bytes(engine.blocks[0]) == body and engine.released == 1
-        assert len(conns[0].get_buffer(-1)) == READ_AHEAD
+        assert len(conn.get_buffer(-1)) == READ_AHEAD
         small = [frame(DATA, 0, 3, data[i:i + 16384]) for i in range(9, len(data), 16384)]
         c.send(frame(HEADERS, END_HEADERS, 3, request_headers("ModelInfer")), *small,
                frame(DATA, END_STREAM, 3, b""))
         _, _, trailers = await asyncio.to_thread(c.response, 3)
         assert bytes(engine.blocks[1]) == body and engine.released == 2
-        assert len(conns[0].get_buffer(-1)) > READ_AHEAD
+        assert len(conn.get_buffer(-1)) > READ_AHEAD
         await server.stop(grace=1.0)
 
     asyncio.run(main())
