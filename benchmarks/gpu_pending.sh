@@ -37,9 +37,10 @@
 #       each bundle's distance from the fp16 one). Random weights cannot say what fast
 #       accumulation does to real-weights top-1, and on timm_vit_base it cost agreement
 #       with fp32 (92.2% -> 84.4%, random weights): family.json keeps it off until they can.
-#   benchmarks/gpu_pending.sh vit-patch OUT_DIR   # ~5 min, no bundles: issue 18, timm_vit_base's
-#       patch embedding as one GEMM over the patches (model.PatchGemm, 2026-12-05, not yet
-#       timed on a GPU) against cuDNN's 16x16/16 convolution it replaces (-patchconv), fp16
+#   benchmarks/gpu_pending.sh vit-patch OUT_DIR   # ~90 s, no bundles: issue 18, timm_vit_base's
+#       patch embedding as one GEMM over the patches (model.PatchGemm; twenty-seventh
+#       session: 1.13x at batch 32, 1.17-1.21x at batch 1, h200-2026-12-05-b)
+#       against cuDNN's 16x16/16 convolution it replaces (-patchconv), fp16
 #       and fp8, static batches 1 and 32, one process, profiled by kernel. The 2026-12-01
 #       profile had that convolution at 0.233 ms (batch 32) and 0.083 ms (batch 1) plus
 #       0.087 / 0.015 ms of layout conversions, of a 2.8 / 0.68 ms fp8 engine
@@ -47,7 +48,9 @@
 #   benchmarks/gpu_pending.sh vit-peer OUT_DIR    # ~6 min: timm_vit_base's fp16 and fp8
 #       bundles with PatchGemm (built in parallel into /tmp/pending/vit), fp8 verified
 #       (verify --numerics), both timed with the torch.compile peer in one process (the
-#       fp16 bundle against the peer: 0.93-1.05x before; target >= 1.0x)
+#       fp16 bundle against the peer: 1.22x / 1.08x at batch 1 / 32 with PatchGemm).
+#       The fp8 build needs onnxruntime >= 1.32 (its reference outputs); the H200 has
+#       1.30: carry an onnxruntime cp312 wheel with the others
 #   benchmarks/gpu_pending.sh build OUT_DIR      # the uint8-input fp16 and fp8 bundles into
 #       /tmp/pending (~200 s; reused while the machine stays warm)
 #   benchmarks/gpu_pending.sh prebuild OUT_DIR   # `build` and vit-peer's timm_vit_base

@@ -132,8 +132,16 @@ def infer_request(model, x: np.ndarray) -> pb.ModelInferRequest:
 
 
 class NoEngine:
-    """An engine with no models: every inference is refused after it is received."""
+    """An engine with no models: every inference is refused (NOT_FOUND) after it is
+    received."""
     infos: dict = {}
+
+    def lookup(self, name: str, version: str | None = None):
+        from runtime_py.server.engine import lookup_info
+        return lookup_info(self.infos, name, version)
+
+    def record_request(self, model: str, endpoint: str, status: int, seconds: float) -> None:
+        pass
 
 
 async def bare_server(max_message_bytes: int, engine=None):
@@ -301,7 +309,7 @@ def test_a_message_with_an_arena_block_is_read_straight_into_it():
         assert len(into) == len(body) - (20_000 - 9 - 5)
         c.send(data[20_000:])
         _, _, trailers = await asyncio.to_thread(c.response, 1)
-        assert trailers[b"grpc-status"] != b"0"          # no such model, after receiving it
+        assert trailers[b"grpc-status"] == b"5", trailers  # NOT_FOUND, after receiving it
         assert bytes(engine.blocks[0]) == body and engine.released == 1
         assert len(conn.get_buffer(-1)) == READ_AHEAD
         small = [frame(DATA, 0, 3, data[i:i + 16384]) for i in range(9, len(data), 16384)]
