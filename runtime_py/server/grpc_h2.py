@@ -189,7 +189,7 @@ class GrpcConnection(asyncio.BufferedProtocol):
         self.data_left = 0                  # the payload bytes still to come,
         self.data_end_stream = False        # and whether it ends the stream
         self.direct: Stream | None = None   # the stream whose message the read goes into
-        self.big_frames = False             # the client sends its messages in big frames
+        self.big_frames = False             # big frames, into arena blocks: short reads
 
     # --- asyncio callbacks ----------------------------------------------------------------
 
@@ -212,8 +212,9 @@ class GrpcConnection(asyncio.BufferedProtocol):
             n = self.end - self.start
             self.buf[:n] = self.buf[self.start:self.end]
             self.start, self.end = 0, n
-        if self.big_frames:
+        if self.big_frames and not self.data_left:
             # a short read: the next message's head, then its bulk straight into its block
+            # (inside a frame whose message has no block, reads stay long)
             return self.view[self.end:self.end + READ_AHEAD]
         return self.view[self.end:]
 
@@ -277,7 +278,8 @@ class GrpcConnection(asyncio.BufferedProtocol):
                 raise _ConnectionError(PROTOCOL_ERROR, "a header block was not continued")
             if ftype == DATA:
                 if length >= BIG_DATA_FRAME:
-                    self.big_frames = True
+                    # only where messages get blocks (a worker) can the bulk skip buf
+                    self.big_frames = self.server.arena_block is not None
                 elif not flags & END_STREAM:     # small frames inside a message
                     self.big_frames = False
             if end - pos - 9 < length:
@@ -431,7 +433,9 @@ class GrpcConnection(asyncio.BufferedProtocol):
         partial frame was moved to the buffer's start to make room, a copy (through a
         temporary: an allocation too) of up to 256 KB per request, 12% of the front-end's
         CPU per gRPC request on the 2-core machine. Taken as they come, the bytes are
-        copied once, into the message's own buffer (``_feed``)."""
+        copied once, into the message's own buffer (``_feed``), or read straight into it
+        (``_direct_block``). Padded frames (which gRPC clients do not send) are still
+        taken whole."""
         k = min(self.data_left, end - pos)
         self.data_left -= k
         self.unacked += k
