@@ -68,6 +68,10 @@
 #       h2_grpc_client, the default; grpcio: grpcio's stub, the twelfth session's client);
 #       REPEATS=3 measures each path three times next to its own batcher figure and shows
 #       the median round (about 3x the time: 8 s a round here).
+#   benchmarks/gpu_pending.sh stage OUT_DIR   # `build` (with the GPU tests of stage_rows
+#       beside it), then serve_bench.py on the fp8 bundle (STAGE_BUNDLES="fp8 fp16" for
+#       both) with the batcher's rows staged ahead of their dispatch off and on, gRPC and
+#       HTTP, 64 clients in 8 processes, 16 front-end workers (~7 min on a fresh machine)
 #   benchmarks/gpu_pending.sh pair OUT_DIR   # `build`, then serve_pair_bench.py: the fp8
 #       and fp16 bundles served side by side in one process, HTTP and gRPC (PATHS=), 64
 #       clients in 8 and 32 processes (PROCS=), REPEATS=3 rounds, each round measuring
@@ -76,8 +80,8 @@
 #
 # Logs: OUT_DIR/<step>.log. Each step prints as it goes and has its own timeout.
 set -u
-what=${1:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|pair OUT_DIR}
-out=${2:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|pair OUT_DIR}
+what=${1:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|pair OUT_DIR}
+out=${2:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|pair OUT_DIR}
 mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
@@ -198,6 +202,21 @@ serve)
       --seconds 3 --warmup 1
   done
   ;;
+stage)   # issue 15: rows staged ahead of their dispatch (Batcher stage_ahead), off and on
+  # the GPU tests of stage_rows (a tiny package, compiled while the bundles build)
+  timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_torch_aoti.py \
+    -k 'staged or stages or rows_are_copied or held' > "$out/stage-gputest.log" 2>&1 &
+  tests=$!
+  bash "$here/gpu_pending.sh" build "$out" || exit 1
+  wait "$tests"; echo "== stage-gputest: exit $?"; tail -4 "$out/stage-gputest.log"
+  for p in ${STAGE_BUNDLES:-fp8}; do
+    step "stage-$p" "${STAGE_LIMIT:-200}" python3 benchmarks/serve_bench.py \
+      --bundle "$bundles/timm_xception-$p-uint8-1.0.0-torch-aoti.bundle" --batch 32 \
+      --clients 64 --http-clients 64 --http-procs "${PROCS:-8}" --workers-list "${WORKERS:-16}" \
+      --paths "${PATHS:-grpc,http}" --stage-ahead off,on --repeats "${REPEATS:-1}" \
+      --seconds 3 --warmup 1
+  done
+  ;;
 pair)   # `build`, then fp8 against fp16 at the client, both served in one run
   bash "$here/gpu_pending.sh" build "$out" || exit 1
   step pair "${PAIR_LIMIT:-330}" python3 benchmarks/serve_pair_bench.py \
@@ -207,6 +226,6 @@ pair)   # `build`, then fp8 against fp16 at the client, both served in one run
     --paths "${PATHS:-http,grpc}" \
     --rounds "${REPEATS:-3}" --seconds 3 --warmup 1
   ;;
-*) echo "usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|pair OUT_DIR" >&2; exit 2 ;;
+*) echo "usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|pair OUT_DIR" >&2; exit 2 ;;
 esac
 echo "== done (+$(( $(date +%s) - start )) s)"

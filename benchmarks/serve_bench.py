@@ -700,6 +700,10 @@ def main(argv=None) -> dict:
                          "on or auto; a comma-separated list (e.g. off,auto) measures each "
                          "path under each rule in turn, side by side (the order reversed "
                          "on every other path)")
+    ap.add_argument("--stage-ahead", default="on", metavar="MODES",
+                    help="the batcher's stage_ahead (bundle serve --no-stage-ahead turns it "
+                         "off): on, off, or both (off,on) to measure each path with each, "
+                         "side by side")
     ap.add_argument("--enqueue", choices=["held", "torch"],
                     help="torch-aoti bundles: enqueue batches through CUDA runtime calls that "
                          "keep the GIL (held, the default) or through torch's calls")
@@ -789,7 +793,11 @@ def main(argv=None) -> dict:
         syncs = [getattr(getattr(model, "runner", None), "event_sync", None)]
     procs_list = args.http_procs
     grpc_clients = args.grpc_client
-    variants = [(rule, sync, procs) for rule in rules for sync in syncs for procs in procs_list]
+    stages = [m.strip() for m in args.stage_ahead.split(",") if m.strip()]
+    if not stages or any(m not in ("off", "on") for m in stages):
+        ap.error(f"--stage-ahead: each mode must be off or on, got {stages}")
+    variants = [(rule, stage, sync, procs) for rule in rules for stage in stages
+                for sync in syncs for procs in procs_list]
     feeds = one_image(model, 1)
     raw = bench_raw(model, args.batch, args.seconds)
     paths = {}
@@ -797,7 +805,7 @@ def main(argv=None) -> dict:
     rule_use: dict[str, dict] = {}
     ratio_rounds: dict[str, list[float]] = {}
     with Batcher(model, max_batch_size=args.batch, max_delay_ms=args.max_delay_ms,
-                 early_dispatch=rules[0]) as b:
+                 early_dispatch=rules[0], stage_ahead=stages[0] == "on") as b:
         b.add_listener(TIMELINE)
         batched, cpu_batched = bench_batcher(b, feeds, args.clients, args.seconds, args.warmup)
         timelines["batcher"] = TIMELINE.summary()
@@ -833,11 +841,13 @@ def main(argv=None) -> dict:
                     for j, kind in enumerate(kinds):
                         each = [(*v, c) for v in variants for c in (
                             grpc_clients if kind.startswith("grpc") else [None])]
-                        for rule, sync, procs, client in (each if j % 2 == 0 else each[::-1]):
+                        for rule, stage, sync, procs, client in (
+                                each if j % 2 == 0 else each[::-1]):
                             key = kind + tag + (
                                 f"_{grpc_server}" if len(grpc_servers) > 1
                                 and kind.startswith("grpc") else "") + (
                                 f"@{rule}" if len(rules) > 1 else "") + (
+                                f"@stage-{stage}" if len(stages) > 1 else "") + (
                                 f"@{sync}" if len(syncs) > 1 else "") + (
                                 f"@p{procs}" if len(procs_list) > 1 else "") + (
                                 f"@{client}" if client and len(grpc_clients) > 1 else "")
@@ -846,7 +856,8 @@ def main(argv=None) -> dict:
                             rounds = []
                             for r in range(args.repeats):
                                 rounds.append(_round(
-                                    b, rule, r % 2 == 1, feeds, args, lambda: bench_path(
+                                    b, rule, stage == "on", r % 2 == 1, feeds, args,
+                                    lambda: bench_path(
                                         kind, server, model, feeds, args.http_clients,
                                         procs, args.seconds, args.warmup, args.http_client,
                                         args.profile_server, args.grpc_channels,
@@ -892,6 +903,7 @@ def main(argv=None) -> dict:
         "batch_size_counts": sizes,
         "timeline_ms": timelines,
         "early_dispatch": rules,
+        "stage_ahead": stages,
         "event_sync": syncs,
         "dispatch_rule_use": rule_use,
         "cpus": os.cpu_count(),
@@ -921,20 +933,23 @@ def _print_head(model, args, raw, batched, batched_h, cpu_batched, cpu_batched_h
     print(f"    {format_summary(timelines['batcher_same_clients'])}", flush=True)
 
 
-def _round(b: Batcher, rule: str, path_first: bool, feeds, args, measure_path) -> tuple:
+def _round(b: Batcher, rule: str, stage: bool, path_first: bool, feeds, args,
+           measure_path) -> tuple:
     """One path's figure and its batcher reference, measured back to back: (reference
     img/s, path img/s or its error, CPU by role, the path's timeline, its dispatch rule
     use). ``path_first`` puts the reference after the path (rounds alternate, so that a
     load that drifts over a round does not favour one side)."""
     ref = None
+    b.stage_ahead = stage
     if not path_first:
         b.early_dispatch = rule      # a fresh choice for "auto"
         ref, _ = bench_batcher(b, feeds, args.http_clients, args.seconds, args.warmup)
     b.early_dispatch = rule
-    batches0, early0 = b.batches, b.early_batches
+    batches0, early0, rows0, staged0 = b.batches, b.early_batches, b.rows, b.rows_staged_ahead
     v, cpu = measure_path()
     timeline = TIMELINE.summary()
     use = _rule_use(b, batches0, early0)
+    use["staged_share"] = round((b.rows_staged_ahead - staged0) / max(1, b.rows - rows0), 3)
     if path_first:
         b.early_dispatch = rule
         ref, _ = bench_batcher(b, feeds, args.http_clients, args.seconds, args.warmup)
@@ -990,6 +1005,8 @@ def _print_path(key: str, v: float | str, refs: dict, cpu: dict, args, timelines
     use = (rule_use or {}).get(key)
     if use and (use["rule"] != "off" or use["early_share"]):
         print(f"    dispatch: {use}", flush=True)
+    elif use and use.get("staged_share"):
+        print(f"    rows staged ahead of their dispatch: {use['staged_share']:.0%}", flush=True)
 
 
 if __name__ == "__main__":

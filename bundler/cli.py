@@ -510,6 +510,10 @@ def rebuild(bundle_path, backend, checkpoint, out_dir, force, timing_cache, hard
                    "batch in flight is due to finish; pays behind front-ends whose round "
                    "trip outlasts a batch. auto: try both rules in turn on the live traffic "
                    "and keep whichever serves more images per second (docs/serving.md).")
+@click.option("--stage-ahead/--no-stage-ahead", default=True, show_default=True,
+              help="Copy a batch's rows to the GPU while the batch still collects, so that "
+                   "its dispatch copies only the rows that came last (torch-aoti on a GPU; "
+                   "other engines ignore it).")
 @click.option("--max-queue", default=1024, show_default=True,
               help="Queued requests per model before 503 (back-pressure).")
 @click.option("--backend", default="auto", show_default=True, type=backend_choice(auto=True),
@@ -542,7 +546,7 @@ def rebuild(bundle_path, backend, checkpoint, out_dir, force, timing_cache, hard
                    "own asyncio server. Both serve the same service.")
 @handle_errors
 def serve(bundle_paths, host, port, max_batch, max_delay_ms, max_wait_ms, early_dispatch,
-          max_queue, backend, threads, trusted_dirs, grpc_port, workers, max_body_mb,
+          stage_ahead, max_queue, backend, threads, trusted_dirs, grpc_port, workers, max_body_mb,
           http_server, grpc_server) -> None:
     """Serve bundles: the KServe v2 inference protocol over HTTP (and gRPC).
 
@@ -598,7 +602,8 @@ def serve(bundle_paths, host, port, max_batch, max_delay_ms, max_wait_ms, early_
 
         run_server(models, host=host, port=port, max_batch=max_batch,
                    max_delay_ms=max_delay_ms, max_wait_ms=max_wait_ms,
-                   early_dispatch=early_dispatch, max_queue=max_queue, grpc_port=grpc_port,
+                   early_dispatch=early_dispatch, stage_ahead=stage_ahead,
+                   max_queue=max_queue, grpc_port=grpc_port,
                    workers=n_workers, max_body_bytes=max_body_mb * 1024 * 1024,
                    http_server=http_server, grpc_server=grpc_server, on_ready=ready)
     except KeyboardInterrupt:

@@ -97,14 +97,31 @@ class Model:
         this one runs (``runtime_py.batcher.Batcher`` does)."""
         return self.runner.infer_async(self._as_feeds(inputs))
 
-    def infer_rows_async(self, parts: dict[str, list[np.ndarray]]) -> Pending | None:
+    def infer_rows_async(self, parts: dict[str, list[np.ndarray]], staged_rows: int = 0,
+                         staged_by: object = None) -> Pending | None:
         """Start one batch given as each input's rows in pieces (in order; at most
         ``max_batch_size`` rows, already checked against the inputs, as
         ``runtime_py.batcher.Batcher`` checks its requests), copied to the device where
         they lie by engines that can (torch-aoti on a GPU: no host gather of the batch);
         None, with nothing started, where the engine cannot: gather them and call
-        ``infer_async``."""
+        ``infer_async``. ``staged_rows`` / ``staged_by``: see ``stage_rows``."""
+        if staged_rows:
+            return self.runner.infer_rows_async(parts, staged_rows, staged_by)
         return self.runner.infer_rows_async(parts)
+
+    @property
+    def stages_rows(self) -> bool:
+        """Whether ``stage_rows`` takes rows on this engine (torch-aoti on a GPU)."""
+        return self.runner.stages_rows
+
+    def stage_rows(self, parts: dict[str, list[np.ndarray]], first_row: int,
+                   staged_by: object) -> bool:
+        """Start copying rows of the next batch to the device while that batch is still
+        being collected (as its rows ``first_row..``; False, nothing started, where the
+        engine cannot), so that its dispatch (``infer_rows_async(parts, staged_rows,
+        staged_by)``) copies only the rows that came last: a batcher's rows arrive over a
+        client round trip, and copied at dispatch the engine waits for all of them."""
+        return self.runner.stage_rows(parts, first_row, staged_by)
 
     def prepare(self, batch_sizes: Iterable[int]) -> None:
         """Do now what the first batch of each size would otherwise do (a GPU engine

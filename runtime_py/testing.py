@@ -127,9 +127,15 @@ class AsyncToyModel(ToyModel):
     batch as its requests' rows where they lie and reads them late on the "stream", as
     the torch-aoti runner's device copies do (``row_batches`` records each batch's piece
     counts); ``takes_rows`` may also be a predicate on the pieces (False: declined, None
-    returned, as a runner does for a batch size it has no graph for yet)."""
+    returned, as a runner does for a batch size it has no graph for yet).
+    ``stages_rows=True`` adds ``stage_rows`` as the runner has it: the rows of the next
+    batch copied into one "device" buffer on the stream, late, and read from there by
+    that batch for the rows its dispatch says were staged (``staged_batches`` records
+    each ``infer_rows_async`` batch's rows taken from the buffer): a batcher that claims
+    rows the buffer does not hold gets wrong outputs."""
 
-    def __init__(self, *args, read_delay_ms: float = 0.0, takes_rows=False, **kwargs) -> None:
+    def __init__(self, *args, read_delay_ms: float = 0.0, takes_rows=False,
+                 stages_rows: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         from concurrent.futures import ThreadPoolExecutor
 
@@ -144,6 +150,11 @@ class AsyncToyModel(ToyModel):
         self._in_flight = 0
         self.takes_rows = takes_rows
         self.row_batches: list[int] = []
+        self.stages_rows = stages_rows
+        self.stage_calls = 0
+        self.staged_batches: list[int] = []
+        self._ahead: np.ndarray | None = None     # the next batch's staged "device" rows
+        self._ahead_rows, self._ahead_by = 0, None
 
     def input_buffers(self) -> dict[str, np.ndarray]:
         spec = self.inputs[0]
@@ -156,6 +167,7 @@ class AsyncToyModel(ToyModel):
         from .pending import Pending
 
         check_feeds(self.inputs, feeds)
+        self._take_ahead()           # (this batch's rows overwrite what was staged)
         if self._registry.owner_of(feeds["input"]) is not None:
             with self._lock:
                 self.in_place += 1
@@ -175,22 +187,63 @@ class AsyncToyModel(ToyModel):
         future = self._stream.submit(run)
         return Pending(future.result)
 
-    def infer_rows_async(self, parts: dict[str, list[np.ndarray]]):
+    def infer_rows_async(self, parts: dict[str, list[np.ndarray]], staged_rows: int = 0,
+                         staged_by: object = None):
         if not self.takes_rows or (callable(self.takes_rows) and not self.takes_rows(parts)):
             return None
         from .pending import Pending
 
         name = self.inputs[0].name
         pieces = parts[name]
+        held, by = self._take_ahead()
+        n = sum(p.shape[0] for p in pieces)
+        skip = staged_rows if 0 < staged_rows <= min(held, n) and by is staged_by else 0
+        ahead = self._ahead
         with self._lock:
             self.row_batches.append(len(pieces))
+            self.staged_batches.append(skip)
 
         def run():
             if self.read_delay_s:
                 time.sleep(self.read_delay_s)       # the "device" copies the rows late
-            return self.infer({name: np.concatenate(pieces)})
+            rest = np.concatenate(pieces)[skip:]
+            x = np.concatenate([ahead[:skip], rest]) if skip else rest
+            return self.infer({name: x})
 
         return Pending(self._stream.submit(run).result)
+
+    def stage_rows(self, parts: dict[str, list[np.ndarray]], first_row: int,
+                   staged_by: object) -> bool:
+        if not self.stages_rows:
+            return False
+        pieces = parts[self.inputs[0].name]
+        n = sum(p.shape[0] for p in pieces)
+        with self._lock:
+            held = self._ahead_rows if self._ahead_by is staged_by else 0
+            if not 0 <= first_row <= held or first_row + n > self.max_batch_size:
+                return False
+            if self._ahead is None:
+                spec = self.inputs[0]
+                self._ahead = np.zeros((self.max_batch_size, *spec.shape[1:]),
+                                       np.dtype(spec.dtype))
+            ahead = self._ahead
+
+            def copy():
+                if self.read_delay_s:
+                    time.sleep(self.read_delay_s / 4)
+                ahead[first_row:first_row + n] = np.concatenate(pieces)
+
+            self._stream.submit(copy)
+            self._ahead_rows, self._ahead_by = first_row + n, staged_by
+            self.stage_calls += 1
+        return True
+
+    def _take_ahead(self) -> tuple[int, object]:
+        """The staged rows and their owner, handed to the batch being started."""
+        with self._lock:
+            taken = (self._ahead_rows, self._ahead_by)
+            self._ahead_rows, self._ahead_by = 0, None
+        return taken
 
     def close(self) -> None:
         self._stream.shutdown(wait=True)

@@ -609,6 +609,110 @@ def test_rows_an_engine_declines_are_gathered_into_the_slot_buffers():
     assert len(model.row_batches) == declined.count(False)
 
 
+def _staging_model(**kwargs):
+    from runtime_py.testing import AsyncToyModel
+
+    return AsyncToyModel(max_batch_size=16, read_delay_ms=2, takes_rows=True,
+                         stages_rows=True, **kwargs)
+
+
+def test_rows_are_staged_ahead_while_their_batch_collects_and_outputs_stay_right():
+    """``stage_ahead`` (default): rows go to the model (``stage_rows``) each quarter batch
+    while the batch collects, and the dispatch copies only the rest; with the toy's
+    "device" buffer read late, every client still gets its own rows' outputs."""
+    model = _staging_model()
+    try:
+        with Batcher(model, max_delay_ms=20) as b:
+            _mixed_clients(b, model)
+    finally:
+        model.close()
+    assert model.stage_calls > 0
+    assert any(model.staged_batches) and b.rows_staged_ahead == sum(model.staged_batches)
+    assert b.rows == sum(1 + (c + j) % 3 for c in range(24) for j in range(4))
+
+
+def test_stage_ahead_off_stages_nothing_and_can_be_turned_on_live():
+    model = _staging_model()
+    try:
+        with Batcher(model, max_delay_ms=20, stage_ahead=False) as b:
+            assert b.stage_ahead is False
+            _mixed_clients(b, model, rounds=2)
+            assert model.stage_calls == 0 and not any(model.staged_batches)
+            b.stage_ahead = True
+            _mixed_clients(b, model, rounds=2)
+            assert model.stage_calls > 0
+    finally:
+        model.close()
+
+
+def test_a_request_cancelled_after_it_was_staged_moves_the_rows_after_it():
+    """Rows staged for a batch, then one of their requests cancelled before the dispatch:
+    the batch's rows after it moved up, so only the rows before it count as staged, and
+    each remaining request gets its own outputs (the toy's buffer holds the cancelled
+    request's rows at that place: a claim beyond them would give wrong outputs)."""
+    model = _staging_model()
+    try:
+        with Batcher(model, max_batch_size=8, max_delay_ms=5000, stage_ahead=True) as b:
+            xs = [image(i) for i in range(12)]
+            first = [b.submit({"input": xs[i]}) for i in range(3)]     # 2 rows: a quarter
+            wait_until(lambda: model.stage_calls >= 1)
+            assert first[1].cancel()
+            rest = [b.submit({"input": xs[i]}) for i in range(3, 10)]  # 9 rows queued: full
+            futures = [first[0], first[2]] + rest
+            outs = [f.result(TIMEOUT)["logits"] for f in futures]
+    finally:
+        model.close()
+    for f, out, i in zip(futures, outs, [0, 2] + list(range(3, 10))):
+        np.testing.assert_array_equal(out, model.reference(xs[i]))
+    staged = [k for k in model.staged_batches if k]
+    assert staged and staged[0] == 1, model.staged_batches   # only request 0's row held
+
+
+def test_a_split_request_is_staged_in_its_slices():
+    """A request larger than the room left is staged as the slice this batch takes; the
+    rest travels in the next batch, and the reassembled outputs are its own."""
+    model = _staging_model()
+    try:
+        with Batcher(model, max_batch_size=8, max_delay_ms=5000) as b:
+            a = image(1, n=3)
+            big = image(2, n=9)
+            fa = b.submit({"input": a})
+            wait_until(lambda: model.stage_calls >= 1)        # a's 3 rows: staged
+            fb = b.submit({"input": big})                     # 5 rows here, 4 later
+            out_a, out_b = fa.result(TIMEOUT), fb.result(TIMEOUT)
+    finally:
+        model.close()
+    np.testing.assert_array_equal(out_a["logits"], model.reference(a))
+    np.testing.assert_array_equal(out_b["logits"], model.reference(big))
+    assert model.staged_batches[0] >= 3
+
+
+def test_rows_a_model_declines_to_stage_go_at_dispatch():
+    """``stage_rows`` returning False (a GPU runner on its torch path, a gap in the rows):
+    the batch's rows are all copied at dispatch and nothing is claimed as staged."""
+    model = _staging_model()
+    model.stages_rows = False        # (the toy declines each call)
+    try:
+        with Batcher(model, max_delay_ms=20) as b:
+            _mixed_clients(b, model, rounds=2)
+    finally:
+        model.close()
+    assert not any(model.staged_batches) and b.rows_staged_ahead == 0
+
+
+def test_two_batchers_on_one_model_do_not_take_each_other_s_staged_rows():
+    """The model trusts staged rows only where the dispatching batcher staged them."""
+    model = _staging_model()
+    try:
+        with Batcher(model, max_delay_ms=20) as b1, Batcher(model, max_delay_ms=20) as b2, \
+                ThreadPoolExecutor(2) as pool:
+            for f in [pool.submit(_mixed_clients, b, model, 12, 3) for b in (b1, b2)]:
+                f.result(TIMEOUT * 3)
+        assert model.stage_calls > 0
+    finally:
+        model.close()
+
+
 def test_a_batcher_has_its_model_prepare_every_batch_size_before_serving():
     """``Model.prepare`` (a GPU engine captures a CUDA graph per size) is asked for every
     size 1..max_batch_size when the batcher is made, before any request, so that no

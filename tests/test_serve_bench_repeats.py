@@ -52,3 +52,23 @@ def test_zero_repeats_is_a_usage_error(serve_bench, capsys):
         serve_bench.main(["--synthetic", "--repeats", "0"])
     assert e.value.code == 2
     assert "one positive integer" in capsys.readouterr().err
+
+
+def test_stage_ahead_modes_are_measured_side_by_side(serve_bench, capsys):
+    """``--stage-ahead off,on``: each path measured with the batcher's staging off and on,
+    one figure each (the synthetic model stages nothing: its share is 0)."""
+    result = serve_bench.main([
+        "--synthetic", "--light", "--dtype", "uint8", "--image-size", "64", "--cost-ms", "2",
+        "--paths", "http", "--workers-list", "0", "--http-clients", "4", "--http-procs", "1",
+        "--seconds", "0.3", "--warmup", "0.1", "--stage-ahead", "off,on", "--json"])
+    capsys.readouterr()
+    assert result["stage_ahead"] == ["off", "on"]
+    assert set(result["paths_img_s"]) == {"http_w0@stage-off", "http_w0@stage-on"}
+    assert all(u["staged_share"] == 0 for u in result["dispatch_rule_use"].values())
+
+
+def test_an_unknown_stage_ahead_mode_is_a_usage_error(serve_bench, capsys):
+    with pytest.raises(SystemExit) as e:
+        serve_bench.main(["--synthetic", "--stage-ahead", "soon"])
+    assert e.value.code == 2
+    assert "--stage-ahead" in capsys.readouterr().err

@@ -1129,6 +1129,83 @@ def test_gpu_rows_are_copied_to_the_device_where_they_lie(gpu_fp16_tiny):
             os.unlink(f"/dev/shm/{key}")
 
 
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_rows_staged_ahead_are_not_copied_again_and_outputs_agree(gpu_fp16_tiny):
+    """``stage_rows``: rows of the next batch copied to the device before its dispatch
+    (plain numpy through the staging rows, pinned in place), then ``infer_rows_async``
+    told how many are staged copies only the rest: the dispatch's pieces for the staged
+    rows are zeros here, and the outputs still equal the reference. Declined: a gap, rows
+    beyond the max batch. Not trusted: another caller's claim, or a claim on rows a batch
+    taken in between (``infer_async``) used up; restaging from row 0 overwrites."""
+    from runtime_py.engines.torch_aoti import TorchAotiRunner
+
+    package, details = gpu_fp16_tiny
+    x = np.random.default_rng(6).normal(size=(8, 3, 16, 16)).astype(np.float32)
+    zeros = np.zeros_like(x)
+    me, other = object(), object()
+    runner = TorchAotiRunner(_MemoryBundle("fp16", details, package, (3, 16, 16), 10, 8))
+    with runner:
+        reference = runner.infer({"input": x})["logits"]       # captures batch 8's graph
+        assert runner.stages_rows
+        own = runner.input_buffers()["input"]
+        for _ in range(3):                                       # both slots, reused
+            assert runner.stage_rows({"input": [x[:2].copy(), x[2:3].copy()]}, 0, me)
+            own[:2] = x[3:5]
+            assert runner.stage_rows({"input": [own[:2]]}, 3, me)
+            assert not runner.stage_rows({"input": [x[:1]]}, 6, me)      # a gap
+            assert not runner.stage_rows({"input": [x[:4]]}, 5, me)      # 9 rows
+            pending = runner.infer_rows_async({"input": [zeros[:5], x[5:].copy()]},
+                                              staged_rows=5, staged_by=me)
+            assert np.array_equal(pending.result()["logits"], reference)
+        assert runner.stage_rows({"input": [zeros[:4]]}, 0, me)
+        got = runner.infer_rows_async({"input": [x[:4].copy(), x[4:].copy()]},
+                                      staged_rows=4, staged_by=other).result()["logits"]
+        assert np.array_equal(got, reference)
+        assert runner.stage_rows({"input": [zeros[:4]]}, 0, me)
+        assert runner.stage_rows({"input": [x[:4].copy()]}, 0, me)
+        got = runner.infer_rows_async({"input": [zeros[:4], x[4:].copy()]},
+                                      staged_rows=4, staged_by=me).result()["logits"]
+        assert np.array_equal(got, reference)
+        assert runner.stage_rows({"input": [zeros[:4]]}, 0, me)
+        assert np.array_equal(runner.infer_async({"input": x}).result()["logits"], reference)
+        got = runner.infer_rows_async({"input": [x[:4].copy(), x[4:].copy()]},
+                                      staged_rows=4, staged_by=me).result()["logits"]
+        assert np.array_equal(got, reference)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_a_batcher_stages_rows_ahead_and_every_client_gets_its_own(gpu_fp16_tiny):
+    """A Batcher over the runner's Model, 24 clients of one row each (batches of 8 that
+    collect over the clients' round trips): rows are staged ahead and claimed at dispatch,
+    and each client's output equals the runner's own for its row."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from runtime_py.batcher import Batcher
+    from runtime_py.engines.torch_aoti import TorchAotiRunner
+    from runtime_py.model import Model
+
+    package, details = gpu_fp16_tiny
+    bundle = _MemoryBundle("fp16", details, package, (3, 16, 16), 10, 8)
+    bundle.manifest["name"] = "tiny-fp16-torch-aoti"
+    bundle.id, bundle.labels = "0" * 64, None
+    x = np.random.default_rng(7).normal(size=(24, 3, 16, 16)).astype(np.float32)
+    runner = TorchAotiRunner(bundle)
+    with runner:
+        model = Model(bundle, runner)
+        assert model.stages_rows
+        expected = [runner.infer({"input": x[i:i + 1]})["logits"] for i in range(24)]
+        with Batcher(model, max_delay_ms=20) as b, ThreadPoolExecutor(24) as pool:
+            def client(i: int) -> None:
+                for _ in range(20):
+                    out = b.infer({"input": x[i:i + 1]}, timeout=30)["logits"]
+                    assert np.allclose(out, expected[i], atol=1e-3), i
+            for f in [pool.submit(client, i) for i in range(24)]:
+                f.result(120)
+            assert b.rows_staged_ahead > 0
+
+
 def test_the_loaded_cuda_runtime_is_found_in_the_maps_text():
     from runtime_py.engines.cudart_held import loaded_cudart_path
 

@@ -138,13 +138,29 @@ class Runner(abc.ABC):
         n = self.checked_batch(feeds)
         return self.infer_async_impl(feeds, n)
 
-    def infer_rows_async(self, parts: dict[str, list[np.ndarray]]) -> "Pending | None":
+    def infer_rows_async(self, parts: dict[str, list[np.ndarray]], staged_rows: int = 0,
+                         staged_by: object = None) -> "Pending | None":
         """Start one batch given as each input's rows in pieces (a batcher's requests, in
         order), for engines that copy the pieces to the device where they lie; None, with
         nothing started, where this engine does not (the default): the caller then gathers
         the pieces into one array per input and calls ``infer_async``. The pieces must stay
-        unchanged until ``result()`` returned."""
+        unchanged until ``result()`` returned. ``staged_rows``: the batch's first rows
+        were handed to ``stage_rows`` by ``staged_by`` (and are these pieces' first rows);
+        an engine whose next batch holds them copies only the rest."""
         return None
+
+    @property
+    def stages_rows(self) -> bool:
+        """Whether ``stage_rows`` takes rows (the default: never)."""
+        return False
+
+    def stage_rows(self, parts: dict[str, list[np.ndarray]], first_row: int,
+                   staged_by: object) -> bool:
+        """Start copying rows of the next ``infer_rows_async`` batch to the device before
+        it is dispatched, as its rows ``first_row..`` (``staged_by``: the caller, named
+        again at the dispatch); False, with nothing started, where this engine does not
+        (the default). The pieces must stay unchanged until that batch's ``result()``."""
+        return False
 
     def prepare(self, batch_sizes: "Iterable[int]") -> None:
         """Set up now what the first batch of each size would (``Model.prepare``); the

@@ -120,6 +120,10 @@ class _Slot:
         self.staged = self.consumed = self.computed = self.done = None
         self.pending: Pending | None = None
         self._outputs: dict[int, tuple[Any, np.ndarray]] = {}
+        # rows copied into device_in ahead of the slot's next batch (``stage_rows``), by
+        # whom; when the slot is taken, what it held then (``staged_ahead``)
+        self.staged_rows, self.staged_by = 0, None
+        self.staged_ahead: tuple[int, object] = (0, None)
 
     def outputs(self, n: int) -> tuple[Any, np.ndarray]:
         """The first ``n`` rows of the pinned output, as a tensor and as the array over the
@@ -130,6 +134,15 @@ class _Slot:
             tensor = self.host_out[:n]
             views = self._outputs[n] = (tensor, tensor.numpy())
         return views
+
+
+def _rows_after(pieces: list[np.ndarray], skip: int) -> list[np.ndarray]:
+    """``pieces`` (arrays of rows, in order) without their first ``skip`` rows."""
+    for i, piece in enumerate(pieces):
+        if skip < piece.shape[0]:
+            return ([piece[skip:]] if skip else [piece]) + pieces[i + 1:]
+        skip -= piece.shape[0]
+    return []
 
 
 def static_model_name(batch: int) -> str:
@@ -550,7 +563,58 @@ class TorchAotiRunner(Runner):
                                           n * self._row_bytes[0])], n)
             return self._pending(slot, n)
 
-    def infer_rows_async(self, parts: dict[str, list[np.ndarray]]) -> Pending | None:
+    @property
+    def stages_rows(self) -> bool:
+        """Whether ``stage_rows`` can take rows (active on a GPU, enqueueing through
+        ``cudart_held``)."""
+        return (self.is_active and not self._on_cpu and self._held is not None
+                and self.enqueue == "held")
+
+    def _input_rows(self, parts: dict[str, list[np.ndarray]]) -> int | None:
+        """The rows in ``parts`` where they are all rows of the one input, else None."""
+        if list(parts) != [self._name_in]:
+            return None
+        n = 0
+        for part in parts[self._name_in]:
+            if part.dtype != self._in_dtype or part.shape[1:] != self._in_row_shape:
+                return None
+            n += part.shape[0]
+        return n
+
+    def stage_rows(self, parts: dict[str, list[np.ndarray]], first_row: int,
+                   staged_by: object) -> bool:
+        """Enqueue the H2D copies of rows of the next batch (the next slot's device input,
+        from row ``first_row``) before that batch is dispatched, on the copy-in stream
+        after the slot's last batch consumed its input; pieces outside pinned memory are
+        written into the slot's staging rows first. Rows may be staged again from any row
+        up to those staged (the stream copies in order: the later copy wins); a gap, rows
+        beyond the max batch or pieces that are not input rows are declined (False).
+        ``infer_rows_async(..., staged_rows, staged_by)`` then copies only the rest."""
+        n = self._input_rows(parts)
+        if n is None or not self.stages_rows:
+            return False
+        with self._lock:
+            slot = self._slots[self._next_slot]
+            held_rows = slot.staged_rows if slot.staged_by is staged_by else 0
+            if not 0 <= first_row <= held_rows or first_row + n > self.max_batch_size:
+                return False
+            self._resolve(slot)         # its staging rows may be rewritten
+            held, s_in = self._held, self._in_stream.cuda_stream
+            previous = held.on_device(self.device_index)
+            try:
+                held.wait(s_in, slot.consumed.cuda_event)      # device_in free again
+                at = slot.device_in.data_ptr() + first_row * self._row_bytes[0]
+                for address, size in self._row_sources(slot, parts[self._name_in], first_row):
+                    held.memcpy(at, address, size, cudart_held.HOST_TO_DEVICE, s_in)
+                    at += size
+            finally:
+                if previous != self.device_index:
+                    held.on_device(previous)
+            slot.staged_rows, slot.staged_by = first_row + n, staged_by
+            return True
+
+    def infer_rows_async(self, parts: dict[str, list[np.ndarray]], staged_rows: int = 0,
+                         staged_by: object = None) -> Pending | None:
         """A batch given as its requests' rows, copied to the device where they lie: one
         H2D copy per piece in pinned memory (``input_buffers``, or page-locked in place:
         ``runtime_py.pinned_host``, e.g. the front-end workers' arenas), the others first
@@ -558,19 +622,19 @@ class TorchAotiRunner(Runner):
         the whole batch. None (nothing started) where the held enqueue path does not apply
         (see ``_held_applies``) or the pieces are not rows of the input: the caller then
         gathers them and calls ``infer_async``."""
-        if not self.is_active or self._on_cpu or list(parts) != [self._name_in]:
+        if not self.is_active or self._on_cpu:
+            return None
+        n = self._input_rows(parts)
+        if n is None or not 1 <= n <= self.max_batch_size or not self._held_applies(n):
             return None
         rows = parts[self._name_in]
-        n = 0
-        for part in rows:
-            if part.dtype != self._in_dtype or part.shape[1:] != self._in_row_shape:
-                return None
-            n += part.shape[0]
-        if not 1 <= n <= self.max_batch_size or not self._held_applies(n):
-            return None
         with self._lock:
             slot = self._take_slot()
-            self._enqueue_held(slot, self._row_sources(slot, rows), n)
+            held_rows, by = slot.staged_ahead
+            skip = staged_rows if 0 < staged_rows <= min(held_rows, n) and by is staged_by else 0
+            if skip:
+                rows = _rows_after(rows, skip)
+            self._enqueue_held(slot, self._row_sources(slot, rows, skip), n, skip)
             return self._pending(slot, n)
 
     def _take_slot(self) -> "_Slot":
@@ -578,6 +642,8 @@ class TorchAotiRunner(Runner):
         slot = self._slots[self._next_slot]
         self._next_slot = (self._next_slot + 1) % len(self._slots)
         self._resolve(slot)
+        slot.staged_ahead = (slot.staged_rows, slot.staged_by)
+        slot.staged_rows, slot.staged_by = 0, None
         return slot
 
     def _pending(self, slot: "_Slot", n: int) -> Pending:
@@ -600,12 +666,13 @@ class TorchAotiRunner(Runner):
         return arr.flags.c_contiguous and (pinned_host.holds(arr)
                                            or self._pinned.owner_of(arr) is not None)
 
-    def _row_sources(self, slot: "_Slot", parts: list[np.ndarray]) -> list[tuple[int, int]]:
-        """(host address, bytes) of each H2D copy that fills the batch in order: a piece in
-        pinned memory as it is, any other written into the slot's staging rows at its
-        place; pieces adjacent in memory make one copy."""
+    def _row_sources(self, slot: "_Slot", parts: list[np.ndarray],
+                     first_row: int = 0) -> list[tuple[int, int]]:
+        """(host address, bytes) of each H2D copy that fills the batch in order from row
+        ``first_row``: a piece in pinned memory as it is, any other written into the
+        slot's staging rows at its place; pieces adjacent in memory make one copy."""
         sources: list[tuple[int, int]] = []
-        staging, row = slot.host_in_array, 0
+        staging, row = slot.host_in_array, first_row
         for part in parts:
             rows = part.shape[0]
             if not rows:
@@ -624,10 +691,12 @@ class TorchAotiRunner(Runner):
             row += rows
         return sources
 
-    def _enqueue_held(self, slot: "_Slot", sources: list[tuple[int, int]], n: int) -> None:
+    def _enqueue_held(self, slot: "_Slot", sources: list[tuple[int, int]], n: int,
+                      first_row: int = 0) -> None:
         """The batch's copies, events and graph launch through ``cudart_held`` (no GIL
         release), its input copied from ``sources`` ((host address, bytes) in pinned
-        memory, in row order). Only where ``_held_applies(n)``."""
+        memory, in row order) from row ``first_row`` on (the rows before it were staged:
+        ``stage_rows``). Only where ``_held_applies(n)``."""
         held, graph = self._held, self._graphs[n]
         graph_exec = self._graph_exec(n, graph)
         x, y = self._static[n]
@@ -638,7 +707,7 @@ class TorchAotiRunner(Runner):
         previous = held.on_device(self.device_index)
         try:
             held.wait(s_in, slot.consumed.cuda_event)          # device_in free again
-            at = device_in
+            at = device_in + first_row * self._row_bytes[0]
             for address, size in sources:
                 held.memcpy(at, address, size, cudart_held.HOST_TO_DEVICE, s_in)
                 at += size

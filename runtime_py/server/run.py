@@ -49,6 +49,7 @@ def serve(
     *,
     max_wait_ms: float | None = None,
     early_dispatch: bool | str = False,
+    stage_ahead: bool = True,
     grpc_port: int | None = None,
     workers: int = 0,
     max_queue: int = 1024,
@@ -64,7 +65,8 @@ def serve(
     SIGINT/SIGTERM. ``max_batch`` defaults to each model's max batch size (and is capped
     to it). ``max_wait_ms``: how long a batch may wait for the last batch's clients
     (``Batcher``; None follows the engine's time per batch); ``early_dispatch``: cap that
-    wait where the engine would run dry, or ``"auto"`` (``Batcher``). HTTP always; gRPC too when
+    wait where the engine would run dry, or ``"auto"`` (``Batcher``); ``stage_ahead``: copy a
+    batch's rows to the device while it collects (``Batcher``). HTTP always; gRPC too when
     ``grpc_port`` is given. ``workers`` > 0 runs that many front-end processes over this
     process's engine (``workers.serve_with_workers``); 0 runs the front-ends in this
     process. ``http_server``: ``"builtin"`` (``http1``: the
@@ -88,7 +90,8 @@ def serve(
         for name, model in named.items():
             batchers[name] = Batcher(model, max_batch_size=capped_max_batch(max_batch, model),
                                      max_delay_ms=max_delay_ms, max_wait_ms=max_wait_ms,
-                                     max_queue=max_queue, early_dispatch=early_dispatch)
+                                     max_queue=max_queue, early_dispatch=early_dispatch,
+                                     stage_ahead=stage_ahead)
         engine = Engine(named, batchers)
         http_sock = bind_http(host, port)
         try:
