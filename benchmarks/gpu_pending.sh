@@ -76,7 +76,8 @@
 #       and fp16 bundles served side by side in one process, HTTP and gRPC (PATHS=), 64
 #       clients in 8 and 32 processes (PROCS=), REPEATS=3 rounds, each round measuring
 #       both bundles back to back: issue 15's fp8/fp16 at the client in one run (~280 s;
-#       PAIR_LIMIT= caps the step, 330 s; WORKERS= front-end workers per server, 8)
+#       PAIR_LIMIT= caps the step, 330 s; WORKERS= front-end workers per server, 8;
+#       STAGE=on: the batchers stage rows ahead of their dispatch)
 #
 # Logs: OUT_DIR/<step>.log. Each step prints as it goes and has its own timeout.
 set -u
@@ -223,7 +224,7 @@ pair)   # `build`, then fp8 against fp16 at the client, both served in one run
     --bundle "$bundles/timm_xception-fp8-uint8-1.0.0-torch-aoti.bundle" \
     --bundle "$bundles/timm_xception-fp16-uint8-1.0.0-torch-aoti.bundle" --batch 32 \
     --clients 64 --http-procs "${PROCS:-8,32}" --workers "${WORKERS:-8}" \
-    --paths "${PATHS:-http,grpc}" \
+    --paths "${PATHS:-http,grpc}" --stage-ahead "${STAGE:-off}" \
     --rounds "${REPEATS:-3}" --seconds 3 --warmup 1
   ;;
 *) echo "usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|pair OUT_DIR" >&2; exit 2 ;;

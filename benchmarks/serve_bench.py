@@ -700,10 +700,9 @@ def main(argv=None) -> dict:
                          "on or auto; a comma-separated list (e.g. off,auto) measures each "
                          "path under each rule in turn, side by side (the order reversed "
                          "on every other path)")
-    ap.add_argument("--stage-ahead", default="on", metavar="MODES",
-                    help="the batcher's stage_ahead (bundle serve --no-stage-ahead turns it "
-                         "off): on, off, or both (off,on) to measure each path with each, "
-                         "side by side")
+    ap.add_argument("--stage-ahead", default="off", metavar="MODES",
+                    help="the batcher's stage_ahead (bundle serve --stage-ahead): off, on, "
+                         "or both (off,on) to measure each path with each, side by side")
     ap.add_argument("--enqueue", choices=["held", "torch"],
                     help="torch-aoti bundles: enqueue batches through CUDA runtime calls that "
                          "keep the GIL (held, the default) or through torch's calls")

@@ -87,6 +87,8 @@ def main(argv=None) -> dict:
                     help="client processes of the network paths; several: one figure each")
     ap.add_argument("--paths", default="http,grpc", help=f"comma-separated, of {KINDS}")
     ap.add_argument("--workers", type=int, default=8, help="front-end worker processes per server")
+    ap.add_argument("--stage-ahead", choices=["off", "on"], default="off",
+                    help="the batchers' stage_ahead (bundle serve --stage-ahead)")
     ap.add_argument("--rounds", type=positive_int, default=3)
     ap.add_argument("--seconds", type=float, default=3.0, help="measured time per figure")
     ap.add_argument("--warmup", type=float, default=1.0)
@@ -108,11 +110,12 @@ def main(argv=None) -> dict:
     say = (lambda *a: None) if args.json else (lambda *a: print(*a, flush=True))
     say(f"first: {labels[0]}\nsecond: {labels[1]}\n{args.clients} clients, batch "
         f"{args.batch}, {args.workers} front-end workers per server, {args.rounds} rounds"
-        f" of {args.seconds:g} s (+{args.warmup:g} s warm-up), cpus {os.cpu_count()}; "
+        f" of {args.seconds:g} s (+{args.warmup:g} s warm-up), rows staged ahead: "
+        f"{args.stage_ahead}, cpus {os.cpu_count()}; "
         f"both loaded in {time.time() - t0:.0f} s")
     figures: dict[str, list[tuple[float, float]]] = {}
-    batchers = [Batcher(m, max_batch_size=args.batch, max_delay_ms=args.max_delay_ms)
-                for m in models]
+    batchers = [Batcher(m, max_batch_size=args.batch, max_delay_ms=args.max_delay_ms,
+                        stage_ahead=args.stage_ahead == "on") for m in models]
     servers = [_Server(m, b, args.workers) for m, b in zip(models, batchers)]
     try:
         for s in servers:

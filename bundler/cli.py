@@ -510,10 +510,11 @@ def rebuild(bundle_path, backend, checkpoint, out_dir, force, timing_cache, hard
                    "batch in flight is due to finish; pays behind front-ends whose round "
                    "trip outlasts a batch. auto: try both rules in turn on the live traffic "
                    "and keep whichever serves more images per second (docs/serving.md).")
-@click.option("--stage-ahead/--no-stage-ahead", default=True, show_default=True,
+@click.option("--stage-ahead/--no-stage-ahead", default=False, show_default=True,
               help="Copy a batch's rows to the GPU while the batch still collects, so that "
                    "its dispatch copies only the rows that came last (torch-aoti on a GPU; "
-                   "other engines ignore it).")
+                   "other engines ignore it). Off until its effect is measured "
+                   "(docs/serving.md).")
 @click.option("--max-queue", default=1024, show_default=True,
               help="Queued requests per model before 503 (back-pressure).")
 @click.option("--backend", default="auto", show_default=True, type=backend_choice(auto=True),

@@ -41,14 +41,17 @@ Rules it keeps, and why:
   measures it). ``early_dispatch="auto"`` uses whichever of the two rules served more
   rows per second, each tried in turn on the live traffic (``runtime_py.dispatch_choice``).
   The rule can be changed on a running batcher (``batcher.early_dispatch = ...``).
-- ``stage_ahead=True`` (default) copies a batch's rows toward the engine while the batch
-  is still collecting, where the model can (``model.stage_rows``: the torch-aoti runner
-  enqueues their host-to-device copies): each time another quarter of a batch has
-  queued, the worker hands those rows over, and the dispatch copies only the rows that
-  came last. Copied at dispatch, a batch's input (8.6 MB for uint8 xception at batch 32)
-  reached the device only after its last request came, and the engine waited for it:
-  on the H200 the served fp8 engine took 3.7 ms a batch against 3.4 ms replaying its
-  graph alone (docs/measurements/h200-2026-12-05-c). The rows staged are the ones
+- ``stage_ahead=True`` (off by default until measured) copies a batch's rows toward the
+  engine while the batch is still collecting, where the model can (``model.stage_rows``:
+  the torch-aoti runner enqueues their host-to-device copies): each time another quarter
+  of a batch has queued, the worker hands those rows over, and the dispatch copies only
+  the rows that came last. Copied at dispatch, a batch's input (8.6 MB for uint8
+  xception at batch 32) reaches the device only after its last request came, and the
+  engine may wait for it: on the H200 the served fp8 engine took 3.66-3.72 ms a batch
+  against 3.37 ms replaying its graph alone, while its batches started only ~0.14 ms
+  before the last one ended (docs/measurements/h200-2026-12-05-c). What staging gives
+  there is not measured yet (``benchmarks/gpu_pending.sh stage``), hence off; the GPU
+  tests show it correct. The rows staged are the ones
   ``_take`` would take at that moment; whatever changes before the dispatch (a request
   cancelled meanwhile) is caught there by comparing the staged slices with the batch's,
   request by request, and only the rows that still match are not copied again.
@@ -352,7 +355,7 @@ class Batcher:
         max_wait_ms: float | None = None,
         early_dispatch: bool | str = False,
         prepare: bool = True,
-        stage_ahead: bool = True,
+        stage_ahead: bool = False,
     ) -> None:
         model_max = int(model.max_batch_size)
         if max_batch_size is None:

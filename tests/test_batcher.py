@@ -617,12 +617,12 @@ def _staging_model(**kwargs):
 
 
 def test_rows_are_staged_ahead_while_their_batch_collects_and_outputs_stay_right():
-    """``stage_ahead`` (default): rows go to the model (``stage_rows``) each quarter batch
+    """``stage_ahead=True``: rows go to the model (``stage_rows``) each quarter batch
     while the batch collects, and the dispatch copies only the rest; with the toy's
     "device" buffer read late, every client still gets its own rows' outputs."""
     model = _staging_model()
     try:
-        with Batcher(model, max_delay_ms=20) as b:
+        with Batcher(model, max_delay_ms=20, stage_ahead=True) as b:
             _mixed_clients(b, model)
     finally:
         model.close()
@@ -631,10 +631,10 @@ def test_rows_are_staged_ahead_while_their_batch_collects_and_outputs_stay_right
     assert b.rows == sum(1 + (c + j) % 3 for c in range(24) for j in range(4))
 
 
-def test_stage_ahead_off_stages_nothing_and_can_be_turned_on_live():
+def test_stage_ahead_is_off_by_default_stages_nothing_and_can_be_turned_on_live():
     model = _staging_model()
     try:
-        with Batcher(model, max_delay_ms=20, stage_ahead=False) as b:
+        with Batcher(model, max_delay_ms=20) as b:
             assert b.stage_ahead is False
             _mixed_clients(b, model, rounds=2)
             assert model.stage_calls == 0 and not any(model.staged_batches)
@@ -673,7 +673,7 @@ def test_a_split_request_is_staged_in_its_slices():
     rest travels in the next batch, and the reassembled outputs are its own."""
     model = _staging_model()
     try:
-        with Batcher(model, max_batch_size=8, max_delay_ms=5000) as b:
+        with Batcher(model, max_batch_size=8, max_delay_ms=5000, stage_ahead=True) as b:
             a = image(1, n=3)
             big = image(2, n=9)
             fa = b.submit({"input": a})
@@ -688,23 +688,32 @@ def test_a_split_request_is_staged_in_its_slices():
 
 
 def test_rows_a_model_declines_to_stage_go_at_dispatch():
-    """``stage_rows`` returning False (a GPU runner on its torch path, a gap in the rows):
-    the batch's rows are all copied at dispatch and nothing is claimed as staged."""
+    """``stage_rows`` returning False (a gap in the rows, pieces it cannot take): the
+    batch's rows are all copied at dispatch and nothing is claimed as staged; a model
+    whose ``stages_rows`` is False (ONNX Runtime, a GPU runner on its torch path) is not
+    asked at all."""
     model = _staging_model()
-    model.stages_rows = False        # (the toy declines each call)
+    asked: list[int] = []
+    model.stage_rows = lambda parts, first_row, staged_by: asked.append(first_row) or False
     try:
-        with Batcher(model, max_delay_ms=20) as b:
+        with Batcher(model, max_delay_ms=20, stage_ahead=True) as b:
             _mixed_clients(b, model, rounds=2)
+        assert asked and not any(model.staged_batches) and b.rows_staged_ahead == 0
+        asked.clear()
+        model.stages_rows = False
+        with Batcher(model, max_delay_ms=20, stage_ahead=True) as b:
+            _mixed_clients(b, model, rounds=2)
+        assert not asked and b.rows_staged_ahead == 0
     finally:
         model.close()
-    assert not any(model.staged_batches) and b.rows_staged_ahead == 0
 
 
 def test_two_batchers_on_one_model_do_not_take_each_other_s_staged_rows():
     """The model trusts staged rows only where the dispatching batcher staged them."""
     model = _staging_model()
     try:
-        with Batcher(model, max_delay_ms=20) as b1, Batcher(model, max_delay_ms=20) as b2, \
+        with Batcher(model, max_delay_ms=20, stage_ahead=True) as b1, \
+                Batcher(model, max_delay_ms=20, stage_ahead=True) as b2, \
                 ThreadPoolExecutor(2) as pool:
             for f in [pool.submit(_mixed_clients, b, model, 12, 3) for b in (b1, b2)]:
                 f.result(TIMEOUT * 3)

@@ -124,9 +124,10 @@ def server(request, tiny_bundle):
     and grpcio's): tritonclient must not tell them apart."""
     workers, grpc_server = request.param
     # "auto" dispatch: every test below also runs under the rule that measures itself
+    # (and with --stage-ahead, which an ONNX Runtime engine ignores: the flag is taken)
     s = Server(tiny_bundle, "--grpc-port", "0", "--workers", str(workers),
                "--max-delay-ms", "20", "--max-body-mb", str(MAX_BODY_MB),
-               "--early-dispatch", "auto", "--grpc-server", grpc_server)
+               "--early-dispatch", "auto", "--stage-ahead", "--grpc-server", grpc_server)
     s.workers = workers
     s.grpc_server = grpc_server
     yield s

@@ -1196,7 +1196,8 @@ def test_gpu_a_batcher_stages_rows_ahead_and_every_client_gets_its_own(gpu_fp16_
         model = Model(bundle, runner)
         assert model.stages_rows
         expected = [runner.infer({"input": x[i:i + 1]})["logits"] for i in range(24)]
-        with Batcher(model, max_delay_ms=20) as b, ThreadPoolExecutor(24) as pool:
+        with Batcher(model, max_delay_ms=20, stage_ahead=True) as b, \
+                ThreadPoolExecutor(24) as pool:
             def client(i: int) -> None:
                 for _ in range(20):
                     out = b.infer({"input": x[i:i + 1]}, timeout=30)["logits"]

@@ -49,7 +49,7 @@ def serve(
     *,
     max_wait_ms: float | None = None,
     early_dispatch: bool | str = False,
-    stage_ahead: bool = True,
+    stage_ahead: bool = False,
     grpc_port: int | None = None,
     workers: int = 0,
     max_queue: int = 1024,
