@@ -944,15 +944,21 @@ def _round(b: Batcher, rule: str, stage: bool, path_first: bool, feeds, args,
         b.early_dispatch = rule      # a fresh choice for "auto"
         ref, _ = bench_batcher(b, feeds, args.http_clients, args.seconds, args.warmup)
     b.early_dispatch = rule
-    batches0, early0, rows0, staged0 = b.batches, b.early_batches, b.rows, b.rows_staged_ahead
+    batches0, early0, rows0, staged0 = b.batches, b.early_batches, b.rows, _staged_used(b)
     v, cpu = measure_path()
     timeline = TIMELINE.summary()
     use = _rule_use(b, batches0, early0)
-    use["staged_share"] = round((b.rows_staged_ahead - staged0) / max(1, b.rows - rows0), 3)
+    use["staged_share"] = round((_staged_used(b) - staged0) / max(1, b.rows - rows0), 3)
     if path_first:
         b.early_dispatch = rule
         ref, _ = bench_batcher(b, feeds, args.http_clients, args.seconds, args.warmup)
     return ref, v, cpu, timeline, use
+
+
+def _staged_used(b: Batcher) -> int:
+    """Rows the batcher's model found staged at dispatch and did not copy again (0 for a
+    model that does not stage)."""
+    return int(getattr(b.model, "staged_rows_used", 0))
 
 
 def _median_round(rounds: list[tuple]) -> tuple:

@@ -163,6 +163,9 @@ class _LightFuture:
     def running(self) -> bool:
         return self._running and not self._done
 
+    def cancelled(self) -> bool:
+        return False
+
     def set_running_or_notify_cancel(self) -> bool:
         self._running = True
         return True
@@ -299,6 +302,9 @@ class _AsyncWaiter(_LightFuture):
         super().__init__()
         self.fut, self._post = fut, post
 
+    def cancelled(self) -> bool:
+        return self.fut.cancelled()     # a read of the future's state: safe off its loop
+
     def set_running_or_notify_cancel(self) -> bool:
         if self.fut.cancelled():        # a read of the future's state: safe off its loop
             self._done = True
@@ -410,7 +416,9 @@ class Batcher:
         self._stage_next = 0
         self._stage_stopped = False
         self._stage_key = object()   # whose staged rows they are, for the model
-        self.rows_staged_ahead = 0   # rows a dispatch found on their way already
+        # rows dispatches claimed as staged for them (the model may still copy them again:
+        # e.g. another caller took its next slot meanwhile; its own count says what it used)
+        self.rows_claimed_staged = 0
         self.max_queue = int(max_queue)
         self._specs = list(model.inputs)
         self._check = FeedChecker(self._specs)
@@ -662,7 +670,7 @@ class Batcher:
         takes them so (``infer_rows_async``; its first ``staged`` rows were handed over
         by ``stage_rows`` already); None: gather them (``_merge``)."""
         start = getattr(self.model, "infer_rows_async", None)
-        if start is None or len(slices) < 2:
+        if start is None or (len(slices) < 2 and not staged):
             return None     # (one request's rows: its own arrays go to infer_async)
         parts = {k: [s.req.feeds[k][s.start:s.stop] for s in slices]
                  for k in slices[0].req.feeds}
@@ -670,7 +678,7 @@ class Batcher:
             return start(parts)
         pending = start(parts, staged_rows=staged, staged_by=self._stage_key)
         if pending is not None:
-            self.rows_staged_ahead += staged
+            self.rows_claimed_staged += staged
         return pending
 
     def _staged_prefix(self, live: list[_Slice]) -> int:
@@ -723,7 +731,7 @@ class Batcher:
         for req in self._queue:
             if room <= 0:
                 break
-            if not req.started and req.future.done():
+            if not req.started and req.future.cancelled():
                 continue     # cancelled while it waited (``_take`` drops it)
             if signature is None:
                 signature = req.signature

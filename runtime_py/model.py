@@ -110,6 +110,11 @@ class Model:
         return self.runner.infer_rows_async(parts)
 
     @property
+    def staged_rows_used(self) -> int:
+        """Rows that dispatches found staged (``stage_rows``) and did not copy again."""
+        return self.runner.staged_rows_used
+
+    @property
     def stages_rows(self) -> bool:
         """Whether ``stage_rows`` takes rows on this engine (torch-aoti on a GPU)."""
         return self.runner.stages_rows

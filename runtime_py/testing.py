@@ -153,6 +153,7 @@ class AsyncToyModel(ToyModel):
         self.stages_rows = stages_rows
         self.stage_calls = 0
         self.staged_batches: list[int] = []
+        self.staged_rows_used = 0
         self._ahead: np.ndarray | None = None     # the next batch's staged "device" rows
         self._ahead_rows, self._ahead_by = 0, None
 
@@ -202,6 +203,7 @@ class AsyncToyModel(ToyModel):
         with self._lock:
             self.row_batches.append(len(pieces))
             self.staged_batches.append(skip)
+            self.staged_rows_used += skip
 
         def run():
             if self.read_delay_s:

@@ -627,7 +627,8 @@ def test_rows_are_staged_ahead_while_their_batch_collects_and_outputs_stay_right
     finally:
         model.close()
     assert model.stage_calls > 0
-    assert any(model.staged_batches) and b.rows_staged_ahead == sum(model.staged_batches)
+    assert model.staged_rows_used == sum(model.staged_batches) > 0
+    assert b.rows_claimed_staged >= model.staged_rows_used
     assert b.rows == sum(1 + (c + j) % 3 for c in range(24) for j in range(4))
 
 
@@ -668,23 +669,72 @@ def test_a_request_cancelled_after_it_was_staged_moves_the_rows_after_it():
     assert staged and staged[0] == 1, model.staged_batches   # only request 0's row held
 
 
-def test_a_split_request_is_staged_in_its_slices():
-    """A request larger than the room left is staged as the slice this batch takes; the
-    rest travels in the next batch, and the reassembled outputs are its own."""
+def test_the_rest_of_a_split_request_is_staged_for_the_next_batch():
+    """A request larger than a batch: its first rows go at once (a full batch), and the
+    rest, at the head of the next batch, is staged as that slice while the batch collects
+    and claimed at its dispatch; the reassembled outputs are the request's own."""
     model = _staging_model()
     try:
         with Batcher(model, max_batch_size=8, max_delay_ms=5000, stage_ahead=True) as b:
-            a = image(1, n=3)
-            big = image(2, n=9)
-            fa = b.submit({"input": a})
-            wait_until(lambda: model.stage_calls >= 1)        # a's 3 rows: staged
-            fb = b.submit({"input": big})                     # 5 rows here, 4 later
-            out_a, out_b = fa.result(TIMEOUT), fb.result(TIMEOUT)
+            big, a = image(2, n=11), image(1, n=5)
+            fb = b.submit({"input": big})             # 8 rows now, 3 in the next batch
+            wait_until(lambda: model.stage_calls >= 1)
+            fa = b.submit({"input": a})               # 3 + 5: the next batch is full
+            out_b, out_a = fb.result(TIMEOUT), fa.result(TIMEOUT)
     finally:
         model.close()
-    np.testing.assert_array_equal(out_a["logits"], model.reference(a))
     np.testing.assert_array_equal(out_b["logits"], model.reference(big))
-    assert model.staged_batches[0] >= 3
+    np.testing.assert_array_equal(out_a["logits"], model.reference(a))
+    assert model.staged_batches[-1] == 3, model.staged_batches
+
+
+def test_a_batch_of_one_staged_request_is_not_copied_again():
+    """One request alone in its batch (dispatched by the delay): its rows were staged, so
+    the batch goes to ``infer_rows_async`` with the claim rather than to ``infer_async``,
+    which would copy them again."""
+    model = _staging_model()
+    try:
+        with Batcher(model, max_batch_size=16, max_delay_ms=50, stage_ahead=True) as b:
+            x = image(3, n=6)
+            out = b.infer({"input": x}, timeout=TIMEOUT)
+    finally:
+        model.close()
+    np.testing.assert_array_equal(out["logits"], model.reference(x))
+    assert model.staged_batches == [6] and model.in_place == 0
+
+
+def test_rows_of_a_request_cancelled_through_asyncio_are_not_staged():
+    """A request whose asyncio future was cancelled while it queued is skipped when rows
+    are staged, as ``_take`` skips it (its rows would only be copied for nothing)."""
+    model = _staging_model()
+    staged: list[np.ndarray] = []
+    real = model.stage_rows
+
+    def spy(parts, first_row, staged_by):
+        staged.extend(parts["input"])
+        return real(parts, first_row, staged_by)
+
+    model.stage_rows = spy
+    xs = [image(i) for i in range(8)]
+
+    async def run(b: Batcher):
+        gone = b.submit_future({"input": xs[0]})
+        gone.cancel()
+        kept = [b.submit_future({"input": x}) for x in xs[1:3]]     # a quarter: staged
+        while not staged:
+            await asyncio.sleep(0.001)
+        kept += [b.submit_future({"input": x}) for x in xs[3:]]     # the batch is full
+        return await asyncio.wait_for(asyncio.gather(*kept), TIMEOUT)
+
+    try:
+        with Batcher(model, max_batch_size=8, max_delay_ms=200, stage_ahead=True) as b:
+            outs = asyncio.run(run(b))
+    finally:
+        model.close()
+    for x, out in zip(xs[1:], outs):
+        np.testing.assert_array_equal(out["logits"], model.reference(x))
+    assert staged and not any(np.shares_memory(p, xs[0]) for p in staged)
+    assert model.staged_batches[0] == 2, model.staged_batches
 
 
 def test_rows_a_model_declines_to_stage_go_at_dispatch():
@@ -698,12 +748,12 @@ def test_rows_a_model_declines_to_stage_go_at_dispatch():
     try:
         with Batcher(model, max_delay_ms=20, stage_ahead=True) as b:
             _mixed_clients(b, model, rounds=2)
-        assert asked and not any(model.staged_batches) and b.rows_staged_ahead == 0
+        assert asked and not any(model.staged_batches) and b.rows_claimed_staged == 0
         asked.clear()
         model.stages_rows = False
         with Batcher(model, max_delay_ms=20, stage_ahead=True) as b:
             _mixed_clients(b, model, rounds=2)
-        assert not asked and b.rows_staged_ahead == 0
+        assert not asked and b.rows_claimed_staged == 0
     finally:
         model.close()
 

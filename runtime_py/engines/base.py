@@ -149,6 +149,9 @@ class Runner(abc.ABC):
         an engine whose next batch holds them copies only the rest."""
         return None
 
+    #: rows that dispatches found staged (``stage_rows``) and did not copy again
+    staged_rows_used = 0
+
     @property
     def stages_rows(self) -> bool:
         """Whether ``stage_rows`` takes rows (the default: never)."""

@@ -634,6 +634,7 @@ class TorchAotiRunner(Runner):
             skip = staged_rows if 0 < staged_rows <= min(held_rows, n) and by is staged_by else 0
             if skip:
                 rows = _rows_after(rows, skip)
+                self.staged_rows_used += skip
             self._enqueue_held(slot, self._row_sources(slot, rows, skip), n, skip)
             return self._pending(slot, n)
 
