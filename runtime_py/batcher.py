@@ -672,8 +672,7 @@ class Batcher:
         start = getattr(self.model, "infer_rows_async", None)
         if start is None or (len(slices) < 2 and not staged):
             return None     # (one request's rows: its own arrays go to infer_async)
-        parts = {k: [s.req.feeds[k][s.start:s.stop] for s in slices]
-                 for k in slices[0].req.feeds}
+        parts = _rows_of(slices)
         if not staged:
             return start(parts)
         pending = start(parts, staged_rows=staged, staged_by=self._stage_key)
@@ -687,15 +686,20 @@ class Batcher:
         match: the rows after it moved up); resets the staging for the next batch."""
         rows = 0
         for mine, theirs in zip(self._staged, live):
-            if mine.req is not theirs.req or mine.start != theirs.start or mine.stop != theirs.stop:
+            if mine != theirs:          # (requests compare by identity)
                 break
             rows += mine.stop - mine.start
         self._staged, self._staged_count, self._stage_stopped = [], 0, False
         return rows
 
+    def _staging(self) -> bool:
+        """Whether rows of the collecting batch are to be staged (lock held): on, a model
+        that stages, and not stopped for this batch."""
+        return self._stage_on and self._stage_rows is not None and not self._stage_stopped
+
     def _stage_due(self) -> bool:
         """Whether another quarter batch queued beyond the rows staged (lock held)."""
-        return (self._stage_on and self._stage_rows is not None and not self._stage_stopped
+        return (self._staging()
                 and self._queued_rows - self._staged_count >= self._stage_chunk)
 
     def _stage_more(self) -> None:
@@ -708,7 +712,7 @@ class Batcher:
             return
         more = ahead[n:]
         first = self._staged_count
-        parts = {k: [s.req.feeds[k][s.start:s.stop] for s in more] for k in more[0].req.feeds}
+        parts = _rows_of(more)
         self._cond.release()
         try:
             taken = bool(self._stage_rows(parts, first, self._stage_key))
@@ -879,8 +883,7 @@ class Batcher:
                         self._stage_more()      # (the lock is let go meanwhile)
                         continue
                     self._stage_next = (self._staged_count + self._stage_chunk
-                                        if self._stage_on and not self._stage_stopped
-                                        and self._stage_rows is not None else 0)
+                                        if self._staging() else 0)
                     self._cond.wait(limit - now)
                 self._target = 0
                 self._stage_next = 0
@@ -993,6 +996,11 @@ class Batcher:
         if not aliased:
             return outputs
         return {k: (v.copy() if k in aliased else v) for k, v in outputs.items()}
+
+
+def _rows_of(slices: list[_Slice]) -> dict[str, list[np.ndarray]]:
+    """Each input's rows of ``slices``, one piece per slice, where they lie."""
+    return {k: [s.req.feeds[k][s.start:s.stop] for s in slices] for k in slices[0].req.feeds}
 
 
 def _log_choice(chooser: DispatchChooser, switched: bool) -> None:

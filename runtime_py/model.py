@@ -105,9 +105,7 @@ class Model:
         they lie by engines that can (torch-aoti on a GPU: no host gather of the batch);
         None, with nothing started, where the engine cannot: gather them and call
         ``infer_async``. ``staged_rows`` / ``staged_by``: see ``stage_rows``."""
-        if staged_rows:
-            return self.runner.infer_rows_async(parts, staged_rows, staged_by)
-        return self.runner.infer_rows_async(parts)
+        return self.runner.infer_rows_async(parts, staged_rows, staged_by)
 
     @property
     def staged_rows_used(self) -> int:

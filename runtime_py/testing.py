@@ -16,6 +16,7 @@ import time
 import numpy as np
 
 from .errors import PreprocessError
+from .staging import may_stage, rows_to_skip
 from .tensors import TensorSpec, check_feeds
 
 FAIL_VALUE = -7777.0
@@ -196,9 +197,8 @@ class AsyncToyModel(ToyModel):
 
         name = self.inputs[0].name
         pieces = parts[name]
-        held, by = self._take_ahead()
-        n = sum(p.shape[0] for p in pieces)
-        skip = staged_rows if 0 < staged_rows <= min(held, n) and by is staged_by else 0
+        skip = rows_to_skip(staged_rows, staged_by, *self._take_ahead(),
+                            sum(p.shape[0] for p in pieces))
         ahead = self._ahead
         with self._lock:
             self.row_batches.append(len(pieces))
@@ -222,7 +222,7 @@ class AsyncToyModel(ToyModel):
         n = sum(p.shape[0] for p in pieces)
         with self._lock:
             held = self._ahead_rows if self._ahead_by is staged_by else 0
-            if not 0 <= first_row <= held or first_row + n > self.max_batch_size:
+            if not may_stage(first_row, n, held, self.max_batch_size):
                 return False
             if self._ahead is None:
                 spec = self.inputs[0]

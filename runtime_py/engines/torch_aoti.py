@@ -91,6 +91,7 @@ from runtime_py import pinned_host
 from runtime_py.hostcopy import (PARALLEL_MIN_BYTES, HostBufferRegistry, copy_held, copy_rows,
                                  gather_rows)
 from runtime_py.pending import Pending, read_out
+from runtime_py.staging import may_stage, rows_to_skip
 from runtime_py.native_libs import static_cxx_runtime_libraries
 from runtime_py.tensors import TensorSpec
 
@@ -596,22 +597,31 @@ class TorchAotiRunner(Runner):
         with self._lock:
             slot = self._slots[self._next_slot]
             held_rows = slot.staged_rows if slot.staged_by is staged_by else 0
-            if not 0 <= first_row <= held_rows or first_row + n > self.max_batch_size:
+            if not may_stage(first_row, n, held_rows, self.max_batch_size):
                 return False
             self._resolve(slot)         # its staging rows may be rewritten
-            held, s_in = self._held, self._in_stream.cuda_stream
+            held = self._held
             previous = held.on_device(self.device_index)
             try:
-                held.wait(s_in, slot.consumed.cuda_event)      # device_in free again
-                at = slot.device_in.data_ptr() + first_row * self._row_bytes[0]
-                for address, size in self._row_sources(slot, parts[self._name_in], first_row):
-                    held.memcpy(at, address, size, cudart_held.HOST_TO_DEVICE, s_in)
-                    at += size
+                self._copy_in(slot, self._row_sources(slot, parts[self._name_in], first_row),
+                              first_row)
             finally:
                 if previous != self.device_index:
                     held.on_device(previous)
             slot.staged_rows, slot.staged_by = first_row + n, staged_by
             return True
+
+    def _copy_in(self, slot: "_Slot", sources: list[tuple[int, int]], first_row: int) -> None:
+        """Enqueue, on the copy-in stream through ``cudart_held``, the H2D copies of
+        ``sources`` ((host address, bytes) in pinned memory, in row order) into the slot's
+        device input from row ``first_row``, after its last batch consumed that input
+        (the calling thread on the runner's device)."""
+        held, s_in = self._held, self._in_stream.cuda_stream
+        held.wait(s_in, slot.consumed.cuda_event)          # device_in free again
+        at = slot.device_in.data_ptr() + first_row * self._row_bytes[0]
+        for address, size in sources:
+            held.memcpy(at, address, size, cudart_held.HOST_TO_DEVICE, s_in)
+            at += size
 
     def infer_rows_async(self, parts: dict[str, list[np.ndarray]], staged_rows: int = 0,
                          staged_by: object = None) -> Pending | None:
@@ -630,8 +640,7 @@ class TorchAotiRunner(Runner):
         rows = parts[self._name_in]
         with self._lock:
             slot = self._take_slot()
-            held_rows, by = slot.staged_ahead
-            skip = staged_rows if 0 < staged_rows <= min(held_rows, n) and by is staged_by else 0
+            skip = rows_to_skip(staged_rows, staged_by, *slot.staged_ahead, n)
             if skip:
                 rows = _rows_after(rows, skip)
                 self.staged_rows_used += skip
@@ -707,11 +716,7 @@ class TorchAotiRunner(Runner):
         device_in, device_out = slot.device_in.data_ptr(), slot.device_out.data_ptr()
         previous = held.on_device(self.device_index)
         try:
-            held.wait(s_in, slot.consumed.cuda_event)          # device_in free again
-            at = device_in + first_row * self._row_bytes[0]
-            for address, size in sources:
-                held.memcpy(at, address, size, cudart_held.HOST_TO_DEVICE, s_in)
-                at += size
+            self._copy_in(slot, sources, first_row)
             held.record(slot.staged.cuda_event, s_in)
             held.wait(s_compute, slot.staged.cuda_event)
             held.memcpy(x.data_ptr(), device_in, in_bytes, cudart_held.DEVICE_TO_DEVICE,
