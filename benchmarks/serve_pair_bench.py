@@ -60,6 +60,27 @@ def label_of(args, i: int) -> str:
     return os.path.basename(args.bundle[i]).removesuffix(".bundle")
 
 
+def stage_modes(text: str) -> list[str]:
+    """``--stage-ahead``: off, on or both (in the order given), each once."""
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    if not modes or len(set(modes)) != len(modes) or any(m not in ("off", "on") for m in modes):
+        raise argparse.ArgumentTypeError(f"each mode must be off or on, once: got {text!r}")
+    return modes
+
+
+def capture_summary(model) -> str:
+    """Where a batcher's start went: the runner's warm-up and capture seconds of each batch
+    size's CUDA graph (torch-aoti), summed, and the slowest size; empty for other models."""
+    seconds = getattr(getattr(model, "runner", None), "capture_seconds", None)
+    if not seconds:
+        return ""
+    warm = sum(w for w, _ in seconds.values())
+    cap = sum(c for _, c in seconds.values())
+    worst = max(seconds, key=lambda n: sum(seconds[n]))
+    return (f" ({len(seconds)} graphs: warm-up {warm:.1f} s, capture {cap:.1f} s; slowest "
+            f"batch {worst}: {seconds[worst][0]:.2f} + {seconds[worst][1]:.2f} s)")
+
+
 def ratio_summary(rounds: list[tuple[float, float]]) -> dict:
     """Per-round first/second ratios of (first img/s, second img/s) pairs, and the median
     round's figures (the lower of the two middle ones for an even count, so that every
@@ -87,8 +108,10 @@ def main(argv=None) -> dict:
                     help="client processes of the network paths; several: one figure each")
     ap.add_argument("--paths", default="http,grpc", help=f"comma-separated, of {KINDS}")
     ap.add_argument("--workers", type=int, default=8, help="front-end worker processes per server")
-    ap.add_argument("--stage-ahead", choices=["off", "on"], default="off",
-                    help="the batchers' stage_ahead (bundle serve --stage-ahead)")
+    ap.add_argument("--stage-ahead", type=stage_modes, default="off", metavar="MODE[,MODE]",
+                    help="the batchers' stage_ahead (bundle serve --stage-ahead): off, on, "
+                         "or off,on: each round measures the batcher and every path in "
+                         "both modes (switched live), keys @stage-off / @stage-on")
     ap.add_argument("--rounds", type=positive_int, default=3)
     ap.add_argument("--seconds", type=float, default=3.0, help="measured time per figure")
     ap.add_argument("--warmup", type=float, default=1.0)
@@ -111,11 +134,15 @@ def main(argv=None) -> dict:
     say(f"first: {labels[0]}\nsecond: {labels[1]}\n{args.clients} clients, batch "
         f"{args.batch}, {args.workers} front-end workers per server, {args.rounds} rounds"
         f" of {args.seconds:g} s (+{args.warmup:g} s warm-up), rows staged ahead: "
-        f"{args.stage_ahead}, cpus {os.cpu_count()}; "
+        f"{','.join(args.stage_ahead)}, cpus {os.cpu_count()}; "
         f"both loaded in {time.time() - t0:.0f} s")
     figures: dict[str, list[tuple[float, float]]] = {}
-    batchers = [Batcher(m, max_batch_size=args.batch, max_delay_ms=args.max_delay_ms,
-                        stage_ahead=args.stage_ahead == "on") for m in models]
+    batchers = []
+    for m in models:      # each captures its model's graphs (prepare): timed, per size
+        t1 = time.time()
+        batchers.append(Batcher(m, max_batch_size=args.batch, max_delay_ms=args.max_delay_ms,
+                                stage_ahead=args.stage_ahead[0] == "on"))
+        say(f"batcher ready in {time.time() - t1:.1f} s{capture_summary(m)}")
     servers = [_Server(m, b, args.workers) for m, b in zip(models, batchers)]
     try:
         for s in servers:
@@ -124,14 +151,20 @@ def main(argv=None) -> dict:
         say(f"both servers up (+{time.time() - t0:.0f} s)")
         for r in range(args.rounds):
             order = (0, 1) if r % 2 == 0 else (1, 0)
-            steps = [("engine", None, lambda i: bench_raw(models[i], args.batch, args.seconds)),
-                     ("batcher", None, lambda i: bench_batcher(
-                         batchers[i], feeds[i], args.clients, args.seconds, args.warmup)[0])]
-            steps += [(kind, procs, (lambda i, kind=kind, procs=procs: bench_path(
-                kind, servers[i], models[i], feeds[i], args.clients, procs, args.seconds,
-                args.warmup)[0])) for kind in kinds for procs in args.http_procs]
-            for name, procs, measure in steps:
-                key = name if procs is None else f"{name}@p{procs}"
+            steps = [("engine", None, None,
+                      lambda i: bench_raw(models[i], args.batch, args.seconds))]
+            for stage in args.stage_ahead:
+                steps.append(("batcher", None, stage, lambda i: bench_batcher(
+                    batchers[i], feeds[i], args.clients, args.seconds, args.warmup)[0]))
+                steps += [(kind, procs, stage, (lambda i, kind=kind, procs=procs: bench_path(
+                    kind, servers[i], models[i], feeds[i], args.clients, procs, args.seconds,
+                    args.warmup)[0])) for kind in kinds for procs in args.http_procs]
+            for name, procs, stage, measure in steps:
+                key = (name if procs is None else f"{name}@p{procs}") + (
+                    f"@stage-{stage}" if stage and len(args.stage_ahead) > 1 else "")
+                if stage:
+                    for b in batchers:
+                        b.stage_ahead = stage == "on"
                 got = [0.0, 0.0]
                 for i in order:
                     v = measure(i)
@@ -139,7 +172,7 @@ def main(argv=None) -> dict:
                         raise SystemExit(f"{key} of {labels[i]} failed: {v}")
                     got[i] = v
                 figures.setdefault(key, []).append((got[0], got[1]))
-                say(f"round {r + 1} {key:<14} {got[0]:9.1f} / {got[1]:9.1f} img/s = "
+                say(f"round {r + 1} {key:<22} {got[0]:9.1f} / {got[1]:9.1f} img/s = "
                     f"{got[0] / got[1]:.3f}   (+{time.time() - t0:.0f} s)")
     finally:
         for s in servers:
@@ -151,16 +184,16 @@ def main(argv=None) -> dict:
     result = {"first": labels[0], "second": labels[1], "clients": args.clients,
               "batch": args.batch, "workers": args.workers, "rounds": args.rounds,
               "seconds": args.seconds, "cpus": os.cpu_count(), "target": TARGET,
-              "first_over_second": summary}
+              "stage_ahead": args.stage_ahead, "first_over_second": summary}
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"\n{'boundary':<14} {'first img/s':>11} {'second img/s':>12} {'median':>7}  "
+        print(f"\n{'boundary':<22} {'first img/s':>11} {'second img/s':>12} {'median':>7}  "
               f"rounds")
         for k, s in summary.items():
-            mark = "" if k in ("engine", "batcher") else (
+            mark = "" if k.split("@")[0] in ("engine", "batcher") else (
                 "  (target >= %.2f: %s)" % (TARGET, "met" if s["median"] >= TARGET else "not met"))
-            print(f"{k:<14} {s['first_img_s']:11.1f} {s['second_img_s']:12.1f} "
+            print(f"{k:<22} {s['first_img_s']:11.1f} {s['second_img_s']:12.1f} "
                   f"{s['median']:7.3f}  {', '.join(f'{x:.3f}' for x in s['rounds'])}{mark}")
     return result
 

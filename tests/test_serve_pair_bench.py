@@ -50,3 +50,23 @@ def test_two_synthetic_engines_served_side_by_side(pair_bench, capsys):
         assert s["median"] > 1.3, (key, s)
         assert s["median"] == pytest.approx(s["first_img_s"] / s["second_img_s"], rel=1e-3)
     assert "http@p1" in capsys.readouterr().out
+
+
+def test_both_staging_modes_are_measured_in_each_round(pair_bench):
+    """--stage-ahead off,on: the batcher and every path measured in both modes (the engine
+    once), under keys that say which."""
+    result = pair_bench.main([
+        "--synthetic-costs", "2,80", "--image-size", "16", "--clients", "4", "--batch", "4",
+        "--http-procs", "1", "--paths", "http", "--workers", "0", "--rounds", "1",
+        "--seconds", "0.3", "--warmup", "0.05", "--stage-ahead", "off,on", "--json"])
+    assert set(result["first_over_second"]) == {
+        "engine", "batcher@stage-off", "http@p1@stage-off", "batcher@stage-on",
+        "http@p1@stage-on"}
+    assert result["stage_ahead"] == ["off", "on"]
+
+
+@pytest.mark.parametrize("modes", ["", "off,off", "on,maybe"])
+def test_bad_staging_modes_are_refused(pair_bench, modes, capsys):
+    with pytest.raises(SystemExit):
+        pair_bench.main(["--synthetic-costs", "2,80", "--stage-ahead", modes])
+    assert "each mode must be off or on" in capsys.readouterr().err

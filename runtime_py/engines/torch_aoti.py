@@ -75,6 +75,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -297,6 +298,10 @@ class TorchAotiRunner(Runner):
             load_check = os.environ.get("TRT_BUNDLE_AOTI_LOAD_CHECK", "1") != "0"
         self.load_check = bool(load_check)
         self.graph_failures: dict[int, str] = {}
+        # batch -> (warm-up s, capture s) of each size's graph: a server's start captures
+        # every size 1..max of each model (``prepare``), and that start took ~80 s for two
+        # models on the H200 (docs/measurements/h200-2026-12-05-c); this says where it goes
+        self.capture_seconds: dict[int, tuple[float, float]] = {}
         #: how a plain (not pinned) batch reaches the device: "pageable" (the CUDA
         #: driver's own staged copy of the caller's memory; blocks the caller until the
         #: bytes are on their way) or "pinned" (a threaded copy into the slot's pinned
@@ -902,14 +907,17 @@ class TorchAotiRunner(Runner):
         docs/measurements/h200-2026-12-02-d, call 2)."""
         torch = self._torch
         try:
+            t0 = time.perf_counter()
             self._run_model(x)                        # warm-up: allocations, kernel loads
             self._stream.synchronize()
+            t1 = time.perf_counter()
             graph = torch.cuda.CUDAGraph()
             if self._graph_pool is None:
                 self._graph_pool = torch.cuda.graph_pool_handle()
             with torch.cuda.graph(graph, pool=self._graph_pool, stream=self._stream,
                                   capture_error_mode="thread_local"):
                 y = self._run_model(x)
+            self.capture_seconds[n] = (t1 - t0, time.perf_counter() - t1)
         except Exception as exc:  # capture is an optimization: fall back, say why
             self.graph_failures[n] = f"{type(exc).__name__}: {exc}"
             torch.cuda.synchronize(self._device)
