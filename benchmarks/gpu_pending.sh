@@ -71,13 +71,16 @@
 #   benchmarks/gpu_pending.sh stage OUT_DIR   # `build` (with the GPU tests of stage_rows
 #       beside it), then serve_bench.py on the fp8 bundle (STAGE_BUNDLES="fp8 fp16" for
 #       both) with the batcher's rows staged ahead of their dispatch off and on, gRPC and
-#       HTTP, 64 clients in 8 processes, 16 front-end workers (~7 min on a fresh machine)
+#       HTTP, 64 clients in 8 processes, 16 front-end workers (~7 min on a fresh machine;
+#       twenty-ninth session, two H100 hosts: no gain, h100-2026-12-05-d)
 #   benchmarks/gpu_pending.sh pair OUT_DIR   # `build`, then serve_pair_bench.py: the fp8
 #       and fp16 bundles served side by side in one process, HTTP and gRPC (PATHS=), 64
 #       clients in 8 and 32 processes (PROCS=), REPEATS=3 rounds, each round measuring
 #       both bundles back to back: issue 15's fp8/fp16 at the client in one run (~280 s;
 #       PAIR_LIMIT= caps the step, 330 s; WORKERS= front-end workers per server, 8;
-#       STAGE=on: the batchers stage rows ahead of their dispatch)
+#       STAGE=on: the batchers stage rows ahead of their dispatch; STAGE=off,on: both,
+#       switched live in each round. Twenty-ninth session, on an H100: staging off 1.358 /
+#       1.376 over gRPC / HTTP, on 1.229 / 1.289, docs/measurements/h100-2026-12-05-d)
 #
 # Logs: OUT_DIR/<step>.log. Each step prints as it goes and has its own timeout.
 set -u

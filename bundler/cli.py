@@ -606,7 +606,8 @@ def serve(bundle_paths, host, port, max_batch, max_delay_ms, max_wait_ms, early_
                    early_dispatch=early_dispatch, stage_ahead=stage_ahead,
                    max_queue=max_queue, grpc_port=grpc_port,
                    workers=n_workers, max_body_bytes=max_body_mb * 1024 * 1024,
-                   http_server=http_server, grpc_server=grpc_server, on_ready=ready)
+                   http_server=http_server, grpc_server=grpc_server, on_ready=ready,
+                   on_progress=lambda line: click.echo(line, err=True))
     except KeyboardInterrupt:
         pass
     finally:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -126,12 +126,16 @@ class Model:
         client round trip, and copied at dispatch the engine waits for all of them."""
         return self.runner.stage_rows(parts, first_row, staged_by)
 
-    def prepare(self, batch_sizes: Iterable[int]) -> None:
+    def prepare(self, batch_sizes: Iterable[int],
+                progress: Callable[[int, int], None] | None = None) -> None:
         """Do now what the first batch of each size would otherwise do (a GPU engine
         captures its CUDA graph for each size): a service calls this before it takes
         requests (``Batcher`` does), so that no client waits for it. A no-op where the
-        engine has nothing to prepare."""
-        self.runner.prepare(batch_sizes)
+        engine has nothing to prepare. It can take a while (the torch-aoti fp16 bundle of
+        timm_xception: ~73 s for sizes 1..32 on an H100, its cuDNN convolutions' first run
+        at each size; docs/measurements/h100-2026-12-05-d): ``progress(done, total)`` is
+        called after each size the engine prepared, for a caller that shows it."""
+        self.runner.prepare(batch_sizes, progress)
 
     def pin_host(self, address: int, nbytes: int):
         """Page-lock ``nbytes`` of host memory at ``address`` in place, for an engine that

@@ -1046,11 +1046,14 @@ def test_gpu_prepare_captures_every_size_into_one_pool_and_outputs_agree(gpu_fp1
     prepared = TorchAotiRunner(_MemoryBundle("fp16", details, package, (3, 16, 16), 10, 8))
     with plain, prepared:
         reference = {n: plain.infer({"input": x[:n]})["logits"] for n in range(1, 9)}
-        prepared.prepare([0, *range(1, 9), 9])
+        told: list[tuple[int, int]] = []
+        prepared.prepare([0, *range(1, 9), 9], progress=lambda *a: told.append(a))
         assert sorted(prepared._graphs) == list(range(1, 9)) and prepared.graph_failures == {}
+        assert told == [(k, 8) for k in range(1, 9)]
+        assert sorted(prepared.capture_seconds) == list(range(1, 9))
         pools = {id(prepared._graph_pool)}
-        prepared.prepare(range(1, 9))
-        assert {id(prepared._graph_pool)} == pools
+        prepared.prepare(range(1, 9), progress=lambda *a: told.append(a))
+        assert {id(prepared._graph_pool)} == pools and len(told) == 8   # nothing to do
         taken = _record_held_infers(prepared)
         order = [8, 1, 5, 8, 3, 2, 7, 4, 6, 1, 8]
         for n in order:

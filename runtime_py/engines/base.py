@@ -8,7 +8,7 @@ package, so that importing `runtime_py` never needs onnxruntime, TensorRT or tor
 from __future__ import annotations
 
 import abc
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -165,8 +165,10 @@ class Runner(abc.ABC):
         (the default). The pieces must stay unchanged until that batch's ``result()``."""
         return False
 
-    def prepare(self, batch_sizes: "Iterable[int]") -> None:
-        """Set up now what the first batch of each size would (``Model.prepare``); the
+    def prepare(self, batch_sizes: "Iterable[int]",
+                progress: Callable[[int, int], None] | None = None) -> None:
+        """Set up now what the first batch of each size would (``Model.prepare``; an
+        engine with work to do calls ``progress(done, total)`` after each size); the
         default has nothing to set up."""
         return None
 

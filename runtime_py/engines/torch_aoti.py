@@ -874,22 +874,26 @@ class TorchAotiRunner(Runner):
         graph.replay()
         return self._static[n][1]
 
-    def prepare(self, batch_sizes) -> None:
+    def prepare(self, batch_sizes, progress=None) -> None:
         """Capture the CUDA graph of each size in ``batch_sizes`` now (sizes outside
         1..max_batch_size, already captured or failed before are skipped): a size's first
-        batch otherwise runs a warm-up and a capture (tens of ms) while its clients and
-        the batch behind it wait. The graphs share one memory pool (``_capture``)."""
+        batch otherwise runs a warm-up and a capture while its clients and the batch
+        behind it wait: tens of ms, or seconds where the package calls cuDNN (its
+        convolutions are planned per shape; ``capture_seconds``). The graphs share one
+        memory pool (``_capture``). ``progress(done, total)`` after each size captured."""
         if not self.use_cuda_graphs or self._on_cpu or not self.is_active:
             return
         with self._lock:
             for slot in self._slots:            # nothing of infer_async may be in flight
                 self._resolve(slot)
-            for n in batch_sizes:
-                n = int(n)
-                if 1 <= n <= self.max_batch_size and n not in self._graphs \
-                        and n not in self.graph_failures:
-                    with self._on_stream:
-                        self._capture(n, self._static_buffers(n)[0])
+            todo = sorted({int(n) for n in batch_sizes
+                           if 1 <= int(n) <= self.max_batch_size and int(n) not in self._graphs
+                           and int(n) not in self.graph_failures})
+            for done, n in enumerate(todo, 1):
+                with self._on_stream:
+                    self._capture(n, self._static_buffers(n)[0])
+                if progress is not None:
+                    progress(done, len(todo))
             self._stream.synchronize()
 
     def _capture(self, n: int, x):

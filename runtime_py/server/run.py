@@ -60,6 +60,7 @@ def serve(
     access_log: bool = False,
     on_ready: Callable[[dict[str, str]], None] | None = None,
     stop: threading.Event | None = None,
+    on_progress: Callable[[str], None] | None = None,
 ) -> None:
     """Serve ``models`` (a name -> model mapping, or models keyed by ``model.name``) until
     SIGINT/SIGTERM. ``max_batch`` defaults to each model's max batch size (and is capped
@@ -78,7 +79,8 @@ def serve(
     (``{"http": "http://host:port", "grpc": "host:port"}``), so ``--port 0`` can be told.
     A port that cannot be bound raises ``AddressInUseError`` before anything is served.
     ``stop``, when given, ends serving once set (for callers that run this on a thread,
-    where signals cannot be caught).
+    where signals cannot be caught). ``on_progress``, when given, is told in words how
+    the models' preparation goes (``prepare_models``): a GPU engine's may take a minute.
     """
     check_http_server(http_server)
     check_grpc_server(grpc_server)
@@ -87,6 +89,8 @@ def serve(
         raise UsageError("no model to serve")
     batchers: dict[str, Batcher] = {}
     try:
+        if on_progress is not None:
+            prepare_models(named, max_batch, on_progress)
         for name, model in named.items():
             batchers[name] = Batcher(model, max_batch_size=capped_max_batch(max_batch, model),
                                      max_delay_ms=max_delay_ms, max_wait_ms=max_wait_ms,
@@ -139,6 +143,40 @@ def run_async(coro: Any) -> Any:
     except ImportError:
         return asyncio.run(coro)
     return uvloop.run(coro)
+
+
+#: Seconds between two progress lines of one model's preparation.
+PROGRESS_EVERY_S = 10.0
+
+
+def prepare_models(named: Mapping[str, Any], max_batch: int | None,
+                   say: Callable[[str], None], every_s: float = PROGRESS_EVERY_S,
+                   first_after_s: float = 1.0) -> None:
+    """Prepare each model for every batch size its batcher will take (``Model.prepare``,
+    which the batcher would call silently), telling ``say`` how it goes: a line once a
+    model's preparation has taken ``first_after_s``, then one every ``every_s``, then
+    its total.
+    The torch-aoti fp16 bundle of timm_xception spends ~73 s there on an H100 (its first
+    run at each of 32 sizes; docs/measurements/h100-2026-12-05-d), and a server that
+    says nothing for a minute looks hung. Quick preparations (onnxruntime: none) print
+    nothing."""
+    for name, model in named.items():
+        prepare = getattr(model, "prepare", None)
+        if prepare is None:
+            continue
+        top = capped_max_batch(max_batch, model) or int(model.max_batch_size)
+        t0 = time.monotonic()
+        said = [0.0]            # when the last line was said (0: none yet)
+
+        def progress(done: int, total: int) -> None:
+            now = time.monotonic()
+            if now - t0 >= first_after_s and (not said[0] or now - said[0] >= every_s):
+                verb = "preparing" if said[0] else "preparing (CUDA graphs per batch size)"
+                say(f"{verb} {name}: {done}/{total} batch sizes, {now - t0:.0f} s")
+                said[0] = now
+        prepare(range(1, top + 1), progress=progress)
+        if said[0]:
+            say(f"prepared {name} for batch sizes 1..{top} in {time.monotonic() - t0:.0f} s")
 
 
 def capped_max_batch(max_batch: int | None, model: Any) -> int | None:

@@ -1,0 +1,60 @@
+"""`bundle serve` tells how the models' preparation goes (``run.prepare_models``): a
+GPU engine's CUDA graphs for every batch size took ~73 s for one fp16 bundle on an H100,
+and a server that says nothing that long looks hung."""
+
+from __future__ import annotations
+
+import time
+
+from runtime_py.server.run import prepare_models
+from runtime_py.testing import ToyModel
+
+
+class SlowPreparer:
+    """A model whose preparation takes ``per_size_s`` a batch size and reports each."""
+
+    def __init__(self, max_batch_size: int = 4, per_size_s: float = 0.0) -> None:
+        self.max_batch_size = max_batch_size
+        self.per_size_s = per_size_s
+        self.prepared: list[int] = []
+
+    def prepare(self, batch_sizes, progress=None) -> None:
+        sizes = list(batch_sizes)
+        for done, n in enumerate(sizes, 1):
+            time.sleep(self.per_size_s)
+            self.prepared.append(n)
+            if progress is not None:
+                progress(done, len(sizes))
+
+
+def test_every_size_the_batcher_takes_is_prepared_and_told():
+    lines: list[str] = []
+    model = SlowPreparer(max_batch_size=4)
+    prepare_models({"m": model}, None, lines.append, every_s=0.0, first_after_s=0.0)
+    assert model.prepared == [1, 2, 3, 4]
+    assert lines[0] == "preparing (CUDA graphs per batch size) m: 1/4 batch sizes, 0 s"
+    assert lines[1:4] == [f"preparing m: {k}/4 batch sizes, 0 s" for k in (2, 3, 4)]
+    assert lines[4] == "prepared m for batch sizes 1..4 in 0 s"
+
+
+def test_max_batch_caps_the_sizes_prepared():
+    lines: list[str] = []
+    model = SlowPreparer(max_batch_size=8)
+    prepare_models({"m": model}, 3, lines.append, every_s=0.0, first_after_s=0.0)
+    assert model.prepared == [1, 2, 3]
+    assert lines[-1] == "prepared m for batch sizes 1..3 in 0 s"
+
+
+def test_lines_are_spaced_and_quick_preparations_say_nothing():
+    lines: list[str] = []
+    slow, quick, toy = SlowPreparer(4, per_size_s=0.1), SlowPreparer(4), ToyModel()
+    prepare_models({"slow": slow, "quick": quick, "toy": toy}, None, lines.append,
+                   every_s=1.0, first_after_s=0.15)
+    assert quick.prepared == [1, 2, 3, 4]          # prepared, silently
+    assert toy.max_batch_size                       # (no prepare: skipped)
+    said = [line for line in lines if "slow" in line]
+    assert said == lines                            # nothing about "quick" or the toy
+    # one line once 0.15 s had passed, none in the next second, then the total
+    assert len(said) == 2, said
+    assert said[0].startswith("preparing (CUDA graphs per batch size) slow: ")
+    assert said[1].startswith("prepared slow for batch sizes 1..4 in ")
