@@ -73,6 +73,10 @@
 #       both) with the batcher's rows staged ahead of their dispatch off and on, gRPC and
 #       HTTP, 64 clients in 8 processes, 16 front-end workers (~7 min on a fresh machine;
 #       twenty-ninth session, two H100 hosts: no gain, h100-2026-12-05-d)
+#   benchmarks/gpu_pending.sh prepare OUT_DIR   # `build`, then prepare_bench.py on the fp16
+#       bundle: its preparation for serving (73 s on an H100, h100-2026-12-05-d) and its
+#       graph replay at batch 1 and 32, as is and with cuDNN's v7 API or heuristic mode B
+#       (~6 min warm)
 #   benchmarks/gpu_pending.sh pair OUT_DIR   # `build`, then serve_pair_bench.py: the fp8
 #       and fp16 bundles served side by side in one process, HTTP and gRPC (PATHS=), 64
 #       clients in 8 and 32 processes (PROCS=), REPEATS=3 rounds, each round measuring
@@ -84,8 +88,8 @@
 #
 # Logs: OUT_DIR/<step>.log. Each step prints as it goes and has its own timeout.
 set -u
-what=${1:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|pair OUT_DIR}
-out=${2:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|pair OUT_DIR}
+what=${1:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|pair OUT_DIR}
+out=${2:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|pair OUT_DIR}
 mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
@@ -221,6 +225,13 @@ stage)   # issue 15: rows staged ahead of their dispatch (Batcher stage_ahead), 
       --seconds 3 --warmup 1
   done
   ;;
+prepare)   # where the fp16 bundle's 73 s of preparation goes, under cuDNN settings
+  bash "$here/gpu_pending.sh" build "$out" || exit 1
+  step prepare "${PREPARE_LIMIT:-420}" python3 benchmarks/prepare_bench.py \
+    --bundle "$bundles/timm_xception-fp16-uint8-1.0.0-torch-aoti.bundle" --timeout 200 \
+    --variant default --variant v7:TORCH_CUDNN_V8_API_DISABLED=1 \
+    --variant heuristicB:TORCH_CUDNN_USE_HEURISTIC_MODE_B=1
+  ;;
 pair)   # `build`, then fp8 against fp16 at the client, both served in one run
   bash "$here/gpu_pending.sh" build "$out" || exit 1
   step pair "${PAIR_LIMIT:-330}" python3 benchmarks/serve_pair_bench.py \
@@ -230,6 +241,6 @@ pair)   # `build`, then fp8 against fp16 at the client, both served in one run
     --paths "${PATHS:-http,grpc}" --stage-ahead "${STAGE:-off}" \
     --rounds "${REPEATS:-3}" --seconds 3 --warmup 1
   ;;
-*) echo "usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|pair OUT_DIR" >&2; exit 2 ;;
+*) echo "usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|pair OUT_DIR" >&2; exit 2 ;;
 esac
 echo "== done (+$(( $(date +%s) - start )) s)"

@@ -1,0 +1,148 @@
+"""How long a bundle's preparation for serving takes, under settings side by side, and what
+each setting does to the engine's speed.
+
+    python benchmarks/prepare_bench.py --bundle FP16.bundle \
+        --variant default --variant v7:TORCH_CUDNN_V8_API_DISABLED=1 \
+        --variant heurB:TORCH_CUDNN_USE_HEURISTIC_MODE_B=1
+
+`Model.prepare` (what `bundle serve`'s batcher calls before it serves) runs the engine once
+at every batch size 1..max and captures its CUDA graph. For the torch-aoti fp16 bundle of
+timm_xception that took 73 s on an H100, nearly all of it the first runs (the fp8 bundle:
+0.6 s; docs/measurements/h100-2026-12-05-d). The fp16 package runs its convolutions on
+cuDNN, which plans each new shape on first use; torch reads its cuDNN settings from the
+environment. So each variant (NAME, or NAME:KEY=VALUE[,KEY=VALUE..]; "default" sets
+nothing) runs in a process of its own, one after the other: load the bundle, prepare
+sizes 1..--max-batch (the bundle's max by default), then time the graph replay at batch 1
+and at the max (`runner.device_timings`, medians). A setting that starts faster but runs
+slower is no gain: the table shows both, each replay against the first variant's.
+
+A script, not a test: numbers depend on the host. On a host without a GPU engine the
+preparation is empty and there are no replay figures (the plumbing still runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_args import positive_int  # noqa: E402
+
+
+def variant(text: str) -> tuple[str, dict[str, str]]:
+    """``--variant``: NAME or NAME:KEY=VALUE[,KEY=VALUE..] -> (name, environment)."""
+    name, _, settings = text.partition(":")
+    env: dict[str, str] = {}
+    for item in filter(None, (s.strip() for s in settings.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise argparse.ArgumentTypeError(f"expected KEY=VALUE in {text!r}, got {item!r}")
+        env[key] = value
+    if not name.strip():
+        raise argparse.ArgumentTypeError(f"a variant needs a name: {text!r}")
+    return name.strip(), env
+
+
+def measure_here(bundle: str, backend: str, max_batch: int | None, iterations: int) -> dict:
+    """One variant, in this process: load, prepare, time the replays."""
+    import runtime_py
+    from runtime_py.bench import device_timings
+
+    t0 = time.perf_counter()
+    model = runtime_py.load(bundle, backend=backend)
+    try:
+        load_s = time.perf_counter() - t0
+        top = min(max_batch or model.max_batch_size, model.max_batch_size)
+        t1 = time.perf_counter()
+        model.prepare(range(1, top + 1))
+        prepare_s = time.perf_counter() - t1
+        seconds = getattr(model.runner, "capture_seconds", {}) or {}
+        replay_ms = {}
+        for n in sorted({1, top}):
+            timed = device_timings(model.runner, n, iterations, max(5, iterations // 10))
+            if timed and timed.get("graph_replay"):
+                replay_ms[str(n)] = statistics.median(timed["graph_replay"]) * 1e3
+        return {"backend": model.backend, "load_s": load_s, "prepare_s": prepare_s,
+                "sizes": top, "graphs": len(seconds),
+                "warmup_s": sum(w for w, _ in seconds.values()),
+                "capture_s": sum(c for _, c in seconds.values()),
+                "slowest": max(seconds, key=lambda n: sum(seconds[n])) if seconds else None,
+                "slowest_s": max(map(sum, seconds.values())) if seconds else 0.0,
+                "replay_ms": replay_ms}
+    finally:
+        model.close()
+
+
+def run_variant(args, name: str, env: dict[str, str]) -> dict:
+    """One variant in a child process with its environment; its JSON line back."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--bundle", args.bundle,
+           "--backend", args.backend, "--iterations", str(args.iterations)]
+    if args.max_batch:
+        cmd += ["--max-batch", str(args.max_batch)]
+    proc = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=args.timeout)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode or not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        return {"error": f"exit {proc.returncode}: {' | '.join(tail)}"}
+    return json.loads(lines[-1])
+
+
+def main(argv=None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bundle", required=True)
+    ap.add_argument("--backend", default="auto")
+    ap.add_argument("--variant", type=variant, action="append",
+                    help="NAME[:KEY=VALUE,..], repeatable (default: one, 'default')")
+    ap.add_argument("--max-batch", type=positive_int, default=None,
+                    help="prepare sizes 1..N (default: the bundle's max batch)")
+    ap.add_argument("--iterations", type=positive_int, default=200,
+                    help="graph replays timed at each batch size")
+    ap.add_argument("--timeout", type=positive_int, default=300, help="seconds per variant")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        print(json.dumps(measure_here(args.bundle, args.backend, args.max_batch,
+                                      args.iterations)), flush=True)
+        return []
+    variants = args.variant or [("default", {})]
+    if len({name for name, _ in variants}) != len(variants):
+        ap.error("each --variant needs a name of its own")
+    results = []
+    for name, env in variants:
+        got = {"variant": name, "env": env, **run_variant(args, name, env)}
+        results.append(got)
+        if not args.json:
+            print(line_of(got, results[0]), flush=True)
+    if args.json:
+        print(json.dumps(results))
+    return results
+
+
+def line_of(got: dict, first: dict) -> str:
+    """A variant's figures; its replays also as a ratio to the first variant's."""
+    if "error" in got:
+        return f"{got['variant']:<12} failed: {got['error']}"
+    replays = []
+    for n, ms in got["replay_ms"].items():
+        base = first.get("replay_ms", {}).get(n)
+        ratio = f" ({ms / base:.3f}x)" if base and got is not first else ""
+        replays.append(f"b{n} {ms:.3f} ms{ratio}")
+    slowest = (f"; slowest batch {got['slowest']}: {got['slowest_s']:.2f} s"
+               if got["slowest"] else "")
+    return (f"{got['variant']:<12} load {got['load_s']:5.1f} s  prepare {got['prepare_s']:6.1f} s"
+            f" ({got['graphs']} graphs: first runs {got['warmup_s']:.1f} s, captures "
+            f"{got['capture_s']:.1f} s{slowest})  replay {', '.join(replays) or 'n/a'}")
+
+
+if __name__ == "__main__":
+    main()

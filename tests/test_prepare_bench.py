@@ -1,0 +1,47 @@
+"""benchmarks/prepare_bench.py: a bundle's preparation for serving timed under settings,
+each in a process of its own with its environment (the H100's fp16 torch-aoti bundle
+spent 73 s there). On the CPU the preparation is empty; the plumbing is what is checked."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from benchmark_modules import load_benchmark
+
+
+@pytest.fixture(scope="module")
+def prepare_bench():
+    return load_benchmark("prepare_bench")
+
+
+def test_variants_parse_into_a_name_and_an_environment(prepare_bench):
+    assert prepare_bench.variant("default") == ("default", {})
+    assert prepare_bench.variant("v7:TORCH_CUDNN_V8_API_DISABLED=1,X=") == (
+        "v7", {"TORCH_CUDNN_V8_API_DISABLED": "1", "X": ""})
+    for bad in ("v7:NOVALUE", ":A=1", "x:=1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            prepare_bench.variant(bad)
+
+
+def test_each_variant_runs_in_its_own_process_with_its_environment(prepare_bench,
+                                                                   xception_bundles, capsys):
+    """The environment reaches the child (a setting that breaks its interpreter fails that
+    variant alone, said as such), and an onnxruntime bundle prepares nothing."""
+    results = prepare_bench.main([
+        "--bundle", str(xception_bundles["fp32"]), "--max-batch", "2", "--iterations", "3",
+        "--variant", "plain", "--variant", "broken:PYTHONHOME=/nonexistent", "--variant", "threads:OMP_NUM_THREADS=1"])
+    plain, broken, threads = results
+    assert plain["backend"] == "onnxruntime" and plain["graphs"] == 0
+    assert plain["sizes"] == 2 and plain["replay_ms"] == {} and plain["load_s"] > 0
+    assert threads["env"] == {"OMP_NUM_THREADS": "1"} and "error" not in threads
+    out = capsys.readouterr().out
+    assert out.count("\n") == 3 and "plain " in out and "replay n/a" in out
+    assert broken["error"].startswith("exit ") and "broken       failed: exit" in out
+
+
+def test_variant_names_must_differ(prepare_bench, capsys):
+    with pytest.raises(SystemExit):
+        prepare_bench.main(["--bundle", "x.bundle", "--variant", "a", "--variant", "a:X=1"])
+    assert "a name of its own" in capsys.readouterr().err
