@@ -561,8 +561,10 @@ def serve(bundle_paths, host, port, max_batch, max_delay_ms, max_wait_ms, early_
     GET  /metrics                     Prometheus metrics
     gRPC inference.GRPCInferenceService on --grpc-port (tritonclient.grpc).
     Each bundle is verified and loaded first; a model's name is its bundle name without
-    the target part (e.g. timm_xception-fp8-1.0.0). "serving on ..." is printed once
-    every port is bound; a port in use exits with 7.
+    the target part (e.g. timm_xception-fp8-1.0.0). Then each model is prepared for every
+    batch size up to its max (a GPU engine's first run and CUDA graph at each size: up to
+    a minute for a cuDNN-heavy fp16 package; its progress is printed). "serving on ..." is
+    printed once every port is bound; a port in use exits with 7.
     """
     from runtime_py.extras import require_extra
 
