@@ -58,3 +58,51 @@ def test_lines_are_spaced_and_quick_preparations_say_nothing():
     assert len(said) == 2, said
     assert said[0].startswith("preparing (CUDA graphs per batch size) slow: ")
     assert said[1].startswith("prepared slow for batch sizes 1..4 in ")
+
+
+def test_serve_prepares_and_says_so_before_it_serves():
+    """``run.serve(on_progress=)`` (what `bundle serve` passes): every size prepared, and
+    its lines said, before the server says it is up; the batcher then finds nothing left
+    to prepare (the sizes are not prepared twice)."""
+    import threading
+
+    from runtime_py.server.run import serve
+
+    class PreparedToy(ToyModel):
+        def __init__(self) -> None:
+            super().__init__("prep", max_batch_size=4)
+            self.calls: list[list[int]] = []
+            self.done: set[int] = set()
+
+        def prepare(self, batch_sizes, progress=None) -> None:
+            todo = [n for n in batch_sizes if n not in self.done]
+            self.calls.append(todo)
+            for k, n in enumerate(todo, 1):
+                time.sleep(0.3)
+                self.done.add(n)
+                if progress is not None:
+                    progress(k, len(todo))
+
+    model, lines, ready, stop = PreparedToy(), [], threading.Event(), threading.Event()
+
+    def on_ready(addresses) -> None:
+        lines.append("up")
+        ready.set()
+
+    t = threading.Thread(target=serve, args=([model],), kwargs=dict(
+        port=0, workers=0, log_level="warning", on_ready=on_ready, stop=stop,
+        on_progress=lines.append), daemon=True)
+    t.start()
+    try:
+        assert ready.wait(60)
+    finally:
+        stop.set()
+        t.join(60)
+    assert not t.is_alive()
+    assert model.calls == [[1, 2, 3, 4], []]
+    # 1.2 s of preparation: a line once a second had passed (at size 4, or 3 on a loaded
+    # host), then the total
+    assert len(lines) == 3 and lines[-1] == "up", lines
+    assert lines[0].startswith("preparing (CUDA graphs per batch size) prep: ")
+    assert "/4 batch sizes" in lines[0]
+    assert lines[1].startswith("prepared prep for batch sizes 1..4 in ")
