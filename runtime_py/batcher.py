@@ -113,7 +113,8 @@ class BatchableModel(Protocol):
     and still hold, and ``key`` says by whom: the model trusts them only where its next
     batch's staged rows are that caller's) and
     ``input_buffers() -> dict[str, ndarray]`` (max-batch host buffers the engine reads in
-    place)."""
+    place), ``prepare(batch_sizes, progress=None)`` (set up each size before serving;
+    ``progress(done, total)`` after each, for ``run.prepare_models``)."""
 
     inputs: Sequence[TensorSpec]
     max_batch_size: int

@@ -299,8 +299,9 @@ class TorchAotiRunner(Runner):
         self.load_check = bool(load_check)
         self.graph_failures: dict[int, str] = {}
         # batch -> (warm-up s, capture s) of each size's graph: a server's start captures
-        # every size 1..max of each model (``prepare``), and that start took ~80 s for two
-        # models on the H200 (docs/measurements/h200-2026-12-05-c); this says where it goes
+        # every size 1..max of each model (``prepare``); for the fp16 package of
+        # timm_xception that took 73 s on an H100, nearly all of it the warm-ups
+        # (docs/measurements/h100-2026-12-05-d)
         self.capture_seconds: dict[int, tuple[float, float]] = {}
         #: how a plain (not pinned) batch reaches the device: "pageable" (the CUDA
         #: driver's own staged copy of the caller's memory; blocks the caller until the

@@ -166,16 +166,18 @@ def prepare_models(named: Mapping[str, Any], max_batch: int | None,
             continue
         top = capped_max_batch(max_batch, model) or int(model.max_batch_size)
         t0 = time.monotonic()
-        said = [0.0]            # when the last line was said (0: none yet)
+        said: list[float | None] = [None]      # when the last line was said
 
         def progress(done: int, total: int) -> None:
             now = time.monotonic()
-            if now - t0 >= first_after_s and (not said[0] or now - said[0] >= every_s):
-                verb = "preparing" if said[0] else "preparing (CUDA graphs per batch size)"
+            last = said[0]
+            if now - t0 >= first_after_s and (last is None or now - last >= every_s):
+                verb = "preparing" if last is not None else \
+                    "preparing (CUDA graphs per batch size)"
                 say(f"{verb} {name}: {done}/{total} batch sizes, {now - t0:.0f} s")
                 said[0] = now
         prepare(range(1, top + 1), progress=progress)
-        if said[0]:
+        if said[0] is not None:
             say(f"prepared {name} for batch sizes 1..{top} in {time.monotonic() - t0:.0f} s")
 
 
