@@ -76,7 +76,9 @@
 #   benchmarks/gpu_pending.sh prepare OUT_DIR   # `build`, then prepare_bench.py on the fp16
 #       bundle: its preparation for serving (73 s on an H100, h100-2026-12-05-d) and its
 #       graph replay at batch 1 and 32, as is and with cuDNN's v7 API or heuristic mode B
-#       (~6 min warm)
+#       (~6 min after `build` on the same warm machine: a fresh build and this in one call
+#       can pass the 10-minute limit; the GPU tests of prepare and the staged rows run
+#       beside the build)
 #   benchmarks/gpu_pending.sh pair OUT_DIR   # `build`, then serve_pair_bench.py: the fp8
 #       and fp16 bundles served side by side in one process, HTTP and gRPC (PATHS=), 64
 #       clients in 8 and 32 processes (PROCS=), REPEATS=3 rounds, each round measuring
@@ -226,7 +228,12 @@ stage)   # issue 15: rows staged ahead of their dispatch (Batcher stage_ahead), 
   done
   ;;
 prepare)   # where the fp16 bundle's 73 s of preparation goes, under cuDNN settings
+  # the GPU tests of prepare's progress and of the staged rows, beside the build
+  timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_torch_aoti.py \
+    -k 'prepare or staged or stages or held' > "$out/prepare-gputest.log" 2>&1 &
+  tests=$!
   bash "$here/gpu_pending.sh" build "$out" || exit 1
+  wait "$tests"; echo "== prepare-gputest: exit $?"; tail -4 "$out/prepare-gputest.log"
   step prepare "${PREPARE_LIMIT:-420}" python3 benchmarks/prepare_bench.py \
     --bundle "$bundles/timm_xception-fp16-uint8-1.0.0-torch-aoti.bundle" --timeout 200 \
     --variant default --variant v7:TORCH_CUDNN_V8_API_DISABLED=1 \
