@@ -384,8 +384,15 @@ class Batcher:
         self.max_batch_size = int(max_batch_size)
         if prepare and hasattr(model, "prepare"):
             # every size 1..max may come; their per-size setup (CUDA graph captures) now,
-            # not on the first batch of each while clients wait (tens of ms each)
+            # not on the first batch of each while clients wait (tens of ms each, seconds
+            # for a cuDNN-heavy package: said in the log when it took that long)
+            t0 = time.perf_counter()
             model.prepare(range(1, self.max_batch_size + 1))
+            took = time.perf_counter() - t0
+            if took >= 1.0:
+                log.info("batcher: prepared %s for batch sizes 1..%d in %.1f s",
+                         getattr(model, "name", type(model).__name__), self.max_batch_size,
+                         took)
         self.max_delay_s = max_delay_ms / 1000.0
         # None: follow the engine's time per batch (``_batch_s``), within these bounds.
         self.max_wait_s = None if max_wait_ms is None else max_wait_ms / 1000.0

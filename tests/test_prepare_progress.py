@@ -106,3 +106,22 @@ def test_serve_prepares_and_says_so_before_it_serves():
     assert lines[0].startswith("preparing (CUDA graphs per batch size) prep: ")
     assert "/4 batch sizes" in lines[0]
     assert lines[1].startswith("prepared prep for batch sizes 1..4 in ")
+
+
+def test_a_batcher_logs_a_long_preparation(caplog):
+    """A library user's ``Batcher(model)`` prepares silently, but one that took a second
+    or more is logged at info level (the batcher's own ``prepare`` call)."""
+    import logging
+
+    from runtime_py.batcher import Batcher
+
+    slow, quick = SlowPreparer(2, per_size_s=0.55), SlowPreparer(2)
+    slow.name, quick.name = "slow-model", "quick-model"
+    slow.inputs = quick.inputs = ToyModel().inputs
+    with caplog.at_level(logging.INFO, logger="runtime_py.batcher"):
+        for model in (slow, quick):
+            Batcher(model).close()
+    said = [r.getMessage() for r in caplog.records if "prepared" in r.getMessage()]
+    assert slow.prepared == quick.prepared == [1, 2]
+    assert len(said) == 1 and said[0].startswith(
+        "batcher: prepared slow-model for batch sizes 1..2 in "), said
