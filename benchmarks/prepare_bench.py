@@ -3,7 +3,8 @@ each setting does to the engine's speed.
 
     python benchmarks/prepare_bench.py --bundle FP16.bundle \
         --variant default --variant v7:TORCH_CUDNN_V8_API_DISABLED=1 \
-        --variant heurB:TORCH_CUDNN_USE_HEURISTIC_MODE_B=1
+        --variant heurB:TORCH_CUDNN_USE_HEURISTIC_MODE_B=1 \
+        --variant buckets:graph_sizes=1+2+4+8+16+24
 
 `Model.prepare` (what `bundle serve`'s batcher calls before it serves) runs the engine once
 at every batch size 1..max and captures its CUDA graph. For the torch-aoti fp16 bundle of
@@ -11,7 +12,9 @@ timm_xception that took 73 s on an H100, nearly all of it the first runs (the fp
 0.6 s; docs/measurements/h100-2026-12-05-d). The fp16 package runs its convolutions on
 cuDNN, which plans each new shape on first use; torch reads its cuDNN settings from the
 environment. So each variant (NAME, or NAME:KEY=VALUE[,KEY=VALUE..]; "default" sets
-nothing) runs in a process of its own, one after the other: load the bundle, prepare
+nothing; the key graph_sizes, lowercase, is not an environment variable but the runner's
+``cuda_graph_sizes``, its sizes joined by "+": fewer graphs, batches padded up to the next,
+``runtime_py.graph_sizes``) runs in a process of its own, one after the other: load the bundle, prepare
 sizes 1..--max-batch (the bundle's max by default), then time the graph replay at batch 1
 and at the max (`runner.device_timings`, medians). A setting that starts faster but runs
 slower is no gain: the table shows both, each replay against the first variant's.
@@ -36,8 +39,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_args import positive_int  # noqa: E402
 
 
+#: The variant key that is the runner's ``cuda_graph_sizes``, not an environment variable.
+GRAPH_SIZES = "graph_sizes"
+
+
 def variant(text: str) -> tuple[str, dict[str, str]]:
-    """``--variant``: NAME or NAME:KEY=VALUE[,KEY=VALUE..] -> (name, environment)."""
+    """``--variant``: NAME or NAME:KEY=VALUE[,KEY=VALUE..] -> (name, settings): the
+    environment, and ``graph_sizes`` (sizes joined by "+") where given."""
     name, _, settings = text.partition(":")
     env: dict[str, str] = {}
     for item in filter(None, (s.strip() for s in settings.split(","))):
@@ -50,13 +58,15 @@ def variant(text: str) -> tuple[str, dict[str, str]]:
     return name.strip(), env
 
 
-def measure_here(bundle: str, backend: str, max_batch: int | None, iterations: int) -> dict:
+def measure_here(bundle: str, backend: str, max_batch: int | None, iterations: int,
+                 graph_sizes: str | None = None) -> dict:
     """One variant, in this process: load, prepare, time the replays."""
     import runtime_py
     from runtime_py.bench import device_timings
 
     t0 = time.perf_counter()
-    model = runtime_py.load(bundle, backend=backend)
+    sized = {} if not graph_sizes else {"cuda_graph_sizes": graph_sizes.replace("+", ",")}
+    model = runtime_py.load(bundle, backend=backend, **sized)
     try:
         load_s = time.perf_counter() - t0
         top = min(max_batch or model.max_batch_size, model.max_batch_size)
@@ -80,12 +90,15 @@ def measure_here(bundle: str, backend: str, max_batch: int | None, iterations: i
         model.close()
 
 
-def run_variant(args, name: str, env: dict[str, str]) -> dict:
+def run_variant(args, name: str, settings: dict[str, str]) -> dict:
     """One variant in a child process with its environment; its JSON line back."""
+    env = {k: v for k, v in settings.items() if k != GRAPH_SIZES}
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--bundle", args.bundle,
            "--backend", args.backend, "--iterations", str(args.iterations)]
     if args.max_batch:
         cmd += ["--max-batch", str(args.max_batch)]
+    if settings.get(GRAPH_SIZES):
+        cmd += ["--graph-sizes", settings[GRAPH_SIZES]]
     proc = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True,
                           timeout=args.timeout)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -109,10 +122,11 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--timeout", type=positive_int, default=300, help="seconds per variant")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--graph-sizes", help=argparse.SUPPRESS)     # (the child's)
     args = ap.parse_args(argv)
     if args.child:
         print(json.dumps(measure_here(args.bundle, args.backend, args.max_batch,
-                                      args.iterations)), flush=True)
+                                      args.iterations, args.graph_sizes)), flush=True)
         return []
     variants = args.variant or [("default", {})]
     if len({name for name, _ in variants}) != len(variants):

@@ -20,6 +20,7 @@ def test_variants_parse_into_a_name_and_an_environment(prepare_bench):
     assert prepare_bench.variant("default") == ("default", {})
     assert prepare_bench.variant("v7:TORCH_CUDNN_V8_API_DISABLED=1,X=") == (
         "v7", {"TORCH_CUDNN_V8_API_DISABLED": "1", "X": ""})
+    assert prepare_bench.variant("b:graph_sizes=1+2+4") == ("b", {"graph_sizes": "1+2+4"})
     for bad in ("v7:NOVALUE", ":A=1", "x:=1"):
         with pytest.raises(argparse.ArgumentTypeError):
             prepare_bench.variant(bad)
@@ -31,11 +32,13 @@ def test_each_variant_runs_in_its_own_process_with_its_environment(prepare_bench
     variant alone, said as such), and an onnxruntime bundle prepares nothing."""
     results = prepare_bench.main([
         "--bundle", str(xception_bundles["fp32"]), "--max-batch", "2", "--iterations", "3",
-        "--variant", "plain", "--variant", "broken:PYTHONHOME=/nonexistent", "--variant", "threads:OMP_NUM_THREADS=1"])
+        "--variant", "plain", "--variant", "broken:PYTHONHOME=/nonexistent", "--variant", "threads:OMP_NUM_THREADS=1,graph_sizes=1"])
     plain, broken, threads = results
     assert plain["backend"] == "onnxruntime" and plain["graphs"] == 0
     assert plain["sizes"] == 2 and plain["replay_ms"] == {} and plain["load_s"] > 0
-    assert threads["env"] == {"OMP_NUM_THREADS": "1"} and "error" not in threads
+    # (the runner's cuda_graph_sizes reaches the load; onnxruntime ignores it)
+    assert threads["env"] == {"OMP_NUM_THREADS": "1", "graph_sizes": "1"}
+    assert "error" not in threads
     out = capsys.readouterr().out
     assert out.count("\n") == 3 and "plain " in out and "replay n/a" in out
     assert broken["error"].startswith("exit ") and "broken       failed: exit" in out

@@ -721,6 +721,60 @@ def gpu_fp16_tiny():
     return build_engine(_tiny_model(), "fp16", (3, 16, 16), {"min": 1, "max": 8}, smoke=False)
 
 
+def test_cuda_graph_sizes_are_checked_and_map_each_batch_to_a_graph():
+    """``cuda_graph_sizes``: checked against the bundle's max batch when the runner is
+    made (before any GPU is touched); a batch runs on the next listed size's graph, and on
+    its own size where graphs are off."""
+    from runtime_py.engines.torch_aoti import TorchAotiRunner
+    from runtime_py.errors import UsageError
+
+    bundle = _MemoryBundle("fp16", {}, b"", (3, 16, 16), 10, 8)
+    with pytest.raises(UsageError, match=r"within 1\.\.8"):
+        TorchAotiRunner(bundle, cuda_graph_sizes=[2, 16])
+    assert TorchAotiRunner(bundle).cuda_graph_sizes is None
+    runner = TorchAotiRunner(bundle, cuda_graph_sizes="4,2")
+    assert runner.cuda_graph_sizes == (2, 4, 8)
+    assert [runner._graph_batch(n) for n in range(1, 9)] == [2, 2, 4, 4, 8, 8, 8, 8]
+    plain = TorchAotiRunner(bundle, cuda_graphs=False, cuda_graph_sizes=[2])
+    assert [plain._graph_batch(n) for n in (1, 3)] == [1, 3]
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_cuda_graph_sizes_pad_each_batch_to_a_captured_graph(gpu_fp16_tiny):
+    """With ``cuda_graph_sizes=(2, 4)`` (and the max, 8) only those three graphs are
+    captured; every batch size 1..8, through ``infer`` (the held path and the torch
+    path), ``infer_async`` and ``infer_rows_async``, gives the outputs of a runner that
+    captures every size: the padding rows never reach a real row."""
+    from runtime_py.engines.torch_aoti import TorchAotiRunner
+
+    package, details = gpu_fp16_tiny
+    x = np.random.default_rng(9).normal(size=(8, 3, 16, 16)).astype(np.float32)
+    every = TorchAotiRunner(_MemoryBundle("fp16", details, package, (3, 16, 16), 10, 8))
+    padded = TorchAotiRunner(_MemoryBundle("fp16", details, package, (3, 16, 16), 10, 8),
+                             cuda_graph_sizes=(2, 4))
+    with every, padded:
+        reference = {n: every.infer({"input": x[:n]})["logits"] for n in range(1, 9)}
+        told: list[tuple[int, int]] = []
+        padded.prepare(range(1, 9), progress=lambda *a: told.append(a))
+        assert sorted(padded._graphs) == [2, 4, 8] and told == [(1, 3), (2, 3), (3, 3)]
+        taken = _record_held_infers(padded)
+        for n in (1, 3, 5, 8, 7, 2, 6, 4):
+            got = padded.infer({"input": x[:n]})["logits"]
+            assert got.shape == (n, 10) and np.allclose(got, reference[n], atol=2e-3), n
+        assert taken == [1, 3, 5, 8, 7, 2, 6, 4]          # every size on a captured graph
+        for n in (3, 8, 1):
+            got = padded.infer_async({"input": x[:n]}).result()["logits"]
+            assert np.allclose(got, reference[n], atol=2e-3), n
+            rows = padded.infer_rows_async({"input": [x[:1], x[1:n]] if n > 1 else [x[:1]]})
+            assert np.allclose(rows.result()["logits"], reference[n], atol=2e-3), n
+        padded.enqueue = "torch"                           # the torch calls' path too
+        for n in (3, 5):
+            got = padded.infer({"input": x[:n]})["logits"]
+            assert np.allclose(got, reference[n], atol=2e-3), n
+        assert sorted(padded._graphs) == [2, 4, 8]         # nothing captured on the way
+
+
 @pytest.mark.gpu
 @needs_gpu
 def test_gpu_cuda_graphs_give_the_same_outputs(gpu_fp16_tiny):

@@ -91,6 +91,7 @@ from runtime_py.engines import cudart_held
 from runtime_py import pinned_host
 from runtime_py.hostcopy import (PARALLEL_MIN_BYTES, HostBufferRegistry, copy_held, copy_rows,
                                  gather_rows)
+from runtime_py.graph_sizes import graph_batch, parse_graph_sizes
 from runtime_py.pending import Pending, read_out
 from runtime_py.staging import may_stage, rows_to_skip
 from runtime_py.native_libs import static_cxx_runtime_libraries
@@ -282,16 +283,18 @@ class TorchAotiRunner(Runner):
     """Options: device (int, default 0), cuda_graphs (bool, default True), load_check
     (bool, default True unless TRT_BUNDLE_AOTI_LOAD_CHECK=0: ``probe_package_load``),
     event_sync ("block", default, or "spin": how a batch's result is waited for, see the
-    module docstring)."""
+    module docstring), cuda_graph_sizes (None, default: a graph per batch size; or the
+    sizes that get one, a batch padded up to the next: ``runtime_py.graph_sizes``)."""
 
     backend = "torch-aoti"
 
     def __init__(self, bundle, device: int = 0, cuda_graphs: bool = True,
                  load_check: bool | None = None, event_sync: str = "block",
-                 **options: object) -> None:
+                 cuda_graph_sizes=None, **options: object) -> None:
         super().__init__(bundle, device=device, cuda_graphs=cuda_graphs, **options)
         check_event_sync(event_sync)
         self.event_sync = event_sync
+        self.cuda_graph_sizes = parse_graph_sizes(cuda_graph_sizes, self.max_batch_size)
         self.device_index = int(device)
         self.use_cuda_graphs = bool(cuda_graphs)
         if load_check is None:
@@ -423,7 +426,9 @@ class TorchAotiRunner(Runner):
         slot.host_out = torch.empty(out_shape, dtype=out_dtype, pin_memory=pin)
         slot.host_in_array = slot.host_in.numpy()
         if not self._on_cpu:
-            slot.device_in = torch.empty(in_shape, dtype=in_dtype, device=self._device)
+            # zeros: a batch padded up to a larger size's graph reads rows past its own
+            # (``_graph_batch``); never uninitialized memory there
+            slot.device_in = torch.zeros(in_shape, dtype=in_dtype, device=self._device)
             slot.device_out = torch.empty(out_shape, dtype=out_dtype, device=self._device)
             slot.staged = torch.cuda.Event()     # H2D done: host_in may be rewritten
             slot.consumed = torch.cuda.Event()   # device_in copied into the static input
@@ -490,10 +495,11 @@ class TorchAotiRunner(Runner):
             if self._held_applies(n) and (pinned or self._stages_pinned(arr)):
                 self._infer_held(slot, arr, n, pinned)
             else:
+                m = self._graph_batch(n)
                 with self._on_stream:
-                    x, _ = self._static_buffers(n)
+                    x, _ = self._static_buffers(m)
                     self._stage(slot, arr, n, x)
-                    out.copy_(self._run(n, x, None), non_blocking=True)
+                    out.copy_(self._run(m, x, None)[:n], non_blocking=True)
             # no event to record: the stream is drained before the slot is used again
             self._stream.synchronize()
             return {self._name_out: copy_held(out_array)}
@@ -510,10 +516,12 @@ class TorchAotiRunner(Runner):
         with each chunk's H2D copy enqueued as soon as it is copied, so the copy of the
         first rows to the device overlaps the host copy of the last), the graph, the
         output to the slot's pinned output. Not synchronized. Only where
-        ``_held_applies(n)``."""
-        held, graph = self._held, self._graphs[n]
-        graph_exec = self._graph_exec(n, graph)
-        x, y = self._static[n]
+        ``_held_applies(n)``. (The graph is the size's, or a larger one's whose rows past
+        ``n`` are padding: ``_graph_batch``.)"""
+        m = self._graph_batch(n)
+        held, graph = self._held, self._graphs[m]
+        graph_exec = self._graph_exec(m, graph)
+        x, y = self._static[m]
         row_in = self._row_bytes[0]
         stream, x_at = self._stream.cuda_stream, x.data_ptr()
         previous = held.on_device(self.device_index)
@@ -676,7 +684,14 @@ class TorchAotiRunner(Runner):
         """Whether a batch of ``n`` can be enqueued through ``cudart_held``: chosen, the
         runtime library found, and the size's CUDA graph captured (the torch path captures
         it on the size's first batch)."""
-        return self._held is not None and self.enqueue == "held" and n in self._graphs
+        return (self._held is not None and self.enqueue == "held"
+                and self._graph_batch(n) in self._graphs)
+
+    def _graph_batch(self, n: int) -> int:
+        """The batch size whose graph runs a batch of ``n`` (``cuda_graph_sizes``)."""
+        if not self.use_cuda_graphs:
+            return n
+        return graph_batch(self.cuda_graph_sizes, n)
 
     def _in_pinned(self, arr: np.ndarray) -> bool:
         return arr.flags.c_contiguous and (pinned_host.holds(arr)
@@ -712,11 +727,13 @@ class TorchAotiRunner(Runner):
         """The batch's copies, events and graph launch through ``cudart_held`` (no GIL
         release), its input copied from ``sources`` ((host address, bytes) in pinned
         memory, in row order) from row ``first_row`` on (the rows before it were staged:
-        ``stage_rows``). Only where ``_held_applies(n)``."""
-        held, graph = self._held, self._graphs[n]
-        graph_exec = self._graph_exec(n, graph)
-        x, y = self._static[n]
-        in_bytes, out_bytes = n * self._row_bytes[0], n * self._row_bytes[1]
+        ``stage_rows``). Only where ``_held_applies(n)``. The graph may be a larger size's
+        (``_graph_batch``): it reads the slot's rows past ``n`` too, as padding."""
+        m = self._graph_batch(n)
+        held, graph = self._held, self._graphs[m]
+        graph_exec = self._graph_exec(m, graph)
+        x, y = self._static[m]
+        in_bytes, out_bytes = m * self._row_bytes[0], n * self._row_bytes[1]
         s_in, s_compute, s_out = (self._in_stream.cuda_stream, self._stream.cuda_stream,
                                   self._out_stream.cuda_stream)
         device_in, device_out = slot.device_in.data_ptr(), slot.device_out.data_ptr()
@@ -761,12 +778,13 @@ class TorchAotiRunner(Runner):
             self._in_stream.wait_event(slot.consumed)      # device_in free again
             self._stage(slot, arr, n, slot.device_in)
             slot.staged.record(self._in_stream)
+        m = self._graph_batch(n)                 # (rows past n: padding)
         with self._on_stream:
             self._stream.wait_event(slot.staged)
-            x, _ = self._static_buffers(n)
-            x.copy_(slot.device_in[:n])
+            x, _ = self._static_buffers(m)
+            x.copy_(slot.device_in[:m])
             slot.consumed.record(self._stream)
-            slot.device_out[:n].copy_(self._run(n, x, None))
+            slot.device_out[:n].copy_(self._run(m, x, None)[:n])
             slot.computed.record(self._stream)
         with self._on_out_stream:
             self._out_stream.wait_event(slot.computed)
@@ -887,9 +905,9 @@ class TorchAotiRunner(Runner):
         with self._lock:
             for slot in self._slots:            # nothing of infer_async may be in flight
                 self._resolve(slot)
-            todo = sorted({int(n) for n in batch_sizes
-                           if 1 <= int(n) <= self.max_batch_size and int(n) not in self._graphs
-                           and int(n) not in self.graph_failures})
+            todo = sorted({m for m in (self._graph_batch(int(n)) for n in batch_sizes
+                                       if 1 <= int(n) <= self.max_batch_size)
+                           if m not in self._graphs and m not in self.graph_failures})
             for done, n in enumerate(todo, 1):
                 with self._on_stream:
                     self._capture(n, self._static_buffers(n)[0])
