@@ -231,7 +231,7 @@ stage)   # issue 15: rows staged ahead of their dispatch (Batcher stage_ahead), 
 prepare)   # where the fp16 bundle's 73 s of preparation goes, under cuDNN settings
   # the GPU tests of prepare's progress and of the staged rows, beside the build
   timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_torch_aoti.py \
-    -k 'prepare or staged or stages or held' > "$out/prepare-gputest.log" 2>&1 &
+    -k 'prepare or staged or stages or held or graph_sizes' > "$out/prepare-gputest.log" 2>&1 &
   tests=$!
   bash "$here/gpu_pending.sh" build "$out" || exit 1
   wait "$tests"; echo "== prepare-gputest: exit $?"; tail -4 "$out/prepare-gputest.log"
