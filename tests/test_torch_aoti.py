@@ -745,7 +745,8 @@ def test_gpu_cuda_graph_sizes_pad_each_batch_to_a_captured_graph(gpu_fp16_tiny):
     """With ``cuda_graph_sizes=(2, 4)`` (and the max, 8) only those three graphs are
     captured; every batch size 1..8, through ``infer`` (the held path and the torch
     path), ``infer_async`` and ``infer_rows_async``, gives the outputs of a runner that
-    captures every size: the padding rows never reach a real row."""
+    captures every size: the padding rows never reach a real row. (Within fp16's
+    tolerance, not bit-equal: another batch size's graph may run other kernels.)"""
     from runtime_py.engines.torch_aoti import TorchAotiRunner
 
     package, details = gpu_fp16_tiny
@@ -761,17 +762,17 @@ def test_gpu_cuda_graph_sizes_pad_each_batch_to_a_captured_graph(gpu_fp16_tiny):
         taken = _record_held_infers(padded)
         for n in (1, 3, 5, 8, 7, 2, 6, 4):
             got = padded.infer({"input": x[:n]})["logits"]
-            assert got.shape == (n, 10) and np.allclose(got, reference[n], atol=2e-3), n
+            assert got.shape == (n, 10) and np.allclose(got, reference[n], rtol=1e-2, atol=2e-3), n
         assert taken == [1, 3, 5, 8, 7, 2, 6, 4]          # every size on a captured graph
         for n in (3, 8, 1):
             got = padded.infer_async({"input": x[:n]}).result()["logits"]
-            assert np.allclose(got, reference[n], atol=2e-3), n
+            assert np.allclose(got, reference[n], rtol=1e-2, atol=2e-3), n
             rows = padded.infer_rows_async({"input": [x[:1], x[1:n]] if n > 1 else [x[:1]]})
-            assert np.allclose(rows.result()["logits"], reference[n], atol=2e-3), n
+            assert np.allclose(rows.result()["logits"], reference[n], rtol=1e-2, atol=2e-3), n
         padded.enqueue = "torch"                           # the torch calls' path too
         for n in (3, 5):
             got = padded.infer({"input": x[:n]})["logits"]
-            assert np.allclose(got, reference[n], atol=2e-3), n
+            assert np.allclose(got, reference[n], rtol=1e-2, atol=2e-3), n
         assert sorted(padded._graphs) == [2, 4, 8]         # nothing captured on the way
 
 
