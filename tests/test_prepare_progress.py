@@ -45,6 +45,25 @@ def test_max_batch_caps_the_sizes_prepared():
     assert lines[-1] == "prepared m for batch sizes 1..3 in 0 s"
 
 
+def test_a_model_whose_prepare_takes_no_progress_is_prepared_silently():
+    """A model of the caller's own with ``prepare(batch_sizes)`` alone (the batcher's
+    protocol before ``progress``) is still prepared, and nothing is said of it."""
+    class OldStyle:
+        max_batch_size = 3
+
+        def __init__(self) -> None:
+            self.prepared: list[int] = []
+
+        def prepare(self, batch_sizes) -> None:
+            time.sleep(0.05)
+            self.prepared.extend(batch_sizes)
+
+    lines: list[str] = []
+    model = OldStyle()
+    prepare_models({"old": model}, None, lines.append, every_s=0.0, first_after_s=0.0)
+    assert model.prepared == [1, 2, 3] and lines == []
+
+
 def test_lines_are_spaced_and_quick_preparations_say_nothing():
     lines: list[str] = []
     slow, quick, toy = SlowPreparer(4, per_size_s=0.1), SlowPreparer(4), ToyModel()

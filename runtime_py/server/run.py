@@ -176,9 +176,24 @@ def prepare_models(named: Mapping[str, Any], max_batch: int | None,
                     "preparing (CUDA graphs per batch size)"
                 say(f"{verb} {name}: {done}/{total} batch sizes, {now - t0:.0f} s")
                 said[0] = now
-        prepare(range(1, top + 1), progress=progress)
+        if _takes_progress(prepare):
+            prepare(range(1, top + 1), progress=progress)
+        else:               # a model of the caller's own, prepare(batch_sizes) only
+            prepare(range(1, top + 1))
         if said[0] is not None:
             say(f"prepared {name} for batch sizes 1..{top} in {time.monotonic() - t0:.0f} s")
+
+
+def _takes_progress(prepare: Callable[..., None]) -> bool:
+    """Whether a model's ``prepare`` takes ``progress=`` (``Model.prepare`` does; a
+    ``BatchableModel`` of the caller's own may take the batch sizes alone)."""
+    import inspect
+
+    try:
+        params = inspect.signature(prepare).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "progress" or p.kind is p.VAR_KEYWORD for p in params)
 
 
 def capped_max_batch(max_batch: int | None, model: Any) -> int | None:
