@@ -108,7 +108,9 @@ def make_model(args):
         return cls("synthetic", size=args.image_size, max_batch_size=args.batch,
                    cost_ms=args.cost_ms, per_row_ms=args.per_row_ms, dtype=args.dtype)
     import runtime_py
-    model = runtime_py.load(args.bundle, backend=args.backend)
+    sizes = getattr(args, "cuda_graph_sizes", None)
+    sized = {} if sizes is None else {"cuda_graph_sizes": sizes}
+    model = runtime_py.load(args.bundle, backend=args.backend, **sized)
     if args.enqueue and hasattr(model.runner, "enqueue"):
         model.runner.enqueue = args.enqueue      # torch-aoti: "held" (default) or "torch"
     return model

@@ -51,7 +51,8 @@ def load_pair(args) -> list:
             synthetic=True, light=True, image_size=args.image_size, batch=args.batch,
             cost_ms=c, per_row_ms=0.0, dtype="uint8")) for c in costs]
     return [make_model(SimpleNamespace(synthetic=False, bundle=b, backend=args.backend,
-                                       enqueue=None)) for b in args.bundle]
+                                       enqueue=None, cuda_graph_sizes=args.cuda_graph_sizes))
+            for b in args.bundle]
 
 
 def label_of(args, i: int) -> str:
@@ -108,6 +109,11 @@ def main(argv=None) -> dict:
                     help="client processes of the network paths; several: one figure each")
     ap.add_argument("--paths", default="http,grpc", help=f"comma-separated, of {KINDS}")
     ap.add_argument("--workers", type=int, default=8, help="front-end worker processes per server")
+    ap.add_argument("--cuda-graph-sizes", default=None, metavar="N[,N..]",
+                    help="both bundles' CUDA graph sizes (bundle serve --cuda-graph-sizes; "
+                         "default: every size): a shorter start (the fp16 xception bundle "
+                         "spends ~73 s preparing 32 sizes on an H100); at saturation the "
+                         "batches are full, and a partial one runs a padded graph on both")
     ap.add_argument("--stage-ahead", type=stage_modes, default="off", metavar="MODE[,MODE]",
                     help="the batchers' stage_ahead (bundle serve --stage-ahead): off, on, "
                          "or off,on: each round measures the batcher and every path in "
@@ -134,7 +140,8 @@ def main(argv=None) -> dict:
     say(f"first: {labels[0]}\nsecond: {labels[1]}\n{args.clients} clients, batch "
         f"{args.batch}, {args.workers} front-end workers per server, {args.rounds} rounds"
         f" of {args.seconds:g} s (+{args.warmup:g} s warm-up), rows staged ahead: "
-        f"{','.join(args.stage_ahead)}, cpus {os.cpu_count()}; "
+        f"{','.join(args.stage_ahead)}, CUDA graph sizes: {args.cuda_graph_sizes or 'every'}, "
+        f"cpus {os.cpu_count()}; "
         f"both loaded in {time.time() - t0:.0f} s")
     figures: dict[str, list[tuple[float, float]]] = {}
     batchers = []
@@ -184,7 +191,8 @@ def main(argv=None) -> dict:
     result = {"first": labels[0], "second": labels[1], "clients": args.clients,
               "batch": args.batch, "workers": args.workers, "rounds": args.rounds,
               "seconds": args.seconds, "cpus": os.cpu_count(), "target": TARGET,
-              "stage_ahead": args.stage_ahead, "first_over_second": summary}
+              "stage_ahead": args.stage_ahead, "cuda_graph_sizes": args.cuda_graph_sizes,
+              "first_over_second": summary}
     if args.json:
         print(json.dumps(result))
     else:

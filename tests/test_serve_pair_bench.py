@@ -58,11 +58,13 @@ def test_both_staging_modes_are_measured_in_each_round(pair_bench):
     result = pair_bench.main([
         "--synthetic-costs", "2,80", "--image-size", "16", "--clients", "4", "--batch", "4",
         "--http-procs", "1", "--paths", "http", "--workers", "0", "--rounds", "1",
-        "--seconds", "0.3", "--warmup", "0.05", "--stage-ahead", "off,on", "--json"])
+        "--seconds", "0.3", "--warmup", "0.05", "--stage-ahead", "off,on", "--json",
+        "--cuda-graph-sizes", "1,2"])
     assert set(result["first_over_second"]) == {
         "engine", "batcher@stage-off", "http@p1@stage-off", "batcher@stage-on",
         "http@p1@stage-on"}
     assert result["stage_ahead"] == ["off", "on"]
+    assert result["cuda_graph_sizes"] == "1,2"      # (said; synthetic engines have no graphs)
 
 
 @pytest.mark.parametrize("modes", ["", "off,off", "on,maybe"])
