@@ -234,7 +234,7 @@ prepare)   # where the fp16 bundle's 73 s of preparation goes, under cuDNN setti
   timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_torch_aoti.py \
     -k 'prepare or staged or stages or held or graph_sizes' > "$out/prepare-gputest.log" 2>&1 &
   tests=$!
-  bash "$here/gpu_pending.sh" build "$out" || exit 1
+  bash "$here/gpu_pending.sh" build "$out" || { kill "$tests" 2>/dev/null; exit 1; }
   wait "$tests"; echo "== prepare-gputest: exit $?"; tail -4 "$out/prepare-gputest.log"
   step prepare "${PREPARE_LIMIT:-420}" python3 benchmarks/prepare_bench.py \
     --bundle "$bundles/timm_xception-fp16-uint8-1.0.0-torch-aoti.bundle" --timeout 200 \

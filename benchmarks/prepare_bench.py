@@ -73,7 +73,9 @@ def measure_here(bundle: str, backend: str, max_batch: int | None, iterations: i
         t1 = time.perf_counter()
         model.prepare(range(1, top + 1))
         prepare_s = time.perf_counter() - t1
-        seconds = getattr(model.runner, "capture_seconds", {}) or {}
+        # (a copy now: the replays below may capture more, e.g. a size timed that serving
+        # would pad)
+        seconds = dict(getattr(model.runner, "capture_seconds", {}) or {})
         replay_ms = {}
         for n in sorted({1, top}):
             timed = device_timings(model.runner, n, iterations, max(5, iterations // 10))
@@ -99,8 +101,11 @@ def run_variant(args, name: str, settings: dict[str, str]) -> dict:
         cmd += ["--max-batch", str(args.max_batch)]
     if settings.get(GRAPH_SIZES):
         cmd += ["--graph-sizes", settings[GRAPH_SIZES]]
-    proc = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True,
-                          timeout=args.timeout)
+    try:
+        proc = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True,
+                              timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {args.timeout} s (--timeout)"}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode or not lines:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]

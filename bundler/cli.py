@@ -520,8 +520,9 @@ def rebuild(bundle_path, backend, checkpoint, out_dir, force, timing_cache, hard
               help="Batch sizes that get a CUDA graph of their own (the max always does); a "
                    "batch runs on the graph of the next listed size, its extra rows padding. "
                    "Fewer sizes: a shorter start (each costs a first run, ~2.3 s for a "
-                   "cuDNN-heavy fp16 package), some rows wasted between sizes. Default: "
-                   "every size. torch-aoti on a GPU; other engines ignore it.")
+                   "cuDNN-heavy fp16 package), some rows wasted between sizes. Sizes "
+                   "above a bundle's max are dropped for it. Default: every size. "
+                   "torch-aoti on a GPU; other engines ignore it.")
 @click.option("--max-queue", default=1024, show_default=True,
               help="Queued requests per model before 503 (back-pressure).")
 @click.option("--backend", default="auto", show_default=True, type=backend_choice(auto=True),

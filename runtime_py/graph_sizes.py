@@ -19,26 +19,35 @@ from typing import Iterable
 from .errors import UsageError
 
 
-def parse_graph_sizes(sizes: "str | Iterable[int] | None", max_batch: int
+def parse_graph_sizes(sizes: "str | int | Iterable[int] | None", max_batch: int
                       ) -> tuple[int, ...] | None:
-    """``cuda_graph_sizes`` as given (None: every size; "1,2,4,8"; or integers) as the
-    sorted sizes that get a graph, the max batch always among them; a size outside
-    1..max_batch is a usage error."""
+    """``cuda_graph_sizes`` as given (None: every size; "1,2,4,8"; an integer or
+    integers) as the sorted sizes that get a graph, the max batch always among them.
+    Sizes above ``max_batch`` are dropped, as ``--max-batch`` is capped per bundle: one
+    list serves several bundles of different maxima. A size below 1, or one that is not
+    an integer, is a usage error."""
     if sizes is None:
         return None
-    if isinstance(sizes, str):
-        try:
-            values = [int(s) for s in sizes.split(",") if s.strip()]
-        except ValueError:
-            raise UsageError(f"CUDA graph sizes must be comma-separated integers, got "
-                             f"{sizes!r}") from None
-    else:
-        values = [int(s) for s in sizes]
-    bad = [v for v in values if not 1 <= v <= max_batch]
-    if not values or bad:
-        raise UsageError(f"CUDA graph sizes must be batch sizes within 1..{max_batch} (the "
-                         f"bundle's max batch), got {sizes!r}")
-    return tuple(sorted(set(values) | {int(max_batch)}))
+    items = sizes.split(",") if isinstance(sizes, str) else (
+        [sizes] if isinstance(sizes, int) else list(sizes))
+    values = []
+    for item in items:
+        if isinstance(item, str):
+            item = item.strip()
+            if not item:
+                continue
+            if not item.isdigit():
+                values = None
+                break
+            item = int(item)
+        if isinstance(item, bool) or not isinstance(item, int) or item < 1:
+            values = None
+            break
+        values.append(item)
+    if not values:
+        raise UsageError(f"CUDA graph sizes must be positive integer batch sizes, got "
+                         f"{sizes!r}")
+    return tuple(sorted({v for v in values if v <= max_batch} | {int(max_batch)}))
 
 
 def graph_batch(sizes: tuple[int, ...] | None, n: int) -> int:

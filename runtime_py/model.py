@@ -135,7 +135,10 @@ class Model:
         timm_xception: ~73 s for sizes 1..32 on an H100, its cuDNN convolutions' first run
         at each size; docs/measurements/h100-2026-12-05-d): ``progress(done, total)`` is
         called after each size the engine prepared, for a caller that shows it."""
-        self.runner.prepare(batch_sizes, progress)
+        if progress is None:     # (a runner of the caller's own may not take it)
+            self.runner.prepare(batch_sizes)
+        else:
+            self.runner.prepare(batch_sizes, progress=progress)
 
     def pin_host(self, address: int, nbytes: int):
         """Page-lock ``nbytes`` of host memory at ``address`` in place, for an engine that

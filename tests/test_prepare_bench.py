@@ -48,3 +48,17 @@ def test_variant_names_must_differ(prepare_bench, capsys):
     with pytest.raises(SystemExit):
         prepare_bench.main(["--bundle", "x.bundle", "--variant", "a", "--variant", "a:X=1"])
     assert "a name of its own" in capsys.readouterr().err
+
+
+def test_a_variant_past_its_timeout_fails_alone(prepare_bench, xception_bundles, tmp_path,
+                                                capsys):
+    """A variant that outlasts --timeout is reported as such, and the script goes on to
+    the next (here the slow one's interpreter sleeps at start: a sitecustomize on its
+    PYTHONPATH)."""
+    (tmp_path / "sitecustomize.py").write_text("import time\ntime.sleep(30)\n")
+    results = prepare_bench.main([
+        "--bundle", str(xception_bundles["fp32"]), "--timeout", "2", "--iterations", "2",
+        "--max-batch", "1", "--variant", f"slow:PYTHONPATH={tmp_path}", "--variant", "plain"])
+    assert results[0]["error"] == "timed out after 2 s (--timeout)"
+    assert "error" not in results[1] and results[1]["backend"] == "onnxruntime"
+    assert "slow         failed: timed out after 2 s" in capsys.readouterr().out

@@ -722,15 +722,16 @@ def gpu_fp16_tiny():
 
 
 def test_cuda_graph_sizes_are_checked_and_map_each_batch_to_a_graph():
-    """``cuda_graph_sizes``: checked against the bundle's max batch when the runner is
-    made (before any GPU is touched); a batch runs on the next listed size's graph, and on
-    its own size where graphs are off."""
+    """``cuda_graph_sizes``: checked when the runner is made (before any GPU is touched),
+    sizes above the bundle's max dropped; a batch runs on the next listed size's graph,
+    and on its own size where graphs are off."""
     from runtime_py.engines.torch_aoti import TorchAotiRunner
     from runtime_py.errors import UsageError
 
     bundle = _MemoryBundle("fp16", {}, b"", (3, 16, 16), 10, 8)
-    with pytest.raises(UsageError, match=r"within 1\.\.8"):
-        TorchAotiRunner(bundle, cuda_graph_sizes=[2, 16])
+    with pytest.raises(UsageError, match="positive integer batch sizes"):
+        TorchAotiRunner(bundle, cuda_graph_sizes=[2, 0])
+    assert TorchAotiRunner(bundle, cuda_graph_sizes=[2, 16]).cuda_graph_sizes == (2, 8)
     assert TorchAotiRunner(bundle).cuda_graph_sizes is None
     runner = TorchAotiRunner(bundle, cuda_graph_sizes="4,2")
     assert runner.cuda_graph_sizes == (2, 4, 8)

@@ -301,11 +301,6 @@ class TorchAotiRunner(Runner):
             load_check = os.environ.get("TRT_BUNDLE_AOTI_LOAD_CHECK", "1") != "0"
         self.load_check = bool(load_check)
         self.graph_failures: dict[int, str] = {}
-        # batch -> (warm-up s, capture s) of each size's graph: a server's start captures
-        # every size 1..max of each model (``prepare``); for the fp16 package of
-        # timm_xception that took 73 s on an H100, nearly all of it the warm-ups
-        # (docs/measurements/h100-2026-12-05-d)
-        self.capture_seconds: dict[int, tuple[float, float]] = {}
         #: how a plain (not pinned) batch reaches the device: "pageable" (the CUDA
         #: driver's own staged copy of the caller's memory; blocks the caller until the
         #: bytes are on their way) or "pinned" (a threaded copy into the slot's pinned
@@ -337,6 +332,11 @@ class TorchAotiRunner(Runner):
         self._pinned = HostBufferRegistry()
         self._static: dict[int, tuple[Any, Any]] = {}   # batch -> (input, output) on device
         self._graphs: dict[int, Any] = {}
+        # batch -> (warm-up s, capture s) of each size's graph: a server's start captures
+        # every size 1..max of each model (``prepare``); for the fp16 package of
+        # timm_xception that took 73 s on an H100, nearly all of it the warm-ups
+        # (docs/measurements/h100-2026-12-05-d)
+        self.capture_seconds: dict[int, tuple[float, float]] = {}
         self._graph_execs: dict[int, int | None] = {}   # batch -> raw cudaGraphExec_t
         self._graph_pool = None       # the memory pool every size's graph is captured into
         self._held: cudart_held.CudartHeld | None = None
@@ -828,10 +828,12 @@ class TorchAotiRunner(Runner):
 
     def run_device(self, n: int):
         """Run the engine on its own device input buffer of batch ``n`` (for benchmarks:
-        engine time without host copies); returns the device output. Not synchronized."""
+        engine time without host copies), on the graph serving would use for ``n``
+        (``_graph_batch``); returns the device output's ``n`` rows. Not synchronized."""
+        m = self._graph_batch(n)
         with self._lock, self._on_stream:
-            x, y = self._static_buffers(n)
-            return self._run(n, x, y)
+            x, y = self._static_buffers(m)
+            return self._run(m, x, y)[:n]
 
     def device_timings(self, batch_size: int, iterations: int = 200, warmup: int = 20
                        ) -> dict[str, list[float]]:
@@ -839,7 +841,9 @@ class TorchAotiRunner(Runner):
         engine alone on the batch already in its device buffer (a CUDA graph replay where
         captured), then with the pinned host copies around it; the runner's stream is
         synchronized every iteration. Inputs uniform in [-1, 1], as `bundle study` feeds
-        ``infer``. A CPU package has no device side: {} (the caller times ``infer``)."""
+        ``infer``. A batch runs on the graph serving would use for it (``_graph_batch``:
+        with ``cuda_graph_sizes``, a larger size's, its ``n`` rows copied in and out). A
+        CPU package has no device side: {} (the caller times ``infer``)."""
         from runtime_py.bench import random_feeds, time_boundaries
 
         if self._on_cpu:
@@ -853,18 +857,19 @@ class TorchAotiRunner(Runner):
                 self._resolve(slot)
             host_in, host_out = self._slots[0].host_in[:n], self._slots[0].host_out[:n]
             host_in.numpy()[...] = feeds[spec.name]
-            x, _ = self._static_buffers(n)
-            x.copy_(host_in)
+            m = self._graph_batch(n)
+            x, _ = self._static_buffers(m)
+            x[:n].copy_(host_in)
 
             def engine_only() -> None:
                 with on_stream:
-                    self._run(n, x, None)
+                    self._run(m, x, None)
                 stream.synchronize()
 
             def with_copies() -> None:
                 with on_stream:
-                    x.copy_(host_in, non_blocking=True)
-                    host_out.copy_(self._run(n, x, None), non_blocking=True)
+                    x[:n].copy_(host_in, non_blocking=True)
+                    host_out.copy_(self._run(m, x, None)[:n], non_blocking=True)
                 stream.synchronize()
 
             return time_boundaries({"graph_replay": engine_only, "with_copies": with_copies},
@@ -899,7 +904,8 @@ class TorchAotiRunner(Runner):
         batch otherwise runs a warm-up and a capture while its clients and the batch
         behind it wait: tens of ms, or seconds where the package calls cuDNN (its
         convolutions are planned per shape; ``capture_seconds``). The graphs share one
-        memory pool (``_capture``). ``progress(done, total)`` after each size captured."""
+        memory pool (``_capture``). ``progress(done, total)`` after each size captured,
+        with the runner's lock held: it must not call back into the runner."""
         if not self.use_cuda_graphs or self._on_cpu or not self.is_active:
             return
         with self._lock:
