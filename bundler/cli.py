@@ -521,7 +521,8 @@ def rebuild(bundle_path, backend, checkpoint, out_dir, force, timing_cache, hard
                    "batch runs on the graph of the next listed size, its extra rows padding. "
                    "Fewer sizes: a shorter start (each costs a first run, ~2.3 s for a "
                    "cuDNN-heavy fp16 package), some rows wasted between sizes. Sizes "
-                   "above a bundle's max are dropped for it. Default: every size. "
+                   "above a bundle's max are dropped for it; --max-batch is added. "
+                   "Default: every size. "
                    "torch-aoti on a GPU; other engines ignore it.")
 @click.option("--max-queue", default=1024, show_default=True,
               help="Queued requests per model before 503 (back-pressure).")
@@ -590,7 +591,9 @@ def serve(bundle_paths, host, port, max_batch, max_delay_ms, max_wait_ms, early_
     models = []
     try:
         for path in bundle_paths:
-            sized = {} if cuda_graph_sizes is None else {"cuda_graph_sizes": cuda_graph_sizes}
+            # (--max-batch among them: the largest batches then have a graph of their own)
+            sized = {} if cuda_graph_sizes is None else {
+                "cuda_graph_sizes": [*cuda_graph_sizes, *([max_batch] if max_batch else [])]}
             model = runtime_py.load(path, backend=backend, intra_op_threads=threads,
                                     trusted_keys=trust, **sized)
             models.append(model)
