@@ -41,7 +41,7 @@ Rules it keeps, and why:
   measures it). ``early_dispatch="auto"`` uses whichever of the two rules served more
   rows per second, each tried in turn on the live traffic (``runtime_py.dispatch_choice``).
   The rule can be changed on a running batcher (``batcher.early_dispatch = ...``).
-- ``stage_ahead=True`` (off by default until measured) copies a batch's rows toward the
+- ``stage_ahead=True`` (off by default: measured worse, below) copies a batch's rows toward the
   engine while the batch is still collecting, where the model can (``model.stage_rows``:
   the torch-aoti runner enqueues their host-to-device copies): each time another quarter
   of a batch has queued, the worker hands those rows over, and the dispatch copies only
@@ -49,9 +49,10 @@ Rules it keeps, and why:
   xception at batch 32) reaches the device only after its last request came, and the
   engine may wait for it: on the H200 the served fp8 engine took 3.66-3.72 ms a batch
   against 3.37 ms replaying its graph alone, while its batches started only ~0.14 ms
-  before the last one ended (docs/measurements/h200-2026-12-05-c). What staging gives
-  there is not measured yet (``benchmarks/gpu_pending.sh stage``), hence off; the GPU
-  tests show it correct. The rows staged are the ones
+  before the last one ended (docs/measurements/h200-2026-12-05-c). Measured side by side
+  on two H100 hosts it made the served fp8 figure worse (fp8/fp16 over gRPC 1.229 on
+  against 1.358 off; its batches came out smaller; docs/measurements/h100-2026-12-05-d),
+  hence off; the GPU tests show it correct. The rows staged are the ones
   ``_take`` would take at that moment; whatever changes before the dispatch (a request
   cancelled meanwhile) is caught there by comparing the staged slices with the batch's,
   request by request, and only the rows that still match are not copied again.

@@ -518,10 +518,8 @@ class TorchAotiRunner(Runner):
         output to the slot's pinned output. Not synchronized. Only where
         ``_held_applies(n)``. (The graph is the size's, or a larger one's whose rows past
         ``n`` are padding: ``_graph_batch``.)"""
-        m = self._graph_batch(n)
-        held, graph = self._held, self._graphs[m]
-        graph_exec = self._graph_exec(m, graph)
-        x, y = self._static[m]
+        held = self._held
+        _, graph, graph_exec, (x, y) = self._captured(n)
         row_in = self._row_bytes[0]
         stream, x_at = self._stream.cuda_stream, x.data_ptr()
         previous = held.on_device(self.device_index)
@@ -693,6 +691,14 @@ class TorchAotiRunner(Runner):
             return n
         return graph_batch(self.cuda_graph_sizes, n)
 
+    def _captured(self, n: int) -> tuple[int, Any, int | None, tuple[Any, Any]]:
+        """For a batch of ``n`` on the held path (``_held_applies(n)``): the size ``m``
+        whose graph runs it, that graph, its raw exec handle, and its static (input,
+        output) buffers of ``m`` rows."""
+        m = self._graph_batch(n)
+        graph = self._graphs[m]
+        return m, graph, self._graph_exec(m, graph), self._static[m]
+
     def _in_pinned(self, arr: np.ndarray) -> bool:
         return arr.flags.c_contiguous and (pinned_host.holds(arr)
                                            or self._pinned.owner_of(arr) is not None)
@@ -729,10 +735,8 @@ class TorchAotiRunner(Runner):
         memory, in row order) from row ``first_row`` on (the rows before it were staged:
         ``stage_rows``). Only where ``_held_applies(n)``. The graph may be a larger size's
         (``_graph_batch``): it reads the slot's rows past ``n`` too, as padding."""
-        m = self._graph_batch(n)
-        held, graph = self._held, self._graphs[m]
-        graph_exec = self._graph_exec(m, graph)
-        x, y = self._static[m]
+        held = self._held
+        m, graph, graph_exec, (x, y) = self._captured(n)
         in_bytes, out_bytes = m * self._row_bytes[0], n * self._row_bytes[1]
         s_in, s_compute, s_out = (self._in_stream.cuda_stream, self._stream.cuda_stream,
                                   self._out_stream.cuda_stream)
