@@ -58,6 +58,15 @@ def variant(text: str) -> tuple[str, dict[str, str]]:
     return name.strip(), env
 
 
+def capture_totals(seconds: dict[int, tuple[float, float]]) -> dict:
+    """A runner's ``capture_seconds`` (batch -> (first run s, capture s)) summed: how many
+    graphs, the first runs' and the captures' seconds, and the slowest size (None: none)."""
+    slowest = max(seconds, key=lambda n: sum(seconds[n])) if seconds else None
+    return {"graphs": len(seconds), "warmup_s": sum(w for w, _ in seconds.values()),
+            "capture_s": sum(c for _, c in seconds.values()), "slowest": slowest,
+            "slowest_s": sum(seconds[slowest]) if seconds else 0.0}
+
+
 def measure_here(bundle: str, backend: str, max_batch: int | None, iterations: int,
                  graph_sizes: str | None = None) -> dict:
     """One variant, in this process: load, prepare, time the replays."""
@@ -82,12 +91,7 @@ def measure_here(bundle: str, backend: str, max_batch: int | None, iterations: i
             if timed and timed.get("graph_replay"):
                 replay_ms[str(n)] = statistics.median(timed["graph_replay"]) * 1e3
         return {"backend": model.backend, "load_s": load_s, "prepare_s": prepare_s,
-                "sizes": top, "graphs": len(seconds),
-                "warmup_s": sum(w for w, _ in seconds.values()),
-                "capture_s": sum(c for _, c in seconds.values()),
-                "slowest": max(seconds, key=lambda n: sum(seconds[n])) if seconds else None,
-                "slowest_s": max(map(sum, seconds.values())) if seconds else 0.0,
-                "replay_ms": replay_ms}
+                "sizes": top, **capture_totals(seconds), "replay_ms": replay_ms}
     finally:
         model.close()
 

@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_args import positive_int, positive_ints  # noqa: E402
+from prepare_bench import capture_totals  # noqa: E402
 from serve_bench import (KINDS, _median_round, _Server, bench_batcher,  # noqa: E402
                          bench_path, bench_raw, make_model, one_image)
 from runtime_py.batcher import Batcher  # noqa: E402
@@ -75,11 +76,9 @@ def capture_summary(model) -> str:
     seconds = getattr(getattr(model, "runner", None), "capture_seconds", None)
     if not seconds:
         return ""
-    warm = sum(w for w, _ in seconds.values())
-    cap = sum(c for _, c in seconds.values())
-    worst = max(seconds, key=lambda n: sum(seconds[n]))
-    return (f" ({len(seconds)} graphs: warm-up {warm:.1f} s, capture {cap:.1f} s; slowest "
-            f"batch {worst}: {seconds[worst][0]:.2f} + {seconds[worst][1]:.2f} s)")
+    t = capture_totals(seconds)
+    return (f" ({t['graphs']} graphs: warm-up {t['warmup_s']:.1f} s, capture "
+            f"{t['capture_s']:.1f} s; slowest batch {t['slowest']}: {t['slowest_s']:.2f} s)")
 
 
 def ratio_summary(rounds: list[tuple[float, float]]) -> dict:

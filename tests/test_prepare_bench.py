@@ -62,3 +62,11 @@ def test_a_variant_past_its_timeout_fails_alone(prepare_bench, xception_bundles,
     assert results[0]["error"] == "timed out after 2 s (--timeout)"
     assert "error" not in results[1] and results[1]["backend"] == "onnxruntime"
     assert "slow         failed: timed out after 2 s" in capsys.readouterr().out
+
+
+def test_capture_totals_sum_a_runners_capture_seconds(prepare_bench):
+    totals = prepare_bench.capture_totals({1: (0.5, 0.01), 2: (2.0, 0.02), 4: (1.0, 0.5)})
+    assert totals == {"graphs": 3, "warmup_s": 3.5, "capture_s": pytest.approx(0.53),
+                      "slowest": 2, "slowest_s": 2.02}
+    assert prepare_bench.capture_totals({}) == {"graphs": 0, "warmup_s": 0, "capture_s": 0,
+                                                "slowest": None, "slowest_s": 0.0}
