@@ -41,3 +41,12 @@ def names_of(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
                 f"one or more of {', '.join(choices)}, got {text!r}")
         return values
     return parse
+
+
+def stage_modes(text: str) -> list[str]:
+    """``argparse`` type for ``--stage-ahead`` (serve_bench, serve_pair_bench): off, on or
+    both (in the order given), each once."""
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    if not modes or len(set(modes)) != len(modes) or any(m not in ("off", "on") for m in modes):
+        raise argparse.ArgumentTypeError(f"each mode must be off or on, once: got {text!r}")
+    return modes

@@ -70,7 +70,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_args import names_of, positive_int, positive_ints  # noqa: E402
+from bench_args import names_of, positive_int, positive_ints, stage_modes  # noqa: E402
 from batch_timeline import BatchTimeline, format_summary  # noqa: E402
 from role_cpu import RoleSampler, children_running, format_report  # noqa: E402
 from runtime_py.batcher import EARLY_DISPATCH_RULES, Batcher  # noqa: E402
@@ -702,7 +702,7 @@ def main(argv=None) -> dict:
                          "on or auto; a comma-separated list (e.g. off,auto) measures each "
                          "path under each rule in turn, side by side (the order reversed "
                          "on every other path)")
-    ap.add_argument("--stage-ahead", default="off", metavar="MODES",
+    ap.add_argument("--stage-ahead", type=stage_modes, default="off", metavar="MODES",
                     help="the batcher's stage_ahead (bundle serve --stage-ahead): off, on, "
                          "or both (off,on) to measure each path with each, side by side")
     ap.add_argument("--enqueue", choices=["held", "torch"],
@@ -794,9 +794,7 @@ def main(argv=None) -> dict:
         syncs = [getattr(getattr(model, "runner", None), "event_sync", None)]
     procs_list = args.http_procs
     grpc_clients = args.grpc_client
-    stages = [m.strip() for m in args.stage_ahead.split(",") if m.strip()]
-    if not stages or any(m not in ("off", "on") for m in stages):
-        ap.error(f"--stage-ahead: each mode must be off or on, got {stages}")
+    stages = args.stage_ahead
     variants = [(rule, stage, sync, procs) for rule in rules for stage in stages
                 for sync in syncs for procs in procs_list]
     feeds = one_image(model, 1)

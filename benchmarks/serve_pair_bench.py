@@ -33,7 +33,7 @@ from types import SimpleNamespace
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_args import positive_int, positive_ints  # noqa: E402
+from bench_args import positive_int, positive_ints, stage_modes  # noqa: E402
 from prepare_bench import capture_totals  # noqa: E402
 from serve_bench import (KINDS, _median_round, _Server, bench_batcher,  # noqa: E402
                          bench_path, bench_raw, make_model, one_image)
@@ -60,14 +60,6 @@ def label_of(args, i: int) -> str:
     if args.synthetic_costs:
         return f"synthetic {args.synthetic_costs[i]} ms"
     return os.path.basename(args.bundle[i]).removesuffix(".bundle")
-
-
-def stage_modes(text: str) -> list[str]:
-    """``--stage-ahead``: off, on or both (in the order given), each once."""
-    modes = [m.strip() for m in text.split(",") if m.strip()]
-    if not modes or len(set(modes)) != len(modes) or any(m not in ("off", "on") for m in modes):
-        raise argparse.ArgumentTypeError(f"each mode must be off or on, once: got {text!r}")
-    return modes
 
 
 def capture_summary(model) -> str:
