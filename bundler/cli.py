@@ -121,7 +121,7 @@ def format_summary(s: dict) -> list[str]:
     for key, value in sorted(eng["details"].items()):
         lines.append(f"           {key}: {value}")
     b = s["batch"]
-    static = eng["details"].get("static_batches") if eng["backend"] == "torch-aoti" else None
+    static = eng["details"].get("static_batches")
     lines.append(f"batch    {b['min']}..{b['max']} (opt {b['opt']})"
                  + (f"; a static graph for {', '.join(map(str, static))}" if static else ""))
     for kind in ("inputs", "outputs"):
@@ -884,7 +884,7 @@ def export_group() -> None:
               help="Compute capability of the Triton server's GPU, e.g. 9.0 (TensorRT "
                    "bundles).")
 @click.option("--runtime-backend", default=None,
-              type=click.Choice(["auto", "onnxruntime", "tensorrt", "torch-aoti"]),
+              type=backend_choice(auto=True),
               help="python-backend models (torch-aoti bundles): the engine runtime_py runs "
                    "(default: the bundle's own, never a silent fallback).")
 @click.option("--no-ensemble", is_flag=True,
@@ -940,8 +940,8 @@ def export_triton_cmd(bundle_paths, repo, max_delay_ms, instances, device, tenso
 @click.option("--image", default="trt-bundle-serve:0.1.0", show_default=True,
               help="The serving image (docker/Dockerfile).")
 @click.option("--gpus", type=int, default=None,
-              help="nvidia.com/gpu per replica (default: 1 for TensorRT/AOTInductor bundles, "
-                   "0 for ONNX Runtime).")
+              help="nvidia.com/gpu per replica (default: 1 where the engine runs on a GPU "
+                   "only: TensorRT plans, CUDA AOTInductor packages; else 0).")
 @click.option("--cpu", default="1", show_default=True, help="CPU request and limit.")
 @click.option("--memory", default="2Gi", show_default=True, help="Memory request and limit.")
 @click.option("--min-replicas", type=int, default=None)
@@ -950,7 +950,7 @@ def export_triton_cmd(bundle_paths, repo, max_delay_ms, instances, device, tenso
 @click.option("--max-delay-ms", default=2.0, show_default=True,
               help="`bundle serve --max-delay-ms`.")
 @click.option("--backend", default="auto", show_default=True,
-              type=click.Choice(["auto", "onnxruntime", "tensorrt", "torch-aoti"]),
+              type=backend_choice(auto=True),
               help="`bundle serve --backend`.")
 @click.option("--overwrite", is_flag=True, help="Replace existing files of the same names.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")

@@ -55,6 +55,7 @@ def reuse_mismatch(path: Path, family, req, target: str, source: dict,
     from bundler import __version__
     from bundler.evaluate import same_source
     from bundler.make import package_versions, reference_set
+    from bundler.targets import target_builder
     from runtime_py.compat import check_target
     from runtime_py.format import open_bundle
 
@@ -81,75 +82,11 @@ def reuse_mismatch(path: Path, family, req, target: str, source: dict,
         cal = m.get("calibration") or {}
         checks["calibration"] = ((cal.get("method"), cal.get("data_digest")),
                                  (req.calib_method, calibration_digest))
-    if target == "torch-aoti":
-        checks["static-batch graph list"] = (m["engine"]["details"].get("static_batches", []),
-                                         list(family.torch_aoti_static_batches_for(
-                                             req.precision)))
-        from bundler.targets.torch_aoti.build import (FP8_GEMM_DESCRIPTIONS,
-                                                      SMALL_BATCH_POINTWISE_DESCRIPTIONS,
-                                                      default_fp8_conv, default_pad_channels,
-                                                      depthwise_form,
-                                                      effective_small_batch_pointwise,
-                                                      engine_form, fp8_conv_named,
-                                                      fp8_conv_recorded, fp8_gemm_options,
-                                                      layout_description, small_batch_form)
-
-        options = m["engine"]["details"].get("compile_options", {})
-        # a CPU package (target option device cpu) is no GPU package, and the other way round
-        checks["device"] = (m["engine"]["details"].get("device"),
-                            req.target_options.get("device", "cuda"))
-        # the Inductor options this build would pass (an older package timed its pointwise
-        # block sizes while compiling: rebuilt)
-        from bundler.targets.torch_aoti.build import DEFAULT_COMPILE_OPTIONS
-
-        for key, value in DEFAULT_COMPILE_OPTIONS.items():
-            checks[f"Inductor option {key}"] = (options.get("inductor", {}).get(key), value)
-        # the family's torch_aoti.fp8_conv (or $TRT_BUNDLE_FP8_CONV) as this make would build
-        # it: a bundle of another convolution form is rebuilt, not reused
-        conv = (default_fp8_conv(None, family.torch_aoti_fp8_conv)
-                if req.precision == "fp8" else "im2col")
-        if req.precision == "fp8":
-            # image families: the convolution form; tokens (layout as_is): whether the
-            # MLPs are fused (fp8_conv triton-fused) or not
-            layout = family.torch_aoti_layout
-            checks["fp8 MLP form" if layout == "as_is" else "fp8 convolution form"] = (
-                fp8_conv_named(layout, options.get("fp8_conv")),
-                fp8_conv_named(layout, fp8_conv_recorded("fp8", layout, conv)))
-            # the small-batch form of its FP8 GEMM layers (1x1 convolutions, Linear layers;
-            # recorded only where a small static graph has it)
-            want_pw = effective_small_batch_pointwise(
-                family.torch_aoti_fp8_pointwise_small_batch, "fp8",
-                family.torch_aoti_static_batches_for("fp8"), layout=layout, fp8_conv=conv)
-            have_pw = options.get("fp8_pointwise_small_batch")
-            pw_names = {text: name for name, text in SMALL_BATCH_POINTWISE_DESCRIPTIONS.items()}
-            checks["fp8 small-batch GEMM form"] = (pw_names.get(have_pw, have_pw or "gemm"),
-                                                  want_pw)
-            # how the FP8 GEMMs run (torch_aoti.fp8_gemm, fp8_fast_accum, or the build's
-            # own target options): a bundle of the family's earlier rowwise bf16-out form
-            # was reused after family.json moved to rowwise-fp16 (2026-12-04)
-            gemm, fast = fp8_gemm_options(family, req.target_options.get("fp8_gemm"),
-                                          req.target_options.get("fp8_fast_accum"))
-            gemm_names = {text: name for name, text in FP8_GEMM_DESCRIPTIONS.items()}
-            have_gemm = options.get("fp8_gemm")
-            checks["fp8 GEMM form"] = (gemm_names.get(have_gemm, have_gemm), gemm)
-            checks["fp8 fast accumulation"] = (options.get("fp8_fast_accum"), fast)
-        # the model form (NHWC rewrite, channels_last, ...) the family's settings build now
-        form = engine_form(family, req.precision, conv)
-        checks["model form"] = (
-            options.get("layout"),
-            layout_description(req.precision, nhwc=form == "nhwc",
-                               pad_channels=form == "nhwc"
-                               and default_pad_channels(req.precision),
-                               layout=family.torch_aoti_layout,
-                               channels_last=form == "channels_last", fp8_conv=conv,
-                               depthwise=depthwise_form(family, req.precision,
-                                                        req.variant)))
-        checks["small-batch graph form"] = (
-            options.get("small_batch_layout"),
-            small_batch_form(family.torch_aoti_small_batch_layout, req.precision,
-                             family.torch_aoti_static_batches_for(req.precision),
-                             channels_last=form == "channels_last",
-                             layout=family.torch_aoti_layout, fp8_conv=conv))
+    # what the target's own build settings would change (torch-aoti: the model form, the
+    # Inductor options, the FP8 GEMM and convolution forms, static graphs, the device)
+    target_checks = getattr(target_builder(target), "reuse_checks", None)
+    if target_checks is not None:
+        checks.update(target_checks(m["engine"]["details"], family, req))
     inputs_source = reference_set(family, req).source
     checks["reference inputs"] = ((m["quality"]["images"], m["quality"]["inputs_source"]),
                                   (req.reference_count, inputs_source))

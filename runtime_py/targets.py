@@ -38,6 +38,9 @@ def _load(dotted: str) -> Any:
     return getattr(module, attr) if attr else module
 
 
+RUNS_ON = ("any", "gpu", "details")
+
+
 @dataclass(frozen=True)
 class EngineTarget:
     """What the project knows about one engine target (module docstring).
@@ -50,6 +53,12 @@ class EngineTarget:
     rebuild refuse an existing bundle of that name before any work; false where the tag
     records what the build found (tensorrt: the GPU and TensorRT version), checked once
     the engine is built (still before anything is written).
+
+    ``runs_on``: where the engine can run. "any" where the runtime picks the device (ONNX
+    Runtime's execution providers), "gpu" where it runs on a GPU only (a TensorRT plan),
+    "details" where its build chose and recorded it as ``engine.details.device`` ("cpu"
+    or "cuda": an AOTInductor package is compiled for one). Deployment (GPU requests,
+    Triton instance kinds) reads it through ``device``.
     """
 
     name: str
@@ -62,6 +71,18 @@ class EngineTarget:
     builder_path: str
     from_onnx: bool = True
     named_before_build: bool = True
+    runs_on: str = "any"
+
+    def __post_init__(self) -> None:
+        if self.runs_on not in RUNS_ON:
+            raise ValueError(f"{self.name}: runs_on must be one of {RUNS_ON}, not {self.runs_on!r}")
+
+    def device(self, details: dict) -> str | None:
+        """"cpu" or "gpu" where an engine with these ``details`` runs only there; None
+        where the runtime picks (``runs_on``)."""
+        if self.runs_on == "details":
+            return "cpu" if details.get("device") == "cpu" else "gpu"
+        return None if self.runs_on == "any" else self.runs_on
 
     def host_check(self) -> Callable[..., None]:
         """``check(details, host, device=0)``: raises unless ``host`` can run the engine."""
@@ -72,7 +93,8 @@ class EngineTarget:
         return _load(self.runner_path)
 
     def builder(self) -> Any:
-        """The builder module (``build_target(onnx_bytes, *, batch, log, context, **options)``).
+        """The builder module (``build_target(onnx_bytes, *, batch, log, context, **options)``;
+        optionally ``check_host(**options)`` and ``reuse_checks(details, family, req)``).
 
         Lives in ``bundler``: only build hosts have it."""
         return _load(self.builder_path)
@@ -88,12 +110,14 @@ TARGETS: tuple[EngineTarget, ...] = (
                  "tensorrt_details",
                  check_path="runtime_py.engines.tensorrt_compat:check_tensorrt_target",
                  runner_path="runtime_py.engines.tensorrt:TensorRTRunner",
-                 builder_path="bundler.targets.tensorrt", named_before_build=False),
+                 builder_path="bundler.targets.tensorrt", named_before_build=False,
+                 runs_on="gpu"),
     EngineTarget("torch-aoti", "engine.pt2", "pytorch_aoti", ("torch",),
                  "torch_aoti_details",
                  check_path="runtime_py.engines.torch_aoti_compat:check_torch_aoti_target",
                  runner_path="runtime_py.engines.torch_aoti:TorchAotiRunner",
-                 builder_path="bundler.targets.torch_aoti", from_onnx=False),
+                 builder_path="bundler.targets.torch_aoti", from_onnx=False,
+                 runs_on="details"),
 )
 
 #: Backend names, in registry order: what ``--backend`` offers (plus ``auto`` where it applies).

@@ -51,11 +51,18 @@ def trt_bundle(folder: Path) -> Path:
                                name="tiny-fp32-1-tensorrt-sm90-trt10.13")
 
 
-def aoti_bundle(folder: Path) -> Path:
+AOTI_CPU_DETAILS = {**AOTI_DETAILS, "device": "cpu", "cuda_version": None,
+                    "compute_capability": None, "device_name": "x86_64"}
+
+
+def aoti_bundle(folder: Path, device: str = "cuda") -> Path:
+    """A torch-aoti bundle whose package was compiled for ``device`` ("cuda" or "cpu")."""
+    details = AOTI_DETAILS if device == "cuda" else AOTI_CPU_DETAILS
     return write_source_bundle(folder, engine={"backend": "torch-aoti", "member": "engine.pt2",
-                                               "details": AOTI_DETAILS},
+                                               "details": details},
                                engine_member=b"PK\x03\x04 an AOTInductor package",
-                               name="tiny-fp32-1-torch-aoti-sm90")
+                               name="tiny-fp32-1-torch-aoti-" + ("sm90" if device == "cuda"
+                                                                  else "cpu"))
 
 
 def png(seed: int, size=(13, 11)) -> bytes:

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from deploy_bundles import ort_bundle, trt_bundle  # noqa: E402
+from deploy_bundles import aoti_bundle, ort_bundle, trt_bundle  # noqa: E402
 
 from bundler.deploy import kserve_entrypoint  # noqa: E402
-from bundler.deploy.kserve import KServeOptions, check_with_kserve_sdk, export_kserve  # noqa: E402
+from bundler.deploy.kserve import (KServeOptions, check_with_kserve_sdk, export_kserve,  # noqa: E402
+                                   inference_service)
 from runtime_py.errors import UsageError  # noqa: E402
 from runtime_py.format import open_bundle  # noqa: E402
 
@@ -80,6 +81,21 @@ def test_gpu_engines_request_gpus(tmp_path):
     with pytest.raises(UsageError, match="not a URI"):
         export_kserve(bundle, tmp_path / "k2", KServeOptions(storage_uri="models/x.bundle"))
     assert not (tmp_path / "k2").exists()
+
+
+@pytest.mark.parametrize("device, backend, gpus", [
+    ("cuda", "auto", "1"), ("cpu", "auto", None),
+    ("cuda", "onnxruntime", None),          # its ONNX graph, served wherever ONNX Runtime runs
+])
+def test_gpus_by_default_only_where_the_served_engine_needs_one(tmp_path, device, backend, gpus):
+    with open_bundle(aoti_bundle(tmp_path, device=device)) as b:
+        manifest, bundle_id = b.manifest, b.id
+    isvc = inference_service(manifest, bundle_id, KServeOptions(storage_uri=URI, backend=backend))
+    limits = isvc["spec"]["predictor"]["model"]["resources"]["limits"]
+    assert limits.get("nvidia.com/gpu") == gpus
+    if gpus:
+        with pytest.raises(UsageError, match="needs a GPU"):
+            inference_service(manifest, bundle_id, KServeOptions(storage_uri=URI, gpus=0))
 
 
 @needs_sdk

@@ -169,6 +169,17 @@ def test_aoti_python_model_names_its_engine_and_never_falls_back_silently(tmp_pa
         load_python_model(folder, config)
 
 
+def test_a_cpu_package_gets_a_cpu_instance_group(tmp_path, pb_utils):
+    bundle = aoti_bundle(tmp_path, device="cpu")
+    export_triton([bundle], tmp_path / "repo")
+    config = parse(tmp_path / "repo" / "tiny-fp32-1")
+    assert config.backend == "python"
+    assert config.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
+    with pytest.raises(UsageError, match="runs on the CPU only"):
+        export_triton([bundle], tmp_path / "r2", TritonOptions(device="gpu"))
+    assert not (tmp_path / "r2").exists()
+
+
 def test_preprocessing_becomes_a_python_step_of_an_image_ensemble(tmp_path, pb_utils):
     bundle = ort_bundle(tmp_path, preprocess=True)
     repo = tmp_path / "repo"

@@ -32,6 +32,30 @@ def test_cli_backend_choices_without_auto_are_the_registry(command):
     assert _backend_choices(command) == list(NAMES)
 
 
+def _commands(group, path=()):
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            yield from _commands(command, path + (name,))
+        else:
+            yield " ".join(path + (name,)), command
+
+
+def test_every_cli_choice_that_names_a_backend_is_the_registry():
+    """Every option of every command (export's subcommands included) whose choices name an
+    engine target offers exactly the registry's names, so that a new target needs no CLI
+    edit."""
+    from bundler.cli import cli
+
+    seen = 0
+    for name, command in _commands(cli):
+        for option in command.params:
+            choices = list(getattr(option.type, "choices", ()))
+            if set(choices) & set(NAMES):
+                seen += 1
+                assert choices in (["auto", *NAMES], list(NAMES)), (name, option.name, choices)
+    assert seen >= 9      # make study serve bench eval rebuild verify, export triton/kserve
+
+
 def test_cli_refuses_a_backend_not_in_the_registry():
     from click.testing import CliRunner
 
@@ -117,3 +141,20 @@ def test_check_target_runs_the_backend_s_own_check():
         check_target({"backend": "tensorrt", "details": {}}, HostInfo(gpus=(GpuInfo("g", (9, 0)),)))
     with pytest.raises(EngineUnavailableError, match="torch is not installed on this host"):
         check_target({"backend": "torch-aoti", "details": {"torch_version": "2.14.1"}}, HostInfo())
+
+
+@pytest.mark.parametrize("backend, details, device", [
+    ("onnxruntime", {"opset": 21}, None),                    # the providers pick
+    ("tensorrt", {}, "gpu"),
+    ("torch-aoti", {"device": "cuda"}, "gpu"),
+    ("torch-aoti", {"device": "cpu"}, "cpu"),
+])
+def test_where_an_engine_runs_comes_from_its_target(backend, details, device):
+    assert get_target(backend).device(details) == device
+
+
+def test_a_target_s_runs_on_is_checked():
+    from runtime_py.targets import EngineTarget
+
+    with pytest.raises(ValueError, match="runs_on"):
+        EngineTarget("x", "engine.x", "x", (), "x_details", "m:c", "m:r", "m", runs_on="tpu")

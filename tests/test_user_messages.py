@@ -88,6 +88,8 @@ def test_gpu_backend_on_an_onnxruntime_bundle_says_what_it_holds(tiny, backend, 
     assert f"holds an onnxruntime engine (model.onnx), not {engine}" in message
     assert "--backend onnxruntime" in message and f"--backend {backend}" in message
     assert "engine is a TensorRT plan" not in message
+    # only a target compiled from the torch model needs the weights to rebuild
+    assert ("--checkpoint FILE" in message) == (backend == "torch-aoti")
 
 
 def test_bench_with_backend_tensorrt_on_an_onnxruntime_bundle_exits_5(tiny):

@@ -25,6 +25,7 @@ from typing import Any
 from runtime_py.errors import UsageError
 from runtime_py.format import open_bundle
 from runtime_py.model import served_name
+from runtime_py.targets import get_target
 
 from .staging import StagedFolder
 
@@ -98,10 +99,14 @@ def serving_runtime(options: KServeOptions) -> dict:
 
 def inference_service(manifest: dict, bundle_id: str, options: KServeOptions) -> dict:
     engine = manifest["engine"]["backend"]
-    gpus = options.gpus if options.gpus is not None else (0 if engine == "onnxruntime" else 1)
+    # a GPU by default where the served engine runs on one only (a plan, a CUDA package);
+    # --backend onnxruntime serves the bundle's ONNX graph instead, wherever ONNX Runtime runs
+    needs_gpu = (options.backend in ("auto", engine)
+                 and get_target(engine).device(manifest["engine"]["details"]) == "gpu")
+    gpus = options.gpus if options.gpus is not None else int(needs_gpu)
     if gpus < 0:
         raise UsageError(f"--gpus must be >= 0, got {gpus}")
-    if gpus == 0 and engine != "onnxruntime" and options.backend != "onnxruntime":
+    if gpus == 0 and needs_gpu:
         raise UsageError(f"a {engine} bundle needs a GPU: pass --gpus 1 (or more), or serve "
                          "its ONNX graph with --backend onnxruntime")
     if not re.match(r"^[a-z][a-z0-9+.-]*://\S+$", options.storage_uri):

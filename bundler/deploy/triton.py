@@ -11,8 +11,9 @@ its engine-target part):
   plan's compatibility record (TensorRT version, compute capability) is checked against the
   Triton server's, which the caller states: a plan is tied to both, and Triton would only
   say so at load time, in a TensorRT log line.
-- torch-aoti bundle: `<name>/1/model.py` on the python backend, with the bundle file beside
-  it; `runtime_py.triton_python` loads and verifies it there.
+- any other bundle (torch-aoti: an engine Triton has no backend for): `<name>/1/model.py`
+  on the python backend, with the bundle file beside it; `runtime_py.triton_python` loads
+  and verifies it there.
 
 `config.pbtxt` carries max_batch_size (the bundle's max batch), the inputs and outputs
 without the batch axis, dynamic batching (preferred sizes: the bundle's opt and max batch;
@@ -40,6 +41,7 @@ from runtime_py.engines.tensorrt_compat import check_tensorrt_target
 from runtime_py.errors import UsageError
 from runtime_py.format import Bundle, open_bundle
 from runtime_py.model import served_name
+from runtime_py.targets import get_target
 from runtime_py.tensors import is_dynamic
 
 from .pbtxt import Enum, map_entries, to_pbtxt
@@ -55,6 +57,10 @@ DEFAULT_MAX_DELAY_MS = 2.0
 VERSION = "1"
 IMAGE_INPUT = "IMAGE"
 ONNX_GRAPH_LEVEL_DISABLE_ALL = 2   # Triton onnxruntime backend: -1 basic, 1 extended, 2 off
+#: Engine targets Triton has a backend of its own for: (backend, model file). Every other
+#: target (torch-aoti, and any added later) runs on the python backend through runtime_py.
+NATIVE_BACKENDS = {"onnxruntime": ("onnxruntime", "model.onnx"),
+                   "tensorrt": ("tensorrt", "model.plan")}
 
 MODEL_PY = '''\
 # Written by `bundle export triton`: Triton's python backend runs {what}
@@ -165,25 +171,21 @@ def model_config(bundle: Bundle, name: str, options: TritonOptions) -> tuple[dic
     """The config of the bundle's own model and the Triton backend it runs on."""
     m = bundle.manifest
     engine = m["engine"]["backend"]
+    device = get_target(engine).device(m["engine"]["details"])
+    if device and options.device not in ("auto", device):
+        raise UsageError(f"{bundle.path.name}: a {engine} engine runs on the {device.upper()} "
+                         f"only; --device {options.device} cannot be honoured")
+    kind = device or options.device
     params: dict[str, str] = {}
     extra: dict = {}
-    if engine == "onnxruntime":
-        backend, filename, kind = "onnxruntime", "model.onnx", options.device
-        if m["precision"] == "fp8":
+    if engine in NATIVE_BACKENDS:
+        backend, filename = NATIVE_BACKENDS[engine]
+        if engine == "onnxruntime" and m["precision"] == "fp8":
             extra["optimization"] = {"graph": {"level": ONNX_GRAPH_LEVEL_DISABLE_ALL}}
-    elif engine == "tensorrt":
-        backend, filename, kind = "tensorrt", "model.plan", "gpu"
-    elif engine == "torch-aoti":
+    else:
         backend, filename = "python", "model.py"
-        on_cpu = m["engine"]["details"].get("device") == "cpu"
-        kind = "cpu" if on_cpu else "gpu"
         params = {"bundle_file": bundle.path.name,
                   "runtime_backend": options.runtime_backend or engine}
-    else:
-        raise UsageError(f"{bundle.path.name}: no Triton backend for engine {engine!r}")
-    if engine != "onnxruntime" and options.device not in ("auto", kind):
-        raise UsageError(f"{bundle.path.name}: a {engine} engine runs on the {kind.upper()} "
-                         f"only; --device {options.device} cannot be honoured")
     config = {
         "name": name,
         "backend": backend,

@@ -15,6 +15,7 @@ import numpy as np
 from runtime_py.errors import BundleError, CompatibilityError, InferenceInputError, UsageError
 from runtime_py.format import Bundle
 from runtime_py.pending import Pending
+from runtime_py.targets import get_target
 from runtime_py.tensors import TensorSpec, check_feeds
 
 
@@ -39,8 +40,9 @@ def require_own_engine(bundle: Bundle, backend: str, engine: str) -> None:
         f"({own['member']}), not {engine}: run it with `--backend {own['backend']}` (or "
         f"`--backend auto`), or make a {backend} bundle from it on a host that has "
         f"{backend}: `bundle rebuild BUNDLE --backend {backend}`"
-        + (" (torch-aoti: `bundle rebuild` prints the `bundle make` command)"
-           if backend == "torch-aoti" else ""))
+        + ("" if get_target(backend).from_onnx else
+           " (with the weights it was made from: --checkpoint FILE, unless they are in the "
+           "Hugging Face cache or the bundle has random weights)"))
 
 
 def article(word: str) -> str:
