@@ -172,10 +172,10 @@ def run_bench(model, batch_sizes: list[int], concurrency: int | None = None,
     each figure (minutes on a CPU at large batches): the CLI prints them on stderr."""
     progress = progress or _silent
     figures = bench_engine(model, batch_sizes, progress=progress, **timing)
-    if model.backend == "onnxruntime":
-        notes = ["copies: not applicable (CPU engine, no device)"]
-    else:
+    if model.runner.on_gpu:
         notes = ["copies: included in the engine figures (host arrays in/out)"]
+    else:
+        notes = ["copies: not applicable (CPU engine, no device)"]
     if end_to_end and model.bundle.has_member("preprocess.msgpack"):
         figures += bench_end_to_end(model, batch_sizes, progress=progress, **timing)
     if concurrency:

@@ -563,6 +563,7 @@ def test_fp32_package_on_the_cpu_runs_in_the_runner(cpu_fp32_package):
     with runner:
         got = runner.infer({"input": x})["logits"]
         assert runner.device_timings(1, 1, 0) == {}   # no device side: study times infer
+        assert runner.on_gpu is False                  # `bundle bench`: no copies to time
     ref = model(torch.from_numpy(x)).numpy()
     assert np.abs(got - ref).max() < 1e-4
     from bundler.targets.torch_aoti.toolchain import torch_compiler
@@ -791,6 +792,7 @@ def test_gpu_cuda_graphs_give_the_same_outputs(gpu_fp16_tiny):
         with runner:
             first = runner.infer({"input": x})["logits"]
             again = runner.infer({"input": x})["logits"]   # a replay, when graphs are on
+            assert runner.on_gpu
         assert np.array_equal(first, again)
         outputs.append(first)
         assert runner.graph_failures == {}

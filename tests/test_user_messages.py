@@ -92,6 +92,17 @@ def test_gpu_backend_on_an_onnxruntime_bundle_says_what_it_holds(tiny, backend, 
     assert ("--checkpoint FILE" in message) == (backend == "torch-aoti")
 
 
+def test_bench_json_says_a_cpu_engine_has_no_copies_to_time(tiny):
+    res = invoke("bench", str(tiny), "--batch-sizes", "1", "--min-seconds", "0.05",
+                 "--no-end-to-end", "--json")
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    assert report["backend"] == "onnxruntime"
+    assert report["notes"] == ["copies: not applicable (CPU engine, no device)"]
+    with runtime_py.load(tiny) as model:
+        assert model.runner.on_gpu is False     # ONNX Runtime on its CPU provider
+
+
 def test_bench_with_backend_tensorrt_on_an_onnxruntime_bundle_exits_5(tiny):
     res = invoke("bench", str(tiny), "--backend", "tensorrt", "--batch-sizes", "1")
     assert res.exit_code == 5

@@ -65,6 +65,12 @@ class Runner(abc.ABC):
     def max_batch_size(self) -> int:
         return int(self.bundle.manifest["batch"]["max"])
 
+    @property
+    def on_gpu(self) -> bool:
+        """Whether the active engine computes on a GPU (host arrays are then copied to and
+        from the device); false for an engine that computes on this host's CPU."""
+        return False
+
     def input_metadata(self) -> list[TensorSpec]:
         if self._inputs is None:
             self._inputs = manifest_specs(self.bundle.manifest["inputs"])

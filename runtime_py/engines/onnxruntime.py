@@ -147,6 +147,10 @@ class OnnxRuntimeRunner(Runner):
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.providers = self.session.get_providers()
 
+    @property
+    def on_gpu(self) -> bool:
+        return self.is_active and self.providers[0] != "CPUExecutionProvider"
+
     def deactivate_impl(self) -> None:
         self.session = None
 

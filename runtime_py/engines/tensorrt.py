@@ -110,6 +110,10 @@ class TensorRTRunner(Runner):
         self._lock = threading.Lock()
         self._reset()
 
+    @property
+    def on_gpu(self) -> bool:
+        return True
+
     def _reset(self) -> None:
         self._cuda: _Cuda | None = None
         self._engine = None

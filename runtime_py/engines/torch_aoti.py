@@ -342,6 +342,10 @@ class TorchAotiRunner(Runner):
         self._held: cudart_held.CudartHeld | None = None
         self._on_cpu = False
 
+    @property
+    def on_gpu(self) -> bool:
+        return self.is_active and not self._on_cpu
+
     # -- activation -------------------------------------------------------------------
     def activate_impl(self) -> None:
         require_own_engine(self.bundle, "torch-aoti", "an AOTInductor package")
