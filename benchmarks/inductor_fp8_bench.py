@@ -99,6 +99,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bundler.targets.torch_aoti.settings import settings_of  # noqa: E402
+
 DEFAULT_VARIANTS = "fp16,fp8,fp8-fp16out-fastacc,fp8-fp16out,fp8-fastacc,fp8-dequant"
 #: suffix -> (field of ``Variant``, value)
 SUFFIXES = {"-fastacc": ("fast_accum", True), "-fp16out": ("gemm", "rowwise-fp16"),
@@ -142,7 +144,7 @@ class Variant:
 def parse_variant(name: str, family) -> Variant:
     """``name`` (module docstring) -> Variant; ValueError naming what is wrong."""
     if name.endswith(PATCH_CONV):
-        if family.torch_aoti_layout != "as_is":
+        if settings_of(family).layout != "as_is":
             raise ValueError(f"{name}: {PATCH_CONV} applies to layout as_is families (a "
                              "patch embedding); this one has no PatchGemm")
         variant = parse_variant(name.removesuffix(PATCH_CONV), family)
@@ -179,17 +181,17 @@ def engine_module(variant: Variant, model, family, fp8: dict | None, max_batch: 
                                                   default_pad_channels, depthwise_form,
                                                   engine_model, fp8_gemm_options)
 
-    layout = family.torch_aoti_layout
+    layout = settings_of(family).layout
     nhwc, channels_last = None, False
     if variant.precision == "fp16":
         if variant.fp16_form == "nhwc":
             nhwc = True
         elif variant.fp16_form == "nchw":
             nhwc = False
-        elif variant.fp16_form == "cl" or family.torch_aoti_fp16_layout == "channels_last":
+        elif variant.fp16_form == "cl" or settings_of(family).fp16_layout == "channels_last":
             nhwc, channels_last = False, True
     elif layout != "as_is":
-        form = family.torch_aoti_fp8_layout if variant.form == "family" else variant.form
+        form = settings_of(family).fp8_layout if variant.form == "family" else variant.form
         if form == "channels_last":
             nhwc, channels_last = False, True
     nhwc = default_nhwc(variant.precision, False if channels_last else nhwc, layout)
@@ -202,13 +204,13 @@ def engine_module(variant: Variant, model, family, fp8: dict | None, max_batch: 
         fp8_gemm=gemm, pad_channels=pad,
         input_shape=shape if variant.shared_ones else None,
         max_batch=max_batch if variant.shared_ones else None, layout=layout,
-        fp8_conv=(variant.conv or default_fp8_conv(None, family.torch_aoti_fp8_conv)
+        fp8_conv=(variant.conv or default_fp8_conv(None, settings_of(family).fp8_conv)
                   if variant.precision == "fp8" else "im2col"),
         hook=getattr(ext, "nhwc_module", None), channels_last=channels_last and not nhwc,
         small_batch_pointwise=variant.small_batch_pointwise,
         depthwise=(depthwise_form(family, variant.precision, variant.recipe)
                    if variant.depthwise == "family" else variant.depthwise),
-        triton_pointwise=family.torch_aoti_fp8_triton_pointwise)
+        triton_pointwise=settings_of(family).fp8_triton_pointwise)
     return patch_convolutions(module) if variant.patch_conv else module
 
 

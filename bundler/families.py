@@ -2,8 +2,10 @@
 
 A family is data (``families/<name>/family.json``): the checkpoint, the input, the
 preprocessing (the one source: make checks it against timm's pretrained config), the
-precisions, the build settings, the torch-aoti layout rule (``torch_aoti.layout``) and the
-FP8 recipe with its variants (which ops: Conv, MatMul, Gemm; ``bundler.graphs.fp8``).
+precisions, the FP8 recipe with its variants (which ops: Conv, MatMul, Gemm;
+``bundler.graphs.fp8``) and each engine target's build settings (``torch_aoti``,
+``tensorrt``: sections this module does not read; each target's settings module checks
+and reads its own, ``Family.target_settings``).
 Numbers live in the spec, behaviour in ``bundler``; so adding a family is adding a folder,
 and nothing here changes. Where data cannot say something, a family may add
 ``families/<name>/family.py`` with any of the functions in ``HOOKS``, imported only when
@@ -66,48 +68,6 @@ MIN_OPSET = 19
 KNOWN_PRECISIONS = ("fp32", "fp16", "fp8")
 #: The functions a family's ``family.py`` may define (module docstring).
 HOOKS = ("create_model", "fold_batchnorm", "nhwc_module")
-TORCH_AOTI_LAYOUTS = ("nhwc", "as_is")
-#: ``torch_aoti.fp16_layout``: the fp16 engine as the NHWC rewrite, or as the model itself in
-#: channels_last memory format (what torch.compile users run; bundler.targets.torch_aoti).
-TORCH_AOTI_FP16_LAYOUTS = ("nhwc", "channels_last")
-#: ``torch_aoti.fp8_layout``: the fp8 engine as the NHWC rewrite, or as the model in
-#: channels_last memory format with its FP8 layers reading the NHWC view of their input
-#: (``bundler.targets.torch_aoti.model.rewrite_channels_last``).
-TORCH_AOTI_FP8_LAYOUTS = ("nhwc", "channels_last")
-#: ``torch_aoti.fp8_depthwise``: how the channels_last fp8 form runs depthwise convolutions
-#: (the meaning of each: bundler.targets.torch_aoti.model.CHANNELS_LAST_DEPTHWISE); "cudnn"
-#: unless named.
-TORCH_AOTI_FP8_DEPTHWISE = ("cudnn", "slices", "triton", "triton-rows", "triton-skip")
-#: The forms of it that run the Triton depthwise-to-e4m3 kernel.
-TORCH_AOTI_TRITON_DEPTHWISE = ("triton", "triton-rows", "triton-skip")
-#: ``torch_aoti.fp8_triton_pointwise`` entries' epilogues: "raw" (the layer's output read by
-#: the next depthwise kernel) or "skip" (a residual block's last layer, its shortcut added
-#: in the epilogue); bundler.targets.torch_aoti.model.SkipAddBlock.
-TRITON_POINTWISE_EPILOGUES = ("raw", "skip")
-#: ``torch_aoti.small_batch_layout``: the static graphs of at most 8 images in the
-#: precision's own form ("same") or as the NHWC rewrite ("nhwc": timm_xception, whose
-#: channels_last form is the faster at batch 32 and the rewrite at batch 1 on the H200).
-TORCH_AOTI_SMALL_BATCH_LAYOUTS = ("same", "nhwc")
-#: ``torch_aoti.static_batches``: at most this many batch sizes get a graph of their own (each
-#: is one more AOTInductor compile at make time: about 2 minutes for ViT-B/16 on the H200).
-MAX_STATIC_BATCHES = 8
-#: ``torch_aoti.fp8_gemm``: how the torch-aoti fp8 engine runs its FP8 layers (the meaning
-#: of each: bundler.targets.torch_aoti.model.FP8_GEMMS); ``torch_aoti.fp8_fast_accum``:
-#: torch._scaled_mm's ``use_fast_accum`` (Hopper's FP8 accumulation without the periodic
-#: promotion to fp32).
-TORCH_AOTI_FP8_GEMMS = ("rowwise", "tensorwise", "rowwise-fp16", "dequantized")
-#: ``torch_aoti.fp8_conv``: how the torch-aoti fp8 engine runs dense k x k FP8 convolutions
-#: (the meaning of each: bundler.targets.torch_aoti.model.FP8_CONVS); "im2col" unless the
-#: family names another; ``$TRT_BUNDLE_FP8_CONV`` overrides it for one build. For a layout
-#: "as_is" family (Linear layers) only "triton-fused" means something: its transformer MLPs
-#: run fc1 on the same Triton kernel with GELU and fc2's quantize fused
-#: (bundler.targets.torch_aoti.fused_mlp).
-TORCH_AOTI_FP8_CONVS = ("im2col", "triton", "triton-fused")
-#: ``torch_aoti.fp8_pointwise_small_batch``: how the FP8 1x1 convolutions (a layout "as_is"
-#: family's FP8 Linear layers: gemm or dequantized) run in a static-batch graph of at most 8
-#: images (``torch_aoti.static_batches``; the meaning of each:
-#: bundler.targets.torch_aoti.model.SMALL_BATCH_POINTWISE); "gemm" unless named.
-TORCH_AOTI_SMALL_BATCH_POINTWISE = ("gemm", "triton", "dequantized")
 #: Keys a layer-selection rule may use (their meaning: ``bundler.graphs.fp8``).
 RULE_KEYS = frozenset({"op_type", "kernel_shape", "group", "depthwise", "module_prefix", "name_regex"})
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -166,7 +126,6 @@ class Family:
     precisions: tuple[str, ...]
     opset: int
     preprocessing: Mapping[str, Any]
-    tensorrt: Mapping[str, Any]
     fp8: Mapping[str, Any] | None
     variants: Mapping[str, Mapping[str, Any]]
     path: Path = field(compare=False)
@@ -228,92 +187,19 @@ class Family:
                               f"class ids, one a line (found {len(ids)}, {len(set(ids))} distinct)")
         return ids
 
-    @property
-    def torch_aoti_layout(self) -> str:
-        """The torch-aoti layout rule: "nhwc" (images, the default) or "as_is" (tokens)."""
-        return str((self.spec.get("torch_aoti") or {}).get("layout", "nhwc"))
+    def target_settings(self, backend: str) -> Any:
+        """The family's settings for engine target ``backend``: its section of family.json
+        as that target reads it (``EngineTarget.settings_path``: torch-aoti's
+        ``TorchAotiSettings``, tensorrt's ``TensorRTSettings``), read once."""
+        from runtime_py.targets import get_target
 
-    @property
-    def torch_aoti_fp16_layout(self) -> str:
-        """How the torch-aoti fp16 engine holds images: "nhwc" (the NHWC rewrite, the
-        default) or "channels_last" (the model as it is, channels_last memory format)."""
-        return str((self.spec.get("torch_aoti") or {}).get("fp16_layout", "nhwc"))
-
-    @property
-    def torch_aoti_fp8_layout(self) -> str:
-        """How the torch-aoti fp8 engine holds images: "nhwc" (the NHWC rewrite, the
-        default) or "channels_last" (the model in channels_last memory, its FP8 layers on
-        the NHWC view of their input)."""
-        return str((self.spec.get("torch_aoti") or {}).get("fp8_layout", "nhwc"))
-
-    @property
-    def torch_aoti_fp8_depthwise(self) -> str:
-        """How the channels_last fp8 form runs depthwise convolutions
-        (``TORCH_AOTI_FP8_DEPTHWISE``): "cudnn" (the default), "slices", "triton",
-        "triton-rows" or "triton-skip"."""
-        return str((self.spec.get("torch_aoti") or {}).get("fp8_depthwise", "cudnn"))
-
-    @property
-    def torch_aoti_fp8_triton_pointwise(self) -> dict[tuple[int, int, str], tuple[int, ...]]:
-        """``torch_aoti.fp8_triton_pointwise``: the FP8 1x1 layers that the depthwise form
-        "triton-skip" runs on the Triton implicit GEMM, (in channels, out channels,
-        epilogue) -> tiles (``TRITON_POINTWISE_EPILOGUES``; measured per family and GPU by
-        ``benchmarks/pointwise_kernel_bench.py``). Empty unless named."""
-        entries = (self.spec.get("torch_aoti") or {}).get("fp8_triton_pointwise", [])
-        return {(int(e["in"]), int(e["out"]), str(e["epilogue"])): tuple(int(t) for t in e["tiles"])
-                for e in entries}
-
-    @property
-    def torch_aoti_small_batch_layout(self) -> str:
-        """The form of the torch-aoti static graphs of at most 8 images: "same" (the
-        precision's own form, the default) or "nhwc" (the NHWC rewrite, where the
-        precision's form is channels_last)."""
-        return str((self.spec.get("torch_aoti") or {}).get("small_batch_layout", "same"))
-
-    def torch_aoti_image_layout(self, precision: str) -> str:
-        """The layout form of the torch-aoti engine of ``precision`` for an image family:
-        "nhwc" or "channels_last" (fp16: ``fp16_layout``, fp8: ``fp8_layout``; fp32 keeps
-        the model as it is and is "nhwc" only when a caller asks)."""
-        if precision == "fp16":
-            return self.torch_aoti_fp16_layout
-        if precision == "fp8":
-            return self.torch_aoti_fp8_layout
-        return "nhwc"
-
-    def torch_aoti_static_batches_for(self, precision: str) -> tuple[int, ...]:
-        """Batch sizes the torch-aoti engine of ``precision`` also compiles with a static
-        batch (ascending; empty: the one dynamic-batch graph). Inductor specializes kernels
-        for static sizes, as ``torch.compile(dynamic=False)`` does (bundler.targets.
-        torch_aoti). family.json ``torch_aoti.static_batches``: a list for every precision,
-        or ``{precision: list}`` for those named (timm_xception: batches 1 and 32 for fp16
-        and fp8, none for fp32)."""
-        sizes = (self.spec.get("torch_aoti") or {}).get("static_batches", ())
-        if isinstance(sizes, Mapping):
-            sizes = sizes.get(precision, ())
-        return tuple(sorted(sizes))
-
-    @property
-    def torch_aoti_fp8_gemm(self) -> str:
-        """How the torch-aoti fp8 engine runs its FP8 layers (``TORCH_AOTI_FP8_GEMMS``),
-        "rowwise" unless the family says otherwise."""
-        return str((self.spec.get("torch_aoti") or {}).get("fp8_gemm", "rowwise"))
-
-    @property
-    def torch_aoti_fp8_conv(self) -> str:
-        """How the torch-aoti fp8 engine runs dense k x k FP8 convolutions
-        (``TORCH_AOTI_FP8_CONVS``), "im2col" unless the family says otherwise."""
-        return str((self.spec.get("torch_aoti") or {}).get("fp8_conv", "im2col"))
-
-    @property
-    def torch_aoti_fp8_pointwise_small_batch(self) -> str:
-        """How FP8 1x1 convolutions (or Linear layers) run in small static-batch graphs
-        (``TORCH_AOTI_SMALL_BATCH_POINTWISE``), "gemm" unless the family says otherwise."""
-        return str((self.spec.get("torch_aoti") or {}).get("fp8_pointwise_small_batch", "gemm"))
-
-    @property
-    def torch_aoti_fp8_fast_accum(self) -> bool:
-        """Whether the torch-aoti fp8 engine's FP8 GEMMs use fast accumulation (default no)."""
-        return bool((self.spec.get("torch_aoti") or {}).get("fp8_fast_accum", False))
+        cache = self.__dict__.setdefault("_target_settings", {})
+        if backend not in cache:
+            module = get_target(backend).settings_module()
+            if module is None:
+                raise FamilyError(f"the {backend} target reads no family settings")
+            cache[backend] = module.from_section(self.spec.get(module.SECTION))
+        return cache[backend]
 
     def hook(self, name: str) -> Any:
         """The function ``name`` of the family's ``family.py`` (``HOOKS``), or None."""
@@ -437,62 +323,11 @@ def load_family(name: str, root: Path | None = None) -> Family:
     return parse_family(data, folder=folder, expected_name=name)
 
 
-def _static_batch_problems(sizes: Any, batch: BatchRange) -> list[str]:
-    """``torch_aoti.static_batches``: distinct sizes inside the family's batch range, for
-    every precision (a list) or per precision (an object of lists)."""
-    where = "torch_aoti.static_batches"
-    if isinstance(sizes, Mapping):
-        unknown = sorted(k for k in sizes if k not in KNOWN_PRECISIONS)
-        if unknown:
-            return [f"{where}: {unknown} are not precisions ({', '.join(KNOWN_PRECISIONS)})"]
-        return [p.replace(where, f"{where}.{k}", 1)
-                for k, v in sizes.items() for p in _static_batch_problems(v, batch)]
-    if not (isinstance(sizes, list) and len(sizes) <= MAX_STATIC_BATCHES
-            and all(isinstance(n, int) and not isinstance(n, bool) for n in sizes)):
-        return [f"{where}: must be a list of at most {MAX_STATIC_BATCHES} batch sizes (integers)"]
-    if len(set(sizes)) != len(sizes):
-        return [f"{where}: {sizes} lists a size twice"]
-    if None in (batch.min, batch.max):
-        return []
-    outside = [n for n in sizes if not batch.min <= n <= batch.max]
-    if outside:
-        return [f"{where}: {outside} outside input.batch {batch.min}..{batch.max}"]
-    if sizes and batch.min == batch.max:
-        return [f"{where}: the batch range {batch.min}..{batch.max} is static already"]
-    return []
+def _target_settings_modules() -> list[ModuleType]:
+    """The settings module of each engine target that reads a section of family.json."""
+    from runtime_py.targets import TARGETS
 
-
-def _triton_pointwise_problems(entries: Any, depthwise: str) -> list[str]:
-    """What is wrong with ``torch_aoti.fp8_triton_pointwise`` (a list of {"in", "out",
-    "epilogue", "tiles"}), given the family's ``fp8_depthwise``: the table is what the form
-    "triton-skip" reads, and that form has nothing to do without it."""
-    where = "torch_aoti.fp8_triton_pointwise"
-    if entries is None:
-        return ([f"{where}: the depthwise form triton-skip needs this table of the 1x1 "
-                 "layers to run on the Triton GEMM (benchmarks/pointwise_kernel_bench.py "
-                 "measures it)"] if depthwise == "triton-skip" else [])
-    if depthwise != "triton-skip":
-        return [f"{where}: read by fp8_depthwise triton-skip only; set it, or leave the "
-                "table out"]
-    if not (isinstance(entries, list) and entries):
-        return [f"{where}: must be a non-empty list of layers"]
-    problems, seen = [], set()
-    for i, e in enumerate(entries):
-        ok = (isinstance(e, dict) and set(e) == {"in", "out", "epilogue", "tiles"}
-              and all(type(e[k]) is int and e[k] > 0 for k in ("in", "out"))
-              and e["epilogue"] in TRITON_POINTWISE_EPILOGUES
-              and isinstance(e["tiles"], list) and len(e["tiles"]) == 6
-              and all(type(t) is int and t > 0 for t in e["tiles"]))
-        if not ok:
-            problems.append(f"{where}[{i}]: must be {{\"in\": channels, \"out\": channels, "
-                            f"\"epilogue\": one of {list(TRITON_POINTWISE_EPILOGUES)}, "
-                            "\"tiles\": [block_m, block_n, block_k, warps, stages, group_m]}")
-            continue
-        key = (e["in"], e["out"], e["epilogue"])
-        if key in seen:
-            problems.append(f"{where}[{i}]: {key} is listed twice")
-        seen.add(key)
-    return problems
+    return [t.settings_module() for t in TARGETS if t.settings_path]
 
 
 def parse_family(data: Any, *, folder: Path, expected_name: str | None = None) -> Family:
@@ -545,61 +380,12 @@ def parse_family(data: Any, *, folder: Path, expected_name: str | None = None) -
                 problems.append(f"preprocessing.normalize.{key}: must list one number per channel ({inp.channels})")
         if inp.name is not None and preprocessing.get("input") != inp.name:
             problems.append(f"preprocessing.input: must name the model input {inp.name!r}")
-    aoti = data.get("torch_aoti", {})
-    if not (isinstance(aoti, dict) and aoti.get("layout", "nhwc") in TORCH_AOTI_LAYOUTS):
-        problems.append(f"torch_aoti.layout: must be one of {list(TORCH_AOTI_LAYOUTS)}")
-    else:
-        if aoti.get("fp16_layout", "nhwc") not in TORCH_AOTI_FP16_LAYOUTS:
-            problems.append(f"torch_aoti.fp16_layout: must be one of {list(TORCH_AOTI_FP16_LAYOUTS)}")
-        if aoti.get("small_batch_layout", "same") not in TORCH_AOTI_SMALL_BATCH_LAYOUTS:
-            problems.append("torch_aoti.small_batch_layout: must be one of "
-                            f"{list(TORCH_AOTI_SMALL_BATCH_LAYOUTS)}")
-        if aoti.get("fp8_layout", "nhwc") not in TORCH_AOTI_FP8_LAYOUTS:
-            problems.append(f"torch_aoti.fp8_layout: must be one of {list(TORCH_AOTI_FP8_LAYOUTS)}")
-        elif (aoti.get("fp8_layout") == "channels_last"
-              and aoti.get("fp8_conv", "im2col") == "triton-fused"):
-            problems.append("torch_aoti.fp8_layout: channels_last is a form of its own; "
-                            "fp8_conv triton-fused is another (channels_last with fused "
-                            "bottlenecks): name one")
-        if aoti.get("fp8_depthwise", "cudnn") not in TORCH_AOTI_FP8_DEPTHWISE:
-            problems.append("torch_aoti.fp8_depthwise: must be one of "
-                            f"{list(TORCH_AOTI_FP8_DEPTHWISE)}")
-        elif (aoti.get("fp8_depthwise", "cudnn") != "cudnn"
-              and aoti.get("fp8_layout", "nhwc") != "channels_last"):
-            problems.append("torch_aoti.fp8_depthwise: a form of the channels_last fp8 model; "
-                            "set fp8_layout channels_last, or leave fp8_depthwise out")
-        problems += _triton_pointwise_problems(aoti.get("fp8_triton_pointwise"),
-                                               aoti.get("fp8_depthwise", "cudnn"))
-        if aoti.get("fp8_gemm", "rowwise") not in TORCH_AOTI_FP8_GEMMS:
-            problems.append(f"torch_aoti.fp8_gemm: must be one of {list(TORCH_AOTI_FP8_GEMMS)}")
-        if aoti.get("fp8_conv", "im2col") not in TORCH_AOTI_FP8_CONVS:
-            problems.append(f"torch_aoti.fp8_conv: must be one of {list(TORCH_AOTI_FP8_CONVS)}")
-        small_gemm = aoti.get("fp8_pointwise_small_batch", "gemm")
-        if small_gemm not in TORCH_AOTI_SMALL_BATCH_POINTWISE:
-            problems.append("torch_aoti.fp8_pointwise_small_batch: must be one of "
-                            f"{list(TORCH_AOTI_SMALL_BATCH_POINTWISE)}")
-        elif small_gemm == "triton" and aoti.get("layout", "nhwc") == "as_is":
-            problems.append("torch_aoti.fp8_pointwise_small_batch: triton is the 1x1 "
-                            "convolution kernel; the Linear layers of a layout as_is family "
-                            "take gemm or dequantized")
-        conv = aoti.get("fp8_conv", "im2col")
-        if aoti.get("layout", "nhwc") == "as_is" and conv == "triton":
-            problems.append("torch_aoti.fp8_conv: a layout as_is family has no convolutions; "
-                            "of the fp8_conv forms only triton-fused applies (fused MLPs)")
-        elif (aoti.get("layout", "nhwc") == "as_is" and conv == "triton-fused"
-              and small_gemm != "gemm"):
-            problems.append("torch_aoti.fp8_conv: the fused MLPs (triton-fused) have one form "
-                            "at every batch; leave fp8_pointwise_small_batch out")
-        if not isinstance(aoti.get("fp8_fast_accum", False), bool):
-            problems.append("torch_aoti.fp8_fast_accum: must be true or false")
-        problems += _static_batch_problems(aoti.get("static_batches", []), batch)
+    # each engine target checks its own section (torch_aoti, tensorrt): bundler.targets
+    for module in _target_settings_modules():
+        problems += module.section_problems(data.get(module.SECTION, {}), batch)
     class_ids = data.get("class_ids")
     if class_ids is not None and not (isinstance(class_ids, str) and re.fullmatch(r"[\w.-]+", class_ids)):
         problems.append("class_ids: must name a file in the family's folder")
-    tensorrt = v.get("tensorrt", dict)
-    level = v.get("tensorrt.optimization_level", int) if tensorrt is not None else None
-    if level is not None and not 0 <= level <= 5:
-        problems.append(f"tensorrt.optimization_level: {level} must be 0..5")
     fp8 = data.get("fp8")
     if precisions and "fp8" in precisions and fp8 is None:
         problems.append("fp8: the precisions include fp8, so the spec needs an fp8 recipe")
@@ -635,7 +421,6 @@ def parse_family(data: Any, *, folder: Path, expected_name: str | None = None) -
         precisions=tuple(precisions),
         opset=opset,
         preprocessing=_freeze(preprocessing),
-        tensorrt=_freeze(tensorrt),
         fp8=_freeze(fp8) if fp8 is not None else None,
         variants=_freeze(variants),
         path=folder,

@@ -4,8 +4,8 @@ Everything that differs between engine targets and is not the engine itself live
 ``EngineTarget``: the backend name (manifests, ``--backend``), the engine member, the
 serving platform, the packages recorded in a bundle's build, the manifest schema's
 ``$defs`` key for its ``engine.details``, the pure host check
-(``runtime_py/engines/<backend>_compat.py``'s ``check_<backend>_target``), the runner class
-and the builder module. Code and data are named by dotted path and imported only when asked
+(``runtime_py/engines/<backend>_compat.py``'s ``check_<backend>_target``), the runner class,
+the builder module, the module of its family.json settings, and where its engine runs. Code and data are named by dotted path and imported only when asked
 for, so reading the registry imports no engine package (and ``runtime_py`` never imports
 ``bundler``).
 
@@ -54,6 +54,9 @@ class EngineTarget:
     records what the build found (tensorrt: the GPU and TensorRT version), checked once
     the engine is built (still before anything is written).
 
+    ``settings_path``: the module that checks and reads the target's section of a
+    family's family.json (``settings_module``), where the target has one.
+
     ``runs_on``: where the engine can run. "any" where the runtime picks the device (ONNX
     Runtime's execution providers), "gpu" where it runs on a GPU only (a TensorRT plan),
     "details" where its build chose and recorded it as ``engine.details.device`` ("cpu"
@@ -72,6 +75,7 @@ class EngineTarget:
     from_onnx: bool = True
     named_before_build: bool = True
     runs_on: str = "any"
+    settings_path: str | None = None
 
     def __post_init__(self) -> None:
         if self.runs_on not in RUNS_ON:
@@ -92,6 +96,12 @@ class EngineTarget:
         """The runner class (its module imported now; its engine package is not)."""
         return _load(self.runner_path)
 
+    def settings_module(self) -> Any:
+        """The module that checks and reads the target's section of a family.json
+        (``SECTION``, ``section_problems(section, batch)``, ``from_section(section)``), or
+        None where the target has no family settings. Lives in ``bundler``."""
+        return _load(self.settings_path) if self.settings_path else None
+
     def builder(self) -> Any:
         """The builder module (``build_target(onnx_bytes, *, batch, log, context, **options)``;
         optionally ``check_host(**options)`` and ``reuse_checks(details, family, req)``).
@@ -111,13 +121,13 @@ TARGETS: tuple[EngineTarget, ...] = (
                  check_path="runtime_py.engines.tensorrt_compat:check_tensorrt_target",
                  runner_path="runtime_py.engines.tensorrt:TensorRTRunner",
                  builder_path="bundler.targets.tensorrt", named_before_build=False,
-                 runs_on="gpu"),
+                 runs_on="gpu", settings_path="bundler.targets.tensorrt"),
     EngineTarget("torch-aoti", "engine.pt2", "pytorch_aoti", ("torch",),
                  "torch_aoti_details",
                  check_path="runtime_py.engines.torch_aoti_compat:check_torch_aoti_target",
                  runner_path="runtime_py.engines.torch_aoti:TorchAotiRunner",
                  builder_path="bundler.targets.torch_aoti", from_onnx=False,
-                 runs_on="details"),
+                 runs_on="details", settings_path="bundler.targets.torch_aoti.settings"),
 )
 
 #: Backend names, in registry order: what ``--backend`` offers (plus ``auto`` where it applies).

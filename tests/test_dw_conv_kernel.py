@@ -311,7 +311,7 @@ def test_the_exported_cuda_graph_of_timm_xception_has_the_passes_removed():
            for n, m in model.named_modules()
            if isinstance(m, nn.Conv2d) and m.kernel_size == (1, 1)}
     ops = {}
-    table = load_family("timm_xception").torch_aoti_fp8_triton_pointwise
+    table = load_family("timm_xception").target_settings("torch-aoti").fp8_triton_pointwise
     for form in ("cudnn", "triton", "triton-skip"):
         body = rewrite_channels_last(model, torch.float16, fp8=fp8, depthwise=form,
                                      fp8_rows=2 * 150 * 150, triton_pointwise=table)
@@ -423,7 +423,7 @@ def test_a_recipe_that_quantizes_the_depthwise_layers_builds_them_the_cudnn_way(
     from bundler.targets.torch_aoti.model import rewrite_channels_last
 
     xception = load_family("timm_xception")
-    assert xception.torch_aoti_fp8_depthwise == "triton-skip"
+    assert xception.target_settings("torch-aoti").fp8_depthwise == "triton-skip"
     assert depthwise_form(xception, "fp8") == "triton-skip"
     assert depthwise_form(xception, "fp8", "fp8-depthwise") == "cudnn"
     assert depthwise_form(xception, "fp16") == "cudnn"

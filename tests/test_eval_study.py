@@ -228,7 +228,7 @@ def test_reuse_needs_the_static_batch_graphs_the_family_lists(xception_bundles, 
         tuned_path, family, req, "torch-aoti", source, None)
     spec = {**family.spec, "torch_aoti": {"static_batches": [1, 32]}}
     static = dataclasses.replace(family, spec=spec)
-    assert static.torch_aoti_static_batches_for("fp16") == (1, 32)
+    assert static.target_settings("torch-aoti").static_batches_for("fp16") == (1, 32)
     assert "static-batch graph list differs ([] vs [1, 32])" in reuse_mismatch(
         path, static, req, "torch-aoti", source, None)
 

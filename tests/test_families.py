@@ -41,7 +41,7 @@ def test_timm_xception_is_found_and_loads():
     assert (f.input.batch.min, f.input.batch.opt, f.input.batch.max) == (1, 8, 32)
     assert f.output_name == "logits" and f.num_classes == 1000
     assert f.precisions == ("fp32", "fp16", "fp8") and f.opset >= 19
-    assert f.tensorrt["optimization_level"] == 3
+    assert f.target_settings("tensorrt").optimization_level == 3
     assert f.recipe()["expected_count"] == 43
     assert f.recipe("fp8-depthwise")["expected_count"] == 82
 
@@ -76,7 +76,11 @@ def test_family_is_frozen(name):
     with pytest.raises(AttributeError):
         f.version = "2.0.0"  # type: ignore[misc]
     with pytest.raises(TypeError):
-        f.tensorrt["optimization_level"] = 5  # type: ignore[index]
+        f.preprocessing["dtype"] = "uint8"  # type: ignore[index]
+    with pytest.raises(AttributeError):     # a target's settings too
+        f.target_settings("torch-aoti").fp8_gemm = "tensorwise"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        f.target_settings("torch-aoti").fp8_triton_pointwise[(1, 1, "raw")] = (1,)  # type: ignore[index]
     recipe = f.recipe()
     recipe["select"]["include"].clear()  # a copy: the family is untouched
     assert f.recipe()["select"]["include"]
@@ -137,7 +141,7 @@ def test_torch_aoti_static_batches_are_sizes_of_the_batch_range(families_copy: P
     a list for every precision or an object of lists per precision (timm_xception ships
     batch-1 and batch-32 graphs for fp16 and fp8, none for fp32)."""
     def sizes_of(precision: str) -> tuple[int, ...]:
-        return load_family("timm_xception", root=families_copy).torch_aoti_static_batches_for(
+        return load_family("timm_xception", root=families_copy).target_settings("torch-aoti").static_batches_for(
             precision)
 
     assert (sizes_of("fp32"), sizes_of("fp16"), sizes_of("fp8")) == ((), (1, 32), (1, 32))
@@ -168,17 +172,17 @@ def test_torch_aoti_fp8_gemm_settings_default_and_read(families_copy: Path):
     # output in place, fp16 outputs measured faster than bf16 ones as a bundle on the H200
     # (families/timm_xception/README.md, twenty-first session); the default stays rowwise
     assert written["torch_aoti"]["fp8_gemm"] == "rowwise-fp16"
-    assert (shipped.torch_aoti_fp8_gemm, shipped.torch_aoti_fp8_fast_accum) == ("rowwise-fp16", False)
+    assert (shipped.target_settings("torch-aoti").fp8_gemm, shipped.target_settings("torch-aoti").fp8_fast_accum) == ("rowwise-fp16", False)
     _edit(families_copy, "timm_xception", lambda spec: spec["torch_aoti"].pop("fp8_gemm"))
-    assert load_family("timm_xception", root=families_copy).torch_aoti_fp8_gemm == "rowwise"
-    assert not load_family("timm_xception", root=families_copy).torch_aoti_fp8_fast_accum
+    assert load_family("timm_xception", root=families_copy).target_settings("torch-aoti").fp8_gemm == "rowwise"
+    assert not load_family("timm_xception", root=families_copy).target_settings("torch-aoti").fp8_fast_accum
 
     def chooses(spec):  # type: ignore[no-untyped-def]
         spec["torch_aoti"] = {"fp8_gemm": "rowwise-fp16", "fp8_fast_accum": True}
 
     _edit(families_copy, "timm_xception", chooses)
     family = load_family("timm_xception", root=families_copy)
-    assert (family.torch_aoti_fp8_gemm, family.torch_aoti_fp8_fast_accum) == ("rowwise-fp16", True)
+    assert (family.target_settings("torch-aoti").fp8_gemm, family.target_settings("torch-aoti").fp8_fast_accum) == ("rowwise-fp16", True)
     # what the torch-aoti target builds with: the family's, unless the caller asks
     from bundler.targets.torch_aoti.build import fp8_gemm_options
 
@@ -186,6 +190,29 @@ def test_torch_aoti_fp8_gemm_settings_default_and_read(families_copy: Path):
     assert fp8_gemm_options(family, "tensorwise", False) == ("tensorwise", False)
     with pytest.raises(UsageError, match="fp8 GEMM mode 'blockwise'"):
         fp8_gemm_options(family, "blockwise")
+
+
+def test_each_engine_target_checks_and_reads_its_own_section(families_copy: Path):
+    """family.json's torch_aoti and tensorrt sections are the targets' own (their settings
+    modules, named by the registry): checked with the rest of the spec, read through
+    ``Family.target_settings``."""
+    _edit(families_copy, "timm_xception", lambda spec: spec.update(tensorrt={"optimization_level": 9}))
+    with pytest.raises(FamilyError) as info:
+        load_family("timm_xception", root=families_copy)
+    assert any("tensorrt.optimization_level: 9 must be an integer 0..5" in p
+               for p in info.value.problems)
+    _edit(families_copy, "timm_xception", lambda spec: spec.update(tensorrt="fast"))
+    with pytest.raises(FamilyError, match="tensorrt: must be an object"):
+        load_family("timm_xception", root=families_copy)
+    _edit(families_copy, "timm_xception", lambda spec: spec.update(tensorrt={"optimization_level": 5}))
+    family = load_family("timm_xception", root=families_copy)
+    assert family.target_settings("tensorrt").optimization_level == 5
+    assert family.target_settings("torch-aoti") is family.target_settings("torch-aoti")  # read once
+    with pytest.raises(FamilyError, match="the onnxruntime target reads no family settings"):
+        family.target_settings("onnxruntime")
+    _edit(families_copy, "timm_xception", lambda spec: spec.pop("tensorrt"))
+    assert load_family("timm_xception", root=families_copy).target_settings(
+        "tensorrt").optimization_level == 3                   # TensorRT's default
 
 
 def test_spec_that_is_not_json(families_copy: Path):

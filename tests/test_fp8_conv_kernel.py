@@ -297,8 +297,8 @@ def test_the_family_picks_the_conv_kernel_and_the_environment_overrides_it(monke
     from bundler.families import FamilyError, families_root, load_family
     from bundler.targets.torch_aoti.build import FP8_CONV_ENV, default_fp8_conv
 
-    assert load_family("timm_resnet50").torch_aoti_fp8_conv == "triton-fused"
-    assert load_family("timm_xception").torch_aoti_fp8_conv == "im2col"     # no key: im2col
+    assert load_family("timm_resnet50").target_settings("torch-aoti").fp8_conv == "triton-fused"
+    assert load_family("timm_xception").target_settings("torch-aoti").fp8_conv == "im2col"     # no key: im2col
     monkeypatch.delenv(FP8_CONV_ENV, raising=False)
     assert default_fp8_conv(None, "triton-fused") == "triton-fused"
     assert default_fp8_conv("triton", "triton-fused") == "triton"          # the caller's
@@ -326,13 +326,13 @@ def test_the_family_setting_of_small_batch_pointwise_is_checked_and_recorded(tmp
     from bundler.families import FamilyError, families_root, load_family
     from bundler.targets.torch_aoti.build import engine_details
 
-    assert load_family("timm_resnet50").torch_aoti_fp8_pointwise_small_batch == "gemm"
+    assert load_family("timm_resnet50").target_settings("torch-aoti").fp8_pointwise_small_batch == "gemm"
     shutil.copytree(families_root() / "timm_xception", tmp_path / "timm_xception")
     spec_path = tmp_path / "timm_xception" / "family.json"
     spec = json.loads(spec_path.read_text())
     spec.setdefault("torch_aoti", {})["fp8_pointwise_small_batch"] = "triton"
     spec_path.write_text(json.dumps(spec))
-    assert load_family("timm_xception", root=tmp_path).torch_aoti_fp8_pointwise_small_batch == \
+    assert load_family("timm_xception", root=tmp_path).target_settings("torch-aoti").fp8_pointwise_small_batch == \
         "triton"
     spec["torch_aoti"]["fp8_pointwise_small_batch"] = "cublas"
     spec_path.write_text(json.dumps(spec))

@@ -84,8 +84,9 @@ def test_variant_names():
 
     plain, bf16 = bench.parse_variant("fp8", xception), bench.parse_variant("fp8-bf16out", xception)
     assert (plain.gemm, plain.fast_accum, bf16.gemm) == (None, None, "rowwise")
-    assert fp8_gemm_options(xception, plain.gemm, plain.fast_accum) == (
-        xception.torch_aoti_fp8_gemm, xception.torch_aoti_fp8_fast_accum)
+    aoti = xception.target_settings("torch-aoti")
+    assert fp8_gemm_options(xception, plain.gemm, plain.fast_accum) == (aoti.fp8_gemm,
+                                                                         aoti.fp8_fast_accum)
     assert fp8_gemm_options(xception, bf16.gemm, bf16.fast_accum)[0] == "rowwise"
     for bad in ("fp8-depthwise", "fp16-fastacc", "fp8-fp16out-tensorwise", "fp8-bf16out-fp16out",
                 "int8", "fp8-patchconv-fastacc"):

@@ -78,7 +78,7 @@ def test_channels_last_fp8_model_matches_onnxruntime_and_the_nhwc_rewrite(
     nhwc = _run(rewrite_nhwc(graphs_torch_model, torch.float16, fp8=xception_fp8,
                              emulate=True), x, True).numpy()
     outputs = {}
-    table = load_family("timm_xception").torch_aoti_fp8_triton_pointwise
+    table = load_family("timm_xception").target_settings("torch-aoti").fp8_triton_pointwise
     for depthwise in ("cudnn", "slices", "triton", "triton-rows", "triton-skip"):
         body = rewrite_channels_last(graphs_torch_model, torch.float16, fp8=xception_fp8,
                                      emulate=True, depthwise=depthwise, triton_pointwise=table)
@@ -146,7 +146,7 @@ def test_fp16_gemm_outputs_in_the_family_s_form_stay_at_onnxruntime_s_result(
 
     x = torch.from_numpy(graphs_inputs["eval"][:4])
     ref = graphs_run(graphs_fp8, graphs_inputs["eval"][:4])
-    table = load_family("timm_xception").torch_aoti_fp8_triton_pointwise
+    table = load_family("timm_xception").target_settings("torch-aoti").fp8_triton_pointwise
     err = {}
     for gemm in ("rowwise", "rowwise-fp16"):
         body = rewrite_channels_last(graphs_torch_model, torch.float16, fp8=xception_fp8,
@@ -208,7 +208,7 @@ def test_engine_model_builds_the_channels_last_fp8_form(graphs_torch_model, xcep
     assert {m._ones.rows for m in layers} == {4 * 150 * 150}    # the 150x150 entry block
     # the family's table of 1x1 layers for the Triton GEMM reaches the "triton-skip" form
     # (which refuses to build without one: a form that silently moved nothing)
-    table = load_family("timm_xception").torch_aoti_fp8_triton_pointwise
+    table = load_family("timm_xception").target_settings("torch-aoti").fp8_triton_pointwise
     module, _ = engine_model(graphs_torch_model, "fp8", xception_fp8, nhwc=False,
                              channels_last=True, depthwise="triton-skip", triton_pointwise=table)
     assert sum(m.triton_tiles is not None for m in module.modules()
@@ -237,9 +237,9 @@ def test_the_form_is_read_from_the_family_and_recorded(tmp_path):
         with families_path(_write_family(tmp_path / layout, "test_cl", aoti)):
             if problem is None:
                 family = load_family("test_cl")
-                assert family.torch_aoti_fp8_layout == "channels_last"
+                assert family.target_settings("torch-aoti").fp8_layout == "channels_last"
                 assert engine_form(family, "fp8") == "channels_last"
-                assert engine_form(family, "fp16") == family.torch_aoti_fp16_layout
+                assert engine_form(family, "fp16") == family.target_settings("torch-aoti").fp16_layout
                 assert engine_form(family, "fp32") == "nchw"
             else:
                 with pytest.raises(FamilyError, match=problem):
@@ -274,7 +274,7 @@ def test_small_static_graphs_may_be_the_nhwc_rewrite():
     assert small_batch_form("nhwc", "fp32", [1], channels_last=True) is None
     with pytest.raises(UsageError, match="small-batch layout"):
         small_batch_form("nchw", "fp16", [1], channels_last=True)
-    assert load_family("timm_resnet50").torch_aoti_small_batch_layout == "same"
+    assert load_family("timm_resnet50").target_settings("torch-aoti").small_batch_layout == "same"
 
 
 def test_the_depthwise_form_is_read_from_the_family_recorded_and_compared(tmp_path):
@@ -287,7 +287,7 @@ def test_the_depthwise_form_is_read_from_the_family_recorded_and_compared(tmp_pa
 
     xception = load_family("timm_xception")
     # H200: "triton" 1.32x cuDNN + quantize; "triton-skip" 0.05 ms less at batch 32
-    assert xception.torch_aoti_fp8_depthwise == "triton-skip"
+    assert xception.target_settings("torch-aoti").fp8_depthwise == "triton-skip"
     for form, layout, problem in (("cudnn", "channels_last", None),
                                   ("triton", "channels_last", None),
                                   ("winograd", "channels_last", "must be one of"),
@@ -297,7 +297,7 @@ def test_the_depthwise_form_is_read_from_the_family_recorded_and_compared(tmp_pa
                              drop=("fp8_triton_pointwise",))     # triton-skip's (below)
         with families_path(root):
             if problem is None:
-                assert load_family("test_dw").torch_aoti_fp8_depthwise == form
+                assert load_family("test_dw").target_settings("torch-aoti").fp8_depthwise == form
             else:
                 with pytest.raises(FamilyError, match=problem):
                     load_family("test_dw")
@@ -319,7 +319,7 @@ def test_the_depthwise_form_is_read_from_the_family_recorded_and_compared(tmp_pa
                              drop=("fp8_triton_pointwise",))
         with families_path(root):
             if problem is None:
-                assert load_family("test_dw").torch_aoti_fp8_triton_pointwise == {
+                assert load_family("test_dw").target_settings("torch-aoti").fp8_triton_pointwise == {
                     (64, 128, "raw"): (64, 128, 64, 4, 4, 8)}
             else:
                 with pytest.raises(FamilyError, match=problem):
@@ -377,5 +377,5 @@ def test_the_pointwise_benchmark_measures_the_layers_the_engine_has(graphs_torch
             found[(m.cin, m.cout, sides[id(m)], kind)] += 1
     assert found == Counter({(a, b, s, k): n for a, b, s, k, n in bench.XCEPTION_POINTWISE})
     # the table names only layers the engine has, with an epilogue they have
-    table = load_family("timm_xception").torch_aoti_fp8_triton_pointwise
+    table = load_family("timm_xception").target_settings("torch-aoti").fp8_triton_pointwise
     assert table and set(table) <= {(a, b, k) for a, b, _s, k in found}

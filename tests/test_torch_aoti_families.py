@@ -103,7 +103,7 @@ def test_vit_fp8_engine_model_keeps_its_layout_and_quantizes_the_block_linears()
     from bundler.torch_model import build_torch_model
 
     family = load_family("timm_vit_base")
-    assert family.torch_aoti_layout == "as_is"
+    assert family.target_settings("torch-aoti").layout == "as_is"
     vit = build_torch_model(family, seed=0)
     paths = [n for n, m in vit.named_modules()
              if isinstance(m, torch.nn.Linear) and n.startswith("blocks.")]
@@ -193,8 +193,8 @@ def test_resnet_fp16_engine_is_the_model_in_channels_last_memory(resnet):
     from bundler.families import load_family
     from bundler.targets.torch_aoti import engine_model
 
-    assert load_family("timm_resnet50").torch_aoti_fp16_layout == "channels_last"
-    assert load_family("timm_xception").torch_aoti_fp16_layout == "channels_last"
+    assert load_family("timm_resnet50").target_settings("torch-aoti").fp16_layout == "channels_last"
+    assert load_family("timm_xception").target_settings("torch-aoti").fp16_layout == "channels_last"
     module, padding = engine_model(resnet, "fp32", nhwc=False, channels_last=True)
     assert padding == {} and module.channels_last and not module.nhwc
     assert module.body.conv1.weight.is_contiguous(memory_format=torch.channels_last)

@@ -71,6 +71,38 @@ class ParserErrorInfo(NamedTuple):
     description: str
 
 
+# --- the family's settings (family.json "tensorrt"; bundler.families hands them over) ----
+
+#: family.json's key of this target's section.
+SECTION = "tensorrt"
+
+
+@dataclass(frozen=True)
+class TensorRTSettings:
+    """A family's ``tensorrt`` section: the builder optimization level its plans are built
+    with unless make is told otherwise (0..5, TensorRT's default 3)."""
+
+    optimization_level: int = 3
+
+    @classmethod
+    def from_section(cls, section) -> "TensorRTSettings":
+        return cls(int((section or {}).get("optimization_level", 3)))
+
+
+#: the settings of a section ``section_problems`` found nothing wrong with
+from_section = TensorRTSettings.from_section
+
+
+def section_problems(section, batch) -> list[str]:
+    """What is wrong with a family's ``tensorrt`` section."""
+    if not isinstance(section, dict):
+        return ["tensorrt: must be an object"]
+    level = section.get("optimization_level", 3)
+    if not (type(level) is int and 0 <= level <= 5):
+        return [f"tensorrt.optimization_level: {level!r} must be an integer 0..5"]
+    return []
+
+
 # --- pure helpers ---------------------------------------------------------------------
 
 def check_build_options(*, min_batch: int, opt_batch: int, max_batch: int,
@@ -416,7 +448,8 @@ def build_target(onnx_bytes: bytes, *, batch: dict, log: Log | None = None,
     """
     family = getattr(context, "family", None)
     if family is not None:
-        options.setdefault("optimization_level", family.tensorrt.get("optimization_level", 3))
+        options.setdefault("optimization_level",
+                           family.target_settings("tensorrt").optimization_level)
     allowed = {"optimization_level", "timing_cache", "hardware_compat", "version_compatible",
                "workspace_bytes", "device"}
     unknown = sorted(set(options) - allowed)

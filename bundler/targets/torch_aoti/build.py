@@ -47,7 +47,8 @@ from pathlib import Path
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Callable
 
-from bundler.families import TORCH_AOTI_SMALL_BATCH_LAYOUTS, TORCH_AOTI_TRITON_DEPTHWISE
+from bundler.targets.torch_aoti.settings import (TORCH_AOTI_SMALL_BATCH_LAYOUTS,
+                                                 TORCH_AOTI_TRITON_DEPTHWISE, settings_of)
 from bundler.targets import TargetBuild
 from runtime_py.errors import BundleError, EngineUnavailableError, UsageError
 
@@ -767,13 +768,13 @@ def engine_form(family, precision: str, fp8_conv: str = "im2col") -> str:
     """The model form a build of ``family`` in ``precision`` compiles, unless its caller
     asks: "as_is" (tokens), "channels_last" (family.json ``fp16_layout`` / ``fp8_layout``,
     or fp8 with ``fp8_conv`` triton-fused) or "nhwc" (fp32: "nchw", the model as it is)."""
-    if family.torch_aoti_layout == "as_is":
+    if settings_of(family).layout == "as_is":
         return "as_is"
     if precision == "fp8" and fp8_conv == "triton-fused":
         return "channels_last"
     if precision == "fp32":
         return "nchw"
-    return family.torch_aoti_image_layout(precision)
+    return settings_of(family).image_layout(precision)
 
 
 def depthwise_form(family, precision: str, variant: str | None = None) -> str:
@@ -787,7 +788,7 @@ def depthwise_form(family, precision: str, variant: str | None = None) -> str:
     "cudnn" outside fp8 (nothing to choose there)."""
     if precision != "fp8":
         return "cudnn"
-    form = family.torch_aoti_fp8_depthwise
+    form = settings_of(family).fp8_depthwise
     if form in TORCH_AOTI_TRITON_DEPTHWISE and family.fp8 is not None and any(
             rule.get("depthwise") for rule in family.recipe(variant)["select"]["include"]):
         return "cudnn"
@@ -799,12 +800,12 @@ def fp8_gemm_options(family, fp8_gemm: str | None = None,
     """(GEMM mode, fast accumulation) of a build's FP8 layers: what the caller asks, else
     the family's ``torch_aoti.fp8_gemm`` / ``fp8_fast_accum`` (family.json; rowwise
     without fast accumulation unless it says otherwise). Refuses an unknown mode."""
-    from bundler.families import TORCH_AOTI_FP8_GEMMS
+    from bundler.targets.torch_aoti.settings import TORCH_AOTI_FP8_GEMMS
 
-    gemm = family.torch_aoti_fp8_gemm if fp8_gemm is None else fp8_gemm
+    gemm = settings_of(family).fp8_gemm if fp8_gemm is None else fp8_gemm
     if gemm not in TORCH_AOTI_FP8_GEMMS:
         raise UsageError(f"fp8 GEMM mode {gemm!r}: choose one of {', '.join(TORCH_AOTI_FP8_GEMMS)}")
-    fast = family.torch_aoti_fp8_fast_accum if fp8_fast_accum is None else bool(fp8_fast_accum)
+    fast = settings_of(family).fp8_fast_accum if fp8_fast_accum is None else bool(fp8_fast_accum)
     return gemm, fast
 
 
@@ -844,7 +845,7 @@ def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] |
     ext = family.extension()
     fp8_gemm, fp8_fast_accum = fp8_gemm_options(family, fp8_gemm, fp8_fast_accum)
     if precision == "fp8":    # the caller's, else $TRT_BUNDLE_FP8_CONV, else the family's
-        fp8_conv = default_fp8_conv(fp8_conv, family.torch_aoti_fp8_conv)
+        fp8_conv = default_fp8_conv(fp8_conv, settings_of(family).fp8_conv)
     # the family's form (family.json torch_aoti.fp16_layout / fp8_layout) unless nhwc is asked
     channels_last = nhwc is None and engine_form(family, precision, fp8_conv) == "channels_last"
     if channels_last:
@@ -855,14 +856,14 @@ def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] |
                                  fast_accum=fp8_fast_accum, fp8_gemm=fp8_gemm,
                                  pad_channels=pad_channels, smoke=smoke_check, log=log,
                                  pixel_scale_bias=context.pixel_scale_bias,
-                                 layout=family.torch_aoti_layout, fp8_conv=fp8_conv,
+                                 layout=settings_of(family).layout, fp8_conv=fp8_conv,
                                  hook=getattr(ext, "nhwc_module", None),
                                  channels_last=channels_last,
-                                 static_batches=family.torch_aoti_static_batches_for(precision),
-                                 small_batch_pointwise=family.torch_aoti_fp8_pointwise_small_batch,
-                                 small_batch_layout=family.torch_aoti_small_batch_layout,
+                                 static_batches=settings_of(family).static_batches_for(precision),
+                                 small_batch_pointwise=settings_of(family).fp8_pointwise_small_batch,
+                                 small_batch_layout=settings_of(family).small_batch_layout,
                                  depthwise=depthwise_form(family, precision,
                                                           context.variant),
-                                 triton_pointwise=family.torch_aoti_fp8_triton_pointwise)
+                                 triton_pointwise=settings_of(family).fp8_triton_pointwise)
     return TargetBuild(backend=BACKEND, member=MEMBER, engine_bytes=data, details=details,
                        tag=BACKEND)

@@ -70,9 +70,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bundler.families import (TORCH_AOTI_FP8_CONVS, TORCH_AOTI_FP8_DEPTHWISE,
-                              TORCH_AOTI_TRITON_DEPTHWISE,
-                              TORCH_AOTI_FP8_GEMMS, TORCH_AOTI_SMALL_BATCH_POINTWISE)
+from bundler.targets.torch_aoti.settings import (TORCH_AOTI_FP8_CONVS, TORCH_AOTI_FP8_DEPTHWISE,
+                                                 TORCH_AOTI_FP8_GEMMS,
+                                                 TORCH_AOTI_SMALL_BATCH_POINTWISE,
+                                                 TORCH_AOTI_TRITON_DEPTHWISE)
 from bundler.fp8 import E4M3_MAX, quantize as quantize_fp8, stored_scale
 from runtime_py.errors import UsageError
 

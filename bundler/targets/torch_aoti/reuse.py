@@ -12,13 +12,14 @@ from bundler.targets.torch_aoti.build import (DEFAULT_COMPILE_OPTIONS, FP8_GEMM_
                                               fp8_conv_named, fp8_conv_recorded,
                                               fp8_gemm_options, layout_description,
                                               small_batch_form)
+from bundler.targets.torch_aoti.settings import settings_of
 
 
 def reuse_checks(details: dict, family, req) -> dict[str, tuple[object, object]]:
     """``{what: (the bundle's, this build's)}``, in the order they are compared."""
     checks: dict[str, tuple[object, object]] = {
         "static-batch graph list": (details.get("static_batches", []),
-                                    list(family.torch_aoti_static_batches_for(req.precision))),
+                                    list(settings_of(family).static_batches_for(req.precision))),
         # a CPU package (target option device cpu) is no GPU package, and the other way round
         "device": (details.get("device"), req.target_options.get("device", "cuda")),
     }
@@ -29,20 +30,20 @@ def reuse_checks(details: dict, family, req) -> dict[str, tuple[object, object]]
         checks[f"Inductor option {key}"] = (options.get("inductor", {}).get(key), value)
     # the family's torch_aoti.fp8_conv (or $TRT_BUNDLE_FP8_CONV) as this make would build
     # it: a bundle of another convolution form is rebuilt, not reused
-    conv = (default_fp8_conv(None, family.torch_aoti_fp8_conv)
+    conv = (default_fp8_conv(None, settings_of(family).fp8_conv)
             if req.precision == "fp8" else "im2col")
     if req.precision == "fp8":
         # image families: the convolution form; tokens (layout as_is): whether the
         # MLPs are fused (fp8_conv triton-fused) or not
-        layout = family.torch_aoti_layout
+        layout = settings_of(family).layout
         checks["fp8 MLP form" if layout == "as_is" else "fp8 convolution form"] = (
             fp8_conv_named(layout, options.get("fp8_conv")),
             fp8_conv_named(layout, fp8_conv_recorded("fp8", layout, conv)))
         # the small-batch form of its FP8 GEMM layers (1x1 convolutions, Linear layers;
         # recorded only where a small static graph has it)
         want_pw = effective_small_batch_pointwise(
-            family.torch_aoti_fp8_pointwise_small_batch, "fp8",
-            family.torch_aoti_static_batches_for("fp8"), layout=layout, fp8_conv=conv)
+            settings_of(family).fp8_pointwise_small_batch, "fp8",
+            settings_of(family).static_batches_for("fp8"), layout=layout, fp8_conv=conv)
         have_pw = options.get("fp8_pointwise_small_batch")
         pw_names = {text: name for name, text in SMALL_BATCH_POINTWISE_DESCRIPTIONS.items()}
         checks["fp8 small-batch GEMM form"] = (pw_names.get(have_pw, have_pw or "gemm"),
@@ -63,14 +64,14 @@ def reuse_checks(details: dict, family, req) -> dict[str, tuple[object, object]]
         layout_description(req.precision, nhwc=form == "nhwc",
                            pad_channels=form == "nhwc"
                            and default_pad_channels(req.precision),
-                           layout=family.torch_aoti_layout,
+                           layout=settings_of(family).layout,
                            channels_last=form == "channels_last", fp8_conv=conv,
                            depthwise=depthwise_form(family, req.precision,
                                                     req.variant)))
     checks["small-batch graph form"] = (
         options.get("small_batch_layout"),
-        small_batch_form(family.torch_aoti_small_batch_layout, req.precision,
-                         family.torch_aoti_static_batches_for(req.precision),
+        small_batch_form(settings_of(family).small_batch_layout, req.precision,
+                         settings_of(family).static_batches_for(req.precision),
                          channels_last=form == "channels_last",
-                         layout=family.torch_aoti_layout, fp8_conv=conv))
+                         layout=settings_of(family).layout, fp8_conv=conv))
     return checks
