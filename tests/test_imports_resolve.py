@@ -1,0 +1,73 @@
+"""Every import of a project module anywhere in the repository resolves on this host.
+
+Why: much of the code runs only on a GPU (the GPU tests, the device benchmarks, the
+torch-aoti target's CUDA paths) and imports project names inside functions, so a rename
+or a move made on a CPU host would surface only in the next (scarce) device session. This
+reads every ``from bundler... import name`` / ``from runtime_py... import name`` and
+``import bundler...`` statement with ``ast`` (function bodies included), imports the
+module and checks that each name is there. Nothing of the importing files runs.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("bundler", "runtime_py")
+SOURCES = ("bundler/**/*.py", "runtime_py/**/*.py", "tests/*.py", "benchmarks/*.py",
+           "families/*/*.py")
+
+
+def _project_imports(path: Path):
+    """(line, module, name or None) of each project import in ``path``."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                and node.module.split(".")[0] in PACKAGES):
+            for alias in node.names:
+                yield node.lineno, node.module, None if alias.name == "*" else alias.name
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in PACKAGES:
+                    yield node.lineno, alias.name, None
+
+
+def _unresolved(module: str, name: str | None) -> str | None:
+    try:
+        imported = importlib.import_module(module)
+    except ImportError as exc:
+        return f"module {module}: {exc}"
+    if name is None or hasattr(imported, name):
+        return None
+    try:                                  # a submodule: from package import module
+        importlib.import_module(f"{module}.{name}")
+    except ImportError:
+        return f"{module} has no {name}"
+    return None
+
+
+def test_every_project_import_names_something_that_exists():
+    files = sorted({p for pattern in SOURCES for p in ROOT.glob(pattern)})
+    assert len(files) > 200                 # the whole tree was read, not an empty glob
+    problems, seen = [], 0
+    for path in files:
+        for line, module, name in _project_imports(path):
+            seen += 1
+            why = _unresolved(module, name)
+            if why:
+                problems.append(f"{path.relative_to(ROOT)}:{line}: {why}")
+    assert seen > 500
+    assert not problems, "\n".join(problems)
+
+
+def test_a_stale_import_is_found(tmp_path):
+    """The check itself: a moved name is reported, with its file and line."""
+    stale = tmp_path / "stale.py"
+    stale.write_text("def f():\n    from bundler.families import TORCH_AOTI_LAYOUTS\n")
+    (found,) = list(_project_imports(stale))
+    assert found == (2, "bundler.families", "TORCH_AOTI_LAYOUTS")
+    assert _unresolved("bundler.families", "TORCH_AOTI_LAYOUTS") == (
+        "bundler.families has no TORCH_AOTI_LAYOUTS")
+    assert _unresolved("bundler.targets", "torch_aoti") is None      # a submodule
+    assert "module bundler.nowhere" in _unresolved("bundler.nowhere", "x")
