@@ -138,10 +138,10 @@ def write_source_bundle(folder: Path, *, precision: str = "fp32", engine: dict |
 
 
 @contextlib.contextmanager
-def served_source_bundle(folder: Path, **serve_kwargs):
+def served_ports(folder: Path, **serve_kwargs):
     """``run.serve`` (the code of `bundle serve`) on a thread over ``write_source_bundle``'s
-    bundle, with ephemeral HTTP and gRPC ports: yields (gRPC port, model); stops the server
-    and closes the model on exit."""
+    bundle, with ephemeral HTTP and gRPC ports: yields (HTTP port, gRPC port, model); stops
+    the server and closes the model on exit."""
     import threading
     import time
 
@@ -160,8 +160,16 @@ def served_source_bundle(folder: Path, **serve_kwargs):
         while "grpc" not in addresses:
             assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
             time.sleep(0.02)
-        yield int(addresses["grpc"].rsplit(":", 1)[1]), model
+        yield (int(addresses["http"].rsplit(":", 1)[1]), int(addresses["grpc"].rsplit(":", 1)[1]),
+               model)
     finally:
         stop.set()
         thread.join(30)
         model.close()
+
+
+@contextlib.contextmanager
+def served_source_bundle(folder: Path, **serve_kwargs):
+    """``served_ports`` yielding (gRPC port, model)."""
+    with served_ports(folder, **serve_kwargs) as (_, grpc_port, model):
+        yield grpc_port, model

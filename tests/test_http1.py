@@ -294,7 +294,10 @@ def test_keep_alive_pipelining_http10_and_close(served):
     (b"GET /v2 HTTP/1.1\r\nX: " + b"a" * 70000 + b"\r\n\r\n", 431),
     (b"POST /v2/models/toy/infer HTTP/1.1\r\nContent-Length: abc\r\n\r\n", 400),
     (b"POST /v2/models/toy/infer HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400),
-], ids=["request-line", "header-line", "head-too-large", "content-length", "chunk-size"])
+    (b"GET http://h\xd0/v2/health/live HTTP/1.1\r\n\r\n", 400),      # found by fuzzing:
+    (b"GET http://[h/v2/health/live HTTP/1.1\r\n\r\n", 400),          # urlsplit raised
+], ids=["request-line", "header-line", "head-too-large", "content-length", "chunk-size",
+        "absolute-form-not-ascii", "absolute-form-bad-ipv6"])
 def test_malformed_requests_get_a_4xx_and_the_connection_is_closed(served, request_bytes, status):
     model, app, srv = served
     with socket.create_connection(("127.0.0.1", srv.port)) as s:

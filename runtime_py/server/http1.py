@@ -80,7 +80,10 @@ class Head:
             if raw == b"*":
                 raw = b"*"
             else:   # absolute form: http://host/path
-                parts = urlsplit(raw)
+                try:
+                    parts = urlsplit(raw)
+                except ValueError:    # non-ASCII bytes (UnicodeDecodeError), "http://[x/..."
+                    raise BadRequest(f"malformed request target {target[:100]!r}") from None
                 if not parts.scheme or not parts.netloc:
                     raise BadRequest(f"malformed request target {target[:100]!r}")
                 raw = (parts.path or b"/") + (b"?" + parts.query if parts.query else b"")
