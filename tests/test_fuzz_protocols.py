@@ -1,5 +1,6 @@
-"""Fuzzing the front-ends' own parsers: HPACK, the HTTP/1.1 request head, and the built-in
-HTTP/1.1 and gRPC (HTTP/2) servers on loopback.
+"""Fuzzing the front-ends' own parsers: HPACK, the HTTP/1.1 request head, the
+``ModelInferRequest`` split (against protobuf), and the built-in HTTP/1.1 and gRPC (HTTP/2)
+servers on loopback.
 
 The bundle readers have their fuzzers (docs/fuzzing.md); the servers parse bytes from the
 network with code of this project too (``runtime_py/server/hpack.py``, ``http1.py``,
@@ -113,6 +114,43 @@ def test_http_head_parser_refuses_or_parses_every_mutated_head():
         parsed += 1
         assert isinstance(head.path, str) and head.method
     assert parsed > 2000 and refused > 3000
+
+
+def test_infer_request_split_agrees_with_protobuf_on_mutated_messages():
+    """``grpc_wire.split_infer_request`` (the tensors kept as views) against protobuf's own
+    parse: where both parse, the same message; it refuses only what protobuf refuses, or a
+    group (wire types 3/4, which protobuf keeps as unknown fields and no client sends)."""
+    pb = pytest.importorskip("tritonclient.grpc").service_pb2
+    from google.protobuf.message import DecodeError
+
+    from runtime_py.server.grpc_wire import raw_contents_offset, split_infer_request
+
+    req = pb.ModelInferRequest(model_name="m", model_version="1", id="x")
+    req.inputs.add(name="input", datatype="FP32", shape=[1, 3, 2, 2])
+    req.inputs.add(name="b", datatype="UINT8", shape=[1, 4])
+    req.outputs.add(name="logits")
+    req.parameters["p"].int64_param = 5
+    req.raw_input_contents.extend([bytes(range(48)), b"abcd"])
+    seed = req.SerializeToString()
+    rng = random.Random(4)
+    both = 0
+    for _ in range(CASES * 30):
+        data = mutate(rng, seed)
+        raw_contents_offset(data[:rng.randrange(len(data) + 1)])      # never raises
+        try:
+            expected = pb.ModelInferRequest.FromString(data)
+        except DecodeError:
+            expected = None
+        try:
+            got, raw = split_infer_request(data)
+        except DecodeError as exc:
+            assert expected is None or "wire type 3" in str(exc) or "wire type 4" in str(exc)
+            continue
+        assert expected is not None, data.hex()
+        got.raw_input_contents.extend(bytes(r) for r in raw)
+        assert got == expected, data.hex()
+        both += 1
+    assert both > 500
 
 
 # --- the servers, on loopback ---------------------------------------------------------------
