@@ -5,7 +5,9 @@ torch-aoti target's CUDA paths) and imports project names inside functions, so a
 or a move made on a CPU host would surface only in the next (scarce) device session. This
 reads every ``from bundler... import name`` / ``from runtime_py... import name`` and
 ``import bundler...`` statement with ``ast`` (function bodies included), imports the
-module and checks that each name is there. Nothing of the importing files runs.
+module and checks that each name is there; and every ``alias.name`` read off a project
+module imported under an alias (``from bundler.targets.torch_aoti import model as
+rewrite``; ``rewrite.EngineModule``). Nothing of the importing files runs.
 """
 
 from __future__ import annotations
@@ -61,6 +63,45 @@ def test_every_project_import_names_something_that_exists():
     assert not problems, "\n".join(problems)
 
 
+def _module_attributes(path: Path):
+    """(line, module, attribute) of each ``alias.attribute`` read in ``path`` where
+    ``alias`` names a project module (``from pkg import module [as alias]``,
+    ``import pkg.module as alias``)."""
+    tree = ast.parse(path.read_text(), str(path))
+    aliases: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                and node.module.split(".")[0] in PACKAGES):
+            for alias in node.names:
+                dotted = f"{node.module}.{alias.name}"
+                try:
+                    importlib.import_module(dotted)
+                except ImportError:
+                    continue                      # a name, not a module
+                aliases[alias.asname or alias.name] = dotted
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname and alias.name.split(".")[0] in PACKAGES:
+                    aliases[alias.asname] = alias.name
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)
+                and isinstance(node.value, ast.Name) and node.value.id in aliases):
+            yield node.lineno, aliases[node.value.id], node.attr
+
+
+def test_every_attribute_read_off_a_project_module_exists():
+    files = sorted({p for pattern in SOURCES for p in ROOT.glob(pattern)})
+    problems, seen = [], 0
+    for path in files:
+        for line, module, name in _module_attributes(path):
+            seen += 1
+            why = _unresolved(module, name)
+            if why:
+                problems.append(f"{path.relative_to(ROOT)}:{line}: {why}")
+    assert seen > 100
+    assert not problems, "\n".join(problems)
+
+
 def test_a_stale_import_is_found(tmp_path):
     """The check itself: a moved name is reported, with its file and line."""
     stale = tmp_path / "stale.py"
@@ -71,3 +112,8 @@ def test_a_stale_import_is_found(tmp_path):
         "bundler.families has no TORCH_AOTI_LAYOUTS")
     assert _unresolved("bundler.targets", "torch_aoti") is None      # a submodule
     assert "module bundler.nowhere" in _unresolved("bundler.nowhere", "x")
+    moved = tmp_path / "moved.py"
+    moved.write_text("def f():\n    from bundler import families as fam\n"
+                     "    return fam.TORCH_AOTI_LAYOUTS, fam.load_family\n")
+    assert list(_module_attributes(moved)) == [(3, "bundler.families", "TORCH_AOTI_LAYOUTS"),
+                                               (3, "bundler.families", "load_family")]
