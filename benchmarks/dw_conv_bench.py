@@ -52,8 +52,8 @@ def xception_dw_layers() -> list[tuple[tuple, int]]:
     import torch
 
     from bundler.families import load_family
-    from bundler.targets.torch_aoti.model import (ChannelsLastView, DepthwiseE4m3,
-                                                  rewrite_channels_last, shape_pass)
+    from bundler.targets.torch_aoti.model import rewrite_channels_last, shape_pass
+    from bundler.targets.torch_aoti.nhwc_modules import ChannelsLastView, DepthwiseE4m3
     from bundler.torch_model import build_torch_model
 
     family = load_family("timm_xception")
@@ -88,7 +88,8 @@ def measure(shape: tuple, args) -> dict:
     import torch.nn.functional as F
 
     from bundler.targets.torch_aoti.kernels.dw_conv import dw_conv_e4m3
-    from bundler.targets.torch_aoti.model import DepthwiseE4m3, padded, quantize
+    from bundler.targets.torch_aoti.fp8_layers import padded, quantize
+    from bundler.targets.torch_aoti.nhwc_modules import DepthwiseE4m3
     from fp8_conv_bench import graph_time
 
     c, h, w, stride, relu, relu_in, raw_in = shape

@@ -374,7 +374,7 @@ def run_variant(name: str, x, taps, bias, scale, cpad: int, block=(64, 64, 4)):
 
 
 def inputs(c: int, size: int, batch: int, device: str):
-    from bundler.targets.torch_aoti.model import padded
+    from bundler.targets.torch_aoti.fp8_layers import padded
 
     g = torch.Generator().manual_seed(0)
     cpad = padded(c)

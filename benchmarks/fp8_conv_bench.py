@@ -3,7 +3,7 @@ implicit GEMM, layer by layer (and, with --model, the whole torch-aoti engine mo
 
 Why: timm_resnet50's fp8 bundle should be >= 1.2x its fp16 bundle at batch 32 (issue 18),
 and its 3x3 convolutions are over half its FLOPs. The torch-aoti model runs them as im2col
-(``bundler.targets.torch_aoti.model.Fp8ConvNHWC``: nine shifted views concatenated, 9x the
+(``bundler.targets.torch_aoti.fp8_layers.Fp8ConvNHWC``: nine shifted views concatenated, 9x the
 activation bytes, then one FP8 GEMM) or, opt-in, as ``kernels/fp8_conv.py``'s implicit GEMM.
 This script says which is faster than cuDNN's fp16 convolution, by how much, per layer.
 
@@ -170,7 +170,7 @@ class Layer:
         import torch
         from torch import nn
 
-        from bundler.targets.torch_aoti import model as tam
+        from bundler.targets.torch_aoti import fp8_layers as tam
 
         cin, cout, hw, k, s, p = shape
         self.shape, self.k = shape, k
@@ -810,7 +810,7 @@ def run_model(args, budget: Budget, results: dict, tiles: dict | None = None) ->
 
     from bundler.families import load_family
     from bundler.targets.torch_aoti.build import default_pad_channels, engine_model
-    from bundler.targets.torch_aoti.model import EngineModule
+    from bundler.targets.torch_aoti.nhwc_modules import EngineModule
     from bundler.torch_model import build_torch_model
 
     family = load_family("timm_resnet50")

@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     from bundler.targets.torch_aoti.fused_mlp import MLP_TILES, FusedMlp
     from bundler.targets.torch_aoti.kernels.fp8_conv import (Fp8ConvConfig, config_for,
                                                              fp8_conv, fp8_conv_fused)
-    from bundler.targets.torch_aoti.model import Fp8Linear, OnesColumn, quantize
+    from bundler.targets.torch_aoti.fp8_layers import Fp8Linear, OnesColumn, quantize
 
     if not torch.cuda.is_available():
         print("fp8_mlp_bench.py needs a CUDA GPU of compute capability >= 8.9 (none visible)",

@@ -24,7 +24,7 @@ Variants: a base and suffixes.
                fp16-cl: the model in fp16 and channels_last memory
   fp8          the fp8 engine with the family's recipe; an fp8 variant of the family by
                its name (fp8-depthwise, fp8-pointwise) with that variant's recipe
-suffixes of an fp8 base (``model.FP8_GEMMS``):
+suffixes of an fp8 base (``fp8_layers.FP8_GEMMS``):
   (without a GEMM suffix: the family's ``torch_aoti.fp8_gemm``, with its fast accumulation)
   -fastacc     use_fast_accum=True (FP8 accumulation without periodic fp32 promotion)
   -fp16out     GEMM mode "rowwise-fp16": fp16 bias and fp16 output in the epilogue, no
@@ -37,7 +37,7 @@ suffixes of an fp8 base (``model.FP8_GEMMS``):
   -rowcols     rowwise with a row-scale column built per GEMM (no shared ones column)
   -sbtriton    NHWC families: at a static batch <= 8 (--static), the FP8 1x1 convolutions on
                the Triton implicit-GEMM kernel with small tiles instead of _scaled_mm
-               (``model.Fp8Pointwise(small_batch_kernel="triton")``)
+               (``fp8_layers.Fp8Pointwise(small_batch_kernel="triton")``)
   -sbdequant   at a static batch <= 8 (--static), the FP8 1x1 convolutions (Linear layers
                of "as_is" families) as their FP8 operands dequantized through fp16 GEMMs
                (``small_batch_kernel="dequantized"``: timm_xception's batch-1 graph)
@@ -62,7 +62,7 @@ suffixes of an fp8 base (``model.FP8_GEMMS``):
 suffix of any variant (fp16 too):
   -patchconv   "as_is" families: the patch embedding as the model's convolution (cuDNN), as
                before 2026-12-05, instead of the one GEMM over the patches the target now
-               builds (``model.PatchGemm``): the change measured in one process
+               builds (``nhwc_modules.PatchGemm``): the change measured in one process
 Default: fp16,fp8,fp8-fp16out-fastacc,fp8-fp16out,fp8-fastacc,fp8-dequant.
 
 Boundary: fp32 NCHW input on the device, logits out; CUDA graph replay of the compiled
@@ -219,7 +219,7 @@ def patch_convolutions(module):
     weights and dtype): the engine model before 2026-12-05, for -patchconv."""
     from torch import nn
 
-    from bundler.targets.torch_aoti.model import PatchGemm
+    from bundler.targets.torch_aoti.nhwc_modules import PatchGemm
 
     for name, gemm in [(n, m) for n, m in module.named_modules() if isinstance(m, PatchGemm)]:
         cin = gemm.weight.shape[1] // (gemm.patch[0] * gemm.patch[1])

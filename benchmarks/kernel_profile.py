@@ -7,7 +7,7 @@ kind is read from the kernel's name:
 
 * Triton kernels (Inductor's, ``triton_*``) are named by the ops they fuse: a name with
   ``layer_norm`` is a LayerNorm, ``gelu`` an activation; either one counts as "quantize
-  fused" when the name also has ``clamp`` (the quantize's saturation, ``model.quantize``);
+  fused" when the name also has ``clamp`` (the quantize's saturation, ``fp8_layers.quantize``);
   a kernel whose name has ``clamp`` or ``_to_copy`` and neither of those is a separate
   quantize or dtype conversion pass ("quantize/convert");
 * library GEMMs (cuBLASLt ``nvjet_*``, ``sm90_xmma_gemm_*``, CUTLASS) are FP8 when the name

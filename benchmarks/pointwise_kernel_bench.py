@@ -64,7 +64,7 @@ def layer_case(cin: int, cout: int, side: int, batch: int, device):
     import numpy as np
     import torch
 
-    from bundler.targets.torch_aoti.model import Fp8Pointwise, OnesColumn, padded
+    from bundler.targets.torch_aoti.fp8_layers import Fp8Pointwise, OnesColumn, padded
 
     gen = torch.Generator().manual_seed(cin * 7 + cout)
     conv = torch.nn.Conv2d(cin, cout, 1, bias=True)

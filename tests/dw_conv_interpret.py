@@ -40,7 +40,7 @@ ROW_CASES = {
 
 def run_case(case, config=None) -> dict:
     from bundler.targets.torch_aoti.kernels.dw_conv import DwConvConfig, dw_conv_e4m3
-    from bundler.targets.torch_aoti.model import DepthwiseE4m3
+    from bundler.targets.torch_aoti.nhwc_modules import DepthwiseE4m3
 
     n, h, w, c, cpad, k, stride, pad, relu, relu_in, source = case
     g = torch.Generator().manual_seed(n * 1000 + h * 100 + c)

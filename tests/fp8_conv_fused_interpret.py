@@ -78,7 +78,7 @@ def quantizer_ties() -> dict:
 
     from bundler.fp8 import E4M3_MAX
     from bundler.targets.torch_aoti.kernels.fp8_conv import _quantize_e4m3
-    from bundler.targets.torch_aoti.model import quantize
+    from bundler.targets.torch_aoti.fp8_layers import quantize
 
     @triton.jit
     def apply(v_ptr, s_ptr, q_ptr, n, QMAX: tl.constexpr, BLOCK: tl.constexpr):
@@ -130,7 +130,7 @@ def ulps(a: torch.Tensor, b: torch.Tensor) -> int:
 
 def run_case(case) -> dict:
     from bundler.targets.torch_aoti.kernels.fp8_conv import Fp8ConvConfig, fp8_conv_fused
-    from bundler.targets.torch_aoti.model import quantize
+    from bundler.targets.torch_aoti.fp8_layers import quantize
 
     n, h, w, c, cout, k, stride, pad, relu, residual, out16, out8 = case
     g = torch.Generator().manual_seed(c * 1000 + cout * 10 + k)
@@ -237,7 +237,8 @@ def resnet50() -> nn.Module:
 def block_case(select: str, own_downsample_scale: bool = False, model: str = "tiny") -> dict:
     """Fused model vs unfused fp8 model (rewrite_nhwc, emulated GEMMs), same scales."""
     from bundler.targets.torch_aoti.fused import FusedBottleneck, rewrite_fused
-    from bundler.targets.torch_aoti.model import EngineModule, rewrite_nhwc
+    from bundler.targets.torch_aoti.model import rewrite_nhwc
+    from bundler.targets.torch_aoti.nhwc_modules import EngineModule
 
     size = 16 if model == "tiny" else 32            # resnet50: 32x32, for the interpreter
     model = tiny_resnet() if model == "tiny" else resnet50()

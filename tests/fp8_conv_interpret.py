@@ -53,7 +53,7 @@ def run_case(fp8_conv, config, case, dtype) -> float:
 def module_case() -> float:
     """``Fp8ConvNHWC``'s triton path (its own tiles, buffers and quantize) against its
     emulated im2col path on the same input: the two forms of one layer."""
-    from bundler.targets.torch_aoti.model import Fp8ConvNHWC
+    from bundler.targets.torch_aoti.fp8_layers import Fp8ConvNHWC
 
     torch.manual_seed(0)
     conv = nn.Conv2d(32, 48, 3, 2, 1)
@@ -70,7 +70,7 @@ def module_case() -> float:
 def pointwise_case() -> float:
     """``Fp8Pointwise``'s small-batch Triton path (1x1 window, its stride, channels padded
     to 16 as the NHWC rewrite carries them) against its emulated GEMM on the same input."""
-    from bundler.targets.torch_aoti.model import Fp8Pointwise
+    from bundler.targets.torch_aoti.fp8_layers import Fp8Pointwise
 
     torch.manual_seed(1)
     conv = nn.Conv2d(40, 24, 1, 2)             # 40 -> 48 and 24 -> 32 padded

@@ -37,7 +37,7 @@ def linear_paths(model) -> list[str]:
 
 def hidden_case(gelu: str) -> dict:
     from bundler.targets.torch_aoti.fused_mlp import FusedMlp
-    from bundler.targets.torch_aoti.model import quantize
+    from bundler.targets.torch_aoti.fp8_layers import quantize
 
     model = tiny_vit()
     x = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(1))

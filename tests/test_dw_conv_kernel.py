@@ -49,7 +49,7 @@ def test_the_op_is_exported_with_a_dynamic_batch_and_traced_to_the_kernel():
     from torch._dynamo.backends.common import aot_autograd
 
     from bundler.targets.torch_aoti.kernels.dw_conv import dw_conv_e4m3
-    from bundler.targets.torch_aoti.model import DepthwiseE4m3
+    from bundler.targets.torch_aoti.nhwc_modules import DepthwiseE4m3
 
     layer = DepthwiseE4m3(nn.Conv2d(40, 40, 3, 2, 1, groups=40), 0.02, 48, relu=True)
 
@@ -92,7 +92,8 @@ def test_the_op_is_exported_with_a_dynamic_batch_and_traced_to_the_kernel():
 def test_the_fp8_gemm_takes_e4m3_rows_as_they_are_and_refuses_a_wrong_width():
     """``Fp8Pointwise`` fed the e4m3 rows of ``DepthwiseE4m3`` computes what it computes
     from the fp16 convolution output it would quantize itself (the same codes)."""
-    from bundler.targets.torch_aoti.model import DepthwiseE4m3, Fp8Pointwise
+    from bundler.targets.torch_aoti.fp8_layers import Fp8Pointwise
+    from bundler.targets.torch_aoti.nhwc_modules import DepthwiseE4m3
 
     torch.manual_seed(0)
     dw, pw = nn.Conv2d(40, 40, 3, 1, 1, groups=40), nn.Conv2d(40, 24, 1)
@@ -159,9 +160,10 @@ def test_the_rule_fuses_separable_convolutions_into_their_fp8_gemm_and_keeps_the
     separable convolution before that ReLU hands its GEMM's raw bf16 output over
     (``raw_out``; with ``torch._scaled_mm``, which runs on the CPU too). The model computes
     what the cuDNN form computes (same codes, fp16 layers aside)."""
-    from bundler.targets.torch_aoti.model import (ChannelsLastView, DepthwiseE4m3,
-                                                  EngineModule, Fp8Pointwise,
-                                                  rewrite_channels_last)
+    from bundler.targets.torch_aoti.fp8_layers import Fp8Pointwise
+    from bundler.targets.torch_aoti.model import rewrite_channels_last
+    from bundler.targets.torch_aoti.nhwc_modules import (ChannelsLastView, DepthwiseE4m3,
+                                                         EngineModule)
 
     model, fp8 = _separable_model()
     forms = {d: rewrite_channels_last(model, torch.float16, fp8=fp8, emulate=emulate,
@@ -202,8 +204,8 @@ def test_gpu_the_triton_depthwise_form_compiles_with_aotinductor_and_matches_cud
     kernel from its cpp wrapper, against the eager cuDNN form of the same model, and the
     kernel on CUDA against ``DepthwiseE4m3``'s torch path on the CPU (the same codes)."""
     from bundler.targets.torch_aoti.build import compile_package, smoke_check
-    from bundler.targets.torch_aoti.model import (DepthwiseE4m3, EngineModule,
-                                                  rewrite_channels_last)
+    from bundler.targets.torch_aoti.model import rewrite_channels_last
+    from bundler.targets.torch_aoti.nhwc_modules import DepthwiseE4m3, EngineModule
 
     model, fp8 = _separable_model()
     forms = {d: EngineModule(rewrite_channels_last(model, torch.float16, fp8=fp8, depthwise=d),
@@ -234,8 +236,8 @@ def test_gpu_the_triton_skip_form_compiles_with_aotinductor_and_matches_the_trit
     from timm.models.xception_aligned import XceptionModule
 
     from bundler.targets.torch_aoti.build import compile_package, smoke_check
-    from bundler.targets.torch_aoti.model import (EngineModule, SkipAddBlock,
-                                                  rewrite_channels_last)
+    from bundler.targets.torch_aoti.model import rewrite_channels_last
+    from bundler.targets.torch_aoti.nhwc_modules import EngineModule, SkipAddBlock
     from bundler.torch_model import fold_batchnorm
 
     torch.manual_seed(0)
@@ -303,7 +305,8 @@ def test_the_exported_cuda_graph_of_timm_xception_has_the_passes_removed():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from bundler.families import load_family
-    from bundler.targets.torch_aoti.model import EngineModule, rewrite_channels_last
+    from bundler.targets.torch_aoti.model import rewrite_channels_last
+    from bundler.targets.torch_aoti.nhwc_modules import EngineModule
     from bundler.torch_model import build_torch_model
 
     model = build_torch_model(load_family("timm_xception"), seed=0)
@@ -441,7 +444,7 @@ def test_the_row_strip_tile_is_traced_to_its_own_kernel_with_a_symbolic_grid():
     from torch._dynamo.backends.common import aot_autograd
 
     from bundler.targets.torch_aoti.kernels.dw_conv import ROW_STRIP_CONFIG, dw_conv_e4m3
-    from bundler.targets.torch_aoti.model import DepthwiseE4m3
+    from bundler.targets.torch_aoti.nhwc_modules import DepthwiseE4m3
 
     def launch_of(stride: int):
         layer = DepthwiseE4m3(nn.Conv2d(40, 40, 3, stride, 1, groups=40), 0.02, 48,

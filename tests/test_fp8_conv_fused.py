@@ -220,7 +220,7 @@ def test_a_tile_table_sets_the_tiles_of_the_layers_it_names():
     from bundler.targets.torch_aoti.fused import FusedConv, rewrite_fused
     from bundler.targets.torch_aoti.kernels.fp8_conv import (Fp8ConvConfig, config_for,
                                                              default_config, tile_key)
-    from bundler.targets.torch_aoti.model import EngineModule
+    from bundler.targets.torch_aoti.nhwc_modules import EngineModule
 
     model, fp8 = _tiny_and_scales()
     chosen = Fp8ConvConfig(64, 32, 32, 4, 2, 4)
@@ -250,7 +250,7 @@ def test_a_graph_traced_for_a_static_batch_launches_that_batchs_tiles():
     from bundler.targets.torch_aoti.fused import rewrite_fused
     from bundler.targets.torch_aoti.kernels.fp8_conv import (Fp8ConvConfig, default_config,
                                                              tile_key)
-    from bundler.targets.torch_aoti.model import EngineModule
+    from bundler.targets.torch_aoti.nhwc_modules import EngineModule
 
     model, fp8 = _tiny_and_scales()
     small = Fp8ConvConfig(16, 32, 128, 2, 4, 8)
@@ -380,7 +380,7 @@ def test_gpu_the_fused_model_compiles_with_aotinductor_and_matches_eager(tmp_pat
     from bundler.targets.torch_aoti.build import compile_package, smoke_check
     from bundler.targets.torch_aoti.fused import rewrite_fused
     from bundler.targets.torch_aoti.kernels.fp8_conv import Fp8ConvConfig, tile_key
-    from bundler.targets.torch_aoti.model import EngineModule
+    from bundler.targets.torch_aoti.nhwc_modules import EngineModule
 
     model, fp8 = _tiny_and_scales()
     batch1 = {1: {tile_key(8, 8, (3, 3), (1, 1)): Fp8ConvConfig(16, 32, 128, 2, 4, 8)}}

@@ -65,13 +65,13 @@ def test_the_small_batch_pointwise_kernel_equals_the_gemm_under_the_interpreter(
 
 @needs_triton
 def test_small_static_batches_trace_the_pointwise_kernel_and_others_the_gemm():
-    """On CUDA inputs of a static batch of at most model.SMALL_BATCH, the layer takes the
+    """On CUDA inputs of a static batch of at most fp8_layers.SMALL_BATCH, the layer takes the
     Triton path (small tiles for its rows); a larger batch and a CPU input keep
     torch._scaled_mm. Fake CUDA tensors (FakeTensorMode) stand in for the GPU."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from bundler.targets.torch_aoti.kernels.fp8_conv import small_batch_config
-    from bundler.targets.torch_aoti.model import SMALL_BATCH, Fp8Pointwise
+    from bundler.targets.torch_aoti.fp8_layers import Fp8Pointwise, SMALL_BATCH
 
     conv = nn.Conv2d(64, 32, 1)
     ws = torch.full((32,), 0.01).numpy()
@@ -94,7 +94,7 @@ def test_small_static_batches_trace_the_pointwise_kernel_and_others_the_gemm():
 def test_the_op_is_exported_with_a_dynamic_batch():
     """torch.export keeps ``trt_bundle::fp8_conv_nhwc`` as one op with a symbolic batch:
     what AOTInductor lowers to the Triton kernel (a GPU compiles it; none here)."""
-    from bundler.targets.torch_aoti.model import Fp8ConvNHWC
+    from bundler.targets.torch_aoti.fp8_layers import Fp8ConvNHWC
 
     conv = nn.Conv2d(32, 48, 3, 2, 1)
     layer = Fp8ConvNHWC(conv, 0.05, torch.full((48,), 0.01).numpy(), torch.float16,
@@ -126,7 +126,7 @@ def test_torch_compile_traces_the_layer_into_one_graph_with_the_triton_kernel():
     GPU: the compiled call's failure on this CPU host is not what is checked)."""
     from torch._dynamo.backends.common import aot_autograd
 
-    from bundler.targets.torch_aoti.model import Fp8ConvNHWC
+    from bundler.targets.torch_aoti.fp8_layers import Fp8ConvNHWC
 
     conv = nn.Conv2d(32, 48, 3, 1, 1)
     layer = Fp8ConvNHWC(conv, 0.05, torch.full((48,), 0.01).numpy(), torch.float16,
@@ -173,7 +173,8 @@ def _scales(model: nn.Module, paths: list[str]) -> dict:
 
 
 def test_unknown_conv_kernels_are_refused_by_name():
-    from bundler.targets.torch_aoti.model import fp8_conv_kernel, rewrite_nhwc
+    from bundler.targets.torch_aoti.fp8_layers import fp8_conv_kernel
+    from bundler.targets.torch_aoti.model import rewrite_nhwc
 
     with pytest.raises(UsageError, match="'cudnn' is not one of im2col, triton"):
         fp8_conv_kernel("cudnn")
@@ -184,7 +185,7 @@ def test_unknown_conv_kernels_are_refused_by_name():
 
 def test_emulated_models_keep_im2col_and_a_missing_triton_is_named(monkeypatch):
     from bundler.targets.torch_aoti import kernels
-    from bundler.targets.torch_aoti.model import fp8_conv_kernel
+    from bundler.targets.torch_aoti.fp8_layers import fp8_conv_kernel
 
     assert fp8_conv_kernel("im2col") == "im2col"
     assert fp8_conv_kernel("triton", emulate=True) == "im2col"
@@ -196,7 +197,8 @@ def test_emulated_models_keep_im2col_and_a_missing_triton_is_named(monkeypatch):
 @needs_triton
 def test_the_rewrite_runs_dense_kxk_fp8_convs_on_the_kernel_and_1x1_on_the_gemm():
     from bundler.targets.torch_aoti.kernels.fp8_conv import default_config
-    from bundler.targets.torch_aoti.model import Fp8ConvNHWC, Fp8Pointwise, rewrite_nhwc
+    from bundler.targets.torch_aoti.fp8_layers import Fp8ConvNHWC, Fp8Pointwise
+    from bundler.targets.torch_aoti.model import rewrite_nhwc
 
     model = _model()
     fp8 = _scales(model, ["2", "4"])
@@ -215,7 +217,7 @@ def test_the_kernel_epilogue_uses_the_graph_scales_and_the_fp16_bias():
     """conv_scale = activation scale x each channel's weight scale; bias_out = the fp16
     graph's bias in fp32 (the im2col GEMM gets it in bf16)."""
     from bundler.fp8 import stored_scale
-    from bundler.targets.torch_aoti.model import Fp8ConvNHWC
+    from bundler.targets.torch_aoti.fp8_layers import Fp8ConvNHWC
 
     conv = nn.Conv2d(16, 24, 3, 1, 1)
     with torch.no_grad():
@@ -254,7 +256,7 @@ def test_fp8_details_name_the_conv_kernel():
 
 
 def test_conv_output_size_is_conv2d_s():
-    from bundler.targets.torch_aoti.model import conv_output_hw
+    from bundler.targets.torch_aoti.fp8_layers import conv_output_hw
 
     for k, s, p, d in [(3, 1, 1, 1), (3, 2, 1, 1), (1, 2, 0, 1), (5, 2, 2, 2), (7, 2, 3, 1)]:
         out = nn.Conv2d(1, 1, k, s, p, d)(torch.zeros(1, 1, 13, 10))

@@ -116,7 +116,8 @@ def test_the_fused_model_equals_the_unfused_fp8_model(gelu):
 
 def test_mlps_that_cannot_be_fused_are_refused_by_name_and_unselected_ones_kept():
     from bundler.targets.torch_aoti.fused_mlp import FusedMlp, mlp_parts
-    from bundler.targets.torch_aoti.model import Fp8Linear, rewrite_as_is
+    from bundler.targets.torch_aoti.fp8_layers import Fp8Linear
+    from bundler.targets.torch_aoti.model import rewrite_as_is
 
     model, fp8, _ = _vit_and_scales()
     mlp = model.blocks[0].mlp

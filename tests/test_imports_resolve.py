@@ -63,13 +63,15 @@ def test_every_project_import_names_something_that_exists():
     assert not problems, "\n".join(problems)
 
 
-def _module_attributes(path: Path):
-    """(line, module, attribute) of each ``alias.attribute`` read in ``path`` where
-    ``alias`` names a project module (``from pkg import module [as alias]``,
-    ``import pkg.module as alias``)."""
-    tree = ast.parse(path.read_text(), str(path))
+def _aliases_in(body) -> dict[str, str]:
+    """Alias -> project module, for the imports among ``body``'s statements (nested
+    blocks included, nested functions not)."""
     aliases: dict[str, str] = {}
-    for node in ast.walk(tree):
+    stack = list(body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
         if (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
                 and node.module.split(".")[0] in PACKAGES):
             for alias in node.names:
@@ -83,10 +85,25 @@ def _module_attributes(path: Path):
             for alias in node.names:
                 if alias.asname and alias.name.split(".")[0] in PACKAGES:
                     aliases[alias.asname] = alias.name
-    for node in ast.walk(tree):
+        stack.extend(ast.iter_child_nodes(node))
+    return aliases
+
+
+def _module_attributes(path: Path):
+    """(line, module, attribute) of each ``alias.attribute`` read in ``path`` where
+    ``alias`` names a project module (``from pkg import module [as alias]``,
+    ``import pkg.module as alias``) in that scope: a function sees its own imports and
+    those of the scopes around it."""
+    def visit(node, aliases):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef)):
+            aliases = {**aliases, **_aliases_in(node.body)}
         if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)
                 and isinstance(node.value, ast.Name) and node.value.id in aliases):
             yield node.lineno, aliases[node.value.id], node.attr
+        for child in ast.iter_child_nodes(node):
+            yield from visit(child, aliases)
+
+    yield from visit(ast.parse(path.read_text(), str(path)), {})
 
 
 def test_every_attribute_read_off_a_project_module_exists():
@@ -117,3 +134,8 @@ def test_a_stale_import_is_found(tmp_path):
                      "    return fam.TORCH_AOTI_LAYOUTS, fam.load_family\n")
     assert list(_module_attributes(moved)) == [(3, "bundler.families", "TORCH_AOTI_LAYOUTS"),
                                                (3, "bundler.families", "load_family")]
+    scoped = tmp_path / "scoped.py"            # one alias, two modules, in two functions
+    scoped.write_text("def f():\n    from bundler import families as m\n    return m.load_family\n"
+                      "def g():\n    from bundler import reuse as m\n    return m.reuse_mismatch\n")
+    assert list(_module_attributes(scoped)) == [(3, "bundler.families", "load_family"),
+                                                (6, "bundler.reuse", "reuse_mismatch")]

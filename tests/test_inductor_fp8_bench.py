@@ -107,7 +107,8 @@ def test_patchconv_puts_the_patch_embedding_convolution_back():
     weights, the same output (fp32, the CPU)."""
     import timm
 
-    from bundler.targets.torch_aoti.model import PatchGemm, rewrite_as_is
+    from bundler.targets.torch_aoti.model import rewrite_as_is
+    from bundler.targets.torch_aoti.nhwc_modules import PatchGemm
 
     bench = _load("inductor_fp8_bench")
     torch.manual_seed(0)

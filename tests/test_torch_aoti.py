@@ -242,8 +242,8 @@ def test_fp8_layers_name_the_same_tensors_in_the_fp16_and_fp8_graphs(
 
 @pytest.mark.parametrize("cin,cout,stride", [(728, 728, 1), (256, 728, 2), (64, 128, 1)])
 def test_fp8_pointwise_is_dequantized_fp8_math(cin, cout, stride):
-    from bundler.targets.torch_aoti import model as tam
-    from bundler.targets.torch_aoti.model import fake_quant_reference, padded
+    from bundler.targets.torch_aoti import fp8_layers as tam
+    from bundler.targets.torch_aoti.fp8_layers import fake_quant_reference, padded
 
     gen = torch.Generator().manual_seed(cin + cout)
     conv = torch.nn.Conv2d(cin, cout, 1, stride=stride, bias=True)
@@ -286,8 +286,8 @@ def test_fp8_pointwise_real_scaled_mm_matches_the_reference(gemm):
     after it give the dequantized FP8 product; rowwise also with the activation scale folded
     into the weight-scale row and a slice of a shared column of ones as the row scale. The
     fp16-out modes round the output once, as the fp16 graph does: 8x tighter than bf16."""
-    from bundler.targets.torch_aoti import model as tam
-    from bundler.targets.torch_aoti.model import fake_quant_reference
+    from bundler.targets.torch_aoti import fp8_layers as tam
+    from bundler.targets.torch_aoti.fp8_layers import fake_quant_reference
 
     gen = torch.Generator().manual_seed(7)
     conv = torch.nn.Conv2d(728, 728, 1, bias=True)
@@ -315,7 +315,7 @@ def test_small_static_batches_run_the_pointwise_dequantized_and_others_the_fp8_g
     plain int (eager, or a graph traced for a static batch) takes the dequantized fp16 GEMM
     on the same FP8 operands, bit for bit the "dequantized" mode's output; a larger one, or
     a symbolic batch (the dynamic graph), the FP8 GEMM of the layer's own mode."""
-    from bundler.targets.torch_aoti import model as tam
+    from bundler.targets.torch_aoti import fp8_layers as tam
 
     gen = torch.Generator().manual_seed(3)
     conv = torch.nn.Conv2d(40, 24, 1, stride=2)
@@ -340,7 +340,7 @@ def test_small_static_batches_run_the_pointwise_dequantized_and_others_the_fp8_g
 
 
 def test_fp8_pointwise_refuses_an_unknown_gemm_mode():
-    from bundler.targets.torch_aoti import model as tam
+    from bundler.targets.torch_aoti import fp8_layers as tam
 
     conv = torch.nn.Conv2d(16, 16, 1)
     with pytest.raises(UsageError, match="fp8 GEMM mode 'blockwise'"):
@@ -355,7 +355,7 @@ def test_fp8_pointwise_gives_scaled_mm_row_major_operands(batch, stride, gemm):
     _scaled_mm run without a GPU. The input is an NHWC view of NCHW memory, as the engine
     module hands it over; at batch 1 a plain reshape of it is column-major, which
     _scaled_mm refuses (found compiling on an H200)."""
-    from bundler.targets.torch_aoti import model as tam
+    from bundler.targets.torch_aoti import fp8_layers as tam
 
     conv = torch.nn.Conv2d(64, 128, 1, stride=stride, bias=True)
     w_scale = conv.weight.detach().reshape(128, -1).abs().amax(1).numpy() / 448
@@ -394,7 +394,8 @@ def test_fp8_gemms_share_one_ones_column_through_to_export_and_aoti(tmp_path):
     """One column for all GEMMs: the same tensor in every module, still one after
     ``module.to``, lifted once by torch.export, compiled into a package that runs at the
     dynamic batch sizes; the same numbers as a column per GEMM; a larger batch refused."""
-    from bundler.targets.torch_aoti.model import EngineModule, fp8_gemm_rows, rewrite_nhwc
+    from bundler.targets.torch_aoti.model import fp8_gemm_rows, rewrite_nhwc
+    from bundler.targets.torch_aoti.nhwc_modules import EngineModule
 
     model = _three_convs()
     fp8 = {"2": (0.01, np.full(48, 0.002)), "4": (0.01, np.full(40, 0.002))}
@@ -437,7 +438,7 @@ def test_fp8_gemms_share_one_ones_column_through_to_export_and_aoti(tmp_path):
 
 
 def test_depthwise_taps_equal_convolution():
-    from bundler.targets.torch_aoti import model as tam
+    from bundler.targets.torch_aoti import nhwc_modules as tam
 
     gen = torch.Generator().manual_seed(3)
     for stride in (1, 2):
@@ -461,7 +462,8 @@ def test_rewritten_fp8_model_matches_onnxruntime(graphs_fp8, graphs_family, grap
                                                  graphs_inputs, graphs_run):
     """The whole fp8 engine model (FP8 GEMMs emulated in fp32 on the CPU) against ONNX
     Runtime on the bundle's fp8 graph: same selection, same scales, same FP8 operands."""
-    from bundler.targets.torch_aoti.model import EngineModule, map_nodes_to_modules, rewrite_nhwc
+    from bundler.targets.torch_aoti.model import map_nodes_to_modules, rewrite_nhwc
+    from bundler.targets.torch_aoti.nhwc_modules import EngineModule
 
     layers = _layers(graphs_fp8, graphs_act_scales, graphs_weight_scales)
     paths = map_nodes_to_modules(graphs_torch_model, list(layers))
@@ -482,7 +484,8 @@ def test_padded_channels_compute_the_same_model(graphs_fp8, graphs_family, graph
     """728 channels carried as 736 (zeros) through the blocks: the fp32 rewrite still equals
     the model, and the fp8 engine model gives what the unpadded one gives."""
     from bundler.targets.torch_aoti import engine_model
-    from bundler.targets.torch_aoti.model import EngineModule, check_rewrite, map_nodes_to_modules, rewrite_nhwc
+    from bundler.targets.torch_aoti.model import check_rewrite, map_nodes_to_modules, rewrite_nhwc
+    from bundler.targets.torch_aoti.nhwc_modules import EngineModule
 
     x = torch.from_numpy(graphs_inputs["eval"][:2])
     assert check_rewrite(graphs_torch_model, x, pad_channels=True) < 1e-5

@@ -56,7 +56,7 @@ def _write_family(root, name: str, aoti: dict, drop: tuple[str, ...] = ()):
 
 
 def _run(body, x, nhwc: bool, channels_last: bool = False):
-    from bundler.targets.torch_aoti.model import EngineModule
+    from bundler.targets.torch_aoti.nhwc_modules import EngineModule
 
     with torch.no_grad():
         return EngineModule(body, torch.float16, nhwc, channels_last)(x).float()
@@ -69,9 +69,10 @@ def test_channels_last_fp8_model_matches_onnxruntime_and_the_nhwc_rewrite(
     two differ only in how fp16 layers round), with cuDNN's depthwise convolutions or the
     shifted-slice ones, or the ones that feed an FP8 GEMM writing its e4m3 rows
     (``DepthwiseE4m3``, here in torch ops: the Triton kernel is tested on its own)."""
-    from bundler.targets.torch_aoti.model import (ChannelsLastView, DepthwiseE4m3,
-                                                  Fp8Pointwise, SkipAddBlock,
-                                                  rewrite_channels_last, rewrite_nhwc)
+    from bundler.targets.torch_aoti.fp8_layers import Fp8Pointwise
+    from bundler.targets.torch_aoti.model import rewrite_channels_last, rewrite_nhwc
+    from bundler.targets.torch_aoti.nhwc_modules import (ChannelsLastView, DepthwiseE4m3,
+                                                         SkipAddBlock)
 
     x = torch.from_numpy(graphs_inputs["eval"][:4])
     ref = graphs_run(graphs_fp8, graphs_inputs["eval"][:4])
@@ -142,7 +143,9 @@ def test_fp16_gemm_outputs_in_the_family_s_form_stay_at_onnxruntime_s_result(
     against 1.232x under torch.compile (docs/measurements/h200-2026-12-04-c); here: the
     same top-1 as ONNX Runtime's fp8 graph, and no further from it than bf16 out (the
     graph's Conv writes fp16)."""
-    from bundler.targets.torch_aoti.model import DepthwiseE4m3, Fp8Pointwise, rewrite_channels_last
+    from bundler.targets.torch_aoti.fp8_layers import Fp8Pointwise
+    from bundler.targets.torch_aoti.model import rewrite_channels_last
+    from bundler.targets.torch_aoti.nhwc_modules import DepthwiseE4m3
 
     x = torch.from_numpy(graphs_inputs["eval"][:4])
     ref = graphs_run(graphs_fp8, graphs_inputs["eval"][:4])
@@ -168,8 +171,8 @@ def test_channels_last_fp8_depthwise_variant_quantizes_the_depthwise_layers(
     """fp8-depthwise in the channels_last form: the selected depthwise convolutions are
     quantized-dequantized as in the NHWC rewrite (``DepthwiseNHWC`` with its scales), so
     the two forms agree; a depthwise layer named as a dense FP8 one is refused by name."""
-    from bundler.targets.torch_aoti.model import (DepthwiseNHWC, rewrite_channels_last,
-                                                  rewrite_nhwc)
+    from bundler.targets.torch_aoti.model import rewrite_channels_last, rewrite_nhwc
+    from bundler.targets.torch_aoti.nhwc_modules import DepthwiseNHWC
 
     dw = [n for n, m in graphs_torch_model.named_modules()
           if isinstance(m, torch.nn.Conv2d) and m.groups > 1][:3]
@@ -197,7 +200,7 @@ def test_engine_model_builds_the_channels_last_fp8_form(graphs_torch_model, xcep
     the shared ones column sized for the batch; channels_last with the NHWC rewrite, or an
     fp8 NCHW model, is refused."""
     from bundler.targets.torch_aoti import engine_model
-    from bundler.targets.torch_aoti.model import Fp8Pointwise
+    from bundler.targets.torch_aoti.fp8_layers import Fp8Pointwise
 
     module, padding = engine_model(graphs_torch_model, "fp8", xception_fp8, nhwc=False,
                                    channels_last=True, input_shape=(3, 299, 299),
@@ -353,8 +356,9 @@ def test_the_pointwise_benchmark_measures_the_layers_the_engine_has(graphs_torch
     from collections import Counter
 
     from benchmark_modules import load_benchmark
-    from bundler.targets.torch_aoti.model import (Fp8Pointwise, SkipAddBlock,
-                                                  rewrite_channels_last)
+    from bundler.targets.torch_aoti.fp8_layers import Fp8Pointwise
+    from bundler.targets.torch_aoti.model import rewrite_channels_last
+    from bundler.targets.torch_aoti.nhwc_modules import SkipAddBlock
 
     bench = load_benchmark("pointwise_kernel_bench")
     body = rewrite_channels_last(graphs_torch_model, torch.float16, fp8=xception_fp8,

@@ -40,7 +40,8 @@ def resnet():
 
 
 def test_resnet_nhwc_rewrite_equals_the_model_maxpool_included(resnet):
-    from bundler.targets.torch_aoti.model import NCHWView, check_rewrite, rewrite_nhwc
+    from bundler.targets.torch_aoti.model import check_rewrite, rewrite_nhwc
+    from bundler.targets.torch_aoti.nhwc_modules import NCHWView
 
     x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(0))
     assert check_rewrite(resnet, x) < 1e-4
@@ -50,7 +51,7 @@ def test_resnet_nhwc_rewrite_equals_the_model_maxpool_included(resnet):
 
 @pytest.mark.parametrize("stride,padding", [(1, 1), (2, 1)])
 def test_fp8_conv_nhwc_is_dequantized_fp8_math(stride, padding):
-    from bundler.targets.torch_aoti.model import Fp8ConvNHWC
+    from bundler.targets.torch_aoti.fp8_layers import Fp8ConvNHWC
 
     gen = torch.Generator().manual_seed(stride)
     conv = torch.nn.Conv2d(32, 48, 3, stride=stride, padding=padding).requires_grad_(False)
@@ -65,7 +66,7 @@ def test_fp8_conv_nhwc_is_dequantized_fp8_math(stride, padding):
 
 
 def test_fp8_linear_is_dequantized_fp8_math_over_tokens():
-    from bundler.targets.torch_aoti.model import Fp8Linear
+    from bundler.targets.torch_aoti.fp8_layers import Fp8Linear
 
     gen = torch.Generator().manual_seed(3)
     linear = torch.nn.Linear(64, 96).requires_grad_(False)
@@ -87,7 +88,8 @@ def _unit_scales(model, paths):
 
 def test_resnet_fp8_engine_model_quantizes_every_conv_but_the_stem(resnet):
     from bundler.targets.torch_aoti import engine_model
-    from bundler.targets.torch_aoti.model import ConvNHWC, Fp8ConvNHWC, Fp8Pointwise
+    from bundler.targets.torch_aoti.fp8_layers import Fp8ConvNHWC, Fp8Pointwise
+    from bundler.targets.torch_aoti.nhwc_modules import ConvNHWC
 
     paths = [n for n, m in resnet.named_modules() if isinstance(m, torch.nn.Conv2d) and n != "conv1"]
     assert len(paths) == 52                          # the family's fp8 expected_count
@@ -99,7 +101,7 @@ def test_resnet_fp8_engine_model_quantizes_every_conv_but_the_stem(resnet):
 
 def test_vit_fp8_engine_model_keeps_its_layout_and_quantizes_the_block_linears():
     from bundler.targets.torch_aoti import engine_model
-    from bundler.targets.torch_aoti.model import Fp8Linear
+    from bundler.targets.torch_aoti.fp8_layers import Fp8Linear
     from bundler.torch_model import build_torch_model
 
     family = load_family("timm_vit_base")
@@ -123,7 +125,7 @@ def test_patch_gemm_is_the_patchifying_convolution(patch, size, bias):
     """A convolution whose kernel is its stride, as one GEMM over the patches: the same
     output (rows and columns that fill no patch dropped, as the convolution drops them),
     NCHW, and laid out so that timm's flatten(2).transpose(1, 2) after it is a view."""
-    from bundler.targets.torch_aoti.model import PatchGemm
+    from bundler.targets.torch_aoti.nhwc_modules import PatchGemm
 
     torch.manual_seed(0)
     conv = torch.nn.Conv2d(3, 24, patch, stride=patch, bias=bias).eval()
@@ -137,7 +139,7 @@ def test_patch_gemm_is_the_patchifying_convolution(patch, size, bias):
 
 
 def test_only_patchifying_convolutions_become_gemms():
-    from bundler.targets.torch_aoti.model import PatchGemm, is_patchify
+    from bundler.targets.torch_aoti.nhwc_modules import PatchGemm, is_patchify
 
     conv = torch.nn.Conv2d
     assert is_patchify(conv(3, 8, 16, stride=16)) and is_patchify(conv(3, 8, (2, 4), stride=(2, 4)))
@@ -156,7 +158,7 @@ def test_vit_engine_model_runs_its_patch_embedding_as_one_gemm(precision):
     output is the timm model's (fp32 here: the CPU's fp16 convolution is the reference
     that is slow, not the one that is exact)."""
     from bundler.targets.torch_aoti import engine_model
-    from bundler.targets.torch_aoti.model import PatchGemm
+    from bundler.targets.torch_aoti.nhwc_modules import PatchGemm
     from bundler.torch_model import build_torch_model
 
     family = load_family("timm_vit_base")
@@ -176,7 +178,8 @@ def test_patch_gemm_exports_with_a_dynamic_batch():
     batch: the patches' reshape holds no batch size of its own."""
     from torch.export import Dim, export
 
-    from bundler.targets.torch_aoti.model import EngineModule, rewrite_as_is
+    from bundler.targets.torch_aoti.model import rewrite_as_is
+    from bundler.targets.torch_aoti.nhwc_modules import EngineModule
 
     vit = _tiny_vit()
     module = EngineModule(rewrite_as_is(vit, torch.float32), torch.float32, False).eval()
@@ -206,7 +209,8 @@ def test_resnet_fp16_engine_is_the_model_in_channels_last_memory(resnet):
 def test_resnet_fp8_pointwise_variant_keeps_the_3x3_convolutions_fp16(resnet):
     from bundler.families import load_family
     from bundler.targets.torch_aoti import engine_model
-    from bundler.targets.torch_aoti.model import ConvNHWC, Fp8ConvNHWC, Fp8Pointwise
+    from bundler.targets.torch_aoti.fp8_layers import Fp8ConvNHWC, Fp8Pointwise
+    from bundler.targets.torch_aoti.nhwc_modules import ConvNHWC
 
     recipe = load_family("timm_resnet50").recipe("fp8-pointwise")
     assert recipe["expected_count"] == 36
@@ -234,7 +238,8 @@ def _inductor_code(gemm: str, batch: int = 2, small_batch: str = "gemm") -> str:
     ``batch`` with the small-batch form ``small_batch``."""
     from torch._inductor.utils import run_and_get_code
 
-    from bundler.targets.torch_aoti.model import EngineModule, rewrite_as_is
+    from bundler.targets.torch_aoti.model import rewrite_as_is
+    from bundler.targets.torch_aoti.nhwc_modules import EngineModule
 
     vit = _tiny_vit()
     fp8 = {n: (0.01, m.weight.detach().abs().amax(1).numpy() / 448)
@@ -281,7 +286,7 @@ def test_fp8_linear_small_static_batches_run_dequantized_and_others_the_fp8_gemm
     the 1x1 convolution kernel."""
     from torch.export import Dim, export
 
-    from bundler.targets.torch_aoti import model as tam
+    from bundler.targets.torch_aoti import fp8_layers as tam
 
     gen = torch.Generator().manual_seed(3)
     linear = torch.nn.Linear(40, 24)
@@ -309,7 +314,7 @@ def test_vit_small_batch_graph_compiles_without_fp8_gemms_and_keeps_the_quantize
     ``_scaled_mm`` left and every quantize still lands in the kernel of the op before it (no
     pass of its own), and no convolution (the patch embedding is one GEMM); compiled for a
     batch above ``SMALL_BATCH`` it keeps the FP8 GEMMs."""
-    from bundler.targets.torch_aoti.model import SMALL_BATCH
+    from bundler.targets.torch_aoti.fp8_layers import SMALL_BATCH
 
     one = _inductor_code("rowwise-fp16", batch=1, small_batch="dequantized")
     assert "_scaled_mm" not in one

@@ -135,12 +135,12 @@ def default_pad_channels(precision: str, pad_channels: bool | None = None) -> bo
 
 
 def default_fp8_conv(fp8_conv: str | None = None, family_default: str = "im2col") -> str:
-    """How fp8 builds run dense k x k convolutions (``model.FP8_CONVS``): ``fp8_conv`` if
+    """How fp8 builds run dense k x k convolutions (``fp8_layers.FP8_CONVS``): ``fp8_conv`` if
     given, else ``$TRT_BUNDLE_FP8_CONV`` (one build's override, e.g. im2col on a host
     without triton), else ``family_default`` (family.json ``torch_aoti.fp8_conv``), else
     "im2col". A family opts into a Triton kernel only once ``benchmarks/fp8_conv_bench.py``
     and ``bundle study`` have measured it against cuDNN's fp16 convolution on the GPU."""
-    from bundler.targets.torch_aoti.model import FP8_CONVS
+    from bundler.targets.torch_aoti.fp8_layers import FP8_CONVS
 
     chosen = fp8_conv if fp8_conv is not None else (os.environ.get(FP8_CONV_ENV) or family_default)
     if chosen not in FP8_CONVS:
@@ -170,11 +170,11 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
     ``fp8``: module path -> (activation scale, weight scales) (paths from
     ``rewrite.map_nodes_to_modules``); 1x1 ones become FP8 GEMMs, depthwise ones are
     quantized-dequantized. ``nhwc`` (default: ``default_nhwc``) selects the NHWC rewrite;
-    ``fp8_gemm``: ``rewrite.FP8_GEMMS``; ``pad_channels``: ``rewrite.rewrite_nhwc``'s.
+    ``fp8_gemm``: ``fp8_layers.FP8_GEMMS``; ``pad_channels``: ``rewrite.rewrite_nhwc``'s.
     ``layout``: the family's layout rule (``family.json`` ``torch_aoti.layout``): "nhwc"
     (images: the NHWC rewrite) or "as_is" (tokens: ``rewrite_as_is``, FP8 Linear layers);
     ``hook``: the family's ``nhwc_module`` (``rewrite_nhwc``); ``fp8_conv``: how dense k x k
-    FP8 convolutions run (``rewrite.FP8_CONVS``; "triton-fused": no NHWC rewrite but
+    FP8 convolutions run (``fp8_layers.FP8_CONVS``; "triton-fused": no NHWC rewrite but
     ``fused.rewrite_fused``, the channels_last model with fused ResNet bottlenecks). ``channels_last`` (without ``nhwc``): the
     model as it is in channels_last memory format, the torch.compile user's form
     (family.json ``torch_aoti.fp16_layout``); for fp8, that model with its FP8 layers on
@@ -184,10 +184,12 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
     family.json ``torch_aoti.fp8_triton_pointwise``).
     ``small_batch_pointwise``: how the FP8 1x1 convolutions (the Linear layers of an
     "as_is" family) run in a static-batch graph of a small batch
-    (``rewrite.SMALL_BATCH_POINTWISE``).
+    (``fp8_layers.SMALL_BATCH_POINTWISE``).
     """
     torch = import_torch()
     from bundler.targets.torch_aoti import model as rewrite
+    from bundler.targets.torch_aoti.fp8_layers import fp8_conv_kernel, padded
+    from bundler.targets.torch_aoti.nhwc_modules import EngineModule
 
     if precision not in PRECISIONS:
         raise UsageError(f"torch-aoti builds {', '.join(PRECISIONS)}, not {precision!r}")
@@ -206,7 +208,7 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
                                         fp8_gemm=fp8_gemm, fp8_rows=rows,
                                         small_batch_pointwise=small_batch_pointwise,
                                         fp8_conv=fp8_conv if precision == "fp8" else "im2col")
-        return rewrite.EngineModule(body, dtype, False), {}
+        return EngineModule(body, dtype, False), {}
     if layout != "nhwc":
         raise UsageError(f"torch_aoti.layout {layout!r}: choose nhwc or as_is")
     if precision == "fp8" and fp8_conv == "triton-fused":
@@ -215,8 +217,8 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
                              "no NHWC rewrite, no channel padding")
         from bundler.targets.torch_aoti.fused import rewrite_fused
 
-        rewrite.fp8_conv_kernel(fp8_conv)            # refuses a missing triton by name
-        return rewrite.EngineModule(rewrite_fused(torch_model, fp8 or {}), dtype, False,
+        fp8_conv_kernel(fp8_conv)            # refuses a missing triton by name
+        return EngineModule(rewrite_fused(torch_model, fp8 or {}), dtype, False,
                                     True), {}
     if channels_last and nhwc:
         raise UsageError("channels_last and the NHWC rewrite are two forms: ask for one")
@@ -241,14 +243,14 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
             fast_accum=fast_accum, fp8_gemm=fp8_gemm, fp8_rows=rows, fp8_conv=fp8_conv,
             small_batch_pointwise=small_batch_pointwise, depthwise=depthwise,
             triton_pointwise=triton_pointwise)
-        return rewrite.EngineModule(body, dtype, False, True), padding
+        return EngineModule(body, dtype, False, True), padding
     if not nhwc:
         import copy
 
         body = copy.deepcopy(torch_model).to(dtype).eval()
         if channels_last:
             body = body.to(memory_format=torch.channels_last)
-        return rewrite.EngineModule(body, dtype, False, channels_last), padding
+        return EngineModule(body, dtype, False, channels_last), padding
     modules = dict(torch_model.named_modules())
     pointwise, depthwise = {}, {}
     for path, scales in (fp8 or {}).items():
@@ -259,7 +261,7 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
         pointwise[path] = scales
         if conv.kernel_size != (1, 1):
             continue                       # Fp8ConvNHWC reads its input unpadded
-        kpad, npad = rewrite.padded(conv.in_channels), rewrite.padded(conv.out_channels)
+        kpad, npad = padded(conv.in_channels), padded(conv.out_channels)
         if (kpad, npad) != (conv.in_channels, conv.out_channels):
             padding[path] = {"in": [conv.in_channels, kpad], "out": [conv.out_channels, npad]}
     rows = None
@@ -271,7 +273,7 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
                                    pad_channels=pad_channels, fp8_rows=rows,
                                    fp8_conv=fp8_conv, hook=hook,
                                    small_batch_pointwise=small_batch_pointwise)
-    return rewrite.EngineModule(body, dtype, True), padding
+    return EngineModule(body, dtype, True), padding
 
 
 def _dense(torch_model, fp8: dict) -> list[tuple[str, Any]]:
@@ -409,14 +411,14 @@ def static_sizes(static_batches: Sequence[int], lo: int, hi: int) -> list[int]:
 def effective_small_batch_pointwise(requested: str, precision: str,
                                     static_batches: Sequence[int], *, layout: str = "nhwc",
                                     fp8_conv: str = "im2col") -> str:
-    """The small-batch GEMM form a build records (``model.SMALL_BATCH_POINTWISE``):
+    """The small-batch GEMM form a build records (``fp8_layers.SMALL_BATCH_POINTWISE``):
     ``requested`` where it applies (an fp8 model whose GEMM layers are ``Fp8Pointwise`` or
     ``Fp8Linear``: the NHWC rewrite or the channels_last form of an image family, i.e.
     every fp8 form but ``fp8_conv`` "triton-fused", or an "as_is" ``layout``; with a
-    static graph of at most ``model.SMALL_BATCH`` images), else "gemm" (nothing it would
+    static graph of at most ``fp8_layers.SMALL_BATCH`` images), else "gemm" (nothing it would
     change: not recorded). `bundle study` asks the same to decide whether a bundle can be
     reused."""
-    from bundler.targets.torch_aoti.model import SMALL_BATCH
+    from bundler.targets.torch_aoti.fp8_layers import SMALL_BATCH
 
     gemm_layers = layout == "as_is" or fp8_conv != "triton-fused"
     applies = (precision == "fp8" and gemm_layers
@@ -430,8 +432,8 @@ SMALL_BATCH_LAYOUTS = TORCH_AOTI_SMALL_BATCH_LAYOUTS
 
 
 def small_static_batches(static_batches: Sequence[int]) -> list[int]:
-    """The static sizes that count as small (<= ``model.SMALL_BATCH``)."""
-    from bundler.targets.torch_aoti.model import SMALL_BATCH
+    """The static sizes that count as small (<= ``fp8_layers.SMALL_BATCH``)."""
+    from bundler.targets.torch_aoti.fp8_layers import SMALL_BATCH
 
     return [int(n) for n in static_batches if n <= SMALL_BATCH]
 
@@ -494,7 +496,7 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
     family.json ``torch_aoti.static_batches``). ``small_batch_pointwise``: how FP8 1x1
     convolutions (Linear layers of an "as_is" family) run in the static graphs of small
     batches (``engine_model``; family.json ``torch_aoti.fp8_pointwise_small_batch``).
-    ``small_batch_layout="nhwc"``: the static graphs of at most ``model.SMALL_BATCH``
+    ``small_batch_layout="nhwc"``: the static graphs of at most ``fp8_layers.SMALL_BATCH``
     images are the NHWC rewrite even where the model form is channels_last (family.json
     ``torch_aoti.small_batch_layout``: on the H200 timm_xception's channels_last form
     was the faster at batch 32 and the NHWC rewrite at batch 1, where cuDNN's depthwise
@@ -593,7 +595,7 @@ def engine_details(host: dict, precision: str, options: dict, *, nhwc: bool,
     batch sizes the package was checked at, and the sizes with a static graph of their own
     (``static_batches``, only when there are some). No floats (manifest rule)."""
     from bundler.quality import decimal
-    from bundler.targets.torch_aoti.model import FP8_ALIGN
+    from bundler.targets.torch_aoti.fp8_layers import FP8_ALIGN
 
     details = dict(host)
     recorded_conv = fp8_conv_recorded(precision, layout, fp8_conv)
@@ -825,7 +827,7 @@ def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] |
     checks it against the ONNX Runtime reference instead. ``fp8_conv``: how dense k x k
     FP8 convolutions run, default ``$TRT_BUNDLE_FP8_CONV``, else the family's
     ``torch_aoti.fp8_conv``, else im2col (``default_fp8_conv``).
-    ``fp8_gemm`` and ``fp8_fast_accum``: how the FP8 layers run (``model.FP8_GEMMS``,
+    ``fp8_gemm`` and ``fp8_fast_accum``: how the FP8 layers run (``fp8_layers.FP8_GEMMS``,
     ``use_fast_accum``), default the family's ``torch_aoti.fp8_gemm`` and
     ``torch_aoti.fp8_fast_accum`` (family.json).
     """

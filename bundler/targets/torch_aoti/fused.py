@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bundler.fp8 import stored_scale
-from bundler.targets.torch_aoti.model import Fp8ConvNHWC, quantize, static_batch
+from bundler.targets.torch_aoti.fp8_layers import Fp8ConvNHWC, quantize, static_batch
 from runtime_py.errors import UsageError
 
 __all__ = ["FusedConv", "FusedBottleneck", "bottleneck_parts", "rewrite_fused",

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bundler.targets.torch_aoti.fused import scale_tensor
-from bundler.targets.torch_aoti.model import Fp8Linear, padded, quantize
+from bundler.targets.torch_aoti.fp8_layers import Fp8Linear, padded, quantize
 from runtime_py.errors import UsageError
 
 __all__ = ["FusedMlp", "mlp_parts", "fuse_mlps", "gelu_erfc", "MLP_TILES"]

@@ -34,7 +34,7 @@ TORCH_AOTI_FP8_DEPTHWISE = ("cudnn", "slices", "triton", "triton-rows", "triton-
 TORCH_AOTI_TRITON_DEPTHWISE = ("triton", "triton-rows", "triton-skip")
 #: ``torch_aoti.fp8_triton_pointwise`` entries' epilogues: "raw" (the layer's output read by
 #: the next depthwise kernel) or "skip" (a residual block's last layer, its shortcut added
-#: in the epilogue); bundler.targets.torch_aoti.model.SkipAddBlock.
+#: in the epilogue); bundler.targets.torch_aoti.nhwc_modules.SkipAddBlock.
 TRITON_POINTWISE_EPILOGUES = ("raw", "skip")
 #: ``torch_aoti.small_batch_layout``: the static graphs of at most 8 images in the
 #: precision's own form ("same") or as the NHWC rewrite ("nhwc": timm_xception, whose
@@ -44,12 +44,12 @@ TORCH_AOTI_SMALL_BATCH_LAYOUTS = ("same", "nhwc")
 #: is one more AOTInductor compile at make time: about 2 minutes for ViT-B/16 on the H200).
 MAX_STATIC_BATCHES = 8
 #: ``torch_aoti.fp8_gemm``: how the torch-aoti fp8 engine runs its FP8 layers (the meaning
-#: of each: bundler.targets.torch_aoti.model.FP8_GEMMS); ``torch_aoti.fp8_fast_accum``:
+#: of each: bundler.targets.torch_aoti.fp8_layers.FP8_GEMMS); ``torch_aoti.fp8_fast_accum``:
 #: torch._scaled_mm's ``use_fast_accum`` (Hopper's FP8 accumulation without the periodic
 #: promotion to fp32).
 TORCH_AOTI_FP8_GEMMS = ("rowwise", "tensorwise", "rowwise-fp16", "dequantized")
 #: ``torch_aoti.fp8_conv``: how the torch-aoti fp8 engine runs dense k x k FP8 convolutions
-#: (the meaning of each: bundler.targets.torch_aoti.model.FP8_CONVS); "im2col" unless the
+#: (the meaning of each: bundler.targets.torch_aoti.fp8_layers.FP8_CONVS); "im2col" unless the
 #: family names another; ``$TRT_BUNDLE_FP8_CONV`` overrides it for one build. For a layout
 #: "as_is" family (Linear layers) only "triton-fused" means something: its transformer MLPs
 #: run fc1 on the same Triton kernel with GELU and fc2's quantize fused
@@ -58,7 +58,7 @@ TORCH_AOTI_FP8_CONVS = ("im2col", "triton", "triton-fused")
 #: ``torch_aoti.fp8_pointwise_small_batch``: how the FP8 1x1 convolutions (a layout "as_is"
 #: family's FP8 Linear layers: gemm or dequantized) run in a static-batch graph of at most 8
 #: images (``torch_aoti.static_batches``; the meaning of each:
-#: bundler.targets.torch_aoti.model.SMALL_BATCH_POINTWISE); "gemm" unless named.
+#: bundler.targets.torch_aoti.fp8_layers.SMALL_BATCH_POINTWISE); "gemm" unless named.
 TORCH_AOTI_SMALL_BATCH_POINTWISE = ("gemm", "triton", "dequantized")
 
 

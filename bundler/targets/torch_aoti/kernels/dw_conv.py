@@ -50,7 +50,7 @@ from torch.library import triton_op, wrap_triton
 
 from bundler.fp8 import E4M3_MAX
 from bundler.targets.torch_aoti.kernels.fp8_conv import _quantize_e4m3, _window_origins
-from bundler.targets.torch_aoti.model import conv_output_hw
+from bundler.targets.torch_aoti.fp8_layers import conv_output_hw
 
 __all__ = ["DwConvConfig", "DW_CONFIGS", "default_dw_config", "dw_conv_e4m3",
            "element_alignment"]

@@ -1,6 +1,6 @@
 """FP8 convolution on NHWC activations as an implicit GEMM (Triton), a torch custom op.
 
-Why: the im2col FP8 convolution (``model.Fp8ConvNHWC``'s default) concatenates the k x k
+Why: the im2col FP8 convolution (``fp8_layers.Fp8ConvNHWC``'s default) concatenates the k x k
 shifted views of its input before one ``torch._scaled_mm``: for a 3x3 convolution that
 writes and reads 9x the activation bytes in FP8, which is what ResNet-50's 3x3 layers (over
 half its FLOPs) cannot afford against cuDNN's fp16 implicit-GEMM convolution. This kernel
@@ -53,7 +53,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from bundler.fp8 import E4M3_MAX
-from bundler.targets.torch_aoti.model import conv_output_hw
+from bundler.targets.torch_aoti.fp8_layers import conv_output_hw
 
 __all__ = ["GELU_FORMS", "Fp8ConvConfig", "CANDIDATE_CONFIGS", "SMALL_BATCH_CONFIGS", "MEASURED_TILES",
            "MEASURED_TILES_BATCH1", "MEASURED_TILES_BY_BATCH", "TileKey", "TileTable", "tile_key", "small_batch_config", "default_config", "config_for", "fp8_conv_nhwc", "fp8_conv",
