@@ -75,7 +75,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
 import queue
 import threading
@@ -91,6 +90,7 @@ from .errors import BatcherClosedError, BatcherError, QueueFullError, UsageError
 from .hostcopy import gather_rows
 from .pending import Pending
 from .tensors import FeedChecker, TensorSpec
+from .waiters import AsyncWaiter, LoopPost, ThreadWaiter, one_wake_up_per_loop
 
 log = logging.getLogger(__name__)
 
@@ -149,174 +149,6 @@ class BatchStats(NamedTuple):
     ready_s: float = 0.0
 
 
-class _LightFuture:
-    """The part of ``concurrent.futures.Future`` the batcher uses (``done``, ``running``,
-    ``set_running_or_notify_cancel``, ``set_result``, ``set_exception``), for the
-    waiters below, which differ only in how a result reaches the one waiting for it."""
-
-    __slots__ = ("_done", "_running")
-
-    def __init__(self) -> None:
-        self._done = self._running = False
-
-    def done(self) -> bool:
-        return self._done
-
-    def running(self) -> bool:
-        return self._running and not self._done
-
-    def cancelled(self) -> bool:
-        return False
-
-    def set_running_or_notify_cancel(self) -> bool:
-        self._running = True
-        return True
-
-    def set_result(self, result: Feeds) -> None:
-        self._settle(result, None)
-
-    def set_exception(self, exc: BaseException) -> None:
-        self._settle(None, exc)
-
-    def _settle(self, result: Feeds | None, error: BaseException | None) -> None:
-        if self._done:
-            raise InvalidStateError("result already set")
-        self._done = True
-        self._deliver(result, error)
-
-    def _deliver(self, result: Feeds | None, error: BaseException | None) -> None:
-        raise NotImplementedError
-
-
-class _Waiter(_LightFuture):
-    """What ``Batcher.infer`` waits on: one lock, held until the result is set.
-
-    Why not a Future: with 64 blocking clients the per-request Python cost caps what the
-    batcher serves (about 6,000 img/s on the H200 before), and a Future's Condition (a
-    lock per wait, a deque of waiters, ``notify_all`` in Python, callbacks) is most of
-    what completing a request costs; one C-level lock release is the least that can wake
-    a thread. No cancellation: a blocking caller cannot cancel.
-    """
-
-    __slots__ = ("_lock", "_result", "_error")
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._lock = threading.Lock()
-        self._lock.acquire()
-        self._result: Feeds | None = None
-        self._error: BaseException | None = None
-
-    def _deliver(self, result: Feeds | None, error: BaseException | None) -> None:
-        self._result, self._error = result, error
-        self._lock.release()
-
-    def result(self, timeout: float | None = None) -> Feeds:
-        if not self._done:
-            if not self._lock.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
-                raise TimeoutError(f"no result within {timeout} s")
-            self._lock.release()      # done: later calls return at once
-        if self._error is not None:
-            raise self._error
-        return self._result  # type: ignore[return-value]
-
-
-class _LoopPost:
-    """Results bound for one asyncio event loop, handed over in as few wake-ups as the
-    loop allows: the first result posted schedules one ``call_soon_threadsafe`` flush,
-    and results posted before the loop ran it ride along. While the completion thread
-    delivers a batch (`_one_wake_up_per_loop`), the flush is scheduled once, after the
-    batch's last result: scheduling it wakes the loop through a socket write, which gives
-    the GIL away, and a loop that took it then would flush one result per wake-up (seen:
-    33 wake-ups for a batch of 32, and a batch's replies split over frames)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self._items: list[tuple[asyncio.Future, Feeds | None, BaseException | None]] = []
-        self._lock = threading.Lock()
-        self._scheduled = False
-
-    def post(self, fut: asyncio.Future, result: Feeds | None, error: BaseException | None
-             ) -> None:
-        with self._lock:
-            self._items.append((fut, result, error))
-            if self._scheduled:
-                return
-            held = getattr(_delivering, "posts", None)
-            if held is not None:
-                held.add(self)          # scheduled once the batch is delivered
-                return
-            self._scheduled = True
-        self._wake()
-
-    def kick(self) -> None:
-        """Schedule the flush of what was posted, if nothing has yet."""
-        with self._lock:
-            if self._scheduled or not self._items:
-                return
-            self._scheduled = True
-        self._wake()
-
-    def _wake(self) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self._flush)
-        except RuntimeError:            # the loop is closed: nobody awaits these any more
-            with self._lock:
-                self._items.clear()
-                self._scheduled = False
-
-    def _flush(self) -> None:
-        with self._lock:
-            items, self._items, self._scheduled = self._items, [], False
-        for fut, result, error in items:
-            if fut.done():              # the awaiting task was cancelled
-                continue
-            if error is not None:
-                fut.set_exception(error)
-            else:
-                fut.set_result(result)
-
-
-#: The loops' posts touched by the batch this thread is delivering (`_one_wake_up_per_loop`).
-_delivering = threading.local()
-
-
-@contextlib.contextmanager
-def _one_wake_up_per_loop():
-    """Deliver a batch, then wake each event loop that awaits its results once."""
-    _delivering.posts = posts = set()
-    try:
-        yield
-    finally:
-        _delivering.posts = None
-        for post in posts:
-            post.kick()
-
-
-class _AsyncWaiter(_LightFuture):
-    """What ``Batcher.submit_async`` awaits: an asyncio future of the caller's loop, set
-    through the loop's `_LoopPost`. Cancelling the awaiting task cancels the request
-    while it has not started."""
-
-    __slots__ = ("fut", "_post")
-
-    def __init__(self, fut: asyncio.Future, post: _LoopPost) -> None:
-        super().__init__()
-        self.fut, self._post = fut, post
-
-    def cancelled(self) -> bool:
-        return self.fut.cancelled()     # a read of the future's state: safe off its loop
-
-    def set_running_or_notify_cancel(self) -> bool:
-        if self.fut.cancelled():        # a read of the future's state: safe off its loop
-            self._done = True
-            return False
-        return super().set_running_or_notify_cancel()
-
-    def _deliver(self, result: Feeds | None, error: BaseException | None) -> None:
-        self._post.post(self.fut, result, error)
-
-
 class _Request:
     """One submitted request and the progress of its rows through batches."""
 
@@ -324,13 +156,13 @@ class _Request:
                  "started")
 
     def __init__(self, feeds: Feeds, rows: int, signature: tuple,
-                 waiter: "_Waiter | _AsyncWaiter | None" = None) -> None:
+                 waiter: "ThreadWaiter | AsyncWaiter | None" = None) -> None:
         self.feeds = feeds
         self.rows = rows
         self.taken = 0          # rows handed to batches so far
         self.done = 0           # rows whose outputs came back
         self.parts: list[dict[str, np.ndarray]] = []   # output slices, in row order
-        self.future: Future | _Waiter | _AsyncWaiter = waiter if waiter is not None else Future()
+        self.future: Future | ThreadWaiter | AsyncWaiter = waiter if waiter is not None else Future()
         self.t_submit = time.perf_counter()
         self.signature = signature   # non-batch shapes: requests merge only when equal
         self.started = False
@@ -474,7 +306,7 @@ class Batcher:
         return self._enqueue(feeds, None)  # type: ignore[return-value]
 
     def _enqueue(self, feeds: Mapping[str, np.ndarray] | np.ndarray,
-                 waiter: "_Waiter | _AsyncWaiter | None") -> Future | _Waiter | _AsyncWaiter:
+                 waiter: "ThreadWaiter | AsyncWaiter | None") -> Future | ThreadWaiter | AsyncWaiter:
         if isinstance(feeds, np.ndarray) and len(self._specs) == 1:
             feeds = {self._specs[0].name: feeds}   # the one input of a single-input model
         rows = self._check(feeds)
@@ -505,7 +337,7 @@ class Batcher:
         """``submit`` for asyncio code: await the outputs without blocking the loop.
 
         Cancelling the awaiting task cancels the request if it has not started yet.
-        Results reach the loop in one wake-up per batch where they can (`_LoopPost`).
+        Results reach the loop in one wake-up per batch where they can (`LoopPost`).
         """
         return await self.submit_future(feeds)
 
@@ -516,16 +348,16 @@ class Batcher:
         loop = asyncio.get_running_loop()
         post = self._posts.get(loop)
         if post is None:
-            post = self._posts.setdefault(loop, _LoopPost(loop))
+            post = self._posts.setdefault(loop, LoopPost(loop))
         fut = loop.create_future()
-        self._enqueue(feeds, _AsyncWaiter(fut, post))
+        self._enqueue(feeds, AsyncWaiter(fut, post))
         return fut
 
     def infer(self, feeds: Mapping[str, np.ndarray] | np.ndarray, timeout: float | None = None) -> Feeds:
         """Blocking: queue one request and wait for its outputs (``submit(feeds).result(
-        timeout)``, on a lighter waiter than a Future: `_Waiter`). Raises ``TimeoutError``
+        timeout)``, on a lighter waiter than a Future: `ThreadWaiter`). Raises ``TimeoutError``
         after ``timeout`` seconds; the request itself still runs."""
-        return self._enqueue(feeds, _Waiter()).result(timeout)  # type: ignore[union-attr]
+        return self._enqueue(feeds, ThreadWaiter()).result(timeout)  # type: ignore[union-attr]
 
     def add_listener(self, fn: Callable[[BatchStats], None]) -> None:
         """Call ``fn(BatchStats)`` on the worker thread after each batch (keep it cheap)."""
@@ -776,7 +608,7 @@ class Batcher:
         """Wait for one batch, hand each request its rows, free its slot; never raises."""
         live, feeds, pending, slot, t0, enqueue_s, queue_s = item
         try:
-            with _one_wake_up_per_loop():
+            with one_wake_up_per_loop():
                 try:
                     self._finish(live, feeds, pending, t0, enqueue_s, queue_s)
                 except BaseException as e:  # never let the thread die with requests pending
@@ -1084,7 +916,7 @@ def _fail(req: _Request, exc: BaseException) -> None:
         pass
 
 
-def _set(future: Future | _Waiter | _AsyncWaiter, result: Feeds) -> None:
+def _set(future: Future | ThreadWaiter | AsyncWaiter, result: Feeds) -> None:
     try:
         future.set_result(result)
     except InvalidStateError:   # already failed by close(drain=False)
