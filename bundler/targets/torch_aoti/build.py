@@ -218,8 +218,7 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
         from bundler.targets.torch_aoti.fused import rewrite_fused
 
         fp8_conv_kernel(fp8_conv)            # refuses a missing triton by name
-        return EngineModule(rewrite_fused(torch_model, fp8 or {}), dtype, False,
-                                    True), {}
+        return EngineModule(rewrite_fused(torch_model, fp8 or {}), dtype, False, True), {}
     if channels_last and nhwc:
         raise UsageError("channels_last and the NHWC rewrite are two forms: ask for one")
     nhwc = default_nhwc(precision, False if channels_last else nhwc)
