@@ -5,9 +5,9 @@ Everything that differs between engine targets and is not the engine itself live
 serving platform, the packages recorded in a bundle's build, the manifest schema's
 ``$defs`` key for its ``engine.details``, the pure host check
 (``runtime_py/engines/<backend>_compat.py``'s ``check_<backend>_target``), the runner class,
-the builder module, the module of its family.json settings, and where its engine runs. Code and data are named by dotted path and imported only when asked
-for, so reading the registry imports no engine package (and ``runtime_py`` never imports
-``bundler``).
+the builder module, the module of its family.json settings, and where its engine runs.
+Code and data are named by dotted path and imported only when asked for, so reading the
+registry imports no engine package (and ``runtime_py`` never imports ``bundler``).
 
 The CLI's ``--backend`` choices, ``runtime_py.compat``, ``runtime_py.model``,
 ``bundle make``, ``bundle rebuild`` and ``bundle study`` read the list from here.
@@ -38,6 +38,7 @@ def _load(dotted: str) -> Any:
     return getattr(module, attr) if attr else module
 
 
+#: ``EngineTarget.runs_on``'s values.
 RUNS_ON = ("any", "gpu", "details")
 
 
