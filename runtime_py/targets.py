@@ -10,12 +10,13 @@ Code and data are named by dotted path and imported only when asked for, so read
 registry imports no engine package (and ``runtime_py`` never imports ``bundler``).
 
 The CLI's ``--backend`` choices, ``runtime_py.compat``, ``runtime_py.model``,
-``bundle make``, ``bundle rebuild`` and ``bundle study`` read the list from here.
+``bundle make``, ``bundle rebuild``, ``bundle study``, the family loader (each target's
+family.json section) and the deployment exports read the list from here.
 
 Adding a target touches its own files and one entry below: its builder
-(``bundler/targets/<name>/``, with ``build_target``), its runner
-(``runtime_py/engines/<name>.py``) and its host check (``runtime_py/engines/<name>_compat.py``),
-one ``EngineTarget`` in ``TARGETS``, and, since the format changes, the manifest schema's
+(``bundler/targets/<name>/``, with ``build_target``; a settings module there if families
+choose its build settings), its runner (``runtime_py/engines/<name>.py``) and its host
+check (``runtime_py/engines/<name>_compat.py``), one ``EngineTarget`` in ``TARGETS``, and, since the format changes, the manifest schema's
 ``backend`` enum and ``$defs`` entry and ``cpp_stub/src/checks.cpp`` (docs/architecture.md,
 "Adding an engine target").
 """
