@@ -67,3 +67,30 @@ def test_infer_messages_of_one_turn_are_answered_in_one_frame_with_each_requests
     assert replies[3]["ok"] is False and replies[3]["status"] == 500
     assert "fail" in replies[3]["message"]
     assert stats["success"]["count"] == 3 and stats["fail"]["count"] == 1
+
+
+def test_a_message_msgpack_cannot_carry_is_refused_alone_and_the_frame_goes_out():
+    """An integer beyond 64 bits (a client's JSON may hold one) or a lone surrogate is
+    refused when the message is put, in its sender's code; the other messages of the turn
+    still go out in one frame. Packed at the flush, the whole frame failed in a loop
+    callback and every request of that turn hung (found by tests/test_fuzz_protocols.py's
+    kind of input: a shared-memory register with a 2**64 offset, through a worker)."""
+    import pytest
+
+    from runtime_py.server.workers import UNPACKABLE, _Outbox
+
+    frames: list[list[dict]] = []
+
+    async def turn() -> None:
+        box = _Outbox(lambda data: frames.append(_messages(data)), lambda msgs: None)
+        box.bind(asyncio.get_running_loop())
+        box.put({"id": 1, "op": "ready"})
+        with pytest.raises(UNPACKABLE):
+            box.put({"id": 2, "op": "shm_register", "args": ["r", "/k", 2**64, 16]})
+        with pytest.raises(UNPACKABLE):
+            box.put({"id": 3, "op": "shm_register", "args": ["r", "\ud800", 0, 16]})
+        box.put({"id": 4, "op": "ready"})
+        await asyncio.sleep(0)                  # the end of the turn: one frame
+
+    asyncio.run(turn())
+    assert frames == [[{"id": 1, "op": "ready"}, {"id": 4, "op": "ready"}]]

@@ -282,3 +282,28 @@ def test_servers_answer_or_close_mutated_streams_and_keep_serving(tmp_path, work
     finally:
         logging.getLogger().removeHandler(errors)
     assert errors.records == [], "\n----\n".join(errors.records[:3])
+
+
+def test_values_msgpack_cannot_carry_get_a_400_through_a_worker(tmp_path):
+    """Found by fuzzing the shared-memory routes: through a front-end worker, a register
+    whose offset is 2**64 (or whose key holds a lone surrogate) failed the worker's whole
+    frame to the engine, and that request (and any other of the same turn) never got an
+    answer. Each is now a 400 of its own, and the server goes on."""
+    pytest.importorskip("starlette")
+    sys.path.insert(0, str(Path(__file__).parent))
+    from synthetic_bundles import served_ports
+
+    def post(port: int, path: str, body: bytes) -> bytes:
+        return _exchange(port, b"POST %s HTTP/1.1\r\nContent-Length: %d\r\nConnection: close"
+                         b"\r\n\r\n%s" % (path.encode(), len(body), body), 10.0)
+
+    with served_ports(tmp_path, workers=1, max_body_bytes=1 << 20) as (http_port, _, _model):
+        register = "/v2/systemsharedmemory/region/r/register"
+        for body in (b'{"key": "/k", "offset": 18446744073709551616, "byte_size": 16}',
+                     b'{"key": "/k\\ud800", "offset": 0, "byte_size": 16}'):
+            answer = post(http_port, register, body)
+            assert answer.startswith(b"HTTP/1.1 400"), answer[:300]
+        assert b"cannot pass on" in post(http_port, register, body=(
+            b'{"key": "/k", "offset": 0, "byte_size": -18446744073709551617}'))
+        assert _exchange(http_port, b"GET /v2/health/live HTTP/1.1\r\nConnection: close\r\n\r\n",
+                         5.0).startswith(b"HTTP/1.1 200")

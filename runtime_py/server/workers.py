@@ -102,37 +102,52 @@ def _messages(data: bytes) -> list[dict]:
     return obj if isinstance(obj, list) else [obj]
 
 
+#: What msgpack raises for a value it cannot carry: an integer beyond 64 bits (a client's
+#: JSON may hold one), a string that is not UTF-8 (a lone surrogate from JSON's \\ud800).
+UNPACKABLE = (OverflowError, ValueError, TypeError)
+_ARRAY_HEADER = msgpack.Packer(use_bin_type=True).pack_array_header
+
+
 class _Outbox:
     """Messages to one peer, written as one frame at the end of this turn of the event loop
     (module docstring). ``write`` sends a frame; ``on_error`` gets the messages of a frame
-    that could not be written."""
+    that could not be written.
+
+    Each message is packed when it is put, so a message msgpack cannot carry raises
+    (``UNPACKABLE``) in its sender's code, which answers that one request; packed at the
+    flush, it failed the whole frame in a loop callback, and every request of that turn
+    went unanswered (found by fuzzing a shared-memory register with a 2**64 offset)."""
 
     def __init__(self, write: Callable[[bytes], None],
                  on_error: Callable[[list[dict]], None]) -> None:
         self._write = write
         self._on_error = on_error
         self._items: list[dict] = []
+        self._packed: list[bytes] = []
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
 
     def put(self, msg: dict) -> None:
+        packed = _pack(msg)             # UNPACKABLE raises here, before anything is queued
         if self._loop is None:          # no loop to wait for: written at once
-            self._send([msg])
+            self._send([msg], [packed])
             return
         if not self._items:
             self._loop.call_soon(self.flush)
         self._items.append(msg)
+        self._packed.append(packed)
 
     def flush(self) -> None:
-        items, self._items = self._items, []
+        items, packed = self._items, self._packed
+        self._items, self._packed = [], []
         if items:
-            self._send(items)
+            self._send(items, packed)
 
-    def _send(self, items: list[dict]) -> None:
-        try:
-            self._write(_pack(items))
+    def _send(self, items: list[dict], packed: list[bytes]) -> None:
+        try:        # a msgpack array of the messages, as ``_pack(items)`` would write it
+            self._write(_ARRAY_HEADER(len(packed)) + b"".join(packed))
         except OSError:
             self._on_error(items)
 
@@ -297,7 +312,16 @@ class RemoteEngine:
             msg["records"], self._records = self._records, []
         fut = asyncio.get_running_loop().create_future()
         self._pending[self._next] = (fut, on_reply)
-        self._outbox.put(msg)     # an unwritable frame fails ``fut`` (``_unsent``)
+        try:
+            self._outbox.put(msg)     # an unwritable frame fails ``fut`` (``_unsent``)
+        except UNPACKABLE as exc:     # nothing was sent: this request alone is refused
+            del self._pending[self._next]
+            self._records[:0] = msg.pop("records", [])
+            if on_reply is not None:
+                on_reply()
+            raise RequestError(f"the request holds a value this server cannot pass on to "
+                               f"its engine ({type(exc).__name__}: {exc}); integers must fit "
+                               "in 64 bits and strings must be valid UTF-8") from None
         reply = await fut
         if not reply["ok"]:
             raise RequestError(reply["message"], reply["status"])
@@ -542,8 +566,14 @@ class _Worker:
         self._write(_pack(msg))
 
     def reply(self, msg: dict) -> None:
-        """Queue a reply for this turn's frame."""
-        self.outbox.put(msg)
+        """Queue a reply for this turn's frame; one msgpack cannot carry (an error message
+        quoting a client's lone surrogate) becomes an error reply of its own."""
+        try:
+            self.outbox.put(msg)
+        except UNPACKABLE as exc:
+            self.outbox.put({"id": msg["id"], "ok": False, "status": 500,
+                             "message": f"the engine's reply could not be encoded "
+                                        f"({type(exc).__name__})"})
 
     def open_connections(self, tag: bytes) -> int:
         """Connections of kind ``tag`` dealt to this worker and open (the metrics' gauge)."""
