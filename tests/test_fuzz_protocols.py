@@ -1,6 +1,6 @@
 """Fuzzing the front-ends' own parsers: HPACK, the HTTP/1.1 request head, the
-``ModelInferRequest`` split (against protobuf), and the built-in HTTP/1.1 and gRPC (HTTP/2)
-servers on loopback.
+``ModelInferRequest`` split (against protobuf), the built-in HTTP/1.1 and gRPC (HTTP/2)
+servers on loopback, and KServe JSON requests edited at random.
 
 The bundle readers have their fuzzers (docs/fuzzing.md); the servers parse bytes from the
 network with code of this project too (``runtime_py/server/hpack.py``, ``http1.py``,
@@ -307,3 +307,102 @@ def test_values_msgpack_cannot_carry_get_a_400_through_a_worker(tmp_path):
             b'{"key": "/k", "offset": 0, "byte_size": -18446744073709551617}'))
         assert _exchange(http_port, b"GET /v2/health/live HTTP/1.1\r\nConnection: close\r\n\r\n",
                          5.0).startswith(b"HTTP/1.1 200")
+
+
+WEIRD_VALUES = (None, True, -1, 0, 1.5, 2**31, 2**63, -2**63, 2**64, -2**64 - 1, 10**30, "",
+                "x", "\ud800", "FP32", "BYTES", "UINT8", [], [1], [[1]], {}, {"a": 1}, [-1, 3],
+                [0, 3, 2, 2], ["1"], "1" * 300)
+KEYS = ("shape", "datatype", "name", "data", "parameters", "binary_data_size", "binary_data",
+        "binary_data_output", "shared_memory_region", "shared_memory_byte_size",
+        "shared_memory_offset", "classification", "outputs", "inputs", "id")
+
+
+def _mutate_json(rng: random.Random, doc):
+    """``doc`` with 1-3 edits at random places: a value replaced by an odd one (huge
+    integers, a lone surrogate, wrong types), a key removed or added, a list entry
+    repeated."""
+    doc = json.loads(json.dumps(doc))
+    for _ in range(rng.randint(1, 3)):
+        node, path = doc, []
+        for _ in range(rng.randint(0, 4)):
+            if isinstance(node, (dict, list)) and node:
+                key = rng.choice(list(node)) if isinstance(node, dict) else rng.randrange(len(node))
+                path.append((node, key))
+                node = node[key]
+        if not path:
+            return rng.choice(WEIRD_VALUES)
+        parent, key = path[-1]
+        op = rng.randrange(4)
+        if op == 0:
+            parent[key] = rng.choice(WEIRD_VALUES)
+        elif op == 1 and isinstance(parent, dict):
+            del parent[key]
+        elif op == 2 and isinstance(parent, dict):
+            parent[rng.choice(KEYS)] = rng.choice(WEIRD_VALUES)
+        elif op == 3 and isinstance(parent, list):
+            parent.append(parent[key])
+    return doc
+
+
+@pytest.mark.parametrize("workers", [0, 1], ids=["in-process", "1-worker"])
+def test_mutated_kserve_json_requests_get_200_or_4xx(tmp_path, workers):
+    """KServe v2 infer requests (JSON tensors, and binary tensors with their JSON header)
+    and shared-memory registrations, edited at random: every one is answered, 200 or 4xx
+    with an error, never 5xx and never silence, with nothing logged at error level. (The
+    registrations are where a 2**64 offset once hung a worker's turn.)"""
+    pytest.importorskip("starlette")
+    sys.path.insert(0, str(Path(__file__).parent))
+    from synthetic_bundles import served_ports
+
+    key = f"/trt-bundle-fuzz-{os.getpid()}-{workers}"      # a segment to register
+    Path("/dev/shm" + key).write_bytes(bytes(4096))
+    errors = _Errors()
+    logging.getLogger().addHandler(errors)
+    statuses: dict[int, int] = {}
+    try:
+        with served_ports(tmp_path, workers=workers, max_body_bytes=1 << 20) as (port, _, model):
+            spec, out = model.inputs[0], model.outputs[0].name
+            x = np.random.default_rng(0).random((1, *spec.shape[1:]), dtype=np.float32)
+            as_json = {"id": "a", "inputs": [{"name": spec.name, "shape": list(x.shape),
+                                              "datatype": "FP32", "data": x.ravel().tolist()}],
+                       "outputs": [{"name": out, "parameters": {"binary_data": False}}],
+                       "parameters": {}}
+            binary = {"inputs": [{"name": spec.name, "shape": list(x.shape), "datatype": "FP32",
+                                  "parameters": {"binary_data_size": x.nbytes}}],
+                      "outputs": [{"name": out, "parameters": {"binary_data": True}}],
+                      "parameters": {"binary_data_output": True}}
+            register = {"key": key, "offset": 0, "byte_size": 64}
+            rng = random.Random(5 + workers)
+            path = f"/v2/models/{model.name}/infer".encode()
+            for _ in range(CASES):
+                if rng.random() < 0.2:
+                    body = json.dumps(_mutate_json(rng, register)).encode()
+                    answer = _exchange(port, b"POST /v2/systemsharedmemory/region/r/register "
+                                       b"HTTP/1.1\r\nContent-Length: %d\r\nConnection: close"
+                                       b"\r\n\r\n%s" % (len(body), body), 10.0)
+                    _exchange(port, b"POST /v2/systemsharedmemory/unregister HTTP/1.1\r\n"
+                              b"Content-Length: 0\r\nConnection: close\r\n\r\n", 10.0)
+                    assert answer.startswith(b"HTTP/1.1 "), (body[:300], answer[:300])
+                    status = int(answer.split()[1])
+                    assert status == 200 or 400 <= status < 500, (body[:300], answer[:300])
+                    continue
+                if rng.random() < 0.5:
+                    body = json.dumps(_mutate_json(rng, as_json)).encode()
+                    extra = b"Content-Type: application/json\r\n"
+                else:
+                    header = json.dumps(_mutate_json(rng, binary)).encode()
+                    body = header + x.tobytes()[:rng.choice([x.nbytes, x.nbytes, 0, 7])]
+                    extra = b"Inference-Header-Content-Length: %d\r\n" % rng.choice(
+                        [len(header), len(header), len(header) + 1, 0, len(body) + 5])
+                answer = _exchange(port, b"POST %s HTTP/1.1\r\nContent-Length: %d\r\n%s"
+                                   b"Connection: close\r\n\r\n%s" % (path, len(body), extra, body),
+                                   10.0)
+                assert answer.startswith(b"HTTP/1.1 "), (body[:300], answer[:300])
+                status = int(answer.split()[1])
+                statuses[status] = statuses.get(status, 0) + 1
+                assert status == 200 or 400 <= status < 500, (body[:300], answer[:300])
+    finally:
+        logging.getLogger().removeHandler(errors)
+        Path("/dev/shm" + key).unlink(missing_ok=True)
+    assert statuses.get(200, 0) > 10 and statuses.get(400, 0) > 10, statuses
+    assert errors.records == [], "\n----\n".join(errors.records[:3])
