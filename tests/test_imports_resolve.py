@@ -22,11 +22,16 @@ SOURCES = ("bundler/**/*.py", "runtime_py/**/*.py", "tests/*.py", "benchmarks/*.
            "families/*/*.py")
 
 
+def _from_project(node: ast.AST) -> bool:
+    """``from bundler... import`` / ``from runtime_py... import`` (absolute)."""
+    return (isinstance(node, ast.ImportFrom) and node.level == 0 and bool(node.module)
+            and node.module.split(".")[0] in PACKAGES)
+
+
 def _project_imports(path: Path):
     """(line, module, name or None) of each project import in ``path``."""
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
-                and node.module.split(".")[0] in PACKAGES):
+        if _from_project(node):
             for alias in node.names:
                 yield node.lineno, node.module, None if alias.name == "*" else alias.name
         elif isinstance(node, ast.Import):
@@ -49,16 +54,23 @@ def _unresolved(module: str, name: str | None) -> str | None:
     return None
 
 
-def test_every_project_import_names_something_that_exists():
+def _check_tree(read) -> tuple[int, list[str]]:
+    """Every (line, module, name) that ``read(path)`` yields over the tree, resolved: how
+    many were read, and "file:line: why" for each that does not resolve."""
     files = sorted({p for pattern in SOURCES for p in ROOT.glob(pattern)})
     assert len(files) > 200                 # the whole tree was read, not an empty glob
     problems, seen = [], 0
     for path in files:
-        for line, module, name in _project_imports(path):
+        for line, module, name in read(path):
             seen += 1
             why = _unresolved(module, name)
             if why:
                 problems.append(f"{path.relative_to(ROOT)}:{line}: {why}")
+    return seen, problems
+
+
+def test_every_project_import_names_something_that_exists():
+    seen, problems = _check_tree(_project_imports)
     assert seen > 500
     assert not problems, "\n".join(problems)
 
@@ -72,8 +84,7 @@ def _aliases_in(body) -> dict[str, str]:
         node = stack.pop()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
             continue
-        if (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
-                and node.module.split(".")[0] in PACKAGES):
+        if _from_project(node):
             for alias in node.names:
                 dotted = f"{node.module}.{alias.name}"
                 try:
@@ -107,14 +118,7 @@ def _module_attributes(path: Path):
 
 
 def test_every_attribute_read_off_a_project_module_exists():
-    files = sorted({p for pattern in SOURCES for p in ROOT.glob(pattern)})
-    problems, seen = [], 0
-    for path in files:
-        for line, module, name in _module_attributes(path):
-            seen += 1
-            why = _unresolved(module, name)
-            if why:
-                problems.append(f"{path.relative_to(ROOT)}:{line}: {why}")
+    seen, problems = _check_tree(_module_attributes)
     assert seen > 100
     assert not problems, "\n".join(problems)
 
