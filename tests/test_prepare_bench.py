@@ -54,14 +54,15 @@ def test_a_variant_past_its_timeout_fails_alone(prepare_bench, xception_bundles,
                                                 capsys):
     """A variant that outlasts --timeout is reported as such, and the script goes on to
     the next (here the slow one's interpreter sleeps at start: a sitecustomize on its
-    PYTHONPATH)."""
-    (tmp_path / "sitecustomize.py").write_text("import time\ntime.sleep(30)\n")
+    PYTHONPATH). The timeout leaves the plain variant room: it takes ~1.1 s alone here,
+    and a fresh-user run with both xdist workers busy timed it out at 2 s."""
+    (tmp_path / "sitecustomize.py").write_text("import time\ntime.sleep(120)\n")
     results = prepare_bench.main([
-        "--bundle", str(xception_bundles["fp32"]), "--timeout", "2", "--iterations", "2",
+        "--bundle", str(xception_bundles["fp32"]), "--timeout", "10", "--iterations", "2",
         "--max-batch", "1", "--variant", f"slow:PYTHONPATH={tmp_path}", "--variant", "plain"])
-    assert results[0]["error"] == "timed out after 2 s (--timeout)"
+    assert results[0]["error"] == "timed out after 10 s (--timeout)"
     assert "error" not in results[1] and results[1]["backend"] == "onnxruntime"
-    assert "slow         failed: timed out after 2 s" in capsys.readouterr().out
+    assert "slow         failed: timed out after 10 s" in capsys.readouterr().out
 
 
 def test_capture_totals_sum_a_runners_capture_seconds(prepare_bench):
