@@ -79,7 +79,11 @@
 #       and with graphs for 1,2,4,8,16,24,32 only (cuda_graph_sizes: batches padded up)
 #       (~6 min after `build` on the same warm machine: a fresh build and this in one call
 #       can pass the 10-minute limit; the GPU tests of prepare and the staged rows run
-#       beside the build)
+#       beside the build). Thirty-first session, an H100: default 54.2 s, graph sizes
+#       10.7 s with the same replay, load 36 s (h100-2026-12-05-e); the cuDNN variants and
+#       the load's phases (now printed under each variant) not yet run
+#   benchmarks/gpu_pending.sh gputest OUT_DIR   # every GPU test (pytest -m gpu tests), the
+#       two that build whole bundles last (~3 min for the rest; those two ~2-4 min more)
 #   benchmarks/gpu_pending.sh pair OUT_DIR   # `build`, then serve_pair_bench.py: the fp8
 #       and fp16 bundles served side by side in one process, HTTP and gRPC (PATHS=), 64
 #       clients in 8 and 32 processes (PROCS=), REPEATS=3 rounds, each round measuring
@@ -92,8 +96,8 @@
 #
 # Logs: OUT_DIR/<step>.log. Each step prints as it goes and has its own timeout.
 set -u
-what=${1:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|pair OUT_DIR}
-out=${2:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|pair OUT_DIR}
+what=${1:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|gputest|pair OUT_DIR}
+out=${2:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|gputest|pair OUT_DIR}
 mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
@@ -242,6 +246,12 @@ prepare)   # where the fp16 bundle's 73 s of preparation goes, under cuDNN setti
     --variant heuristicB:TORCH_CUDNN_USE_HEURISTIC_MODE_B=1 \
     --variant buckets:graph_sizes=1+2+4+8+16+24
   ;;
+gputest)   # every GPU test; the two that build whole bundles after the rest
+  step gputest "${GPUTEST_LIMIT:-300}" python3 -m pytest -q -p no:cacheprovider -rs -m gpu \
+    tests -k 'not bundle_matches'
+  step gputest-bundles "${GPUTEST_BUNDLES_LIMIT:-280}" python3 -m pytest -q -p no:cacheprovider \
+    -rs -m gpu tests/test_torch_aoti.py -k bundle_matches
+  ;;
 pair)   # `build`, then fp8 against fp16 at the client, both served in one run
   bash "$here/gpu_pending.sh" build "$out" || exit 1
   step pair "${PAIR_LIMIT:-330}" python3 benchmarks/serve_pair_bench.py \
@@ -252,6 +262,6 @@ pair)   # `build`, then fp8 against fp16 at the client, both served in one run
     ${GRAPH_SIZES:+--cuda-graph-sizes "$GRAPH_SIZES"} \
     --rounds "${REPEATS:-3}" --seconds 3 --warmup 1
   ;;
-*) echo "usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|pair OUT_DIR" >&2; exit 2 ;;
+*) echo "usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|gputest|pair OUT_DIR" >&2; exit 2 ;;
 esac
 echo "== done (+$(( $(date +%s) - start )) s)"

@@ -17,7 +17,10 @@ nothing; the key graph_sizes, lowercase, is not an environment variable but the 
 ``runtime_py.graph_sizes``) runs in a process of its own, one after the other: load the bundle, prepare
 sizes 1..--max-batch (the bundle's max by default), then time the graph replay at batch 1
 and at the max (`runner.device_timings`, medians). A setting that starts faster but runs
-slower is no gain: the table shows both, each replay against the first variant's.
+slower is no gain: the table shows both, each replay against the first variant's. Under a
+variant's line, where the runner records them (torch-aoti's ``load_seconds``), the load's
+phases: the thirty-first session's H100 spent 36 s loading the fp16 bundle, unexplained,
+and 54 s preparing it, 10.7 s with the graph sizes above (h100-2026-12-05-e).
 
 A script, not a test: numbers depend on the host. On a host without a GPU engine the
 preparation is empty and there are no replay figures (the plumbing still runs).
@@ -78,6 +81,7 @@ def measure_here(bundle: str, backend: str, max_batch: int | None, iterations: i
     model = runtime_py.load(bundle, backend=backend, **sized)
     try:
         load_s = time.perf_counter() - t0
+        phases = dict(getattr(model.runner, "load_seconds", {}) or {})
         top = min(max_batch or model.max_batch_size, model.max_batch_size)
         t1 = time.perf_counter()
         model.prepare(range(1, top + 1))
@@ -90,8 +94,8 @@ def measure_here(bundle: str, backend: str, max_batch: int | None, iterations: i
             timed = device_timings(model.runner, n, iterations, max(5, iterations // 10))
             if timed and timed.get("graph_replay"):
                 replay_ms[str(n)] = statistics.median(timed["graph_replay"]) * 1e3
-        return {"backend": model.backend, "load_s": load_s, "prepare_s": prepare_s,
-                "sizes": top, **capture_totals(seconds), "replay_ms": replay_ms}
+        return {"backend": model.backend, "load_s": load_s, "load_phases": phases,
+                "prepare_s": prepare_s, "sizes": top, **capture_totals(seconds), "replay_ms": replay_ms}
     finally:
         model.close()
 
@@ -164,7 +168,19 @@ def line_of(got: dict, first: dict) -> str:
                if got["slowest"] else "")
     return (f"{got['variant']:<12} load {got['load_s']:5.1f} s  prepare {got['prepare_s']:6.1f} s"
             f" ({got['graphs']} graphs: first runs {got['warmup_s']:.1f} s, captures "
-            f"{got['capture_s']:.1f} s{slowest})  replay {', '.join(replays) or 'n/a'}")
+            f"{got['capture_s']:.1f} s{slowest})  replay {', '.join(replays) or 'n/a'}"
+            f"{load_phases_line(got)}")
+
+
+def load_phases_line(got: dict) -> str:
+    """The runner's load phases (a torch-aoti runner's ``load_seconds``) on a line of their
+    own, the rest of the load (opening and checking the bundle) last; "" without them."""
+    phases = got.get("load_phases") or {}
+    if not phases:
+        return ""
+    rest = max(0.0, got["load_s"] - sum(phases.values()))
+    parts = [f"{name} {s:.1f} s" for name, s in {**phases, "bundle and the rest": rest}.items()]
+    return "\n" + " " * 13 + "load: " + ", ".join(parts)
 
 
 if __name__ == "__main__":

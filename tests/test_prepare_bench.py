@@ -71,3 +71,17 @@ def test_capture_totals_sum_a_runners_capture_seconds(prepare_bench):
                       "slowest": 2, "slowest_s": 2.02}
     assert prepare_bench.capture_totals({}) == {"graphs": 0, "warmup_s": 0, "capture_s": 0,
                                                 "slowest": None, "slowest_s": 0.0}
+
+
+def test_a_runners_load_phases_get_a_line_and_the_rest_of_the_load_is_named(prepare_bench):
+    """The torch-aoti runner's load_seconds (36 s of an H100 start, unexplained before) are
+    printed under the variant, the bundle's own opening last; a runner without them (ONNX
+    Runtime) prints nothing more."""
+    got = {"variant": "default", "load_s": 10.0, "prepare_s": 1.0, "graphs": 0,
+           "warmup_s": 0.0, "capture_s": 0.0, "slowest": None, "slowest_s": 0.0,
+           "replay_ms": {}, "load_phases": {"torch import": 2.0, "graphs": 6.5}}
+    first, second = prepare_bench.line_of(got, got).split("\n")
+    assert first.startswith("default      load  10.0 s")
+    assert second == ("             load: torch import 2.0 s, graphs 6.5 s, "
+                      "bundle and the rest 1.5 s")
+    assert "\n" not in prepare_bench.line_of({**got, "load_phases": {}}, got)

@@ -567,6 +567,12 @@ def test_fp32_package_on_the_cpu_runs_in_the_runner(cpu_fp32_package):
         got = runner.infer({"input": x})["logits"]
         assert runner.device_timings(1, 1, 0) == {}   # no device side: study times infer
         assert runner.on_gpu is False                  # `bundle bench`: no copies to time
+        # where the load went, each phase once, in the order it ran (prepare_bench prints it)
+        assert list(runner.load_seconds) == [
+            "torch import", "host check", "device and stream", "package member",
+            "load checks", "graphs", "streams and slots"]
+        assert all(s >= 0 for s in runner.load_seconds.values())
+        assert runner.load_seconds["graphs"] > 0       # dlopen of a compiled .so
     ref = model(torch.from_numpy(x)).numpy()
     assert np.abs(got - ref).max() < 1e-4
     from bundler.targets.torch_aoti.toolchain import torch_compiler

@@ -337,6 +337,10 @@ class TorchAotiRunner(Runner):
         # timm_xception that took 73 s on an H100, nearly all of it the warm-ups
         # (docs/measurements/h100-2026-12-05-d)
         self.capture_seconds: dict[int, tuple[float, float]] = {}
+        # phase -> seconds of the last activation, in the order they ran: loading the fp16
+        # package of timm_xception took 36 s on an H100, a third of a server's start, and
+        # nothing said where (docs/measurements/h100-2026-12-05-e)
+        self.load_seconds: dict[str, float] = {}
         self._graph_execs: dict[int, int | None] = {}   # batch -> raw cudaGraphExec_t
         self._graph_pool = None       # the memory pool every size's graph is captured into
         self._held: cudart_held.CudartHeld | None = None
@@ -349,9 +353,12 @@ class TorchAotiRunner(Runner):
     # -- activation -------------------------------------------------------------------
     def activate_impl(self) -> None:
         require_own_engine(self.bundle, "torch-aoti", "an AOTInductor package")
+        mark = time.perf_counter()
         torch = import_torch()
+        mark = self._phase_done("torch import", mark)
         details = self.bundle.manifest["engine"]["details"]
         check_torch_aoti_target(details, torch_host(), self.device_index)  # before loading
+        self._phase_done("host check", mark)
         self._torch = torch
         self._on_cpu = details.get("device") == "cpu"
         try:
@@ -360,7 +367,14 @@ class TorchAotiRunner(Runner):
             self.deactivate_impl()
             raise
 
+    def _phase_done(self, phase: str, since: float) -> float:
+        """Record ``phase`` as the seconds since ``since``; the mark the next one starts from."""
+        now = time.perf_counter()
+        self.load_seconds[phase] = now - since
+        return now
+
     def _activate(self, torch) -> None:
+        mark = time.perf_counter()
         if self.bundle.manifest["precision"] == "fp32":
             torch.backends.cudnn.allow_tf32 = False
             torch.backends.cuda.matmul.allow_tf32 = False
@@ -375,16 +389,19 @@ class TorchAotiRunner(Runner):
             # ``torch.cuda.stream(...)`` per call (device lookups, availability checks)
             # was the largest Python cost of a batch-1 ``infer`` (serve-run6.log profile)
             self._on_stream = torch.cuda.StreamContext(self._stream)
+        mark = self._phase_done("device and stream", mark)
         folder = Path(tempfile.mkdtemp(prefix="trt-bundle-pt2-"))
         try:
             path = folder / MEMBER
             path.write_bytes(self.bundle.read_member(MEMBER))
+            mark = self._phase_done("package member", mark)
             kwargs = {} if self._on_cpu else {"device_index": self.device_index,
                                               "run_single_threaded": self.use_cuda_graphs}
             check_cxx_runtime(path)
             if self.load_check:
                 probe_package_load(path, "cpu" if self._on_cpu else str(self.device_index),
                                    self.use_cuda_graphs)
+            mark = self._phase_done("load checks", mark)
             static = [int(n) for n in self.bundle.manifest["engine"]["details"]
                       .get("static_batches", [])]
             names = [DYNAMIC_MODEL, *map(static_model_name, static)]
@@ -397,6 +414,7 @@ class TorchAotiRunner(Runner):
                                   f"AOTInductor package: {exc}") from None
             self._model = graphs[DYNAMIC_MODEL]
             self._static_models = {n: graphs[static_model_name(n)] for n in static}
+            mark = self._phase_done("graphs", mark)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         if not self._on_cpu:
@@ -415,6 +433,7 @@ class TorchAotiRunner(Runner):
             self._row_bytes = tuple(
                 math.prod(spec.shape[1:]) * np.dtype(spec.dtype).itemsize
                 for spec in (spec_in, spec_out))
+        self._phase_done("streams and slots", mark)
 
     def _torch_dtype(self, spec: TensorSpec):
         return self._torch.from_numpy(np.empty(0, np.dtype(spec.dtype))).dtype
