@@ -172,16 +172,21 @@ def line_of(got: dict, first: dict) -> str:
             f"{load_phases_line(got)}")
 
 
-def load_phases_line(got: dict) -> str:
-    """The runner's load phases (a torch-aoti runner's ``load_seconds``) on a line of their
-    own, the rest of the load (opening and checking the bundle) last; "" without them."""
-    phases = got.get("load_phases") or {}
+def load_phases_text(load_s: float, phases: dict[str, float]) -> str:
+    """A runner's load phases (a torch-aoti runner's ``load_seconds``) of a load that took
+    ``load_s`` in all, the rest of it (opening and checking the bundle) last; "" without
+    them (serve_pair_bench.py prints it too)."""
     if not phases:
         return ""
-    rest = max(0.0, got["load_s"] - sum(phases.values()))
-    parts = [f"{name} {s:.1f} s" for name, s in {**phases, "bundle and the rest": rest}.items()]
-    return "\n" + " " * 13 + "load: " + ", ".join(parts)
+    rest = max(0.0, load_s - sum(phases.values()))
+    return ", ".join(f"{name} {s:.1f} s"
+                     for name, s in {**phases, "bundle and the rest": rest}.items())
 
+
+def load_phases_line(got: dict) -> str:
+    """A variant's load phases on a line of their own under it; "" without them."""
+    text = load_phases_text(got["load_s"], got.get("load_phases") or {})
+    return "\n" + " " * 13 + "load: " + text if text else ""
 
 if __name__ == "__main__":
     main()

@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_args import positive_int, positive_ints, stage_modes  # noqa: E402
-from prepare_bench import capture_totals  # noqa: E402
+from prepare_bench import capture_totals, load_phases_text  # noqa: E402
 from serve_bench import (KINDS, _median_round, _Server, bench_batcher,  # noqa: E402
                          bench_path, bench_raw, make_model, one_image)
 from runtime_py.batcher import Batcher  # noqa: E402
@@ -43,17 +43,22 @@ from runtime_py.batcher import Batcher  # noqa: E402
 TARGET = 1.15
 
 
-def load_pair(args) -> list:
-    """The two models, first the numerator. Synthetic ones are the light toy engine of
-    serve_bench (a GPU engine's profile) with the two per-batch costs given."""
+def load_one(args, i: int):
+    """Model ``i`` of the two (0: the numerator). Synthetic ones are the light toy engine of
+    serve_bench (a GPU engine's profile) with the per-batch cost given."""
     if args.synthetic_costs:
-        costs = args.synthetic_costs
-        return [make_model(SimpleNamespace(
+        return make_model(SimpleNamespace(
             synthetic=True, light=True, image_size=args.image_size, batch=args.batch,
-            cost_ms=c, per_row_ms=0.0, dtype="uint8")) for c in costs]
-    return [make_model(SimpleNamespace(synthetic=False, bundle=b, backend=args.backend,
-                                       enqueue=None, cuda_graph_sizes=args.cuda_graph_sizes))
-            for b in args.bundle]
+            cost_ms=args.synthetic_costs[i], per_row_ms=0.0, dtype="uint8"))
+    return make_model(SimpleNamespace(synthetic=False, bundle=args.bundle[i],
+                                      backend=args.backend, enqueue=None,
+                                      cuda_graph_sizes=args.cuda_graph_sizes))
+
+
+def load_phases_of(model, load_s: float) -> str:
+    """Where a model's load went (the runner's ``load_seconds``); "" where not recorded."""
+    phases = getattr(getattr(model, "runner", None), "load_seconds", None) or {}
+    return load_phases_text(load_s, phases)
 
 
 def label_of(args, i: int) -> str:
@@ -124,7 +129,11 @@ def main(argv=None) -> dict:
         ap.error(f"--paths: each of {KINDS}, got {kinds}")
 
     t0 = time.time()
-    models = load_pair(args)
+    models, load_s = [], []
+    for i in range(2):
+        t1 = time.time()
+        models.append(load_one(args, i))
+        load_s.append(time.time() - t1)
     labels = [label_of(args, i) for i in range(2)]
     feeds = [one_image(m, 1) for m in models]
     say = (lambda *a: None) if args.json else (lambda *a: print(*a, flush=True))
@@ -134,6 +143,9 @@ def main(argv=None) -> dict:
         f"{','.join(args.stage_ahead)}, CUDA graph sizes: {args.cuda_graph_sizes or 'every'}, "
         f"cpus {os.cpu_count()}; "
         f"both loaded in {time.time() - t0:.0f} s")
+    for label, m, s in zip(labels, models, load_s):
+        if phases := load_phases_of(m, s):
+            say(f"load {label}: {phases}")
     figures: dict[str, list[tuple[float, float]]] = {}
     batchers = []
     for m in models:      # each captures its model's graphs (prepare): timed, per size

@@ -25,6 +25,19 @@ def test_the_median_round_is_one_rounds_figures(pair_bench):
     assert pair_bench.ratio_summary([(900.0, 1000.0), (1200.0, 1000.0)])["median"] == 0.9
 
 
+def test_a_models_load_phases_are_said_where_its_runner_records_them(pair_bench):
+    """A torch-aoti runner's load_seconds, the rest of the load (the bundle's opening) last;
+    nothing for a model whose runner records none (the synthetic engine, ONNX Runtime)."""
+    from types import SimpleNamespace
+
+    model = SimpleNamespace(runner=SimpleNamespace(load_seconds={"torch import": 3.0,
+                                                                "graphs": 20.0}))
+    assert pair_bench.load_phases_of(model, 25.0) == (
+        "torch import 3.0 s, graphs 20.0 s, bundle and the rest 2.0 s")
+    assert pair_bench.load_phases_of(SimpleNamespace(runner=SimpleNamespace()), 1.0) == ""
+    assert pair_bench.load_phases_of(object(), 1.0) == ""
+
+
 def test_it_wants_exactly_two_bundles(pair_bench, capsys):
     with pytest.raises(SystemExit):
         pair_bench.main(["--synthetic-costs", "2"])
