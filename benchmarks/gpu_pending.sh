@@ -90,9 +90,12 @@
 #       both bundles back to back: issue 15's fp8/fp16 at the client in one run (~280 s;
 #       PAIR_LIMIT= caps the step, 330 s; WORKERS= front-end workers per server, 8;
 #       STAGE=on: the batchers stage rows ahead of their dispatch; STAGE=off,on: both,
-#       switched live in each round; GRAPH_SIZES=1,2,4,8,16,24: both bundles' CUDA graph
-#       sizes, a shorter start. Twenty-ninth session, on an H100: staging off 1.358 /
-#       1.376 over gRPC / HTTP, on 1.229 / 1.289, docs/measurements/h100-2026-12-05-d)
+#       switched live in each round; GRAPH_SIZES: both bundles' CUDA graph sizes, by
+#       default 1,2,4,8,16,24 (the fp16 bundle prepares in ~11 s instead of ~54, the same
+#       replay, and the rounds' batches are full: thirty-first session), GRAPH_SIZES= for
+#       every size. Twenty-ninth session, on an H100: staging off 1.358 / 1.376 over gRPC /
+#       HTTP, on 1.229 / 1.289, docs/measurements/h100-2026-12-05-d; thirty-first, another
+#       H100, graph sizes: 1.351-1.364 over both, h100-2026-12-05-e)
 #
 # Logs: OUT_DIR/<step>.log. Each step prints as it goes and has its own timeout.
 set -u
@@ -254,12 +257,14 @@ gputest)   # every GPU test; the two that build whole bundles after the rest
   ;;
 pair)   # `build`, then fp8 against fp16 at the client, both served in one run
   bash "$here/gpu_pending.sh" build "$out" || exit 1
+  graph_sizes=${GRAPH_SIZES-1,2,4,8,16,24}    # set and empty: every size
+  sized=(); [ -n "$graph_sizes" ] && sized=(--cuda-graph-sizes "$graph_sizes")
   step pair "${PAIR_LIMIT:-330}" python3 benchmarks/serve_pair_bench.py \
     --bundle "$bundles/timm_xception-fp8-uint8-1.0.0-torch-aoti.bundle" \
     --bundle "$bundles/timm_xception-fp16-uint8-1.0.0-torch-aoti.bundle" --batch 32 \
     --clients 64 --http-procs "${PROCS:-8,32}" --workers "${WORKERS:-8}" \
     --paths "${PATHS:-http,grpc}" --stage-ahead "${STAGE:-off}" \
-    ${GRAPH_SIZES:+--cuda-graph-sizes "$GRAPH_SIZES"} \
+    "${sized[@]}" \
     --rounds "${REPEATS:-3}" --seconds 3 --warmup 1
   ;;
 *) echo "usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|gputest|pair OUT_DIR" >&2; exit 2 ;;
