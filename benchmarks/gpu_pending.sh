@@ -80,8 +80,9 @@
 #       (~6 min after `build` on the same warm machine: a fresh build and this in one call
 #       can pass the 10-minute limit; the GPU tests of prepare and the staged rows run
 #       beside the build). Thirty-first session, an H100: default 54.2 s, graph sizes
-#       10.7 s with the same replay, load 36 s (h100-2026-12-05-e); the cuDNN variants and
-#       the load's phases (now printed under each variant) not yet run
+#       10.7 s with the same replay, load 36 s (h100-2026-12-05-e); the cuDNN variants,
+#       the load's phases (now printed under each variant) and the replays at 12 and 17
+#       (with graph sizes: the graphs of 16 and 24, what padding costs there) not yet run
 #   benchmarks/gpu_pending.sh gputest OUT_DIR   # every GPU test (pytest -m gpu tests), the
 #       two that build whole bundles last (~3 min for the rest; those two ~2-4 min more)
 #   benchmarks/gpu_pending.sh pair OUT_DIR   # `build`, then serve_pair_bench.py: the fp8
@@ -245,7 +246,7 @@ prepare)   # where the fp16 bundle's 73 s of preparation goes, under cuDNN setti
   wait "$tests"; echo "== prepare-gputest: exit $?"; tail -4 "$out/prepare-gputest.log"
   step prepare "${PREPARE_LIMIT:-420}" python3 benchmarks/prepare_bench.py \
     --bundle "$bundles/timm_xception-fp16-uint8-1.0.0-torch-aoti.bundle" --timeout 200 \
-    --variant default --variant v7:TORCH_CUDNN_V8_API_DISABLED=1 \
+    --replay-batches 1,12,17,32 --variant default --variant v7:TORCH_CUDNN_V8_API_DISABLED=1 \
     --variant heuristicB:TORCH_CUDNN_USE_HEURISTIC_MODE_B=1 \
     --variant buckets:graph_sizes=1+2+4+8+16+24
   ;;

@@ -39,7 +39,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_args import positive_int  # noqa: E402
+from bench_args import positive_int, positive_ints  # noqa: E402
 
 
 #: The variant key that is the runner's ``cuda_graph_sizes``, not an environment variable.
@@ -71,8 +71,10 @@ def capture_totals(seconds: dict[int, tuple[float, float]]) -> dict:
 
 
 def measure_here(bundle: str, backend: str, max_batch: int | None, iterations: int,
-                 graph_sizes: str | None = None) -> dict:
-    """One variant, in this process: load, prepare, time the replays."""
+                 graph_sizes: str | None = None, replay_batches: list[int] | None = None
+                 ) -> dict:
+    """One variant, in this process: load, prepare, time the replays (at 1 and the max
+    unless ``replay_batches`` says which; sizes above the max are dropped)."""
     import runtime_py
     from runtime_py.bench import device_timings
 
@@ -90,7 +92,7 @@ def measure_here(bundle: str, backend: str, max_batch: int | None, iterations: i
         # would pad)
         seconds = dict(getattr(model.runner, "capture_seconds", {}) or {})
         replay_ms = {}
-        for n in sorted({1, top}):
+        for n in sorted({n for n in (replay_batches or [1, top]) if n <= top}):
             timed = device_timings(model.runner, n, iterations, max(5, iterations // 10))
             if timed and timed.get("graph_replay"):
                 replay_ms[str(n)] = statistics.median(timed["graph_replay"]) * 1e3
@@ -109,6 +111,8 @@ def run_variant(args, name: str, settings: dict[str, str]) -> dict:
         cmd += ["--max-batch", str(args.max_batch)]
     if settings.get(GRAPH_SIZES):
         cmd += ["--graph-sizes", settings[GRAPH_SIZES]]
+    if args.replay_batches:
+        cmd += ["--replay-batches", ",".join(map(str, args.replay_batches))]
     try:
         proc = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True,
                               timeout=args.timeout)
@@ -132,6 +136,11 @@ def main(argv=None) -> list[dict]:
                     help="prepare sizes 1..N (default: the bundle's max batch)")
     ap.add_argument("--iterations", type=positive_int, default=200,
                     help="graph replays timed at each batch size")
+    ap.add_argument("--replay-batches", type=positive_ints, default=None, metavar="N[,N..]",
+                    help="the batch sizes whose replay is timed (default: 1 and the max). "
+                         "With graph sizes a batch runs the next size's graph: 17 next to "
+                         "a variant of graph_sizes=1+2+4+8+16+24 times what its padding "
+                         "to 24 costs")
     ap.add_argument("--timeout", type=positive_int, default=300, help="seconds per variant")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -139,7 +148,8 @@ def main(argv=None) -> list[dict]:
     args = ap.parse_args(argv)
     if args.child:
         print(json.dumps(measure_here(args.bundle, args.backend, args.max_batch,
-                                      args.iterations, args.graph_sizes)), flush=True)
+                                      args.iterations, args.graph_sizes,
+                                      args.replay_batches)), flush=True)
         return []
     variants = args.variant or [("default", {})]
     if len({name for name, _ in variants}) != len(variants):

@@ -32,6 +32,7 @@ def test_each_variant_runs_in_its_own_process_with_its_environment(prepare_bench
     variant alone, said as such), and an onnxruntime bundle prepares nothing."""
     results = prepare_bench.main([
         "--bundle", str(xception_bundles["fp32"]), "--max-batch", "2", "--iterations", "3",
+        "--replay-batches", "1,2,99",      # (reaches each child: it would refuse the flag)
         "--variant", "plain", "--variant", "broken:PYTHONHOME=/nonexistent", "--variant", "threads:OMP_NUM_THREADS=1,graph_sizes=1"])
     plain, broken, threads = results
     assert plain["backend"] == "onnxruntime" and plain["graphs"] == 0
@@ -42,6 +43,13 @@ def test_each_variant_runs_in_its_own_process_with_its_environment(prepare_bench
     out = capsys.readouterr().out
     assert out.count("\n") == 3 and "plain " in out and "replay n/a" in out
     assert broken["error"].startswith("exit ") and "broken       failed: exit" in out
+
+
+def test_replay_batches_must_be_positive_integers(prepare_bench, capsys):
+    for bad in ("0", "1,x", ""):
+        with pytest.raises(SystemExit):
+            prepare_bench.main(["--bundle", "x.bundle", "--replay-batches", bad])
+        assert "--replay-batches" in capsys.readouterr().err
 
 
 def test_variant_names_must_differ(prepare_bench, capsys):
