@@ -40,13 +40,15 @@ def pytest_configure(config):
 
 # --- parallel runs (pytest-xdist, the README's `-n 2 --dist loadgroup`) -----------------
 #: Test files that create or list segments in /dev/shm (Triton shared-memory clients, the
-#: region registry, Ray's object store, the serve command's no-leftover check): one group,
-#: so one worker runs them one after another and a listing never sees another file's
-#: segments.
+#: region registry, Ray's object store, the serve command's no-leftover check, the serving
+#: benchmarks' client processes: their queues' semaphores are named there): one group, so
+#: one worker runs them one after another and a listing never sees another file's
+#: segments (tests/test_parallel_groups.py finds them).
 DEV_SHM_FILES = frozenset({
     "test_serve_triton.py", "test_shm_registry.py", "test_pinned_host.py", "test_grpc_h2.py",
     "test_grpc_wire.py", "test_ray_serve.py", "test_stat_held.py",
     "test_fuzz_protocols.py",   # registers a segment of its own
+    "test_serve_bench_repeats.py", "test_serve_pair_bench.py",   # forkserver clients
     "test_torch_aoti.py"})   # its GPU test of a client's region
 
 
