@@ -65,13 +65,9 @@ class LightFuture:
 
 
 class ThreadWaiter(LightFuture):
-    """What ``Batcher.infer`` waits on: one lock, held until the result is set.
-
-    Why not a Future: with 64 blocking clients the per-request Python cost caps what the
-    batcher serves (about 6,000 img/s on the H200 before), and a Future's Condition (a
-    lock per wait, a deque of waiters, ``notify_all`` in Python, callbacks) is most of
-    what completing a request costs; one C-level lock release is the least that can wake
-    a thread. No cancellation: a blocking caller cannot cancel.
+    """What ``Batcher.infer`` waits on: one lock, held until the result is set (why not a
+    Future: the module docstring; a Future's Condition costs a lock per wait, a deque of
+    waiters and a Python ``notify_all``). No cancellation: a blocking caller cannot cancel.
     """
 
     __slots__ = ("_lock", "_result", "_error")
