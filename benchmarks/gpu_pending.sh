@@ -97,16 +97,22 @@
 #       every size. Twenty-ninth session, on an H100: staging off 1.358 / 1.376 over gRPC /
 #       HTTP, on 1.229 / 1.289, docs/measurements/h100-2026-12-05-d; thirty-first, another
 #       H100, graph sizes: 1.351-1.364 over both, h100-2026-12-05-e)
+#   benchmarks/gpu_pending.sh first OUT_DIR   # one call that does what the card lent is
+#       most needed for, when machines are scarce (thirty-second session: nine tries, none
+#       started): on an H200, `build` then `pair` (issue 15's H200 figure, WORKERS=16,
+#       PROCS=8, REPEATS=3 unless set); on any other card, `build` with the GPU tests that
+#       need no bundle beside it, then the two that build whole bundles (~8 min in all)
 #
-# Logs: OUT_DIR/<step>.log. Each step prints as it goes and has its own timeout.
+# Bundles: PENDING_DIR (/tmp/pending). Logs: OUT_DIR/<step>.log. Each step prints as it goes
+# and has its own timeout.
 set -u
-what=${1:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|gputest|pair OUT_DIR}
-out=${2:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|gputest|pair OUT_DIR}
+what=${1:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|gputest|pair|first OUT_DIR}
+out=${2:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|gputest|pair|first OUT_DIR}
 mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
 export PYTHONPATH=${PYTHONPATH:-}:$PWD PYTHONUNBUFFERED=1
-bundles=/tmp/pending
+bundles=${PENDING_DIR:-/tmp/pending}   # the bundles the steps build and reuse
 mkdir -p "$bundles"
 start=$(date +%s)
 # A step's `timeout` runs its command in a process group of its own, which a signal to
@@ -256,6 +262,25 @@ gputest)   # every GPU test; the two that build whole bundles after the rest
   step gputest-bundles "${GPUTEST_BUNDLES_LIMIT:-280}" python3 -m pytest -q -p no:cacheprovider \
     -rs -m gpu tests/test_torch_aoti.py -k bundle_matches
   ;;
+first)   # by the card: H200 -> build + pair; else build beside the GPU tests, then the bundle tests
+  card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+  echo "== card: $card"
+  case "$card" in
+  *H200*)
+    WORKERS=${WORKERS:-16} PROCS=${PROCS:-8} REPEATS=${REPEATS:-3} \
+      bash "$here/gpu_pending.sh" pair "$out" || exit 1
+    ;;
+  *)
+    timeout 250 python3 -m pytest -q -p no:cacheprovider -rs -m gpu tests -k 'not bundle_matches' \
+      > "$out/gputest.log" 2>&1 &
+    tests=$!
+    bash "$here/gpu_pending.sh" build "$out" || { kill "$tests" 2>/dev/null; exit 1; }
+    wait "$tests"; echo "== gputest: exit $?"; tail -6 "$out/gputest.log"
+    step gputest-bundles "${GPUTEST_BUNDLES_LIMIT:-220}" python3 -m pytest -q \
+      -p no:cacheprovider -rs -m gpu tests/test_torch_aoti.py -k bundle_matches
+    ;;
+  esac
+  ;;
 pair)   # `build`, then fp8 against fp16 at the client, both served in one run
   bash "$here/gpu_pending.sh" build "$out" || exit 1
   graph_sizes=${GRAPH_SIZES-1,2,4,8,16,24}    # set and empty: every size
@@ -268,6 +293,6 @@ pair)   # `build`, then fp8 against fp16 at the client, both served in one run
     "${sized[@]}" \
     --rounds "${REPEATS:-3}" --seconds 3 --warmup 1
   ;;
-*) echo "usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|gputest|pair OUT_DIR" >&2; exit 2 ;;
+*) echo "usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|gputest|pair|first OUT_DIR" >&2; exit 2 ;;
 esac
 echo "== done (+$(( $(date +%s) - start )) s)"

@@ -102,3 +102,53 @@ def test_make_parallel_reuses_what_an_earlier_call_built(tmp_path):
                                    for line in lines), lines
     failed = make_parallel("bad:--precision fail")
     assert failed.returncode != 0 and "a build failed" in failed.stdout
+
+
+def _run_first(tmp_path: Path, card: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """gpu_pending.sh `first` in a copy of benchmarks/, with `nvidia-smi` naming CARD and
+    the bundle command and python3 replaced by loggers: which commands it starts."""
+    bench = tmp_path / "repo" / "benchmarks"
+    bench.mkdir(parents=True)
+    for name in ("gpu_pending.sh", "gpu_common.sh"):
+        shutil.copy(BENCHMARKS / name, bench / name)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls.log"
+    for name, body in (("nvidia-smi", f'echo "{card}"'),
+                       ("python3", f'echo "python3 $*" >> "{calls}"'),
+                       ("fake-bundle", f'echo "bundle $*" >> "{calls}"')):
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
+           "BUNDLE": str(bin_dir / "fake-bundle"), "PENDING_DIR": str(tmp_path / "pending")}
+    for name in ("WORKERS", "PROCS", "REPEATS", "GRAPH_SIZES"):
+        env.pop(name, None)
+    done = subprocess.run(["timeout", "60", "bash", str(bench / "gpu_pending.sh"), "first",
+                           str(tmp_path / "out")], capture_output=True, text=True, env=env,
+                          cwd=tmp_path)
+    assert sorted(p.name for p in (tmp_path / "pending").iterdir()) == [
+        "make-timm_xception-fp16-uint8.log", "make-timm_xception-fp8-uint8.log"]
+    return done, calls.read_text().splitlines() if calls.exists() else []
+
+
+@needs_bash
+def test_first_runs_the_pair_on_an_h200_and_the_gpu_tests_elsewhere(tmp_path):
+    """The one call a scarce machine may allow does what its card is needed for: issue 15's
+    H200 pair on an H200, the GPU tests (the bundle-building two last) on anything else."""
+    done, calls = _run_first(tmp_path / "h200", "NVIDIA H200")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "== card: NVIDIA H200" in done.stdout
+    builds = [c for c in calls if c.startswith("bundle make timm_xception")]
+    assert len(builds) == 2, calls
+    pair = [c for c in calls if "serve_pair_bench.py" in c]
+    assert len(pair) == 1 and "--workers 16" in pair[0] and "--http-procs 8 " in pair[0] \
+        and "--rounds 3" in pair[0] and "--cuda-graph-sizes 1,2,4,8,16,24" in pair[0], pair
+    assert not any("-m pytest" in c for c in calls), calls
+
+    done, calls = _run_first(tmp_path / "h100", "NVIDIA H100 80GB HBM3")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not any("serve_pair_bench.py" in c for c in calls), calls
+    tests = [c for c in calls if "-m pytest" in c]
+    assert len(tests) == 2 and "not bundle_matches" in tests[0] \
+        and tests[1].endswith("-k bundle_matches"), tests
+    assert len([c for c in calls if c.startswith("bundle make")]) == 2, calls
