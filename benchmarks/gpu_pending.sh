@@ -98,10 +98,11 @@
 #       HTTP, on 1.229 / 1.289, docs/measurements/h100-2026-12-05-d; thirty-first, another
 #       H100, graph sizes: 1.351-1.364 over both, h100-2026-12-05-e)
 #   benchmarks/gpu_pending.sh first OUT_DIR   # one call that does what the card lent is
-#       most needed for, when machines are scarce (thirty-second session: 16 calls got none
-#       that ran its command): on an H200, `build` then `pair` (issue 15's H200 figure, WORKERS=16,
-#       PROCS=8, REPEATS=3 unless set); on any other card, `build` with the GPU tests that
-#       need no bundle beside it, then the two that build whole bundles (~8 min in all)
+#       most needed for, when machines are scarce (thirty-second session: 16 calls got
+#       none that ran its command): on an H200, `build` then `pair` (issue 15's H200
+#       figure, WORKERS=16, PROCS=8, REPEATS=3 unless set); on any other card, `build`
+#       with the GPU tests that need no bundle beside it, then the two that build whole
+#       bundles (~8 min in all)
 #
 # Bundles: PENDING_DIR (/tmp/pending). Logs: OUT_DIR/<step>.log. Each step prints as it goes
 # and has its own timeout.
