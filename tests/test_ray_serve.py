@@ -5,8 +5,10 @@ replicas, and a replica killed under load is replaced with every request answere
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -43,9 +45,12 @@ def cluster(tmp_path_factory):
     # Ray's processes start with this environment. Serve kills a proxy whose readiness
     # check misses 5 s three times; on 2 cores shared with another test worker, the
     # proxy's imports alone took 18 s (CI, 2026-12-04): 30 s per check instead.
+    # Ray's session files (logs, sockets) go to a folder of this run's own, not /tmp/ray,
+    # where every run left one; a short path, as its sockets' names must fit 107 bytes
+    ray_dir = tempfile.mkdtemp(prefix="trt-ray-")
     with mock.patch.dict(os.environ, {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "30"}):
         ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False, namespace="trt-bundle-tests")
+                 configure_logging=False, namespace="trt-bundle-tests", _temp_dir=ray_dir)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port,
                                   "request_timeout_s": TIMEOUT_S})
@@ -54,6 +59,7 @@ def cluster(tmp_path_factory):
     finally:
         serve.shutdown()
         ray.shutdown()
+        shutil.rmtree(ray_dir, ignore_errors=True)
 
 
 def _request(rng, n: int, rid: str) -> tuple[dict, np.ndarray]:
