@@ -54,7 +54,8 @@ def test_a_limit_that_ends_gpu_pending_ends_its_running_step(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.Popen(["timeout", "60", "bash", str(script), "x", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=tmp_path)
+                            cwd=tmp_path, env={**os.environ,
+                                               "PENDING_DIR": str(tmp_path / "pending")})
     log = out / "sleeper.log"
     deadline = time.monotonic() + 30
     while not (pid_file.exists() and pid_file.read_text() and log.exists()
