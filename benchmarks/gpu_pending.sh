@@ -143,6 +143,19 @@ build_vit() {    # build_vit TIMEOUT_S: timm_vit_base's fp16 and fp8 bundles int
   step vit-build "$1" env FAMILY=timm_vit_base bash -c '. benchmarks/gpu_common.sh; \
     make_parallel "$0" "fp16:--precision fp16" "fp8:--precision fp8"' "$bundles/vit"
 }
+build_beside_tests() {   # build_beside_tests NAME LIMIT_S PYTEST_ARGS...: `build`, with
+  # those GPU tests running beside it (their log OUT/NAME.log, its tail printed after)
+  local name=$1 limit=$2 tests
+  shift 2
+  timeout "$limit" python3 -m pytest -q -p no:cacheprovider "$@" > "$out/$name.log" 2>&1 &
+  tests=$!
+  bash "$here/gpu_pending.sh" build "$out" || { kill "$tests" 2>/dev/null; return 1; }
+  wait "$tests"; echo "== $name: exit $?"; tail -6 "$out/$name.log"
+}
+bundle_tests() {   # bundle_tests LIMIT_S: the two GPU tests that build whole bundles
+  step gputest-bundles "$1" python3 -m pytest -q -p no:cacheprovider -rs -m gpu \
+    tests/test_torch_aoti.py -k bundle_matches
+}
 case "$what" in
 dw)
   step dw-rows 200 python3 benchmarks/dw_conv_bench.py --tiles default,rows \
@@ -231,11 +244,8 @@ serve)
   ;;
 stage)   # issue 15: rows staged ahead of their dispatch (Batcher stage_ahead), off and on
   # the GPU tests of stage_rows (a tiny package, compiled while the bundles build)
-  timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_torch_aoti.py \
-    -k 'staged or stages or rows_are_copied or held' > "$out/stage-gputest.log" 2>&1 &
-  tests=$!
-  bash "$here/gpu_pending.sh" build "$out" || exit 1
-  wait "$tests"; echo "== stage-gputest: exit $?"; tail -4 "$out/stage-gputest.log"
+  build_beside_tests stage-gputest 300 -m gpu tests/test_torch_aoti.py \
+    -k 'staged or stages or rows_are_copied or held' || exit 1
   for p in ${STAGE_BUNDLES:-fp8}; do
     step "stage-$p" "${STAGE_LIMIT:-200}" python3 benchmarks/serve_bench.py \
       --bundle "$bundles/timm_xception-$p-uint8-1.0.0-torch-aoti.bundle" --batch 32 \
@@ -246,11 +256,8 @@ stage)   # issue 15: rows staged ahead of their dispatch (Batcher stage_ahead), 
   ;;
 prepare)   # where the fp16 bundle's 73 s of preparation goes, under cuDNN settings
   # the GPU tests of prepare's progress and of the staged rows, beside the build
-  timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_torch_aoti.py \
-    -k 'prepare or staged or stages or held or graph_sizes' > "$out/prepare-gputest.log" 2>&1 &
-  tests=$!
-  bash "$here/gpu_pending.sh" build "$out" || { kill "$tests" 2>/dev/null; exit 1; }
-  wait "$tests"; echo "== prepare-gputest: exit $?"; tail -4 "$out/prepare-gputest.log"
+  build_beside_tests prepare-gputest 300 -m gpu tests/test_torch_aoti.py \
+    -k 'prepare or staged or stages or held or graph_sizes' || exit 1
   step prepare "${PREPARE_LIMIT:-420}" python3 benchmarks/prepare_bench.py \
     --bundle "$bundles/timm_xception-fp16-uint8-1.0.0-torch-aoti.bundle" --timeout 200 \
     --replay-batches 1,12,17,32 --variant default --variant v7:TORCH_CUDNN_V8_API_DISABLED=1 \
@@ -260,8 +267,7 @@ prepare)   # where the fp16 bundle's 73 s of preparation goes, under cuDNN setti
 gputest)   # every GPU test; the two that build whole bundles after the rest
   step gputest "${GPUTEST_LIMIT:-300}" python3 -m pytest -q -p no:cacheprovider -rs -m gpu \
     tests -k 'not bundle_matches'
-  step gputest-bundles "${GPUTEST_BUNDLES_LIMIT:-280}" python3 -m pytest -q -p no:cacheprovider \
-    -rs -m gpu tests/test_torch_aoti.py -k bundle_matches
+  bundle_tests "${GPUTEST_BUNDLES_LIMIT:-280}"
   ;;
 first)   # by the card: H200 -> build + pair; else build beside the GPU tests, then the bundle tests
   card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
@@ -272,13 +278,8 @@ first)   # by the card: H200 -> build + pair; else build beside the GPU tests, t
       bash "$here/gpu_pending.sh" pair "$out" || exit 1
     ;;
   *)
-    timeout 250 python3 -m pytest -q -p no:cacheprovider -rs -m gpu tests -k 'not bundle_matches' \
-      > "$out/gputest.log" 2>&1 &
-    tests=$!
-    bash "$here/gpu_pending.sh" build "$out" || { kill "$tests" 2>/dev/null; exit 1; }
-    wait "$tests"; echo "== gputest: exit $?"; tail -6 "$out/gputest.log"
-    step gputest-bundles "${GPUTEST_BUNDLES_LIMIT:-220}" python3 -m pytest -q \
-      -p no:cacheprovider -rs -m gpu tests/test_torch_aoti.py -k bundle_matches
+    build_beside_tests gputest 250 -rs -m gpu tests -k 'not bundle_matches' || exit 1
+    bundle_tests "${GPUTEST_BUNDLES_LIMIT:-220}"
     ;;
   esac
   ;;

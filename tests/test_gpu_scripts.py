@@ -105,8 +105,9 @@ def test_make_parallel_reuses_what_an_earlier_call_built(tmp_path):
     assert failed.returncode != 0 and "a build failed" in failed.stdout
 
 
-def _run_first(tmp_path: Path, card: str) -> tuple[subprocess.CompletedProcess, list[str]]:
-    """gpu_pending.sh `first` in a copy of benchmarks/, with `nvidia-smi` naming CARD and
+def _run_step(tmp_path: Path, card: str, what: str = "first"
+              ) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """gpu_pending.sh step WHAT in a copy of benchmarks/, with `nvidia-smi` naming CARD and
     the bundle command and python3 replaced by loggers: which commands it starts."""
     bench = tmp_path / "repo" / "benchmarks"
     bench.mkdir(parents=True)
@@ -124,7 +125,7 @@ def _run_first(tmp_path: Path, card: str) -> tuple[subprocess.CompletedProcess, 
            "BUNDLE": str(bin_dir / "fake-bundle"), "PENDING_DIR": str(tmp_path / "pending")}
     for name in ("WORKERS", "PROCS", "REPEATS", "GRAPH_SIZES"):
         env.pop(name, None)
-    done = subprocess.run(["timeout", "60", "bash", str(bench / "gpu_pending.sh"), "first",
+    done = subprocess.run(["timeout", "60", "bash", str(bench / "gpu_pending.sh"), what,
                            str(tmp_path / "out")], capture_output=True, text=True, env=env,
                           cwd=tmp_path)
     assert sorted(p.name for p in (tmp_path / "pending").iterdir()) == [
@@ -136,7 +137,7 @@ def _run_first(tmp_path: Path, card: str) -> tuple[subprocess.CompletedProcess, 
 def test_first_runs_the_pair_on_an_h200_and_the_gpu_tests_elsewhere(tmp_path):
     """The one call a scarce machine may allow does what its card is needed for: issue 15's
     H200 pair on an H200, the GPU tests (the bundle-building two last) on anything else."""
-    done, calls = _run_first(tmp_path / "h200", "NVIDIA H200")
+    done, calls = _run_step(tmp_path / "h200", "NVIDIA H200")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "== card: NVIDIA H200" in done.stdout
     builds = [c for c in calls if c.startswith("bundle make timm_xception")]
@@ -146,10 +147,26 @@ def test_first_runs_the_pair_on_an_h200_and_the_gpu_tests_elsewhere(tmp_path):
         and "--rounds 3" in pair[0] and "--cuda-graph-sizes 1,2,4,8,16,24" in pair[0], pair
     assert not any("-m pytest" in c for c in calls), calls
 
-    done, calls = _run_first(tmp_path / "h100", "NVIDIA H100 80GB HBM3")
+    done, calls = _run_step(tmp_path / "h100", "NVIDIA H100 80GB HBM3")
     assert done.returncode == 0, done.stdout + done.stderr
     assert not any("serve_pair_bench.py" in c for c in calls), calls
     tests = [c for c in calls if "-m pytest" in c]
     assert len(tests) == 2 and "not bundle_matches" in tests[0] \
         and tests[1].endswith("-k bundle_matches"), tests
     assert len([c for c in calls if c.startswith("bundle make")]) == 2, calls
+
+
+@needs_bash
+@pytest.mark.parametrize("what, tests_k, bench", [
+    ("prepare", "prepare or staged", "prepare_bench.py"),
+    ("stage", "staged or stages", "serve_bench.py"),
+])
+def test_prepare_and_stage_run_their_gpu_tests_beside_the_build(tmp_path, what, tests_k, bench):
+    """Their GPU tests start beside the build (one log each), the benchmark after both."""
+    done, calls = _run_step(tmp_path, "NVIDIA H100 80GB HBM3", what)
+    assert done.returncode == 0, done.stdout + done.stderr
+    tests = [c for c in calls if "-m pytest" in c]
+    assert len(tests) == 1 and tests_k in tests[0], calls
+    assert f"== {what}-gputest: exit 0" in done.stdout
+    assert (tmp_path / "out" / f"{what}-gputest.log").exists()
+    assert [c for c in calls if bench in c] and bench in calls[-1], calls
