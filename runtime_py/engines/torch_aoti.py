@@ -6,8 +6,9 @@ Design:
   the manifest's record of the package against this host (``check_torch_aoti_target``
   in ``torch_aoti_compat.py``: torch major.minor, CUDA major, compute capability)
   *before* loading, then writes ``engine.pt2`` to a private temporary folder
-  (``aoti_load_package`` takes a path; the package unpickles nothing), loads it and
-  deletes the folder.
+  (torch's package loader takes a path; the package unpickles nothing), loads it and
+  deletes the folder. Each graph is loaded by torch's own loader without the host survey
+  that ``aoti_load_package`` adds (``aoti_load.py``: 27 of 36 s on torch 2.11).
 * Before loading in this process: the package's libraries must need the shared
   libstdc++ (``check_cxx_runtime``: one linked statically crashed every load on the H200
   image, torch 2.11), then the package is loaded once in a child process
@@ -83,6 +84,7 @@ from typing import Any
 import numpy as np
 
 from runtime_py.compat import GpuInfo, HostInfo
+from runtime_py.engines.aoti_load import DYNAMIC_MODEL, load_graphs
 from runtime_py.engines.base import Runner, require_own_engine
 from runtime_py.engines.torch_aoti_compat import check_torch_aoti_target
 from runtime_py.errors import (BundleError, CompatibilityError, EngineUnavailableError,
@@ -98,8 +100,6 @@ from runtime_py.native_libs import static_cxx_runtime_libraries
 from runtime_py.tensors import TensorSpec
 
 MEMBER = "engine.pt2"
-#: The dynamic-batch graph's name in the package (AOTInductor's default model name).
-DYNAMIC_MODEL = "model"
 #: Batches in flight per runner (copy-in of the next and copy-out of the previous batch
 #: overlap the compute of the current one).
 SLOTS = 2
@@ -153,39 +153,6 @@ def static_model_name(batch: int) -> str:
     return f"batch{int(batch)}"
 
 
-def load_graphs(torch, path: Path, names: list[str], **kwargs: Any) -> dict[str, Any]:
-    """The package's graphs ``names`` (``kwargs``: ``aoti_load_package``'s), each loaded once.
-
-    A package of one graph loads as before (``aoti_load_package``). For several, torch's
-    ``load_pt2`` loads every model of the package in one pass; ``load_package(path, name)``
-    (the documented way to pick one) loads them all again for each name asked, so it is
-    only the fallback for a torch without ``load_pt2``. BundleError names a graph the
-    package lacks.
-    """
-    if names == [DYNAMIC_MODEL]:
-        return {DYNAMIC_MODEL: torch._inductor.aoti_load_package(str(path), **kwargs)}
-    try:
-        from torch.export.pt2_archive._package import load_pt2
-
-        graphs = dict(load_pt2(str(path), **kwargs).aoti_runners)
-    except (ImportError, TypeError):  # pragma: no cover - a torch whose load_pt2 differs
-        from torch._inductor.package import load_package
-
-        graphs = {}
-        for name in names:
-            try:
-                graphs[name] = load_package(str(path), name, **kwargs)
-            except RuntimeError:
-                pass
-    missing = [name for name in names if name not in graphs]
-    if missing:
-        raise BundleError(f"the bundle's AOTInductor package has no graph {', '.join(missing)} "
-                          f"(it has {', '.join(sorted(graphs)) or 'none'}), which its manifest "
-                          "lists in engine.details.static_batches: rebuild the engine "
-                          "(`bundle rebuild BUNDLE --backend torch-aoti`)")
-    return {name: graphs[name] for name in names}
-
-
 def import_torch():
     try:
         import torch
@@ -231,15 +198,19 @@ def check_cxx_runtime(path: Path) -> None:
             "or run the bundle's ONNX graph (`--backend onnxruntime`, or `auto`)")
 
 
-#: What the child process of ``probe_package_load`` runs: argv = package, device, single-threaded.
+#: What the child process of ``probe_package_load`` runs: argv = package, device,
+#: single-threaded. It loads the dynamic graph as the runner does (``aoti_load``), not
+#: through ``aoti_load_package``, whose host survey would add 27 s on torch 2.11.
 LOAD_CHECK_CODE = """
 import sys, torch
+from pathlib import Path
+from runtime_py.engines.aoti_load import DYNAMIC_MODEL, load_graphs
 path, device, single = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 kwargs = {}
 if device != "cpu":
     torch.cuda.init()
     kwargs = {"device_index": int(device), "run_single_threaded": single}
-torch._inductor.aoti_load_package(path, **kwargs)
+load_graphs(torch, Path(path), [DYNAMIC_MODEL], **kwargs)
 """
 LOAD_CHECK_TIMEOUT_S = 300
 
@@ -260,7 +231,8 @@ def probe_package_load(path: Path, device: str, run_single_threaded: bool, *,
     try:
         proc = subprocess.run([sys.executable, "-c", code, str(path), str(device),
                                "1" if run_single_threaded else "0"],
-                              capture_output=True, text=True, timeout=timeout_s)
+                              capture_output=True, text=True, timeout=timeout_s,
+                              env=child_env_with_runtime())
     except subprocess.TimeoutExpired:
         raise CompatibilityError(f"{what}: a test load in a child process did not finish in "
                                  f"{timeout_s:g} s; {remedy}") from None
@@ -277,6 +249,16 @@ def probe_package_load(path: Path, device: str, run_single_threaded: bool, *,
     raise CompatibilityError(f"{what}: a test load in a child process failed "
                              f"({lines[-1] if lines else f'exit status {proc.returncode}'}); "
                              f"{remedy}")
+
+
+def child_env_with_runtime() -> dict[str, str]:
+    """This process's environment, with the folder ``runtime_py`` was imported from first
+    on PYTHONPATH: the load check's child imports it, also where this process found it
+    through its working folder or a path of its own rather than an install."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
 
 
 class TorchAotiRunner(Runner):
@@ -339,7 +321,8 @@ class TorchAotiRunner(Runner):
         self.capture_seconds: dict[int, tuple[float, float]] = {}
         # phase -> seconds of the last activation, in the order they ran: loading the fp16
         # package of timm_xception took 36 s on an H100, a third of a server's start, and
-        # nothing said where (docs/measurements/h100-2026-12-05-e)
+        # nothing said where (docs/measurements/h100-2026-12-05-e); the phases showed 35 s
+        # in "graphs", 27 s of it torch's CPU survey (h100-2026-12-06-b, aoti_load.py)
         self.load_seconds: dict[str, float] = {}
         self._graph_execs: dict[int, int | None] = {}   # batch -> raw cudaGraphExec_t
         self._graph_pool = None       # the memory pool every size's graph is captured into

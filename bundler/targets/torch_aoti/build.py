@@ -31,7 +31,8 @@ the Inductor options in ``DEFAULT_COMPILE_OPTIONS`` (never max-autotune: on xcep
 took over 9 minutes for a few percent; no timing of pointwise block sizes either, which a
 shared GPU turns into slow picks). The package is a zip of generated C++/Triton code,
 compiled kernels (cubins), the shared library and the weights as raw constant blobs; it is
-loaded with ``torch._inductor.aoti_load_package``, which unpickles nothing.
+loaded with torch's package loader (``runtime_py/engines/aoti_load.py``), which unpickles
+nothing.
 
 torch is imported inside the functions.
 """

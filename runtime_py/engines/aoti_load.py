@@ -1,0 +1,74 @@
+"""Loading an AOTInductor package's graphs with torch's own package loader, and no more.
+
+torch's public loaders (``aoti_load_package``, ``load_package``, ``load_pt2``) end every
+load by comparing the package's build host with this one for a log line, and to name this
+CPU's vector ISA they compile a test library per ISA and load each in a child Python that
+imports torch. On an H100 with torch 2.11 that survey was 27.4 s of the 36-s load of
+timm_xception's fp16 package, in every process (torch 2.14 remembers its results on disk,
+after paying once per machine); the graphs themselves loaded in 0.09 s
+(docs/measurements/h100-2026-12-06-b). The runner compares the hosts itself, before any
+load (``check_torch_aoti_target``), so it builds each graph with the loader those
+functions end in, ``torch._C._aoti.AOTIModelPackageLoader``, wrapped as they wrap it.
+
+Nothing here imports torch at module level: the load check's child process imports this
+module (``torch_aoti.LOAD_CHECK_CODE``).
+"""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from runtime_py.errors import BundleError
+
+#: The dynamic-batch graph's name in the package (AOTInductor's default model name).
+DYNAMIC_MODEL = "model"
+
+
+def package_graph_names(path: Path) -> set[str]:
+    """The graphs the package at ``path`` holds: the folders under ``*/aotinductor/``."""
+    with zipfile.ZipFile(path) as archive:
+        return {name.split("/aotinductor/", 1)[1].split("/", 1)[0]
+                for name in archive.namelist() if "/aotinductor/" in name
+                and "/" in name.split("/aotinductor/", 1)[1]}
+
+
+def load_graphs(torch, path: Path, names: list[str], *, device_index: int = -1,
+                run_single_threaded: bool = False) -> dict[str, Any]:
+    """The package's graphs ``names``, each a callable (torch's ``AOTICompiledModel``).
+
+    ``device_index`` -1 for a CPU package. BundleError names a graph the package lacks,
+    before anything is loaded; a graph that fails to load raises torch's error.
+    """
+    try:
+        held = package_graph_names(path)
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise BundleError(f"the bundle's AOTInductor package is not a readable zip ({exc}): "
+                          "rebuild the engine (`bundle rebuild BUNDLE --backend torch-aoti`)"
+                          ) from None
+    missing = [name for name in names if name not in held]
+    if missing:
+        raise BundleError(f"the bundle's AOTInductor package has no graph {', '.join(missing)} "
+                          f"(it has {', '.join(sorted(held)) or 'none'}), which its manifest "
+                          "lists in engine.details.static_batches: rebuild the engine "
+                          "(`bundle rebuild BUNDLE --backend torch-aoti`)")
+    return {name: load_graph(torch, path, name, device_index=device_index,
+                             run_single_threaded=run_single_threaded) for name in names}
+
+
+def load_graph(torch, path: Path, name: str, *, device_index: int = -1,
+               run_single_threaded: bool = False) -> Any:
+    """One graph of the package, loaded as ``load_package`` loads it, without the survey."""
+    try:
+        from torch._inductor.package.package import AOTICompiledModel
+
+        loader_class = torch._C._aoti.AOTIModelPackageLoader
+    except (ImportError, AttributeError):  # pragma: no cover - a torch that moved them
+        from torch._inductor.package import load_package
+
+        return load_package(str(path), name, run_single_threaded=run_single_threaded,
+                            device_index=device_index)
+    num_runners = 1
+    return AOTICompiledModel(loader_class(str(path), name, run_single_threaded, num_runners,
+                                          device_index))
