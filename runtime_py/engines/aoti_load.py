@@ -59,16 +59,20 @@ def load_graphs(torch, path: Path, names: list[str], *, device_index: int = -1,
 
 def load_graph(torch, path: Path, name: str, *, device_index: int = -1,
                run_single_threaded: bool = False) -> Any:
-    """One graph of the package, loaded as ``load_package`` loads it, without the survey."""
+    """One graph of the package, loaded as ``load_package`` loads it, without the survey.
+
+    A torch whose loader moved or takes other arguments gets ``load_package`` itself:
+    slower on its first call in a process, never wrong.
+    """
+    num_runners = 1
     try:
         from torch._inductor.package.package import AOTICompiledModel
 
-        loader_class = torch._C._aoti.AOTIModelPackageLoader
-    except (ImportError, AttributeError):  # pragma: no cover - a torch that moved them
+        loader = torch._C._aoti.AOTIModelPackageLoader(
+            str(path), name, run_single_threaded, num_runners, device_index)
+    except (ImportError, AttributeError, TypeError):  # pragma: no cover - another torch
         from torch._inductor.package import load_package
 
         return load_package(str(path), name, run_single_threaded=run_single_threaded,
-                            device_index=device_index)
-    num_runners = 1
-    return AOTICompiledModel(loader_class(str(path), name, run_single_threaded, num_runners,
-                                          device_index))
+                            num_runners=num_runners, device_index=device_index)
+    return AOTICompiledModel(loader)
