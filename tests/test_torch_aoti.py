@@ -667,6 +667,28 @@ def test_graphs_load_without_torchs_cpu_isa_survey(tmp_path, cpu_fp32_package):
     probe_package_load(path, "cpu", False, code=unsurveyed)
 
 
+def test_a_missing_or_unreadable_graph_is_named_before_any_load(tmp_path):
+    """The graphs are the folders under aotinductor/; one the manifest lists and the package
+    lacks, or a package that is no zip, is a BundleError before torch's loader runs (no
+    torch is passed: calling it would fail differently)."""
+    import zipfile
+
+    from runtime_py.engines.aoti_load import load_graphs, package_graph_names
+
+    path = tmp_path / "engine.pt2"
+    with zipfile.ZipFile(path, "w") as archive:
+        for member in ("engine/data/aotinductor/model/a.wrapper.so",
+                       "engine/data/aotinductor/batch2/b.wrapper.so",
+                       "engine/data/aotinductor/stray-file", "engine/data/constants/c.bin"):
+            archive.writestr(member, b"")
+    assert package_graph_names(path) == {"model", "batch2"}
+    with pytest.raises(BundleError, match=r"no graph batch4 \(it has batch2, model\)"):
+        load_graphs(None, path, ["model", "batch2", "batch4"])
+    path.write_bytes(b"not a zip")
+    with pytest.raises(BundleError, match="not a readable zip"):
+        load_graphs(None, path, ["model"])
+
+
 def test_the_load_checks_child_finds_this_runtime_first():
     """The load check's child imports runtime_py (aoti_load): its PYTHONPATH starts with
     the folder this runtime_py came from, whatever the caller's working folder or path."""

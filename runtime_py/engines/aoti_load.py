@@ -28,10 +28,14 @@ DYNAMIC_MODEL = "model"
 
 def package_graph_names(path: Path) -> set[str]:
     """The graphs the package at ``path`` holds: the folders under ``*/aotinductor/``."""
+    graphs = set()
     with zipfile.ZipFile(path) as archive:
-        return {name.split("/aotinductor/", 1)[1].split("/", 1)[0]
-                for name in archive.namelist() if "/aotinductor/" in name
-                and "/" in name.split("/aotinductor/", 1)[1]}
+        for member in archive.namelist():
+            _, under, rest = member.partition("/aotinductor/")
+            graph, inside, _ = rest.partition("/")
+            if under and inside:
+                graphs.add(graph)
+    return graphs
 
 
 def load_graphs(torch, path: Path, names: list[str], *, device_index: int = -1,
