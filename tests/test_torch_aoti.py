@@ -11,7 +11,6 @@ marked ``gpu`` and skip (with the reason) where torch sees no CUDA device.
 from __future__ import annotations
 
 import copy
-import os
 import shutil
 import subprocess
 import sys
@@ -689,14 +688,16 @@ def test_a_missing_or_unreadable_graph_is_named_before_any_load(tmp_path):
         load_graphs(None, path, ["model"])
 
 
-def test_the_load_checks_child_finds_this_runtime_first():
-    """The load check's child imports runtime_py (aoti_load): its PYTHONPATH starts with
-    the folder this runtime_py came from, whatever the caller's working folder or path."""
+def test_the_load_checks_child_finds_this_runtime_first(tmp_path):
+    """The load check's child imports runtime_py (aoti_load): started as the check starts
+    it, from another working folder, it imports this very runtime_py."""
     import runtime_py
     from runtime_py.engines.torch_aoti import child_env_with_runtime
 
-    first = child_env_with_runtime()["PYTHONPATH"].split(os.pathsep)[0]
-    assert Path(first) / "runtime_py" == Path(runtime_py.__file__).resolve().parent
+    got = subprocess.run([sys.executable, "-c", "import runtime_py; print(runtime_py.__file__)"],
+                         capture_output=True, text=True, env=child_env_with_runtime(),
+                         cwd=tmp_path, timeout=60, check=True)
+    assert Path(got.stdout.strip()).resolve() == Path(runtime_py.__file__).resolve()
 
 
 @pytest.mark.slow

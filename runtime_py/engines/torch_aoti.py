@@ -252,12 +252,16 @@ def probe_package_load(path: Path, device: str, run_single_threaded: bool, *,
 
 
 def child_env_with_runtime() -> dict[str, str]:
-    """This process's environment, with the folder ``runtime_py`` was imported from first
-    on PYTHONPATH: the load check's child imports it, also where this process found it
-    through its working folder or a path of its own rather than an install."""
+    """This process's environment, for a child Python that imports this ``runtime_py`` (the
+    load check's). Where this process found it through a path the child would not have (a
+    script's own ``sys.path`` entry, say), that folder goes first on PYTHONPATH; where it
+    is on ``sys.path`` already (an install, PYTHONPATH), nothing changes: putting
+    site-packages ahead of the standard library could shadow a module of it."""
     env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    root = Path(__file__).resolve().parents[2]
+    if any(Path(entry or ".").resolve() == root for entry in sys.path):
+        return env
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p)
     return env
 
 
