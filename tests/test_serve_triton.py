@@ -58,6 +58,22 @@ def _children(pid: int) -> list[int]:
     return kids
 
 
+def _commands(pids: list[int]) -> dict[int, str]:
+    """Each pid's command line and state, for an assertion's message (a flake on a fresh
+    machine, 2026-12-06, left no more than the test's name)."""
+    found = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            cmd, state = "(gone)", "-"
+        found[pid] = f"{state} {cmd[:200]}"
+    return found
+
+
 class Server:
     """`bundle serve` in a subprocess; ports read from its "serving on" line."""
 
@@ -517,7 +533,7 @@ def test_serve_reports_caps_binds_and_shuts_down_cleanly(tiny_bundle):
         assert "--max-batch 64 capped to 4" in log
         assert s.http_port > 0 and s.grpc_port > 0
         workers = _children(s.proc.pid)
-        assert len(workers) == 2
+        assert len(workers) == 2, (workers, _commands(workers))
         assert_serves(s)
         # a second server on the same ports fails with exit 7 and says why
         for args in (["--port", str(s.http_port)],
@@ -530,15 +546,15 @@ def test_serve_reports_caps_binds_and_shuts_down_cleanly(tiny_bundle):
             assert "Traceback" not in r.stderr
     finally:
         code = s.stop(signal.SIGTERM)
-    assert code == 0
+    assert code == 0, "".join(s.log)[-3000:]
     one = Server(tiny_bundle, "--workers", "0")   # in-process front-end: drains, exits 0 too
     try:
         assert one.grpc_port is None and _children(one.proc.pid) == []
     finally:
         code = one.stop(signal.SIGTERM)
-    assert code == 0
+    assert code == 0, "".join(one.log)[-3000:]
     for pid in workers:
-        assert _gone(pid)
+        assert _gone(pid), (pid, _commands([pid]))
     assert set(os.listdir("/dev/shm")) - shm_before == set()
 
 
