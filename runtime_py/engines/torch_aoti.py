@@ -259,7 +259,7 @@ def child_env_with_runtime() -> dict[str, str]:
     site-packages ahead of the standard library could shadow a module of it."""
     env = dict(os.environ)
     root = Path(__file__).resolve().parents[2]
-    if any(Path(entry or ".").resolve() == root for entry in sys.path):
+    if any(entry and Path(entry).resolve() == root for entry in sys.path):  # "": the cwd
         return env
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p)
     return env
