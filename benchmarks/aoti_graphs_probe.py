@@ -8,6 +8,7 @@ process surveys the CPU's vector ISAs (27 s with torch 2.11; h100-2026-12-06-b).
 """
 import collections
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -23,8 +24,14 @@ def main() -> None:
     bundle = open_bundle(sys.argv[1])
     names = sys.argv[2:] or [DYNAMIC_MODEL]
     folder = Path(tempfile.mkdtemp(prefix="graphs-probe-"))
-    path = folder / MEMBER
-    path.write_bytes(bundle.read_member(MEMBER))
+    try:
+        probe(folder / MEMBER, bundle.read_member(MEMBER), names)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def probe(path: Path, package: bytes, names: list[str]) -> None:
+    path.write_bytes(package)
     kinds = collections.Counter()
     sizes = collections.Counter()
     with zipfile.ZipFile(path) as z:

@@ -19,10 +19,10 @@ sizes 1..--max-batch (the bundle's max by default), then time the graph replay a
 and at the max (`runner.device_timings`, medians). A setting that starts faster but runs
 slower is no gain: the table shows both, each replay against the first variant's. Under a
 variant's line, where the runner records them (torch-aoti's ``load_seconds``), the load's
-phases: the thirty-first session's H100 spent 36 s loading the fp16 bundle, unexplained,
-and 54 s preparing it, 10.7 s with the graph sizes above (h100-2026-12-05-e). On the CPU the
-host's part of a load (a CPU package of the same family) is 3-7 s with the load check off
-(docs/measurements/aoti-load-cpu-2026-12-06.md): the rest lies in the GPU's phases.
+phases: the thirty-first session's H100 spent 36 s loading the fp16 bundle and 54 s
+preparing it, 10.7 s with the graph sizes above (h100-2026-12-05-e). 27 s of that load were
+torch's CPU ISA survey after loading, which the runner no longer runs (thirty-third session,
+h100-2026-12-06-b; runtime_py/engines/aoti_load.py).
 
 A script, not a test: numbers depend on the host. On a host without a GPU engine the
 preparation is empty and there are no replay figures (the plumbing still runs).
