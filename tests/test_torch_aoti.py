@@ -569,7 +569,7 @@ def test_fp32_package_on_the_cpu_runs_in_the_runner(cpu_fp32_package):
         assert runner.on_gpu is False                  # `bundle bench`: no copies to time
         # where the load went, each phase once, in the order it ran (prepare_bench prints it)
         assert list(runner.load_seconds) == [
-            "torch import", "host check", "device and stream", "package member",
+            "package member", "torch import", "host check", "device and stream",
             "load checks", "graphs", "streams and slots"]
         assert all(s >= 0 for s in runner.load_seconds.values())
         assert runner.load_seconds["graphs"] > 0       # dlopen of a compiled .so
@@ -1384,14 +1384,89 @@ def test_a_loader_crash_in_the_child_is_a_compatibility_error(tmp_path):
                            timeout_s=1)
 
 
-def _aoti_bundle_with(tmp_path, package: bytes):
-    sys.path.insert(0, str(Path(__file__).parent))
+def _cpu_details(torch_version=None):
     from bundler.targets.torch_aoti import engine_details, host_details
-    from synthetic_bundles import write_source_bundle
 
     details = engine_details(host_details("cpu"), "fp32", {"max_autotune": False}, nhwc=False,
                              fast_accum=False, padding={}, batch_sizes=[1], seconds=None)
-    engine = {"backend": "torch-aoti", "member": "engine.pt2", "details": details}
+    if torch_version is not None:
+        details["torch_version"] = torch_version
+    return details
+
+
+def test_the_load_check_runs_while_torch_is_imported_and_is_waited_for_before_the_graphs(
+        monkeypatch):
+    """The check's child starts once the package is on disk, before this process imports
+    torch (on an H100 the check took 10.8 of 21 s, ~4 s of it the same imports this process
+    makes: h100-2026-12-06-c), and this process loads the graphs only after it passed."""
+    import runtime_py.engines.torch_aoti as aoti
+
+    events: list[str] = []
+    real_import = aoti.import_torch
+
+    class Recorded(aoti.PackageLoadCheck):
+        def __init__(self, path, device, single, **kwargs):
+            assert Path(path).read_bytes() == b"PK package"     # on disk before the child
+            super().__init__(path, device, single, code="pass", **kwargs)
+            events.append(f"check started on {device}")
+
+        def wait(self):
+            super().wait()
+            events.append("check passed")
+
+    def recorded_import():
+        if "torch import" not in events:
+            events.append("torch import")
+        return real_import()
+
+    def recorded_load(torch, path, names, **kwargs):
+        events.append(f"graphs {names}")
+        raise BundleError("stop here")
+
+    monkeypatch.setattr(aoti, "PackageLoadCheck", Recorded)
+    monkeypatch.setattr(aoti, "import_torch", recorded_import)
+    monkeypatch.setattr(aoti, "load_graphs", recorded_load)
+    runner = aoti.TorchAotiRunner(_MemoryBundle("fp32", _cpu_details(), b"PK package",
+                                                (3, 16, 16), 10, 4), load_check=True)
+    with pytest.raises(BundleError, match="stop here"):
+        runner.activate()
+    assert events == ["check started on cpu", "torch import", "check passed", "graphs ['model']"]
+
+
+def test_an_activation_that_fails_before_the_load_check_ends_kills_its_child(tmp_path,
+                                                                            monkeypatch):
+    """A host check that refuses the package (another torch) raises its own error at once;
+    the check's child, still loading, is killed and reaped, and the package folder goes."""
+    import os
+
+    import runtime_py.engines.torch_aoti as aoti
+
+    pid_file = tmp_path / "child.pid"
+    started: list = []
+
+    class Slow(aoti.PackageLoadCheck):
+        def __init__(self, path, device, single, **kwargs):
+            started.append(Path(path).parent)
+            code = ("import os, sys, time; "
+                    f"open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)")
+            super().__init__(path, device, single, code=code, **kwargs)
+
+    monkeypatch.setattr(aoti, "PackageLoadCheck", Slow)
+    runner = aoti.TorchAotiRunner(_MemoryBundle("fp32", _cpu_details("1.0.0"), b"PK package",
+                                                (3, 16, 16), 10, 4), load_check=True)
+    with pytest.raises(CompatibilityError, match=r"built for the CPU with torch 1\.0; this host has"):
+        runner.activate()
+    assert started and not started[0].exists()           # the package's folder is gone
+    if pid_file.exists():                                # the child got as far as its code
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(pid_file.read_text()), 0)        # killed and reaped: no such pid
+
+
+def _aoti_bundle_with(tmp_path, package: bytes):
+    sys.path.insert(0, str(Path(__file__).parent))
+    from synthetic_bundles import write_source_bundle
+
+    engine = {"backend": "torch-aoti", "member": "engine.pt2", "details": _cpu_details()}
     return write_source_bundle(tmp_path, engine=engine, engine_member=package)
 
 

@@ -12,11 +12,13 @@ Design:
 * Before loading in this process: the package's libraries must need the shared
   libstdc++ (``check_cxx_runtime``: one linked statically crashed every load on the H200
   image, torch 2.11), then the package is loaded once in a child process
-  (``probe_package_load``; ``load_check=False`` or ``TRT_BUNDLE_AOTI_LOAD_CHECK=0`` skips
+  (``PackageLoadCheck``; ``load_check=False`` or ``TRT_BUNDLE_AOTI_LOAD_CHECK=0`` skips
   it): torch's native loader can crash the process instead of raising, and a service,
   `bundle verify` or `bundle study` should get a CompatibilityError that names it, and
   `backend="auto"` its fallback to ONNX Runtime, rather than die. It costs one torch
-  import and one load (seconds).
+  import and one load (10.8 s of a 21-s activation on an H100), so the child starts as
+  soon as the package is on disk, before this process imports torch and sets up its
+  device, and is waited for only before the graphs load here.
 * Three non-blocking streams per runner (copy-in, compute, copy-out) and two batch slots
   (``_Slot``: device input, device output, pinned output, pinned staging), so that two
   batches are in flight: ``infer_async`` enqueues H2D on the copy-in stream, a device copy
@@ -72,6 +74,7 @@ import math
 import os
 import shutil
 import signal
+import site
 import subprocess
 import sys
 import tempfile
@@ -198,7 +201,7 @@ def check_cxx_runtime(path: Path) -> None:
             "or run the bundle's ONNX graph (`--backend onnxruntime`, or `auto`)")
 
 
-#: What the child process of ``probe_package_load`` runs: argv = package, device,
+#: What the child process of ``PackageLoadCheck`` runs: argv = package, device,
 #: single-threaded. It loads the dynamic graph as the runner does (``aoti_load``), not
 #: through ``aoti_load_package``, whose host survey would add 27 s on torch 2.11.
 LOAD_CHECK_CODE = """
@@ -215,51 +218,86 @@ load_graphs(torch, Path(path), [DYNAMIC_MODEL], **kwargs)
 LOAD_CHECK_TIMEOUT_S = 300
 
 
+class PackageLoadCheck:
+    """A test load of the package in a child process (``LOAD_CHECK_CODE``), started as soon
+    as the package is on disk so that it runs while this process imports torch and sets up
+    its device: on an H100 the check took 10.8 of a 21-s activation, ~4 s of which this
+    process spends in the same imports (h100-2026-12-06-c). ``wait`` raises
+    CompatibilityError where the load failed; ``cancel`` ends a check nobody waits for."""
+
+    def __init__(self, path: Path, device: str, run_single_threaded: bool, *,
+                 code: str = LOAD_CHECK_CODE, timeout_s: float = LOAD_CHECK_TIMEOUT_S) -> None:
+        self.timeout_s = timeout_s
+        self._deadline = time.monotonic() + timeout_s
+        # a file, not a pipe: a child that fills a pipe nobody reads yet would stall
+        self._stderr = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", code, str(path), str(device),
+             "1" if run_single_threaded else "0"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._stderr,
+            env=child_env_with_runtime())
+
+    def wait(self) -> None:
+        """Return once the child loaded the package; else CompatibilityError telling a loader
+        crash (a signal), a load that raised, and one past ``timeout_s`` apart."""
+        torch = import_torch()
+        what = f"torch {torch.__version__} could not load this bundle's AOTInductor package"
+        remedy = ("run the bundle's ONNX graph (`--backend onnxruntime`, or `auto`, which "
+                  "falls back to it), or rebuild the engine on this host (`bundle rebuild`)")
+        try:
+            self._proc.wait(timeout=max(0.0, self._deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.cancel()
+            raise CompatibilityError(f"{what}: a test load in a child process did not finish "
+                                     f"in {self.timeout_s:g} s; {remedy}") from None
+        code = self._proc.returncode
+        self._stderr.seek(0)
+        stderr = self._stderr.read()
+        self._stderr.close()
+        if code == 0:
+            return
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            raise CompatibilityError(f"{what}: a test load in a child process was killed by "
+                                     f"{name} (torch's native loader crashed); {remedy}")
+        lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+        raise CompatibilityError(f"{what}: a test load in a child process failed "
+                                 f"({lines[-1] if lines else f'exit status {code}'}); "
+                                 f"{remedy}")
+
+    def cancel(self) -> None:
+        """Kill the child if it still runs and reap it (an activation that failed before
+        waiting must leave no process behind)."""
+        if self._proc.returncode is None:   # else waited for already
+            self._proc.kill()
+            self._proc.wait()
+        self._stderr.close()
+
+
 def probe_package_load(path: Path, device: str, run_single_threaded: bool, *,
                        code: str = LOAD_CHECK_CODE,
                        timeout_s: float = LOAD_CHECK_TIMEOUT_S) -> None:
-    """Load the package at ``path`` in a child process; CompatibilityError if that fails.
-
-    ``device`` is "cpu" or a CUDA device index. A child killed by a signal (the native
-    loader crashed), one that raised, and one that did not finish in ``timeout_s`` are
-    told apart in the message.
-    """
-    torch = import_torch()
-    what = f"torch {torch.__version__} could not load this bundle's AOTInductor package"
-    remedy = ("run the bundle's ONNX graph (`--backend onnxruntime`, or `auto`, which falls "
-              "back to it), or rebuild the engine on this host (`bundle rebuild`)")
-    try:
-        proc = subprocess.run([sys.executable, "-c", code, str(path), str(device),
-                               "1" if run_single_threaded else "0"],
-                              capture_output=True, text=True, timeout=timeout_s,
-                              env=child_env_with_runtime())
-    except subprocess.TimeoutExpired:
-        raise CompatibilityError(f"{what}: a test load in a child process did not finish in "
-                                 f"{timeout_s:g} s; {remedy}") from None
-    if proc.returncode == 0:
-        return
-    if proc.returncode < 0:
-        try:
-            name = signal.Signals(-proc.returncode).name
-        except ValueError:
-            name = f"signal {-proc.returncode}"
-        raise CompatibilityError(f"{what}: a test load in a child process was killed by {name} "
-                                 f"(torch's native loader crashed); {remedy}")
-    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-    raise CompatibilityError(f"{what}: a test load in a child process failed "
-                             f"({lines[-1] if lines else f'exit status {proc.returncode}'}); "
-                             f"{remedy}")
+    """Load the package at ``path`` in a child process and wait for it (``PackageLoadCheck``);
+    CompatibilityError if that fails. ``device`` is "cpu" or a CUDA device index."""
+    PackageLoadCheck(path, device, run_single_threaded, code=code, timeout_s=timeout_s).wait()
 
 
 def child_env_with_runtime() -> dict[str, str]:
     """This process's environment, for a child Python that imports this ``runtime_py`` (the
-    load check's). Where this process found it through a path the child would not have (a
-    script's own ``sys.path`` entry, say), that folder goes first on PYTHONPATH; where it
-    is on ``sys.path`` already (an install, PYTHONPATH), nothing changes: putting
+    load check's). Where the child would not find it by itself, its folder goes first on
+    PYTHONPATH. A child inherits PYTHONPATH and the site folders, not this process's own
+    ``sys.path`` entries (a script's folder, ``python -m``'s working folder, pytest's): one of
+    those does not count. Where the folder is a site folder, nothing changes: putting
     site-packages ahead of the standard library could shadow a module of it."""
     env = dict(os.environ)
     root = Path(__file__).resolve().parents[2]
-    if any(entry and Path(entry).resolve() == root for entry in sys.path):  # "": the cwd
+    inherited = [*env.get("PYTHONPATH", "").split(os.pathsep), *site.getsitepackages()]
+    if site.ENABLE_USER_SITE:
+        inherited.append(site.getusersitepackages())
+    if any(entry and Path(entry).resolve() == root for entry in inherited):  # "": the cwd
         return env
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p)
     return env
@@ -267,7 +305,7 @@ def child_env_with_runtime() -> dict[str, str]:
 
 class TorchAotiRunner(Runner):
     """Options: device (int, default 0), cuda_graphs (bool, default True), load_check
-    (bool, default True unless TRT_BUNDLE_AOTI_LOAD_CHECK=0: ``probe_package_load``),
+    (bool, default True unless TRT_BUNDLE_AOTI_LOAD_CHECK=0: ``PackageLoadCheck``),
     event_sync ("block", default, or "spin": how a batch's result is waited for, see the
     module docstring), cuda_graph_sizes (None, default: a graph per batch size; or the
     sizes that get one, a batch padded up to the next: ``runtime_py.graph_sizes``)."""
@@ -340,19 +378,33 @@ class TorchAotiRunner(Runner):
     # -- activation -------------------------------------------------------------------
     def activate_impl(self) -> None:
         require_own_engine(self.bundle, "torch-aoti", "an AOTInductor package")
-        mark = time.perf_counter()
-        torch = import_torch()
-        mark = self._phase_done("torch import", mark)
         details = self.bundle.manifest["engine"]["details"]
-        check_torch_aoti_target(details, torch_host(), self.device_index)  # before loading
-        self._phase_done("host check", mark)
-        self._torch = torch
         self._on_cpu = details.get("device") == "cpu"
+        folder = Path(tempfile.mkdtemp(prefix="trt-bundle-pt2-"))
+        check = None
         try:
-            self._activate(torch)
-        except BaseException:
-            self.deactivate_impl()
-            raise
+            mark = time.perf_counter()
+            path = folder / MEMBER
+            path.write_bytes(self.bundle.read_member(MEMBER))
+            check_cxx_runtime(path)
+            if self.load_check:   # its child runs while this process imports torch
+                check = PackageLoadCheck(path, "cpu" if self._on_cpu else str(self.device_index),
+                                         self.use_cuda_graphs)
+            mark = self._phase_done("package member", mark)
+            torch = import_torch()
+            mark = self._phase_done("torch import", mark)
+            check_torch_aoti_target(details, torch_host(), self.device_index)  # before loading
+            self._phase_done("host check", mark)
+            self._torch = torch
+            try:
+                self._activate(torch, path, check)
+            except BaseException:
+                self.deactivate_impl()
+                raise
+        finally:
+            if check is not None:
+                check.cancel()    # nothing to do once waited for
+            shutil.rmtree(folder, ignore_errors=True)
 
     def _phase_done(self, phase: str, since: float) -> float:
         """Record ``phase`` as the seconds since ``since``; the mark the next one starts from."""
@@ -360,7 +412,9 @@ class TorchAotiRunner(Runner):
         self.load_seconds[phase] = now - since
         return now
 
-    def _activate(self, torch) -> None:
+    def _activate(self, torch, path: Path, check: PackageLoadCheck | None) -> None:
+        """Device, streams and graphs; ``path`` is the package on disk, ``check`` its load
+        check under way (None: off), waited for before this process loads it."""
         mark = time.perf_counter()
         if self.bundle.manifest["precision"] == "fp32":
             torch.backends.cudnn.allow_tf32 = False
@@ -377,33 +431,24 @@ class TorchAotiRunner(Runner):
             # was the largest Python cost of a batch-1 ``infer`` (serve-run6.log profile)
             self._on_stream = torch.cuda.StreamContext(self._stream)
         mark = self._phase_done("device and stream", mark)
-        folder = Path(tempfile.mkdtemp(prefix="trt-bundle-pt2-"))
+        if check is not None:
+            check.wait()
+        mark = self._phase_done("load checks", mark)
+        kwargs = {} if self._on_cpu else {"device_index": self.device_index,
+                                          "run_single_threaded": self.use_cuda_graphs}
+        static = [int(n) for n in self.bundle.manifest["engine"]["details"]
+                  .get("static_batches", [])]
+        names = [DYNAMIC_MODEL, *map(static_model_name, static)]
         try:
-            path = folder / MEMBER
-            path.write_bytes(self.bundle.read_member(MEMBER))
-            mark = self._phase_done("package member", mark)
-            kwargs = {} if self._on_cpu else {"device_index": self.device_index,
-                                              "run_single_threaded": self.use_cuda_graphs}
-            check_cxx_runtime(path)
-            if self.load_check:
-                probe_package_load(path, "cpu" if self._on_cpu else str(self.device_index),
-                                   self.use_cuda_graphs)
-            mark = self._phase_done("load checks", mark)
-            static = [int(n) for n in self.bundle.manifest["engine"]["details"]
-                      .get("static_batches", [])]
-            names = [DYNAMIC_MODEL, *map(static_model_name, static)]
-            try:
-                graphs = load_graphs(torch, path, names, **kwargs)
-            except BundleError:
-                raise
-            except Exception as exc:
-                raise BundleError(f"torch {torch.__version__} could not load the bundle's "
-                                  f"AOTInductor package: {exc}") from None
-            self._model = graphs[DYNAMIC_MODEL]
-            self._static_models = {n: graphs[static_model_name(n)] for n in static}
-            mark = self._phase_done("graphs", mark)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
+            graphs = load_graphs(torch, path, names, **kwargs)
+        except BundleError:
+            raise
+        except Exception as exc:
+            raise BundleError(f"torch {torch.__version__} could not load the bundle's "
+                              f"AOTInductor package: {exc}") from None
+        self._model = graphs[DYNAMIC_MODEL]
+        self._static_models = {n: graphs[static_model_name(n)] for n in static}
+        mark = self._phase_done("graphs", mark)
         if not self._on_cpu:
             self._in_stream = torch.cuda.Stream(self._device)
             self._out_stream = torch.cuda.Stream(self._device)
