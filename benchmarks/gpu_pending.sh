@@ -100,12 +100,14 @@
 #   benchmarks/gpu_pending.sh first OUT_DIR   # one call that does what the card lent is
 #       most needed for, when machines are scarce (thirty-second session: 16 calls got
 #       none that ran its command): on an H200, `build` then `pair` (issue 15's H200
-#       figure, WORKERS=16, PROCS=8, REPEATS=3 unless set); on any other card, `build`
-#       with the GPU tests that need no bundle beside it (400 s: on an H100 beside the
-#       build, 13 had passed at 250 s), then `load`: the fp16 bundle's activation by phase,
-#       load check on, with torch's CPU ISA survey gone from the load (thirty-third
-#       session: 27 of its 39 s; expected ~12 s). The two bundle tests passed on an H100
-#       that session (h100-2026-12-06-b); `gputest` still runs them (~8 min in all)
+#       figure, WORKERS=16, PROCS=8, REPEATS=3 unless set); on any other card, `build`,
+#       then `load`: the fp16 bundle's activation by phase, with the load check on, off and
+#       on again (each in a process of its own; graph sizes 1,2,4,8,16,24). Thirty-fourth
+#       session, an H100: 21.0 s with the check on (10.8 s of it the check's child), ~66 s
+#       before torch's CPU survey left the load (h100-2026-12-06-c); since then the check's
+#       child runs beside the runner's own imports (PackageLoadCheck), not timed there yet.
+#       The GPU tests (`gputest`, ~400 s on an H100 plus the bundle tests) all passed on an
+#       H100 in the thirty-third and thirty-fourth sessions
 #
 # Bundles: PENDING_DIR (/tmp/pending). Logs: OUT_DIR/<step>.log. Each step prints as it goes
 # and has its own timeout.
@@ -272,7 +274,7 @@ gputest)   # every GPU test; the two that build whole bundles after the rest
     tests -k 'not bundle_matches'
   bundle_tests "${GPUTEST_BUNDLES_LIMIT:-280}"
   ;;
-first)   # by the card: H200 -> build + pair; else build beside the GPU tests, then the load
+first)   # by the card: H200 -> build + pair; else build, then the load with the check on/off
   card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   echo "== card: $card"
   case "$card" in
@@ -281,11 +283,13 @@ first)   # by the card: H200 -> build + pair; else build beside the GPU tests, t
       bash "$here/gpu_pending.sh" pair "$out" || exit 1
     ;;
   *)
-    build_beside_tests gputest "${GPUTEST_LIMIT:-400}" -rs -m gpu tests -k 'not bundle_matches' \
-      || exit 1
-    step load "${LOAD_LIMIT:-150}" env TRT_BUNDLE_AOTI_LOAD_CHECK=1 python3 \
-      benchmarks/prepare_bench.py --bundle "$bundles/timm_xception-fp16-uint8-1.0.0-torch-aoti.bundle" \
-      --timeout 140 --replay-batches 1,32 --variant buckets:graph_sizes=1+2+4+8+16+24
+    bash "$here/gpu_pending.sh" build "$out" || exit 1
+    sizes=graph_sizes=1+2+4+8+16+24
+    step load "${LOAD_LIMIT:-300}" python3 benchmarks/prepare_bench.py \
+      --bundle "$bundles/timm_xception-fp16-uint8-1.0.0-torch-aoti.bundle" --timeout 95 \
+      --replay-batches 1,32 --variant "check-on:TRT_BUNDLE_AOTI_LOAD_CHECK=1,$sizes" \
+      --variant "check-off:TRT_BUNDLE_AOTI_LOAD_CHECK=0,$sizes" \
+      --variant "check-on-again:TRT_BUNDLE_AOTI_LOAD_CHECK=1,$sizes"
     ;;
   esac
   ;;

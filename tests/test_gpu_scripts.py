@@ -134,10 +134,10 @@ def _run_step(tmp_path: Path, card: str, what: str = "first"
 
 
 @needs_bash
-def test_first_runs_the_pair_on_an_h200_and_the_gpu_tests_elsewhere(tmp_path):
+def test_first_runs_the_pair_on_an_h200_and_the_load_elsewhere(tmp_path):
     """The one call a scarce machine may allow does what its card is needed for: issue 15's
-    H200 pair on an H200; on anything else the GPU tests beside the build, then the fp16
-    bundle's load timed by phase with the load check on."""
+    H200 pair on an H200; on anything else the build, then the fp16 bundle's load timed by
+    phase with the load check on, off and on again, each a variant of its own."""
     done, calls = _run_step(tmp_path / "h200", "NVIDIA H200")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "== card: NVIDIA H200" in done.stdout
@@ -150,12 +150,14 @@ def test_first_runs_the_pair_on_an_h200_and_the_gpu_tests_elsewhere(tmp_path):
 
     done, calls = _run_step(tmp_path / "h100", "NVIDIA H100 80GB HBM3")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert not any("serve_pair_bench.py" in c for c in calls), calls
-    tests = [c for c in calls if "-m pytest" in c]
-    assert len(tests) == 1 and "not bundle_matches" in tests[0], tests
+    assert not any("serve_pair_bench.py" in c or "-m pytest" in c for c in calls), calls
     assert len([c for c in calls if c.startswith("bundle make")]) == 2, calls
-    assert "prepare_bench.py" in calls[-1] and "fp16-uint8" in calls[-1] \
-        and "--variant buckets" in calls[-1], calls
+    load = calls[-1]
+    assert "prepare_bench.py" in load and "fp16-uint8" in load, calls
+    assert load.split("--variant ")[1:] == [
+        f"{name}:TRT_BUNDLE_AOTI_LOAD_CHECK={on},graph_sizes=1+2+4+8+16+24 "
+        for name, on in (("check-on", 1), ("check-off", 0))] + [
+        "check-on-again:TRT_BUNDLE_AOTI_LOAD_CHECK=1,graph_sizes=1+2+4+8+16+24"], load
 
 
 @needs_bash
