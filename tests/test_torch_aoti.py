@@ -627,16 +627,18 @@ def test_static_batch_graphs_run_their_sizes_and_agree_with_the_dynamic_graph(
 
 
 #: Run in a child (a fresh process: torch keeps the survey's answer for the process): the
-#: package's graphs loaded as the runner loads them, then by torch's public loader.
+#: package's graphs loaded and run as the runner does, then by torch's public loader.
+#: Prints the output's shape, whether torch._inductor was imported by then, the survey's
+#: cache size, and that size after torch's loader.
 _SURVEY_CHILD = """
 import sys, torch
 from pathlib import Path
-from torch._inductor import cpu_vec_isa
 from runtime_py.engines.aoti_load import load_graphs
 graphs = load_graphs(torch, Path(sys.argv[1]), ["model", "batch2"])
 out = graphs["batch2"](torch.zeros(2, 3, 16, 16))
-out = out[0] if isinstance(out, (list, tuple)) else out
-print(tuple(out.shape), cpu_vec_isa.valid_vec_isa_list.cache_info().currsize)
+inductor = "torch._inductor" in sys.modules
+from torch._inductor import cpu_vec_isa
+print(tuple(out.shape), int(inductor), cpu_vec_isa.valid_vec_isa_list.cache_info().currsize)
 torch._inductor.aoti_load_package(sys.argv[1])
 print(cpu_vec_isa.valid_vec_isa_list.cache_info().currsize)
 """
@@ -648,7 +650,9 @@ def test_graphs_load_without_torchs_cpu_isa_survey(tmp_path, cpu_fp32_package):
     """torch's aoti_load_package ends each load by surveying the CPU's vector ISAs (a test
     library and a child Python per ISA: 27 of the 36 s that the fp16 xception package took
     to load on an H100 with torch 2.11, h100-2026-12-06-b). The runner's loader and its load
-    check skip the survey, and the graphs run; torch's loader, in the same child, surveys."""
+    check skip the survey, and the graphs run (a tensor out, as the model returns) without
+    importing torch._inductor (~5 s more of an H100's first load, h100-2026-12-06-c);
+    torch's loader, in the same child, surveys."""
     from runtime_py.engines.torch_aoti import (LOAD_CHECK_CODE, child_env_with_runtime,
                                                probe_package_load)
 
@@ -658,10 +662,11 @@ def test_graphs_load_without_torchs_cpu_isa_survey(tmp_path, cpu_fp32_package):
     got = subprocess.run([sys.executable, "-c", _SURVEY_CHILD, str(path)], capture_output=True,
                          text=True, env=child_env_with_runtime(), cwd=tmp_path, timeout=600)
     assert got.returncode == 0, got.stderr[-2000:]
-    assert got.stdout.split() == ["(2,", "10)", "0", "1"]
-    # the load check's own child code, with the same assertion after its load
+    assert got.stdout.split() == ["(2,", "10)", "0", "0", "1"]
+    # the load check's own child code, with the same assertions after its load
     unsurveyed = LOAD_CHECK_CODE + (
-        "\nfrom torch._inductor import cpu_vec_isa\n"
+        "\nassert 'torch._inductor' not in sys.modules, 'imported torch._inductor'\n"
+        "from torch._inductor import cpu_vec_isa\n"
         "assert cpu_vec_isa.valid_vec_isa_list.cache_info().currsize == 0, 'surveyed'\n")
     probe_package_load(path, "cpu", False, code=unsurveyed)
 

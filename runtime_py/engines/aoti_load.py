@@ -8,7 +8,8 @@ timm_xception's fp16 package, in every process (torch 2.14 remembers its results
 after paying once per machine); the graphs themselves loaded in 0.09 s
 (docs/measurements/h100-2026-12-06-b). The runner compares the hosts itself, before any
 load (``check_torch_aoti_target``), so it builds each graph with the loader those
-functions end in, ``torch._C._aoti.AOTIModelPackageLoader``, wrapped as they wrap it.
+functions end in, ``torch._C._aoti.AOTIModelPackageLoader``, and calls it as their wrapper
+does, without importing ``torch._inductor`` for that wrapper (``PackageGraph``).
 
 Nothing here imports torch at module level: the load check's child process imports this
 module (``torch_aoti.LOAD_CHECK_CODE``).
@@ -40,7 +41,7 @@ def package_graph_names(path: Path) -> set[str]:
 
 def load_graphs(torch, path: Path, names: list[str], *, device_index: int = -1,
                 run_single_threaded: bool = False) -> dict[str, Any]:
-    """The package's graphs ``names``, each a callable (torch's ``AOTICompiledModel``).
+    """The package's graphs ``names``, each a callable (``PackageGraph``).
 
     ``device_index`` -1 for a CPU package. BundleError names a graph the package lacks,
     before anything is loaded; a graph that fails to load raises torch's error.
@@ -61,22 +62,40 @@ def load_graphs(torch, path: Path, names: list[str], *, device_index: int = -1,
                              run_single_threaded=run_single_threaded) for name in names}
 
 
+class PackageGraph:
+    """One loaded graph, called with tensors as the runner calls it: torch's own wrapper
+    (``AOTICompiledModel``) does the same, but importing it imports ``torch._inductor``
+    (Triton, sympy: ~1 s on the 2-core CPU, ~5 s on an H100 with torch 2.11, the first
+    load's whole cost there) and it parses the call spec and flattens its arguments on every
+    call. The output structure is read once, at load."""
+
+    def __init__(self, loader) -> None:
+        from torch.utils import _pytree as pytree   # imported by torch itself
+
+        self.loader = loader
+        self._unflatten = pytree.tree_unflatten
+        self._out_spec = pytree.treespec_loads(loader.get_call_spec()[1])
+
+    def __call__(self, *tensors):
+        # boxed_run takes the list over (it may free the inputs it holds)
+        return self._unflatten(self.loader.boxed_run(list(tensors)), self._out_spec)
+
+
 def load_graph(torch, path: Path, name: str, *, device_index: int = -1,
                run_single_threaded: bool = False) -> Any:
-    """One graph of the package, loaded as ``load_package`` loads it, without the survey.
+    """One graph of the package, loaded as ``load_package`` loads it, without the survey
+    and without importing ``torch._inductor`` (``PackageGraph``).
 
     A torch whose loader moved or takes other arguments gets ``load_package`` itself:
     slower on its first call in a process, never wrong.
     """
     num_runners = 1
     try:
-        from torch._inductor.package.package import AOTICompiledModel
-
         loader = torch._C._aoti.AOTIModelPackageLoader(
             str(path), name, run_single_threaded, num_runners, device_index)
-    except (ImportError, AttributeError, TypeError):  # pragma: no cover - another torch
+    except (AttributeError, TypeError):  # pragma: no cover - another torch
         from torch._inductor.package import load_package
 
         return load_package(str(path), name, run_single_threaded=run_single_threaded,
                             num_runners=num_runners, device_index=device_index)
-    return AOTICompiledModel(loader)
+    return PackageGraph(loader)
