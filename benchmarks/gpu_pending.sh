@@ -103,9 +103,9 @@
 #       figure, WORKERS=16, PROCS=8, REPEATS=3 unless set); on any other card, `build`,
 #       then `load`: the fp16 bundle's activation by phase, with the load check on, off and
 #       on again (each in a process of its own; graph sizes 1,2,4,8,16,24). Thirty-fourth
-#       session, an H100: 21.0 s with the check on (10.8 s of it the check's child), ~66 s
-#       before torch's CPU survey left the load (h100-2026-12-06-c); since then the check's
-#       child runs beside the runner's own imports (PackageLoadCheck), not timed there yet.
+#       session, H100s: 21.0 s with the check on, then 18.7-19.9 s with the check's child
+#       beside the runner's imports, then 5.0 s (4.6 s with it off) once the load no longer
+#       imported torch._inductor; ~66 s before the CPU survey left it (h100-2026-12-06-c)
 #       The GPU tests (`gputest`, ~400 s on an H100 plus the bundle tests) all passed on an
 #       H100 in the thirty-third and thirty-fourth sessions
 #

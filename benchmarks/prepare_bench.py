@@ -22,7 +22,8 @@ variant's line, where the runner records them (torch-aoti's ``load_seconds``), t
 phases: the thirty-first session's H100 spent 36 s loading the fp16 bundle and 54 s
 preparing it, 10.7 s with the graph sizes above (h100-2026-12-05-e). 27 s of that load were
 torch's CPU ISA survey after loading, which the runner no longer runs (thirty-third session,
-h100-2026-12-06-b; runtime_py/engines/aoti_load.py).
+h100-2026-12-06-b; runtime_py/engines/aoti_load.py); the load now takes 5 s there
+(thirty-fourth session, h100-2026-12-06-c), so the start is the preparation.
 
 A script, not a test: numbers depend on the host. On a host without a GPU engine the
 preparation is empty and there are no replay figures (the plumbing still runs).
