@@ -8,7 +8,8 @@ Design:
   *before* loading, then writes ``engine.pt2`` to a private temporary folder
   (torch's package loader takes a path; the package unpickles nothing), loads it and
   deletes the folder. Each graph is loaded by torch's own loader without the host survey
-  that ``aoti_load_package`` adds (``aoti_load.py``: 27 of 36 s on torch 2.11).
+  that ``aoti_load_package`` adds (``aoti_load.py``: 27 of 36 s on torch 2.11) and without
+  importing ``torch._inductor`` for its wrapper (5-6 s more): 5.0 s in all on an H100.
 * Before loading in this process: the package's libraries must need the shared
   libstdc++ (``check_cxx_runtime``: one linked statically crashed every load on the H200
   image, torch 2.11), then the package is loaded once in a child process
@@ -16,9 +17,10 @@ Design:
   it): torch's native loader can crash the process instead of raising, and a service,
   `bundle verify` or `bundle study` should get a CompatibilityError that names it, and
   `backend="auto"` its fallback to ONNX Runtime, rather than die. It costs one torch
-  import and one load (10.8 s of a 21-s activation on an H100), so the child starts as
-  soon as the package is on disk, before this process imports torch and sets up its
-  device, and is waited for only before the graphs load here.
+  import and one load (10.8 s of a 21-s activation on an H100 before the two changes
+  above), so the child starts as soon as the package is on disk, before this process
+  imports torch and sets up its device, and is waited for only before the graphs load
+  here (a 0.5-s wait of a 5.0-s activation).
 * Three non-blocking streams per runner (copy-in, compute, copy-out) and two batch slots
   (``_Slot``: device input, device output, pinned output, pinned staging), so that two
   batches are in flight: ``infer_async`` enqueues H2D on the copy-in stream, a device copy
@@ -222,7 +224,8 @@ class PackageLoadCheck:
     """A test load of the package in a child process (``LOAD_CHECK_CODE``), started as soon
     as the package is on disk so that it runs while this process imports torch and sets up
     its device: on an H100 the check took 10.8 of a 21-s activation, ~4 s of which this
-    process spends in the same imports (h100-2026-12-06-c). ``wait`` raises
+    process spends in the same imports; started early, its wait was 0.5 of 5.0 s
+    (h100-2026-12-06-c). ``wait`` raises
     CompatibilityError where the load failed; ``cancel`` ends a check nobody waits for."""
 
     def __init__(self, path: Path, device: str, run_single_threaded: bool, *,
