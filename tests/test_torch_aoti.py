@@ -1438,6 +1438,24 @@ def test_the_load_check_runs_while_torch_is_imported_and_is_waited_for_before_th
     assert events == ["check started on cpu", "torch import", "check passed", "graphs ['model']"]
 
 
+def test_without_torch_activation_stops_before_writing_the_package(tmp_path, monkeypatch):
+    """A host without torch gets EngineUnavailableError (what `auto` falls back on) before
+    the package is written out or a load check's child is started."""
+    import tempfile
+
+    import runtime_py.engines.torch_aoti as aoti
+
+    started = []
+    monkeypatch.setattr(aoti, "PackageLoadCheck", lambda *a, **k: started.append(a))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    runner = aoti.TorchAotiRunner(_MemoryBundle("fp32", _cpu_details(), b"PK package",
+                                                (3, 16, 16), 10, 4), load_check=True)
+    monkeypatch.setitem(sys.modules, "torch", None)        # `import torch` fails
+    with pytest.raises(EngineUnavailableError, match="which needs torch: pip install torch"):
+        runner.activate()
+    assert started == [] and list(tmp_path.iterdir()) == []
+
+
 def test_an_activation_that_fails_before_the_load_check_ends_kills_its_child(tmp_path,
                                                                             monkeypatch):
     """A host check that refuses the package (another torch) raises its own error at once;

@@ -72,6 +72,7 @@ Design:
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import shutil
@@ -158,14 +159,16 @@ def static_model_name(batch: int) -> str:
     return f"batch{int(batch)}"
 
 
+TORCH_MISSING = ("this bundle's engine is an AOTInductor package, which needs torch: "
+                 "pip install torch (the version in the manifest's engine.details), or run the "
+                 "bundle's ONNX with `--backend onnxruntime`")
+
+
 def import_torch():
     try:
         import torch
     except ImportError:
-        raise EngineUnavailableError(
-            "this bundle's engine is an AOTInductor package, which needs torch: "
-            "pip install torch (the version in the manifest's engine.details), or run the "
-            "bundle's ONNX with `--backend onnxruntime`") from None
+        raise EngineUnavailableError(TORCH_MISSING) from None
     return torch
 
 
@@ -285,7 +288,11 @@ def probe_package_load(path: Path, device: str, run_single_threaded: bool, *,
                        timeout_s: float = LOAD_CHECK_TIMEOUT_S) -> None:
     """Load the package at ``path`` in a child process and wait for it (``PackageLoadCheck``);
     CompatibilityError if that fails. ``device`` is "cpu" or a CUDA device index."""
-    PackageLoadCheck(path, device, run_single_threaded, code=code, timeout_s=timeout_s).wait()
+    check = PackageLoadCheck(path, device, run_single_threaded, code=code, timeout_s=timeout_s)
+    try:
+        check.wait()
+    finally:
+        check.cancel()
 
 
 def child_env_with_runtime() -> dict[str, str]:
@@ -383,6 +390,8 @@ class TorchAotiRunner(Runner):
         require_own_engine(self.bundle, "torch-aoti", "an AOTInductor package")
         details = self.bundle.manifest["engine"]["details"]
         self._on_cpu = details.get("device") == "cpu"
+        if importlib.util.find_spec("torch") is None:   # before the package is written out
+            raise EngineUnavailableError(TORCH_MISSING)
         folder = Path(tempfile.mkdtemp(prefix="trt-bundle-pt2-"))
         check = None
         try:
