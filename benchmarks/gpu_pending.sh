@@ -84,7 +84,9 @@
 #       the load's phases (now printed under each variant) and the replays at 12 and 17
 #       (with graph sizes: the graphs of 16 and 24, what padding costs there) not yet run
 #   benchmarks/gpu_pending.sh gputest OUT_DIR   # every GPU test (pytest -m gpu tests), the
-#       two that build whole bundles last (~3 min for the rest; those two ~2-4 min more)
+#       two that build whole bundles last (~400 s for the other 22 on an H100, thirty-fourth
+#       session, each compiling its packages; those two ~3 min each: more than one call
+#       holds, GPUTEST_LIMIT= and GPUTEST_BUNDLES_LIMIT= set the two steps' limits)
 #   benchmarks/gpu_pending.sh pair OUT_DIR   # `build`, then serve_pair_bench.py: the fp8
 #       and fp16 bundles served side by side in one process, HTTP and gRPC (PATHS=), 64
 #       clients in 8 and 32 processes (PROCS=), REPEATS=3 rounds, each round measuring
@@ -270,7 +272,7 @@ prepare)   # where the fp16 bundle's 73 s of preparation goes, under cuDNN setti
     --variant buckets:graph_sizes=1+2+4+8+16+24
   ;;
 gputest)   # every GPU test; the two that build whole bundles after the rest
-  step gputest "${GPUTEST_LIMIT:-300}" python3 -m pytest -q -p no:cacheprovider -rs -m gpu \
+  step gputest "${GPUTEST_LIMIT:-450}" python3 -m pytest -q -p no:cacheprovider -rs -m gpu \
     tests -k 'not bundle_matches'
   bundle_tests "${GPUTEST_BUNDLES_LIMIT:-280}"
   ;;
