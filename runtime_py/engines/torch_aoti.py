@@ -228,8 +228,8 @@ class PackageLoadCheck:
     as the package is on disk so that it runs while this process imports torch and sets up
     its device: on an H100 the check took 10.8 of a 21-s activation, ~4 s of which this
     process spends in the same imports; started early, its wait was 0.5 of 5.0 s
-    (h100-2026-12-06-c). ``wait`` raises
-    CompatibilityError where the load failed; ``cancel`` ends a check nobody waits for."""
+    (h100-2026-12-06-c). ``wait`` raises CompatibilityError where the load failed;
+    ``cancel`` ends a check nobody waits for."""
 
     def __init__(self, path: Path, device: str, run_single_threaded: bool, *,
                  code: str = LOAD_CHECK_CODE, timeout_s: float = LOAD_CHECK_TIMEOUT_S) -> None:
