@@ -99,23 +99,23 @@
 #       every size. Twenty-ninth session, on an H100: staging off 1.358 / 1.376 over gRPC /
 #       HTTP, on 1.229 / 1.289, docs/measurements/h100-2026-12-05-d; thirty-first, another
 #       H100, graph sizes: 1.351-1.364 over both, h100-2026-12-05-e)
+#   benchmarks/gpu_pending.sh load OUT_DIR   # `build`, then the fp16 bundle's activation by
+#       phase (prepare_bench.py), with the load check on, off and on again, each in a process
+#       of its own, graph sizes 1,2,4,8,16,24 (thirty-fourth session, H100s: ~66 s -> 5.0 s)
 #   benchmarks/gpu_pending.sh first OUT_DIR   # one call that does what the card lent is
 #       most needed for, when machines are scarce (thirty-second session: 16 calls got
 #       none that ran its command): on an H200, `build` then `pair` (issue 15's H200
-#       figure, WORKERS=16, PROCS=8, REPEATS=3 unless set); on any other card, `build`,
-#       then `load`: the fp16 bundle's activation by phase, with the load check on, off and
-#       on again (each in a process of its own; graph sizes 1,2,4,8,16,24). Thirty-fourth
-#       session, H100s: 21.0 s with the check on, then 18.7-19.9 s with the check's child
-#       beside the runner's imports, then 5.0 s (4.6 s with it off) once the load no longer
-#       imported torch._inductor; ~66 s before the CPU survey left it (h100-2026-12-06-c)
-#       The GPU tests (`gputest`, ~400 s on an H100 plus the bundle tests) all passed on an
-#       H100 in the thirty-third and thirty-fourth sessions
+#       figure, WORKERS=16, PROCS=8, REPEATS=3 unless set); on any other card, the GPU
+#       tests that need no whole bundle (`gputest` less its bundle tests, ~400 s on an
+#       H100). The thirty-fourth session ran `load` there instead: the fp16 bundle's
+#       activation fell from ~66 s to 5.0 s on an H100 (h100-2026-12-06-c); the GPU tests
+#       last ran before its `PackageGraph` call path
 #
 # Bundles: PENDING_DIR (/tmp/pending). Logs: OUT_DIR/<step>.log. Each step prints as it goes
 # and has its own timeout.
 set -u
-what=${1:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|gputest|pair|first OUT_DIR}
-out=${2:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|gputest|pair|first OUT_DIR}
+what=${1:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|pair|first OUT_DIR}
+out=${2:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|pair|first OUT_DIR}
 mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
@@ -276,7 +276,16 @@ gputest)   # every GPU test; the two that build whole bundles after the rest
     tests -k 'not bundle_matches'
   bundle_tests "${GPUTEST_BUNDLES_LIMIT:-280}"
   ;;
-first)   # by the card: H200 -> build + pair; else build, then the load with the check on/off
+load)   # `build`, then the fp16 bundle's activation by phase, the load check on, off, on
+  bash "$here/gpu_pending.sh" build "$out" || exit 1
+  sizes=graph_sizes=1+2+4+8+16+24
+  step load "${LOAD_LIMIT:-300}" python3 benchmarks/prepare_bench.py \
+    --bundle "$bundles/timm_xception-fp16-uint8-1.0.0-torch-aoti.bundle" --timeout 95 \
+    --replay-batches 1,32 --variant "check-on:TRT_BUNDLE_AOTI_LOAD_CHECK=1,$sizes" \
+    --variant "check-off:TRT_BUNDLE_AOTI_LOAD_CHECK=0,$sizes" \
+    --variant "check-on-again:TRT_BUNDLE_AOTI_LOAD_CHECK=1,$sizes"
+  ;;
+first)   # by the card: H200 -> build + pair; else the GPU tests that need no whole bundle
   card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   echo "== card: $card"
   case "$card" in
@@ -285,13 +294,8 @@ first)   # by the card: H200 -> build + pair; else build, then the load with the
       bash "$here/gpu_pending.sh" pair "$out" || exit 1
     ;;
   *)
-    bash "$here/gpu_pending.sh" build "$out" || exit 1
-    sizes=graph_sizes=1+2+4+8+16+24
-    step load "${LOAD_LIMIT:-300}" python3 benchmarks/prepare_bench.py \
-      --bundle "$bundles/timm_xception-fp16-uint8-1.0.0-torch-aoti.bundle" --timeout 95 \
-      --replay-batches 1,32 --variant "check-on:TRT_BUNDLE_AOTI_LOAD_CHECK=1,$sizes" \
-      --variant "check-off:TRT_BUNDLE_AOTI_LOAD_CHECK=0,$sizes" \
-      --variant "check-on-again:TRT_BUNDLE_AOTI_LOAD_CHECK=1,$sizes"
+    step gputest "${GPUTEST_LIMIT:-450}" python3 -m pytest -q -p no:cacheprovider -rs -m gpu \
+      tests -k 'not bundle_matches'
     ;;
   esac
   ;;
@@ -307,6 +311,6 @@ pair)   # `build`, then fp8 against fp16 at the client, both served in one run
     "${sized[@]}" \
     --rounds "${REPEATS:-3}" --seconds 3 --warmup 1
   ;;
-*) echo "usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|gputest|pair|first OUT_DIR" >&2; exit 2 ;;
+*) echo "usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|pair|first OUT_DIR" >&2; exit 2 ;;
 esac
 echo "== done (+$(( $(date +%s) - start )) s)"

@@ -105,10 +105,11 @@ def test_make_parallel_reuses_what_an_earlier_call_built(tmp_path):
     assert failed.returncode != 0 and "a build failed" in failed.stdout
 
 
-def _run_step(tmp_path: Path, card: str, what: str = "first"
+def _run_step(tmp_path: Path, card: str, what: str = "first", built: bool = True
               ) -> tuple[subprocess.CompletedProcess, list[str]]:
     """gpu_pending.sh step WHAT in a copy of benchmarks/, with `nvidia-smi` naming CARD and
-    the bundle command and python3 replaced by loggers: which commands it starts."""
+    the bundle command and python3 replaced by loggers: which commands it starts. BUILT:
+    whether the step should have built the two uint8 bundles (their make logs)."""
     bench = tmp_path / "repo" / "benchmarks"
     bench.mkdir(parents=True)
     for name in ("gpu_pending.sh", "gpu_common.sh"):
@@ -128,16 +129,16 @@ def _run_step(tmp_path: Path, card: str, what: str = "first"
     done = subprocess.run(["timeout", "60", "bash", str(bench / "gpu_pending.sh"), what,
                            str(tmp_path / "out")], capture_output=True, text=True, env=env,
                           cwd=tmp_path)
-    assert sorted(p.name for p in (tmp_path / "pending").iterdir()) == [
-        "make-timm_xception-fp16-uint8.log", "make-timm_xception-fp8-uint8.log"]
+    assert sorted(p.name for p in (tmp_path / "pending").iterdir()) == ([
+        "make-timm_xception-fp16-uint8.log", "make-timm_xception-fp8-uint8.log"] if built else [])
     return done, calls.read_text().splitlines() if calls.exists() else []
 
 
 @needs_bash
-def test_first_runs_the_pair_on_an_h200_and_the_load_elsewhere(tmp_path):
+def test_first_runs_the_pair_on_an_h200_and_the_gpu_tests_elsewhere(tmp_path):
     """The one call a scarce machine may allow does what its card is needed for: issue 15's
-    H200 pair on an H200; on anything else the build, then the fp16 bundle's load timed by
-    phase with the load check on, off and on again, each a variant of its own."""
+    H200 pair on an H200; on anything else the GPU tests that need no whole bundle, and
+    no build (they compile their own tiny packages)."""
     done, calls = _run_step(tmp_path / "h200", "NVIDIA H200")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "== card: NVIDIA H200" in done.stdout
@@ -148,9 +149,18 @@ def test_first_runs_the_pair_on_an_h200_and_the_load_elsewhere(tmp_path):
         and "--rounds 3" in pair[0] and "--cuda-graph-sizes 1,2,4,8,16,24" in pair[0], pair
     assert not any("-m pytest" in c for c in calls), calls
 
-    done, calls = _run_step(tmp_path / "h100", "NVIDIA H100 80GB HBM3")
+    done, calls = _run_step(tmp_path / "h100", "NVIDIA H100 80GB HBM3", built=False)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert not any("serve_pair_bench.py" in c or "-m pytest" in c for c in calls), calls
+    assert calls == ["python3 -m pytest -q -p no:cacheprovider -rs -m gpu tests "
+                     "-k not bundle_matches"], calls
+
+
+@needs_bash
+def test_load_times_the_activation_with_the_check_on_off_and_on_again(tmp_path):
+    """`load`: the build, then the fp16 bundle's load timed by phase, each setting a
+    variant of its own."""
+    done, calls = _run_step(tmp_path, "NVIDIA H100 80GB HBM3", "load")
+    assert done.returncode == 0, done.stdout + done.stderr
     assert len([c for c in calls if c.startswith("bundle make")]) == 2, calls
     load = calls[-1]
     assert "prepare_bench.py" in load and "fp16-uint8" in load, calls
