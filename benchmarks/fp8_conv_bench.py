@@ -48,9 +48,7 @@ config (``default_config`` and ``CANDIDATE_CONFIGS``), next to the plain op with
 apart. It prints per layer the default tiles' and the best tiles' times, the totals over the
 52 layers, and the best tiles per layer shape as a ``MEASURED_TILES`` literal (at another
 ``--batch``: ``MEASURED_TILES_BATCH<n>``, for ``MEASURED_TILES_BY_BATCH``; at ``--batch`` <= 8
-the candidates include ``SMALL_BATCH_CONFIGS``, above it ``FEW_STAGE_CONFIGS``; a shape with a
-residual epilogue also tries each tile with the residual loaded early, named with an ``e``
-after it, ``res_early`` in the table); variant
+the candidates include ``SMALL_BATCH_CONFIGS``, above it ``FEW_STAGE_CONFIGS``); variant
 fp8-fused-tuned is built with them, and "-eager" variants (fp8-fused-eager, ...) run without
 torch.compile: the model's launches as the per-layer measurements make them.
 
@@ -471,9 +469,7 @@ def epilogue_name(epilogue: tuple) -> str:
 
 
 def config_name(cfg) -> str:
-    """``64x128x64/w4s4``; an ``e`` after it: the residual loaded early (``res_early``)."""
-    early = "e" if len(cfg) > 6 and cfg[6] else ""
-    return "x".join(map(str, cfg[:3])) + f"/w{cfg[3]}s{cfg[4]}{early}"
+    return "x".join(map(str, cfg[:3])) + f"/w{cfg[3]}s{cfg[4]}"
 
 
 def fused_layer_epilogues() -> dict[tuple, dict[tuple, int]]:
@@ -534,10 +530,6 @@ def measure_fused_entry(layer: Layer, epilogue: tuple, configs: list, iters: int
     out_scale = (ref.float().abs().amax() / 448.0).reshape(()) if out8 else None
     tried: dict[str, dict] = {}
     for cfg in configs:
-        if cfg.res_early and not residual:     # no residual: the kernel res_early=0 runs
-            tried[config_name(cfg)] = dict(tried.get(config_name(cfg._replace(res_early=0)),
-                                                     {"failed": "not timed"}))
-            continue
         try:
             tried[config_name(cfg)] = {"fused": graph_time(lambda cfg=cfg: fp8_conv_fused(
                 q, m.weight_fp8, m.conv_scale, m.bias_out, m.out, *geometry, residual=res,
@@ -578,10 +570,6 @@ def run_fused_layers(args, budget: Budget, results: dict) -> dict:
         configs = [base] + [c for c in candidates if c != base]
         if args.fused_configs == "default":
             configs = [base]
-        if any(residual for _relu, residual, _o16, _o8 in by_epilogue):
-            # each tile with its residual loaded early too (timed for the epilogues with one;
-            # the others run the same kernel, their time is copied)
-            configs += [c._replace(res_early=1) for c in configs]
         layer = None
         for epilogue, count in by_epilogue.items():
             name = f"{shape_name(shape)} {epilogue_name(epilogue)}"
@@ -644,10 +632,9 @@ def tiles_from_name(name: str):
     from bundler.targets.torch_aoti.kernels.fp8_conv import Fp8ConvConfig
 
     blocks, rest = name.split("/w")
-    early = rest.endswith("e")
-    warps, stages = rest.rstrip("e").split("s")
+    warps, stages = rest.split("s")
     bm, bn, bk = map(int, blocks.split("x"))
-    return Fp8ConvConfig(bm, bn, bk, int(warps), int(stages), res_early=int(early))
+    return Fp8ConvConfig(bm, bn, bk, int(warps), int(stages))
 
 
 def tile_table(chosen: dict) -> dict:

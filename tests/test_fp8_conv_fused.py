@@ -50,13 +50,10 @@ def test_each_fused_epilogue_equals_the_torch_reference(interpreted, case):
     """fp16 out: conv2d of the dequantized operands x scale + bias (+ a strided residual,
     ReLU), to fp16 rounding. e4m3 out: bit for bit QuantizeLinear of the kernel's own fp16
     value with the next scale (saturating), and within one e4m3 step of quantizing the
-    reference. An output not asked for is not returned. ``res_early`` changes nothing but
-    when the residual is loaded."""
+    reference. An output not asked for is not returned."""
     _n, _h, _w, _c, _o, _k, _s, _p, _relu, _res, out16, out8 = _script().CASES[case]
     r = interpreted["cases"][case]
     assert (r["f16_given"], r["f8_given"]) == (out16, out8)
-    # with a residual: the same outputs, bit for bit, with it loaded before the reduction
-    assert r.get("early_equal") is (True if _res else None)
     if out16:
         assert r["f16_err"] < 2e-3
     if out8:
@@ -204,9 +201,8 @@ def test_torch_compile_traces_the_fused_model_into_one_graph():
     assert sum(n.kwargs["kwargs"]["OUT_F8"] for n in launches) == 8        # 2 per block + 2
 
 
-#: The fused op's tile arguments, by name (the op's schema: block_m .. res_early).
-_TILE_ARGS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "group_m",
-              "res_early")
+#: The fused op's tile arguments, by name (the op's schema: block_m .. group_m).
+_TILE_ARGS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "group_m")
 
 
 def _launch_tiles(node) -> tuple:
@@ -234,8 +230,7 @@ def test_a_tile_table_sets_the_tiles_of_the_layers_it_names():
     body = rewrite_fused(model, fp8, tiles=table)
     convs = {n: m for n, m in body.named_modules() if isinstance(m, FusedConv) and m.fp8}
     assert convs["layer1.0.downsample"].tiles == chosen
-    named = Fp8ConvConfig(32, 16, 32, 2, 2, 8)
-    assert convs["layer1.0.conv2"].tiles == convs["layer1.1.conv2"].tiles == named
+    assert convs["layer1.0.conv2"].tiles == convs["layer1.1.conv2"].tiles == (32, 16, 32, 2, 2, 8)
     assert convs["layer2.0.conv2"].tiles == default_config(16, 16, (3, 3))   # stride 2: not named
     assert convs["layer1.0.conv1"].tiles == default_config(16, 8, (1, 1))
     assert config_for(16, 32, (1, 1), (1, 1)) == default_config(16, 32, (1, 1))  # no table
@@ -243,7 +238,7 @@ def test_a_tile_table_sets_the_tiles_of_the_layers_it_names():
                                   (torch.randn(2, 3, 16, 16),))
     launched = sorted(_launch_tiles(n) for n in program.graph.nodes
                       if "fp8_conv_nhwc_fused" in str(n.target))
-    assert launched.count(tuple(chosen)) == 1 and launched.count(tuple(named)) == 2
+    assert launched.count(tuple(chosen)) == 1 and launched.count((32, 16, 32, 2, 2, 8)) == 2
 
 
 @needs_triton
@@ -333,11 +328,6 @@ def test_the_benchmark_measures_each_layer_with_its_fused_epilogue():
     assert bench.choose_tiles(rows)[shape]["tiles"] == a
     assert bench.tile_table(chosen) == {tile_key(64, 256, (1, 1), (1, 1)):
                                         Fp8ConvConfig(64, 64, 128, 4, 3)}
-    # a tile with the residual loaded early is named apart and comes back as such
-    early = Fp8ConvConfig(64, 128, 64, 4, 1, res_early=1)
-    assert bench.config_name(early) == "64x128x64/w4s1e"
-    assert bench.tiles_from_name("64x128x64/w4s1e") == early
-    assert bench.tiles_from_name("64x128x64/w4s1") == early._replace(res_early=0)
 
 
 def test_the_measured_tile_table_covers_resnet50s_fp8_layers_with_measured_configs():
@@ -358,16 +348,12 @@ def test_the_measured_tile_table_covers_resnet50s_fp8_layers_with_measured_confi
               for name, m in model.named_modules()
               if isinstance(m, torch.nn.Conv2d) and name != "conv1"}
     assert set(MEASURED_TILES) == shapes
-    residual_shapes = {tile_key(b.conv3.in_channels, b.conv3.out_channels, (1, 1), (1, 1))
-                       for b in model.modules() if hasattr(b, "conv3")}
     for key, tiles in MEASURED_TILES.items():
         cin, cout, kh, kw, sh, sw = key
-        assert not tiles.res_early or key in residual_shapes, key
-        tiles = tiles._replace(res_early=0)
         assert tiles in CANDIDATE_CONFIGS + FEW_STAGE_CONFIGS \
             or tiles == default_config(cin, cout, (kh, kw)), key
-        assert config_for(cin, cout, (kh, kw), (sh, sw)) == MEASURED_TILES[key]
-        assert config_for(cin, cout, (kh, kw), (sh, sw), batch=32) == MEASURED_TILES[key]
+        assert config_for(cin, cout, (kh, kw), (sh, sw)) == tiles
+        assert config_for(cin, cout, (kh, kw), (sh, sw), batch=32) == tiles
     # the batch-1 table (measured with the small-batch candidates too), for static graphs
     assert set(MEASURED_TILES_BY_BATCH) == {1, 32} and MEASURED_TILES_BY_BATCH[32] is MEASURED_TILES
     assert set(MEASURED_TILES_BATCH1) == shapes

@@ -69,9 +69,7 @@ FUSED_OP = "trt_bundle::fp8_conv_nhwc_fused"
 
 
 class Fp8ConvConfig(NamedTuple):
-    """Tile sizes and launch settings of one kernel instance. ``res_early``: the fused
-    epilogue's residual tile is loaded before the reduction instead of after it (see
-    ``_fp8_conv_nhwc_kernel``); the plain op has no residual and ignores it."""
+    """Tile sizes and launch settings of one kernel instance."""
 
     block_m: int = 128
     block_n: int = 128
@@ -79,7 +77,6 @@ class Fp8ConvConfig(NamedTuple):
     num_warps: int = 8
     num_stages: int = 3
     group_m: int = 8
-    res_early: int = 0
 
 
 #: What ``benchmarks/fp8_conv_bench.py`` tries per shape besides ``default_config``:
@@ -97,9 +94,9 @@ CANDIDATE_CONFIGS = (
 #: What ``fp8_conv_bench.py --fused-layers`` also tries at batch 32: fewer pipeline stages.
 #: Why: ResNet-50's 1x1 layers of 64-256 input channels reduce over one to four k tiles, and
 #: at batch 32 run at 2-5x their DRAM time (the 64->256 residual layer at 56x56: 0.064 ms
-#: for ~128 MB, docs/measurements/h200-2026-12-01-s6/tiles.log). Their time is the loads'
-#: and stores' latency, and the shared memory of stages a short loop cannot fill limits how
-#: many programs each SM holds to hide it. (Residual layers also try ``res_early``.)
+#: for ~128 MB, docs/measurements/h200-2026-12-01-s6/tiles.log); stages a short loop cannot
+#: fill only take shared memory. Measured on an H100 (docs/measurements/h100-2026-12-06-d):
+#: two shapes gain (64->64 at 56x56: 0.019 -> 0.013 ms), the compiled model 0.6%.
 FEW_STAGE_CONFIGS = (
     Fp8ConvConfig(64, 128, 64, 4, 1),
     Fp8ConvConfig(64, 128, 64, 4, 2),
@@ -293,18 +290,6 @@ def _window_origins(offs_m, HO, WO, SH: tl.constexpr, SW: tl.constexpr, PH: tl.c
 
 
 @triton.jit
-def _load_residual(res_ptr, offs_m, offs_n, m_ok, n_ok, COUT, img, ho, wo, stride_rn,
-                   stride_rh, stride_rw, RES_CONTIG: tl.constexpr):
-    """The fused epilogue's residual tile: fp16, the output's shape, channels contiguous."""
-    ok = m_ok[:, None] & n_ok[None, :]
-    if RES_CONTIG:     # dense NHWC (the fused model's residuals): the output's offsets
-        return tl.load(res_ptr + offs_m.to(tl.int64)[:, None] * COUT + offs_n[None, :],
-                       mask=ok, other=0.0)
-    r_rows = img.to(tl.int64) * stride_rn + ho * stride_rh + wo * stride_rw   # a view
-    return tl.load(res_ptr + r_rows[:, None] + offs_n[None, :], mask=ok, other=0.0)
-
-
-@triton.jit
 def _fp8_conv_nhwc_kernel(
         x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, res_ptr, q_ptr, q_scale_ptr,
         M, H, W, C, HO, WO, COUT,
@@ -314,13 +299,7 @@ def _fp8_conv_nhwc_kernel(
         RELU: tl.constexpr, EVEN_C: tl.constexpr, RESIDUAL: tl.constexpr,
         RES_CONTIG: tl.constexpr, OUT_F16: tl.constexpr, OUT_F8: tl.constexpr, QMAX: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        GROUP_M: tl.constexpr, GELU: tl.constexpr = 0, IMPRECISE_ACC: tl.constexpr = None,
-        RES_EARLY: tl.constexpr = False):
-    """The implicit GEMM and its epilogues (module docstring). ``RES_EARLY``: the residual
-    tile is loaded before the reduction, so that its DRAM latency overlaps the operands'
-    loads and the MMAs instead of following them; it then holds its registers through the
-    loop (an fp16 [BLOCK_M, BLOCK_N] tile: 32 per thread at 64x128 and 4 warps), which
-    pays, if at all, where the loop is short (1x1 layers of few input channels)."""
+        GROUP_M: tl.constexpr, GELU: tl.constexpr = 0, IMPRECISE_ACC: tl.constexpr = None):
     # grouped program order: GROUP_M row tiles share the column tiles' weights in L2
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
@@ -340,9 +319,6 @@ def _fp8_conv_nhwc_kernel(
     x_rows = x_ptr + img.to(tl.int64) * stride_xn
     w_cols = w_ptr + offs_n.to(tl.int64) * ldw
 
-    if RESIDUAL and RES_EARLY:    # in flight with the operands' loads (see RES_EARLY)
-        r = _load_residual(res_ptr, offs_m, offs_n, m_ok, n_ok, COUT, img, ho, wo,
-                           stride_rn, stride_rh, stride_rw, RES_CONTIG)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     c_tiles = tl.cdiv(C, BLOCK_K)
     for it in range(0, KH * KW * c_tiles):
@@ -370,9 +346,11 @@ def _fp8_conv_nhwc_kernel(
     ok = m_ok[:, None] & n_ok[None, :]
     out_offs = offs_m.to(tl.int64)[:, None] * COUT + offs_n[None, :]
     if RESIDUAL:   # fp16, the output's shape, channels contiguous
-        if not RES_EARLY:
-            r = _load_residual(res_ptr, offs_m, offs_n, m_ok, n_ok, COUT, img, ho, wo,
-                               stride_rn, stride_rh, stride_rw, RES_CONTIG)
+        if RES_CONTIG:     # dense NHWC (the fused model's residuals): the output's offsets
+            r = tl.load(res_ptr + out_offs, mask=ok, other=0.0)
+        else:              # any NHWC strides (a view)
+            r_rows = img.to(tl.int64) * stride_rn + ho * stride_rh + wo * stride_rw
+            r = tl.load(res_ptr + r_rows[:, None] + offs_n[None, :], mask=ok, other=0.0)
         # the graph's fp16 Conv output, then its fp16 Add (two roundings, as ONNX has them)
         y = y.to(tl.float16).to(tl.float32) + r.to(tl.float32)
     if RELU:
@@ -425,14 +403,13 @@ def fp8_conv_nhwc_fused(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
                         out_scale: Optional[torch.Tensor], out_f16: bool, cout: int, kh: int,
                         kw: int, sh: int, sw: int, ph: int, pw: int, dh: int, dw: int,
                         relu: bool, block_m: int, block_n: int, block_k: int, num_warps: int,
-                        num_stages: int, group_m: int, res_early: int, gelu: int,
+                        num_stages: int, group_m: int, gelu: int,
                         imprecise_acc: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``fp8_conv_nhwc`` with the fused epilogues: ``residual`` fp16 [N, Ho, Wo, cout] (any
     strides, channels contiguous) added before the ReLU; ``gelu``: GELU of the fp16
     result instead (a transformer MLP's fc1; ``GELU_FORMS``: 1 libdevice's erf, 2
     ``_gelu_erfc``); ``out_f16``: write the fp16 result;
     ``out_scale`` (fp32, its first element read): also write it quantized to e4m3 with that scale.
-    ``res_early``: load the residual before the reduction (``Fp8ConvConfig.res_early``).
     ``imprecise_acc``: 0 leaves the accumulation to Triton's default (on sm_90 the whole
     reduction in the tensor cores' FP8 accumulator, what cuBLAS calls fast accumulation); n > 0
     adds the tensor cores' partial sums into the fp32 accumulator every n reduction elements.
@@ -467,7 +444,6 @@ def fp8_conv_nhwc_fused(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
         RES_CONTIG=residual is not None and residual.is_contiguous(), OUT_F16=out_f16,
         OUT_F8=out_scale is not None, QMAX=E4M3_MAX, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         GROUP_M=group_m, GELU=gelu, IMPRECISE_ACC=imprecise_acc if imprecise_acc > 0 else None,
-        RES_EARLY=bool(res_early) and residual is not None,
         num_warps=num_warps, num_stages=num_stages)
     return out, q
 
@@ -480,7 +456,7 @@ def fp8_conv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: t
     cfg = config or default_config(x.shape[-1], cout, kernel)
     return torch.ops.trt_bundle.fp8_conv_nhwc(
         x, weight, scale, bias, int(cout), *map(int, kernel), *map(int, stride),
-        *map(int, padding), *map(int, dilation), bool(relu), *map(int, cfg[:6]))
+        *map(int, padding), *map(int, dilation), bool(relu), *map(int, cfg))
 
 
 def fp8_conv_fused(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
