@@ -397,16 +397,12 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
 @pytest.mark.gpu
 @needs_cuda
 @needs_triton
-@pytest.mark.parametrize("static, persistent", [((), 0), ((1,), 0), ((), 1)],
-                         ids=["dynamic", "static-batch-1", "persistent"])
-def test_gpu_the_fused_model_compiles_with_aotinductor_and_matches_eager(tmp_path, static,
-                                                                         persistent):
+@pytest.mark.parametrize("static", [(), (1,)], ids=["dynamic", "static-batch-1"])
+def test_gpu_the_fused_model_compiles_with_aotinductor_and_matches_eager(tmp_path, static):
     """The bundle path, not torch.compile's: torch.export with a dynamic batch (and a graph
     for static batch 1 beside it, with its own small tiles) + AOTInductor's cpp wrapper
     launching the Triton kernel (its output scales must reach it as buffers,
-    fused.SCALE_SLOTS), then the package against the eager module. "persistent": every
-    layer a persistent launch (one program per SM; 16-row tiles, so that at batch 8 the
-    programs of the 16x16 layers walk more than one tile)."""
+    fused.SCALE_SLOTS), then the package against the eager module."""
     pytest.importorskip("timm")
     from bundler.targets.torch_aoti.build import compile_package, smoke_check
     from bundler.targets.torch_aoti.fused import rewrite_fused
@@ -415,11 +411,8 @@ def test_gpu_the_fused_model_compiles_with_aotinductor_and_matches_eager(tmp_pat
 
     model, fp8 = _tiny_and_scales()
     batch1 = {1: {tile_key(8, 8, (3, 3), (1, 1)): Fp8ConvConfig(16, 32, 128, 2, 4, 8)}}
-    tiles = {tile_key(m.in_channels, m.out_channels, m.kernel_size, m.stride):
-             Fp8ConvConfig(16, 32, 64, 4, 3, persistent=persistent)
-             for m in model.modules() if isinstance(m, nn.Conv2d)} if persistent else None
-    module = EngineModule(rewrite_fused(model, fp8, tiles=tiles, batch_tiles=batch1),
-                          torch.float16, False, True).cuda().eval()
+    module = EngineModule(rewrite_fused(model, fp8, batch_tiles=batch1), torch.float16,
+                          False, True).cuda().eval()
     path, _ = compile_package(module, (3, 16, 16), {"min": 1, "max": 8}, "cuda",
                               {"max_autotune": False}, tmp_path / "fused.pt2",
                               static_batches=static)
