@@ -48,8 +48,7 @@ config (``default_config`` and ``CANDIDATE_CONFIGS``), next to the plain op with
 apart. It prints per layer the default tiles' and the best tiles' times, the totals over the
 52 layers, and the best tiles per layer shape as a ``MEASURED_TILES`` literal (at another
 ``--batch``: ``MEASURED_TILES_BATCH<n>``, for ``MEASURED_TILES_BY_BATCH``; at ``--batch`` <= 8
-the candidates include ``SMALL_BATCH_CONFIGS``, above it ``FEW_STAGE_CONFIGS`` and
-``PERSISTENT_CONFIGS``, named with a ``p`` and their programs per SM); variant
+the candidates include ``SMALL_BATCH_CONFIGS``, above it ``FEW_STAGE_CONFIGS``); variant
 fp8-fused-tuned is built with them, and "-eager" variants (fp8-fused-eager, ...) run without
 torch.compile: the model's launches as the per-layer measurements make them.
 
@@ -470,9 +469,7 @@ def epilogue_name(epilogue: tuple) -> str:
 
 
 def config_name(cfg) -> str:
-    """``64x128x64/w4s3``; a persistent launch adds ``p`` and its programs per SM."""
-    walk = f"p{cfg[6]}" if len(cfg) > 6 and cfg[6] else ""
-    return "x".join(map(str, cfg[:3])) + f"/w{cfg[3]}s{cfg[4]}{walk}"
+    return "x".join(map(str, cfg[:3])) + f"/w{cfg[3]}s{cfg[4]}"
 
 
 def fused_layer_epilogues() -> dict[tuple, dict[tuple, int]]:
@@ -558,11 +555,10 @@ def run_fused_layers(args, budget: Budget, results: dict) -> dict:
 
     from bundler.targets.torch_aoti.kernels.fp8_conv import (CANDIDATE_CONFIGS,
                                                              FEW_STAGE_CONFIGS,
-                                                             PERSISTENT_CONFIGS,
                                                              SMALL_BATCH_CONFIGS, default_config)
 
     candidates = CANDIDATE_CONFIGS + (SMALL_BATCH_CONFIGS if args.batch <= SMALL_BATCH
-                                      else FEW_STAGE_CONFIGS + PERSISTENT_CONFIGS)
+                                      else FEW_STAGE_CONFIGS)
     log("phase: fused layers (the fused op with each layer's epilogue, every tile config"
         + (", small-batch tiles too)" if args.batch <= SMALL_BATCH else ")"))
     epilogues = fused_layer_epilogues()
@@ -636,10 +632,9 @@ def tiles_from_name(name: str):
     from bundler.targets.torch_aoti.kernels.fp8_conv import Fp8ConvConfig
 
     blocks, rest = name.split("/w")
-    rest, _, walk = rest.partition("p")
     warps, stages = rest.split("s")
     bm, bn, bk = map(int, blocks.split("x"))
-    return Fp8ConvConfig(bm, bn, bk, int(warps), int(stages), persistent=int(walk or 0))
+    return Fp8ConvConfig(bm, bn, bk, int(warps), int(stages))
 
 
 def tile_table(chosen: dict) -> dict:

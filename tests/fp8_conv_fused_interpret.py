@@ -155,14 +155,6 @@ def run_case(case) -> dict:
                              out_scale=next_scale if out8 else None,
                              config=Fp8ConvConfig(*TILES))
     result: dict = {"f16_given": y16 is not None, "f8_given": y8 is not None}
-    # a persistent launch (two programs off a GPU, walking every tile): the same outputs, bit for bit
-    p16, p8 = fp8_conv_fused(x, weight, scale, bias, cout, (k, k), (stride, stride),
-                             (pad, pad), residual=res, relu=relu, out_f16=out16,
-                             out_scale=next_scale if out8 else None,
-                             config=Fp8ConvConfig(*TILES)._replace(persistent=1))
-    result["persistent_equal"] = all(
-        (a is None and b is None) or torch.equal(a.view(torch.uint8), b.view(torch.uint8))
-        for a, b in ((y16, p16), (y8, p8)))
     if out16:
         result["f16_err"] = float((y16.float() - ref).abs().max() / ref.abs().max())
     if out8:

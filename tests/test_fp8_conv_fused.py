@@ -50,13 +50,10 @@ def test_each_fused_epilogue_equals_the_torch_reference(interpreted, case):
     """fp16 out: conv2d of the dequantized operands x scale + bias (+ a strided residual,
     ReLU), to fp16 rounding. e4m3 out: bit for bit QuantizeLinear of the kernel's own fp16
     value with the next scale (saturating), and within one e4m3 step of quantizing the
-    reference. An output not asked for is not returned. A persistent launch changes only
-    which program computes which tile."""
+    reference. An output not asked for is not returned."""
     _n, _h, _w, _c, _o, _k, _s, _p, _relu, _res, out16, out8 = _script().CASES[case]
     r = interpreted["cases"][case]
     assert (r["f16_given"], r["f8_given"]) == (out16, out8)
-    # a persistent launch, its two programs walking all the tiles, gives the same bits
-    assert r["persistent_equal"] is True
     if out16:
         assert r["f16_err"] < 2e-3
     if out8:
@@ -64,20 +61,6 @@ def test_each_fused_epilogue_equals_the_torch_reference(interpreted, case):
         assert r["f8_saturated"] > 0           # the clamp to +-448 was exercised
         if out16:
             assert r["f8_vs_own_f16_ulps"] == 0
-
-
-def test_the_persistent_cases_give_each_program_several_tiles():
-    """The interpreter's persistent launches (two programs off a GPU) cover more tiles than
-    programs in most cases, so the loop that walks them is exercised, not one tile each."""
-    script = _script()
-    bm, bn = script.TILES[:2]
-
-    def tiles(case):
-        n, h, w, _c, cout, k, s, p = case[:8]
-        rows = n * ((h + 2 * p - k) // s + 1) * ((w + 2 * p - k) // s + 1)
-        return -(-rows // bm) * -(-cout // bn)
-
-    assert sum(tiles(case) > 2 for case in script.CASES.values()) >= 3
 
 
 @needs_triton
@@ -218,9 +201,8 @@ def test_torch_compile_traces_the_fused_model_into_one_graph():
     assert sum(n.kwargs["kwargs"]["OUT_F8"] for n in launches) == 8        # 2 per block + 2
 
 
-#: The fused op's tile arguments, by name (the op's schema: block_m .. persistent).
-_TILE_ARGS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "group_m",
-              "persistent")
+#: The fused op's tile arguments, by name (the op's schema: block_m .. group_m).
+_TILE_ARGS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "group_m")
 
 
 def _launch_tiles(node) -> tuple:
@@ -248,8 +230,7 @@ def test_a_tile_table_sets_the_tiles_of_the_layers_it_names():
     body = rewrite_fused(model, fp8, tiles=table)
     convs = {n: m for n, m in body.named_modules() if isinstance(m, FusedConv) and m.fp8}
     assert convs["layer1.0.downsample"].tiles == chosen
-    named = Fp8ConvConfig(32, 16, 32, 2, 2, 8)
-    assert convs["layer1.0.conv2"].tiles == convs["layer1.1.conv2"].tiles == named
+    assert convs["layer1.0.conv2"].tiles == convs["layer1.1.conv2"].tiles == (32, 16, 32, 2, 2, 8)
     assert convs["layer2.0.conv2"].tiles == default_config(16, 16, (3, 3))   # stride 2: not named
     assert convs["layer1.0.conv1"].tiles == default_config(16, 8, (1, 1))
     assert config_for(16, 32, (1, 1), (1, 1)) == default_config(16, 32, (1, 1))  # no table
@@ -257,7 +238,7 @@ def test_a_tile_table_sets_the_tiles_of_the_layers_it_names():
                                   (torch.randn(2, 3, 16, 16),))
     launched = sorted(_launch_tiles(n) for n in program.graph.nodes
                       if "fp8_conv_nhwc_fused" in str(n.target))
-    assert launched.count(tuple(chosen)) == 1 and launched.count(tuple(named)) == 2
+    assert launched.count(tuple(chosen)) == 1 and launched.count((32, 16, 32, 2, 2, 8)) == 2
 
 
 @needs_triton
@@ -347,11 +328,6 @@ def test_the_benchmark_measures_each_layer_with_its_fused_epilogue():
     assert bench.choose_tiles(rows)[shape]["tiles"] == a
     assert bench.tile_table(chosen) == {tile_key(64, 256, (1, 1), (1, 1)):
                                         Fp8ConvConfig(64, 64, 128, 4, 3)}
-    # a persistent launch is named apart and comes back as such
-    walking = Fp8ConvConfig(64, 128, 64, 4, 3, persistent=2)
-    assert bench.config_name(walking) == "64x128x64/w4s3p2"
-    assert bench.tiles_from_name("64x128x64/w4s3p2") == walking
-    assert bench.tiles_from_name("64x128x64/w4s3") == walking._replace(persistent=0)
 
 
 def test_the_measured_tile_table_covers_resnet50s_fp8_layers_with_measured_configs():
@@ -363,7 +339,6 @@ def test_the_measured_tile_table_covers_resnet50s_fp8_layers_with_measured_confi
     from bundler.targets.torch_aoti.kernels.fp8_conv import (CANDIDATE_CONFIGS,
                                                              FEW_STAGE_CONFIGS, MEASURED_TILES,
                                                              MEASURED_TILES_BATCH1,
-                                                             PERSISTENT_CONFIGS,
                                                              MEASURED_TILES_BY_BATCH,
                                                              SMALL_BATCH_CONFIGS, config_for,
                                                              default_config, tile_key)
@@ -375,7 +350,7 @@ def test_the_measured_tile_table_covers_resnet50s_fp8_layers_with_measured_confi
     assert set(MEASURED_TILES) == shapes
     for key, tiles in MEASURED_TILES.items():
         cin, cout, kh, kw, sh, sw = key
-        assert tiles in CANDIDATE_CONFIGS + FEW_STAGE_CONFIGS + PERSISTENT_CONFIGS \
+        assert tiles in CANDIDATE_CONFIGS + FEW_STAGE_CONFIGS \
             or tiles == default_config(cin, cout, (kh, kw)), key
         assert config_for(cin, cout, (kh, kw), (sh, sw)) == tiles
         assert config_for(cin, cout, (kh, kw), (sh, sw), batch=32) == tiles

@@ -56,10 +56,9 @@ from bundler.fp8 import E4M3_MAX
 from bundler.targets.torch_aoti.fp8_layers import conv_output_hw
 
 __all__ = ["GELU_FORMS", "Fp8ConvConfig", "CANDIDATE_CONFIGS", "FEW_STAGE_CONFIGS",
-           "PERSISTENT_CONFIGS",
            "SMALL_BATCH_CONFIGS", "MEASURED_TILES",
            "MEASURED_TILES_BATCH1", "MEASURED_TILES_BY_BATCH", "TileKey", "TileTable", "tile_key", "small_batch_config", "default_config", "config_for", "fp8_conv_nhwc", "fp8_conv",
-           "fp8_conv_nhwc_fused", "fp8_conv_fused", "persistent_programs"]
+           "fp8_conv_nhwc_fused", "fp8_conv_fused"]
 
 OP = "trt_bundle::fp8_conv_nhwc"
 #: GELU in the fused epilogue (``fp8_conv_fused(gelu=)``) -> the kernel's GELU switch:
@@ -70,9 +69,7 @@ FUSED_OP = "trt_bundle::fp8_conv_nhwc_fused"
 
 
 class Fp8ConvConfig(NamedTuple):
-    """Tile sizes and launch settings of one kernel instance. ``persistent`` > 0: that many
-    programs per SM, each walking tiles in one pipelined loop (``_fp8_conv_nhwc_kernel``'s
-    ``PERSIST``); 0: one program per output tile."""
+    """Tile sizes and launch settings of one kernel instance."""
 
     block_m: int = 128
     block_n: int = 128
@@ -80,16 +77,6 @@ class Fp8ConvConfig(NamedTuple):
     num_warps: int = 8
     num_stages: int = 3
     group_m: int = 8
-    persistent: int = 0
-
-
-def persistent_programs(device: torch.device, per_sm: int) -> int:
-    """How many programs a persistent launch starts: ``per_sm`` for each SM of ``device``'s
-    GPU (a package is compiled on, and for, the GPU it runs on); off a GPU (Triton's
-    interpreter) two "SMs", which changes only how the tiles are dealt out."""
-    if device.type == "cuda":
-        return per_sm * torch.cuda.get_device_properties(device).multi_processor_count
-    return per_sm * 2
 
 
 #: What ``benchmarks/fp8_conv_bench.py`` tries per shape besides ``default_config``:
@@ -117,17 +104,6 @@ FEW_STAGE_CONFIGS = (
     Fp8ConvConfig(128, 64, 64, 4, 2),
     Fp8ConvConfig(128, 128, 64, 8, 2),
     Fp8ConvConfig(64, 64, 128, 4, 2),
-)
-
-#: What ``fp8_conv_bench.py --fused-layers`` also tries at batch 32: persistent launches
-#: (``Fp8ConvConfig.persistent`` programs per SM), for the same layers as the above.
-PERSISTENT_CONFIGS = (
-    Fp8ConvConfig(64, 128, 64, 4, 3, persistent=2),
-    Fp8ConvConfig(64, 128, 64, 4, 3, persistent=3),
-    Fp8ConvConfig(128, 64, 64, 4, 3, persistent=2),
-    Fp8ConvConfig(128, 64, 128, 4, 3, persistent=2),
-    Fp8ConvConfig(128, 128, 64, 8, 3, persistent=1),
-    Fp8ConvConfig(64, 64, 128, 4, 3, persistent=3),
 )
 
 #: What the benchmark also tries at small batches (``--batch`` <= 8): at batch 1 ResNet-50's
@@ -314,8 +290,8 @@ def _window_origins(offs_m, HO, WO, SH: tl.constexpr, SW: tl.constexpr, PH: tl.c
 
 
 @triton.jit
-def _fp8_conv_tile(
-        pid, x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, res_ptr, q_ptr, q_scale_ptr,
+def _fp8_conv_nhwc_kernel(
+        x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, res_ptr, q_ptr, q_scale_ptr,
         M, H, W, C, HO, WO, COUT,
         stride_xn, stride_xh, stride_xw, ldw, stride_rn, stride_rh, stride_rw,
         KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
@@ -323,11 +299,9 @@ def _fp8_conv_tile(
         RELU: tl.constexpr, EVEN_C: tl.constexpr, RESIDUAL: tl.constexpr,
         RES_CONTIG: tl.constexpr, OUT_F16: tl.constexpr, OUT_F8: tl.constexpr, QMAX: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        GROUP_M: tl.constexpr, GELU: tl.constexpr, IMPRECISE_ACC: tl.constexpr):
-    """Output tile ``pid`` of the implicit GEMM (rows x columns in the grouped order) and
-    its epilogue: the kernel's work for one program, or for one step of a persistent
-    program's loop."""
+        GROUP_M: tl.constexpr, GELU: tl.constexpr = 0, IMPRECISE_ACC: tl.constexpr = None):
     # grouped program order: GROUP_M row tiles share the column tiles' weights in L2
+    pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(COUT, BLOCK_N)
     per_group = GROUP_M * num_n
@@ -397,52 +371,12 @@ def _fp8_conv_tile(
                  mask=ok)
 
 
-@triton.jit
-def _fp8_conv_nhwc_kernel(
-        x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, res_ptr, q_ptr, q_scale_ptr,
-        M, H, W, C, HO, WO, COUT,
-        stride_xn, stride_xh, stride_xw, ldw, stride_rn, stride_rh, stride_rw,
-        KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
-        PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
-        RELU: tl.constexpr, EVEN_C: tl.constexpr, RESIDUAL: tl.constexpr,
-        RES_CONTIG: tl.constexpr, OUT_F16: tl.constexpr, OUT_F8: tl.constexpr, QMAX: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        GROUP_M: tl.constexpr, GELU: tl.constexpr = 0, IMPRECISE_ACC: tl.constexpr = None,
-        PERSIST: tl.constexpr = 0):
-    """One output tile per program, or (``PERSIST`` > 0) ``PERSIST`` programs that each walk
-    the tiles ``pid, pid + PERSIST, ...`` in one loop that Triton flattens with the reduction
-    loop inside it and software-pipelines as one (``tl.range(flatten=True)``): the next
-    tile's operand loads are in flight while this tile's epilogue runs.
-
-    Why: at batch 32 on the H200 ResNet-50's 1x1 layers of 64-128 input channels reduce over
-    one or two k tiles and run at ~half of the memory bandwidth, the plain op (fp16 out
-    only) too (docs/measurements/h100-2026-12-06-d): each program's loads, MMA and stores
-    follow one another, and the programs on an SM start together, so they wait together.
-    Neither more programs per SM (fewer stages) nor the residual loaded early changed that."""
-    if PERSIST:
-        tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(COUT, BLOCK_N)
-        for tile in tl.range(tl.program_id(0), tiles, PERSIST, flatten=True):
-            _fp8_conv_tile(
-                tile, x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, res_ptr, q_ptr,
-                q_scale_ptr, M, H, W, C, HO, WO, COUT, stride_xn, stride_xh,
-                stride_xw, ldw, stride_rn, stride_rh, stride_rw, KH, KW, SH, SW, PH,
-                PW, DH, DW, RELU, EVEN_C, RESIDUAL, RES_CONTIG, OUT_F16, OUT_F8,
-                QMAX, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, GELU, IMPRECISE_ACC)
-    else:
-        _fp8_conv_tile(
-            tl.program_id(0), x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, res_ptr,
-            q_ptr, q_scale_ptr, M, H, W, C, HO, WO, COUT, stride_xn, stride_xh,
-            stride_xw, ldw, stride_rn, stride_rh, stride_rw, KH, KW, SH, SW, PH, PW,
-            DH, DW, RELU, EVEN_C, RESIDUAL, RES_CONTIG, OUT_F16, OUT_F8, QMAX,
-            BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, GELU, IMPRECISE_ACC)
-
-
 @triton_op(OP, mutates_args={})
 def fp8_conv_nhwc(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                   bias: torch.Tensor, cout: int, kh: int, kw: int, sh: int, sw: int,
                   ph: int, pw: int, dh: int, dw: int, relu: bool, block_m: int,
                   block_n: int, block_k: int, num_warps: int, num_stages: int,
-                  group_m: int, persistent: int) -> torch.Tensor:
+                  group_m: int) -> torch.Tensor:
     """``x`` e4m3 [N, H, W, C] (channels contiguous), ``weight`` e4m3 [>= cout, >= kh*kw*C]
     (row-major, (kh, kw, C) order), ``scale`` and ``bias`` fp32 [>= cout] -> fp16
     [N, Ho, Wo, cout] (module docstring)."""
@@ -452,15 +386,14 @@ def fp8_conv_nhwc(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     ho, wo = conv_output_hw(h, w, (kh, kw), (sh, sw), (ph, pw), (dh, dw))
     out = torch.empty((n, ho, wo, cout), dtype=torch.float16, device=x.device)
     m = n * ho * wo
-    programs = persistent_programs(x.device, persistent) if persistent else 0
-    grid = (programs or triton.cdiv(m, block_m) * triton.cdiv(cout, block_n),)
+    grid = (triton.cdiv(m, block_m) * triton.cdiv(cout, block_n),)
     wrap_triton(_fp8_conv_nhwc_kernel)[grid](
         x, weight, scale, bias, out, scale, scale, scale, m, h, w, c, ho, wo, cout,
         x.stride(0), x.stride(1), x.stride(2), weight.stride(0), 0, 0, 0,
         KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, RELU=relu,
         EVEN_C=c % block_k == 0, RESIDUAL=False, RES_CONTIG=False, OUT_F16=True, OUT_F8=False, QMAX=E4M3_MAX,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        GROUP_M=group_m, PERSIST=programs, num_warps=num_warps, num_stages=num_stages)
+        GROUP_M=group_m, num_warps=num_warps, num_stages=num_stages)
     return out
 
 
@@ -470,14 +403,13 @@ def fp8_conv_nhwc_fused(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
                         out_scale: Optional[torch.Tensor], out_f16: bool, cout: int, kh: int,
                         kw: int, sh: int, sw: int, ph: int, pw: int, dh: int, dw: int,
                         relu: bool, block_m: int, block_n: int, block_k: int, num_warps: int,
-                        num_stages: int, group_m: int, persistent: int, gelu: int,
+                        num_stages: int, group_m: int, gelu: int,
                         imprecise_acc: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``fp8_conv_nhwc`` with the fused epilogues: ``residual`` fp16 [N, Ho, Wo, cout] (any
     strides, channels contiguous) added before the ReLU; ``gelu``: GELU of the fp16
     result instead (a transformer MLP's fc1; ``GELU_FORMS``: 1 libdevice's erf, 2
     ``_gelu_erfc``); ``out_f16``: write the fp16 result;
     ``out_scale`` (fp32, its first element read): also write it quantized to e4m3 with that scale.
-    ``persistent``: programs per SM of a persistent launch (``Fp8ConvConfig.persistent``).
     ``imprecise_acc``: 0 leaves the accumulation to Triton's default (on sm_90 the whole
     reduction in the tensor cores' FP8 accumulator, what cuBLAS calls fast accumulation); n > 0
     adds the tensor cores' partial sums into the fp32 accumulator every n reduction elements.
@@ -502,8 +434,7 @@ def fp8_conv_nhwc_fused(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
     res = residual if residual is not None else scale     # unread without RESIDUAL
     rs = residual.stride()[:3] if residual is not None else (0, 0, 0)
     m = n * ho * wo
-    programs = persistent_programs(x.device, persistent) if persistent else 0
-    grid = (programs or triton.cdiv(m, block_m) * triton.cdiv(cout, block_n),)
+    grid = (triton.cdiv(m, block_m) * triton.cdiv(cout, block_n),)
     wrap_triton(_fp8_conv_nhwc_kernel)[grid](
         x, weight, scale, bias, out, res, q, out_scale if out_scale is not None else scale,
         m, h, w, c, ho, wo, cout,
@@ -513,7 +444,7 @@ def fp8_conv_nhwc_fused(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
         RES_CONTIG=residual is not None and residual.is_contiguous(), OUT_F16=out_f16,
         OUT_F8=out_scale is not None, QMAX=E4M3_MAX, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         GROUP_M=group_m, GELU=gelu, IMPRECISE_ACC=imprecise_acc if imprecise_acc > 0 else None,
-        PERSIST=programs, num_warps=num_warps, num_stages=num_stages)
+        num_warps=num_warps, num_stages=num_stages)
     return out, q
 
 
