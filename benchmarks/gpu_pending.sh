@@ -108,8 +108,9 @@
 #       figure, WORKERS=16, PROCS=8, REPEATS=3 unless set); on any other card, the GPU
 #       tests that need no whole bundle (`gputest` less its bundle tests, ~400 s on an
 #       H100). The thirty-fourth session ran `load` there instead: the fp16 bundle's
-#       activation fell from ~66 s to 5.0 s on an H100 (h100-2026-12-06-c); the GPU tests
-#       last ran before its `PackageGraph` call path
+#       activation fell from ~66 s to 5.0 s on an H100 (h100-2026-12-06-c). With its
+#       `PackageGraph` call path the runner's 18 GPU tests (test_torch_aoti.py,
+#       test_cuda_buffers.py) passed on an H100 in the thirty-fifth (h100-2026-12-06-d)
 #
 # Bundles: PENDING_DIR (/tmp/pending). Logs: OUT_DIR/<step>.log. Each step prints as it goes
 # and has its own timeout.
