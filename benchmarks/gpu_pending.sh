@@ -102,21 +102,24 @@
 #   benchmarks/gpu_pending.sh load OUT_DIR   # `build`, then the fp16 bundle's activation by
 #       phase (prepare_bench.py), with the load check on, off and on again, each in a process
 #       of its own, graph sizes 1,2,4,8,16,24 (thirty-fourth session, H100s: ~66 s -> 5.0 s)
+#   benchmarks/gpu_pending.sh tma OUT_DIR   # ~2-3 min, no bundles: issue 18, timm_resnet50's
+#       dense 1x1 FP8 convolutions on a TMA version of the fused kernel (fp8_tma_probe.py)
+#       against the shipped kernel per layer and epilogue, then a package built on it with
+#       AOTInductor (device-side descriptors need Triton's global scratch). The thirty-fifth
+#       session ruled out the residual loaded early, fewer stages and persistent programs
+#       (h100-2026-12-06-d)
 #   benchmarks/gpu_pending.sh first OUT_DIR   # one call that does what the card lent is
 #       most needed for, when machines are scarce (thirty-second session: 16 calls got
 #       none that ran its command): on an H200, `build` then `pair` (issue 15's H200
-#       figure, WORKERS=16, PROCS=8, REPEATS=3 unless set); on any other card, the GPU
-#       tests that need no whole bundle (`gputest` less its bundle tests, ~400 s on an
-#       H100). The thirty-fourth session ran `load` there instead: the fp16 bundle's
-#       activation fell from ~66 s to 5.0 s on an H100 (h100-2026-12-06-c). With its
-#       `PackageGraph` call path the runner's 18 GPU tests (test_torch_aoti.py,
-#       test_cuda_buffers.py) passed on an H100 in the thirty-fifth (h100-2026-12-06-d)
+#       figure, WORKERS=16, PROCS=8, REPEATS=3 unless set); on any other card, `tma`. The
+#       GPU tests (`gputest`) passed on H100s in the thirty-third to thirty-fifth sessions
+#       (the runner's 18 with `PackageGraph` in the thirty-fifth, h100-2026-12-06-d)
 #
 # Bundles: PENDING_DIR (/tmp/pending). Logs: OUT_DIR/<step>.log. Each step prints as it goes
 # and has its own timeout.
 set -u
-what=${1:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|pair|first OUT_DIR}
-out=${2:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|pair|first OUT_DIR}
+what=${1:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|pair|first OUT_DIR}
+out=${2:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|pair|first OUT_DIR}
 mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
@@ -286,7 +289,7 @@ load)   # `build`, then the fp16 bundle's activation by phase, the load check on
     --variant "check-off:TRT_BUNDLE_AOTI_LOAD_CHECK=0,$sizes" \
     --variant "check-on-again:TRT_BUNDLE_AOTI_LOAD_CHECK=1,$sizes"
   ;;
-first)   # by the card: H200 -> build + pair; else the GPU tests that need no whole bundle
+first)   # by the card: H200 -> build + pair; else the TMA probe (tma)
   card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   echo "== card: $card"
   case "$card" in
@@ -295,10 +298,12 @@ first)   # by the card: H200 -> build + pair; else the GPU tests that need no wh
       bash "$here/gpu_pending.sh" pair "$out" || exit 1
     ;;
   *)
-    step gputest "${GPUTEST_LIMIT:-450}" python3 -m pytest -q -p no:cacheprovider -rs -m gpu \
-      tests -k 'not bundle_matches'
+    bash "$here/gpu_pending.sh" tma "$out" || exit 1
     ;;
   esac
+  ;;
+tma)   # issue 18: timm_resnet50's dense 1x1 FP8 convolutions with TMA against the shipped kernel
+  step tma "${TMA_LIMIT:-300}" python3 benchmarks/fp8_tma_probe.py --aoti
   ;;
 pair)   # `build`, then fp8 against fp16 at the client, both served in one run
   bash "$here/gpu_pending.sh" build "$out" || exit 1
@@ -312,6 +317,6 @@ pair)   # `build`, then fp8 against fp16 at the client, both served in one run
     "${sized[@]}" \
     --rounds "${REPEATS:-3}" --seconds 3 --warmup 1
   ;;
-*) echo "usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|pair|first OUT_DIR" >&2; exit 2 ;;
+*) echo "usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|pair|first OUT_DIR" >&2; exit 2 ;;
 esac
 echo "== done (+$(( $(date +%s) - start )) s)"

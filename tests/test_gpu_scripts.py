@@ -135,10 +135,9 @@ def _run_step(tmp_path: Path, card: str, what: str = "first", built: bool = True
 
 
 @needs_bash
-def test_first_runs_the_pair_on_an_h200_and_the_gpu_tests_elsewhere(tmp_path):
+def test_first_runs_the_pair_on_an_h200_and_the_tma_probe_elsewhere(tmp_path):
     """The one call a scarce machine may allow does what its card is needed for: issue 15's
-    H200 pair on an H200; on anything else the GPU tests that need no whole bundle, and
-    no build (they compile their own tiny packages)."""
+    H200 pair on an H200; on anything else issue 18's TMA probe, which needs no bundle."""
     done, calls = _run_step(tmp_path / "h200", "NVIDIA H200")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "== card: NVIDIA H200" in done.stdout
@@ -151,8 +150,7 @@ def test_first_runs_the_pair_on_an_h200_and_the_gpu_tests_elsewhere(tmp_path):
 
     done, calls = _run_step(tmp_path / "h100", "NVIDIA H100 80GB HBM3", built=False)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert calls == ["python3 -m pytest -q -p no:cacheprovider -rs -m gpu tests "
-                     "-k not bundle_matches"], calls
+    assert calls == ["python3 benchmarks/fp8_tma_probe.py --aoti"], calls
 
 
 @needs_bash

@@ -1,0 +1,294 @@
+"""Issue 18, timm_resnet50: would TMA loads and stores make the dense 1x1 FP8 convolutions
+faster than the shipped implicit-GEMM kernel? One GPU call, ~2 minutes.
+
+Why: the shipped kernel (``kernels/fp8_conv.py``) moves the 1x1 layers' bytes at about half
+the memory bandwidth, and runs its compute-bound layers at 12-19% of the FP8 peak, on the H200
+and the H100 alike. Fewer stages, the residual loaded early, and persistent programs did not
+change that (docs/measurements/h100-2026-12-06-d), and its stores are already 16-byte vector
+stores. Hopper GEMMs that get near the peak load their operand tiles with TMA, which copies
+a whole tile into shared memory in one request, instead of each thread's 16-byte cp.async.
+A 1x1 stride-1 convolution over NHWC rows is a dense GEMM, so TMA can load its tiles as they
+are.
+
+This probe is a TMA version of the fused op for those layers only (``tma_1x1``): the same
+operands, scales and epilogue (residual, ReLU, fp16 and e4m3 outputs), with device-side
+tensor descriptors (``tl.make_tensor_descriptor``) for the operands, the residual and both
+outputs. For each dense 1x1 layer of timm ResNet-50 with the epilogue the fused model gives
+it (``fp8_conv_bench.fused_layer_epilogues``), it prints the shipped op with its measured
+tiles next to this kernel with each of ``TILES``, and how far their outputs are apart (e4m3
+steps). ``--aoti`` then builds a small module on it with AOTInductor and compares the
+package with eager: whether the C++ wrapper launches a kernel that needs Triton's global
+scratch (for the descriptors).
+
+If it pays, the next step is ``fused.FusedConv`` choosing it for those layers. Not built:
+a 3x3 or strided layer gathers its rows, which a tiled TMA load cannot do.
+
+    python3 benchmarks/fp8_tma_probe.py [--batch 32] [--iters 50] [--aoti]
+    TRITON_INTERPRET=1 python3 benchmarks/fp8_tma_probe.py --interpret-check   # CPU: JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+if str(Path(__file__).resolve().parents[1]) not in sys.path:   # run as a script
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bundler.fp8 import E4M3_MAX  # noqa: E402
+from bundler.targets.torch_aoti.kernels.fp8_conv import (  # noqa: E402
+    Fp8ConvConfig, _quantize_e4m3, config_for, fp8_conv_fused)
+
+#: Tiles tried per layer: (block_m, block_n, block_k, num_warps, num_stages).
+TILES = ((128, 64, 64, 4, 3), (64, 128, 64, 4, 3), (128, 128, 64, 8, 3),
+         (128, 128, 128, 8, 3), (64, 64, 128, 4, 3), (128, 256, 64, 8, 3))
+GROUP_M = 8
+
+
+@triton.jit
+def _tma_1x1_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, res_ptr, q_ptr, q_scale_ptr,
+                    M, C, COUT, ldw,
+                    RELU: tl.constexpr, RESIDUAL: tl.constexpr, OUT_F16: tl.constexpr,
+                    OUT_F8: tl.constexpr, QMAX: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """The shipped kernel's 1x1 stride-1 case with TMA: rows = output pixels, the reduction
+    over C, the epilogue as ``_fp8_conv_nhwc_kernel``'s (scale, bias, fp16 rounding,
+    residual, ReLU, fp16 and e4m3 out). Tiles past the edges read zeros and are not
+    written (the descriptors clip)."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(COUT, BLOCK_N)
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    group_size = tl.minimum(num_m - first_m, GROUP_M)
+    off_m = (first_m + (pid % per_group) % group_size) * BLOCK_M
+    off_n = ((pid % per_group) // group_size) * BLOCK_N
+
+    a_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, C], strides=[C, 1],
+                                       block_shape=[BLOCK_M, BLOCK_K])
+    b_desc = tl.make_tensor_descriptor(w_ptr, shape=[COUT, C], strides=[ldw, 1],
+                                       block_shape=[BLOCK_N, BLOCK_K])
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(C, BLOCK_K)):
+        a = a_desc.load([off_m, k * BLOCK_K])
+        b = b_desc.load([off_n, k * BLOCK_K])
+        acc = tl.dot(a, b.T, acc)
+
+    offs_n = off_n + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < COUT
+    scale = tl.load(scale_ptr + offs_n, mask=n_ok, other=0.0)
+    bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0)
+    y = acc * scale[None, :] + bias[None, :]
+    if RESIDUAL:
+        r_desc = tl.make_tensor_descriptor(res_ptr, shape=[M, COUT], strides=[COUT, 1],
+                                           block_shape=[BLOCK_M, BLOCK_N])
+        y = y.to(tl.float16).to(tl.float32) + r_desc.load([off_m, off_n]).to(tl.float32)
+    if RELU:
+        y = tl.maximum(y, 0.0)
+    y16 = y.to(tl.float16)
+    if OUT_F16:
+        o_desc = tl.make_tensor_descriptor(out_ptr, shape=[M, COUT], strides=[COUT, 1],
+                                           block_shape=[BLOCK_M, BLOCK_N])
+        o_desc.store([off_m, off_n], y16)
+    if OUT_F8:
+        q_scale = tl.load(q_scale_ptr)
+        q_inv = tl.math.div_rn(tl.full([], 1.0, tl.float32), q_scale)
+        q_desc = tl.make_tensor_descriptor(q_ptr, shape=[M, COUT], strides=[COUT, 1],
+                                           block_shape=[BLOCK_M, BLOCK_N])
+        q_desc.store([off_m, off_n], _quantize_e4m3(y16.to(tl.float32), q_scale, q_inv, QMAX))
+
+
+def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    """Triton's global scratch for device-side descriptors (eager launches)."""
+    del alignment, stream
+    return torch.empty(size, dtype=torch.int8, device="cuda" if torch.cuda.is_available()
+                       else "cpu")
+
+
+def tma_1x1(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor,
+            cout: int, *, residual: torch.Tensor | None = None, relu: bool = False,
+            out_f16: bool = True, out_scale: torch.Tensor | None = None,
+            tiles: tuple = TILES[0]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``fp8_conv_fused`` for a 1x1 stride-1 layer on dense NHWC e4m3 ``x``, on the TMA
+    kernel. TMA needs 16-byte row strides: C and ``weight``'s row a multiple of 16 bytes,
+    ``cout`` of 16 elements."""
+    n, h, w, c = x.shape
+    m = n * h * w
+    if c % 16 or weight.stride(0) % 16 or cout % 16 or not x.is_contiguous():
+        raise ValueError("tma_1x1: needs dense NHWC rows of 16-byte multiples")
+    out = torch.empty((n, h, w, cout) if out_f16 else (0,), dtype=torch.float16,
+                      device=x.device)
+    q = torch.empty((n, h, w, cout) if out_scale is not None else (0,),
+                    dtype=torch.float8_e4m3fn, device=x.device)
+    res = residual.contiguous() if residual is not None else out
+    bm, bn, bk, warps, stages = tiles
+    triton.set_allocator(_scratch)
+    grid = (triton.cdiv(m, bm) * triton.cdiv(cout, bn),)
+    _tma_1x1_kernel[grid](
+        x, weight, scale, bias, out, res, q, out_scale if out_scale is not None else scale,
+        m, c, cout, weight.stride(0), RELU=relu, RESIDUAL=residual is not None,
+        OUT_F16=out_f16, OUT_F8=out_scale is not None, QMAX=E4M3_MAX, BLOCK_M=bm, BLOCK_N=bn,
+        BLOCK_K=bk, GROUP_M=GROUP_M, num_warps=warps, num_stages=stages)
+    return (out if out_f16 else None), (q if out_scale is not None else None)
+
+
+def e4m3_steps(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Largest distance in e4m3 codes between two e4m3 tensors of the same signs."""
+    ia, ib = a.view(torch.uint8).int(), b.view(torch.uint8).int()
+    same = torch.where((ia >> 7) == (ib >> 7), ((ia & 0x7F) - (ib & 0x7F)).abs(),
+                       (ia & 0x7F) + (ib & 0x7F))
+    return int(same.max()) if same.numel() else 0
+
+
+def _case(n: int, hw: int, c: int, cout: int, residual: bool, device: str, seed: int = 0):
+    """Operands of one 1x1 layer as the fused model has them (e4m3 input, a weight buffer
+    padded past cout and C as the shipped op's, per-channel scales, bias, a residual)."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(n, hw, hw, c, generator=g).clamp_min(0) * 40).to(torch.float8_e4m3fn)
+    weight = torch.zeros(cout + 16, c + 16).to(torch.float8_e4m3fn)
+    weight[:cout, :c] = (torch.randn(cout, c, generator=g) * 100).to(torch.float8_e4m3fn)
+    scale = (torch.rand(cout, generator=g) + 0.5) * 2e-4
+    bias = torch.randn(cout, generator=g) * 0.3
+    res = (torch.randn(n, hw, hw, cout, generator=g) * 2).half() if residual else None
+    to = (lambda t: t.to(device) if t is not None else None)
+    return to(x), to(weight), to(scale), to(bias), to(res)
+
+
+def compare(n: int, hw: int, c: int, cout: int, epilogue: tuple, device: str,
+            tiles: tuple, shipped: Fp8ConvConfig) -> dict:
+    """The two kernels on one case: largest fp16 difference and e4m3 steps apart."""
+    relu, residual, out16, out8 = epilogue
+    x, weight, scale, bias, res = _case(n, hw, c, cout, residual, device)
+    out_scale = torch.tensor(0.05, device=device) if out8 else None
+    kw = dict(residual=res, relu=relu, out_f16=out16, out_scale=out_scale)
+    s16, s8 = fp8_conv_fused(x, weight, scale, bias, cout, (1, 1), (1, 1), (0, 0),
+                             config=shipped, **kw)
+    t16, t8 = tma_1x1(x, weight, scale, bias, cout, tiles=tiles, **kw)
+    result = {}
+    if out16:
+        result["f16_max_diff"] = float((s16.float() - t16.float()).abs().max())
+        result["f16_scale"] = float(s16.float().abs().max())
+    if out8:
+        result["e4m3_steps"] = e4m3_steps(s8, t8)
+    return result
+
+
+def interpret_check() -> dict:
+    """Under ``TRITON_INTERPRET=1`` on the CPU: the TMA kernel against the shipped one on
+    small cases with edge tiles (rows and columns that do not fill a tile), each epilogue."""
+    shipped = Fp8ConvConfig(16, 16, 32, 4, 2, 2)
+    cases = {"res+relu>f16+f8": (True, True, True, True), "relu>f8": (True, False, False, True),
+             ">f16": (False, False, True, False), "res+relu>f16": (True, True, True, False)}
+    return {name: compare(2, 5, 64, 48, epi, "cpu", (16, 16, 32, 4, 2), shipped)
+            for name, epi in cases.items()}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--aoti", action="store_true", help="also build a package on the kernel")
+    p.add_argument("--interpret-check", action="store_true",
+                   help="CPU, TRITON_INTERPRET=1: compare with the shipped kernel, print JSON")
+    args = p.parse_args()
+    if args.interpret_check:
+        print(json.dumps(interpret_check()))
+        return 0
+    from fp8_conv_bench import fused_layer_epilogues, graph_time
+
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
+          f"{triton.__version__}, batch {args.batch}", flush=True)
+    total = {"shipped": 0.0, "tma": 0.0}
+    for shape, by_epilogue in fused_layer_epilogues().items():
+        cin, cout, hw, k, stride, _pad = shape
+        if k != 1 or stride != 1:
+            continue
+        shipped = config_for(cin, cout, (1, 1), (1, 1), batch=args.batch)
+        for epilogue, count in by_epilogue.items():
+            relu, residual, out16, out8 = epilogue
+            x, weight, scale, bias, res = _case(args.batch, hw, cin, cout, residual, "cuda")
+            out_scale = torch.tensor(0.05, device="cuda") if out8 else None
+            kw = dict(residual=res, relu=relu, out_f16=out16, out_scale=out_scale)
+            ms_shipped, _ = graph_time(lambda: fp8_conv_fused(
+                x, weight, scale, bias, cout, (1, 1), (1, 1), (0, 0), config=shipped, **kw),
+                args.iters)
+            best = None
+            for tiles in TILES:
+                try:
+                    ms, _ = graph_time(lambda t=tiles: tma_1x1(
+                        x, weight, scale, bias, cout, tiles=t, **kw), args.iters)
+                except Exception as e:     # a tile that does not fit (shared memory)
+                    print(f"  {tiles} failed: {type(e).__name__}: {str(e)[:120]}")
+                    continue
+                best = min(best or (ms, tiles), (ms, tiles))
+            if best is None:
+                print(f"1x1 {cin}->{cout} @{hw} {epilogue}: no TMA tile ran", flush=True)
+                continue
+            diff = compare(args.batch, hw, cin, cout, epilogue, "cuda", best[1], shipped)
+            print(f"1x1 {cin}->{cout} @{hw} {epilogue} x{count}: shipped {ms_shipped:.4f} ms, "
+                  f"TMA {best[0]:.4f} ms {best[1]} ({ms_shipped / best[0]:.2f}x)  {diff}",
+                  flush=True)
+            total["shipped"] += count * ms_shipped
+            total["tma"] += count * best[0]
+    if total["tma"]:
+        print(f"== dense 1x1 layers, count-weighted: shipped {total['shipped']:.3f} ms, TMA "
+              f"{total['tma']:.3f} ms ({total['shipped'] / total['tma']:.2f}x)")
+    if args.aoti:
+        print("== AOTInductor:", aoti_check(), flush=True)
+    return 0
+
+
+def aoti_check() -> str:
+    """A module on the TMA kernel (as a ``triton_op``) through AOTInductor: the package's
+    output against eager, or why it failed."""
+    import tempfile
+
+    from torch.library import triton_op, wrap_triton
+
+    @triton_op("trt_bundle_probe::tma_1x1", mutates_args={})
+    def op(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor,
+           cout: int) -> torch.Tensor:
+        n, h, w, c = x.shape
+        out = torch.empty((n, h, w, cout), dtype=torch.float16, device=x.device)
+        grid = (triton.cdiv(n * h * w, 128) * triton.cdiv(cout, 64),)
+        wrap_triton(_tma_1x1_kernel)[grid](
+            x, weight, scale, bias, out, out, out, scale, n * h * w, c, cout, weight.stride(0),
+            RELU=True, RESIDUAL=False, OUT_F16=True, OUT_F8=False, QMAX=E4M3_MAX,
+            BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, GROUP_M=GROUP_M, num_warps=4, num_stages=3)
+        return out
+
+    class Layer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            _x, weight, scale, bias, _r = _case(1, 1, 64, 256, False, "cuda")
+            self.register_buffer("weight", weight)
+            self.register_buffer("scale", scale)
+            self.register_buffer("bias", bias)
+
+        def forward(self, x):
+            return op(x.to(torch.float8_e4m3fn), self.weight, self.scale, self.bias, 256)
+
+    triton.set_allocator(_scratch)
+    module = Layer().eval()
+    x = (torch.randn(4, 14, 14, 64, device="cuda").clamp_min(0) * 40).half()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            batch = torch.export.Dim("batch", min=1, max=32)
+            program = torch.export.export(module, (x,), dynamic_shapes=({0: batch},))
+            path = torch._inductor.aoti_compile_and_package(
+                program, package_path=str(Path(tmp) / "tma.pt2"))
+            loaded = torch._inductor.aoti_load_package(path)
+            diff = float((loaded(x).float() - module(x).float()).abs().max())
+        return f"ok, package vs eager max |diff| {diff:.3g}"
+    except Exception as e:
+        return f"FAILED {type(e).__name__}: {str(e)[:400]}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

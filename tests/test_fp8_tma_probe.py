@@ -1,0 +1,49 @@
+"""benchmarks/fp8_tma_probe.py, the TMA version of the fused FP8 1x1 convolution that the next
+GPU call times against the shipped kernel (issue 18, timm_resnet50). Here, without a GPU: under
+Triton's interpreter it gives the shipped kernel's outputs bit for bit, so what the GPU run
+reports is speed, not a different computation."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from triton_interpret import ROOT, needs_triton  # noqa: E402
+
+PROBE = ROOT / "benchmarks" / "fp8_tma_probe.py"
+
+
+@needs_triton
+def test_the_tma_kernel_equals_the_shipped_one_under_the_interpreter():
+    """Every epilogue the fused model gives a 1x1 layer (residual, ReLU, fp16 and/or e4m3
+    out), on 50 rows and 48 channels (edge tiles of 16): the same fp16 bits and e4m3 codes."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, str(PROBE), "--interpret-check"], capture_output=True,
+                          text=True, env=env, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout)
+    assert set(results) == {"res+relu>f16+f8", "relu>f8", ">f16", "res+relu>f16"}
+    for name, r in results.items():
+        if "f16_max_diff" in r:
+            assert r["f16_max_diff"] == 0.0 and r["f16_scale"] > 1.0, name
+        if "e4m3_steps" in r:
+            assert r["e4m3_steps"] == 0, name
+    assert "e4m3_steps" in results["relu>f8"] and "f16_max_diff" not in results["relu>f8"]
+
+
+@needs_triton
+def test_the_tma_kernel_refuses_rows_that_tma_cannot_address():
+    """TMA needs 16-byte row strides: 24 input channels of e4m3 are refused before a launch."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fp8_tma_probe", PROBE)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    x, weight, scale, bias, _ = probe._case(1, 3, 24, 32, False, "cpu")
+    with pytest.raises(ValueError, match="16-byte"):
+        probe.tma_1x1(x, weight, scale, bias, 32)
