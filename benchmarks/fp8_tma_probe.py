@@ -200,6 +200,11 @@ def main() -> int:
     if args.interpret_check:
         print(json.dumps(interpret_check()))
         return 0
+    if not torch.cuda.is_available():
+        print("fp8_tma_probe.py times a GPU, and none is visible; on the CPU run "
+              "TRITON_INTERPRET=1 python3 benchmarks/fp8_tma_probe.py --interpret-check",
+              file=sys.stderr)
+        return 2
     from fp8_conv_bench import fused_layer_epilogues, graph_time
 
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
