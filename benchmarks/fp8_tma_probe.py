@@ -11,19 +11,21 @@ A 1x1 stride-1 convolution over NHWC rows is a dense GEMM, so TMA can load its t
 are.
 
 This probe is a TMA version of the fused op for those layers only (``tma_1x1``): the same
-operands, scales and epilogue (residual, ReLU, fp16 and e4m3 outputs), with device-side
-tensor descriptors (``tl.make_tensor_descriptor``) for the operands, the residual and both
-outputs. For each dense 1x1 layer of timm ResNet-50 with the epilogue the fused model gives
-it (``fp8_conv_bench.fused_layer_epilogues``), it prints the shipped op with its measured
-tiles next to this kernel with each of ``TILES``, and how far their outputs are apart (e4m3
-steps). ``--aoti`` then builds a small module on it with AOTInductor and compares the
-package with eager: whether the C++ wrapper launches a kernel that needs Triton's global
-scratch (for the descriptors).
+operands, scales and epilogue (residual, ReLU, fp16 and e4m3 outputs), with TMA descriptors
+for the operands, the residual and both outputs, made either in the kernel
+(``tl.make_tensor_descriptor``: each program writes its descriptors to Triton's global
+scratch) or on the host (``TensorDescriptor`` arguments). For each dense 1x1 layer of timm
+ResNet-50 with the epilogue the fused model gives it (``fp8_conv_bench.
+fused_layer_epilogues``), it prints the shipped op with its measured tiles next to this
+kernel's best of ``TILES`` for each kind of descriptor, and how far their outputs are apart
+(e4m3 steps). ``--aoti`` then builds a small module on each kind with AOTInductor (dynamic
+batch) and compares the package with eager: whether its C++ wrapper launches a kernel that
+needs the global scratch, or encodes host descriptors.
 
 If it pays, the next step is ``fused.FusedConv`` choosing it for those layers. Not built:
 a 3x3 or strided layer gathers its rows, which a tiled TMA load cannot do.
 
-    python3 benchmarks/fp8_tma_probe.py [--batch 32] [--iters 50] [--aoti]
+    python3 benchmarks/fp8_tma_probe.py [--batch 32] [--iters 50] [--descriptors device,host] [--aoti]
     TRITON_INTERPRET=1 python3 benchmarks/fp8_tma_probe.py --interpret-check   # CPU: JSON
 """
 
@@ -49,18 +51,21 @@ from bundler.targets.torch_aoti.kernels.fp8_conv import (  # noqa: E402
 TILES = ((128, 64, 64, 4, 3), (64, 128, 64, 4, 3), (128, 128, 64, 8, 3),
          (128, 128, 128, 8, 3), (64, 64, 128, 4, 3), (128, 256, 64, 8, 3))
 GROUP_M = 8
+#: Where the TMA descriptors are made: in the kernel (``tl.make_tensor_descriptor``, Triton's
+#: global scratch holds them) or on the host (``TensorDescriptor`` arguments).
+DESCRIPTORS = ("device", "host")
 
 
 @triton.jit
-def _tma_1x1_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, res_ptr, q_ptr, q_scale_ptr,
-                    M, C, COUT, ldw,
-                    RELU: tl.constexpr, RESIDUAL: tl.constexpr, OUT_F16: tl.constexpr,
-                    OUT_F8: tl.constexpr, QMAX: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+def _tma_1x1_tile(a_desc, b_desc, r_desc, o_desc, q_desc, scale_ptr, bias_ptr, q_scale_ptr,
+                  M, C, COUT,
+                  RELU: tl.constexpr, RESIDUAL: tl.constexpr, OUT_F16: tl.constexpr,
+                  OUT_F8: tl.constexpr, QMAX: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """The shipped kernel's 1x1 stride-1 case with TMA: rows = output pixels, the reduction
     over C, the epilogue as ``_fp8_conv_nhwc_kernel``'s (scale, bias, fp16 rounding,
     residual, ReLU, fp16 and e4m3 out). Tiles past the edges read zeros and are not
-    written (the descriptors clip)."""
+    written (the descriptors clip). A descriptor whose switch is off is not touched."""
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(COUT, BLOCK_N)
@@ -70,10 +75,6 @@ def _tma_1x1_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, res_ptr, q_ptr, 
     off_m = (first_m + (pid % per_group) % group_size) * BLOCK_M
     off_n = ((pid % per_group) // group_size) * BLOCK_N
 
-    a_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, C], strides=[C, 1],
-                                       block_shape=[BLOCK_M, BLOCK_K])
-    b_desc = tl.make_tensor_descriptor(w_ptr, shape=[COUT, C], strides=[ldw, 1],
-                                       block_shape=[BLOCK_N, BLOCK_K])
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(C, BLOCK_K)):
         a = a_desc.load([off_m, k * BLOCK_K])
@@ -86,22 +87,59 @@ def _tma_1x1_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, res_ptr, q_ptr, 
     bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0)
     y = acc * scale[None, :] + bias[None, :]
     if RESIDUAL:
-        r_desc = tl.make_tensor_descriptor(res_ptr, shape=[M, COUT], strides=[COUT, 1],
-                                           block_shape=[BLOCK_M, BLOCK_N])
         y = y.to(tl.float16).to(tl.float32) + r_desc.load([off_m, off_n]).to(tl.float32)
     if RELU:
         y = tl.maximum(y, 0.0)
     y16 = y.to(tl.float16)
     if OUT_F16:
-        o_desc = tl.make_tensor_descriptor(out_ptr, shape=[M, COUT], strides=[COUT, 1],
-                                           block_shape=[BLOCK_M, BLOCK_N])
         o_desc.store([off_m, off_n], y16)
     if OUT_F8:
         q_scale = tl.load(q_scale_ptr)
         q_inv = tl.math.div_rn(tl.full([], 1.0, tl.float32), q_scale)
+        q_desc.store([off_m, off_n], _quantize_e4m3(y16.to(tl.float32), q_scale, q_inv, QMAX))
+
+
+@triton.jit
+def _tma_1x1_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, res_ptr, q_ptr, q_scale_ptr,
+                    M, C, COUT, ldw,
+                    RELU: tl.constexpr, RESIDUAL: tl.constexpr, OUT_F16: tl.constexpr,
+                    OUT_F8: tl.constexpr, QMAX: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """``_tma_1x1_tile`` with device-side descriptors (made by the kernel: Triton's global
+    scratch holds them). An output or residual that is off gets the input's descriptor as a
+    stand-in, never used."""
+    a_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, C], strides=[C, 1],
+                                       block_shape=[BLOCK_M, BLOCK_K])
+    b_desc = tl.make_tensor_descriptor(w_ptr, shape=[COUT, C], strides=[ldw, 1],
+                                       block_shape=[BLOCK_N, BLOCK_K])
+    r_desc = a_desc
+    o_desc = a_desc
+    q_desc = a_desc
+    if RESIDUAL:
+        r_desc = tl.make_tensor_descriptor(res_ptr, shape=[M, COUT], strides=[COUT, 1],
+                                           block_shape=[BLOCK_M, BLOCK_N])
+    if OUT_F16:
+        o_desc = tl.make_tensor_descriptor(out_ptr, shape=[M, COUT], strides=[COUT, 1],
+                                           block_shape=[BLOCK_M, BLOCK_N])
+    if OUT_F8:
         q_desc = tl.make_tensor_descriptor(q_ptr, shape=[M, COUT], strides=[COUT, 1],
                                            block_shape=[BLOCK_M, BLOCK_N])
-        q_desc.store([off_m, off_n], _quantize_e4m3(y16.to(tl.float32), q_scale, q_inv, QMAX))
+    _tma_1x1_tile(a_desc, b_desc, r_desc, o_desc, q_desc, scale_ptr, bias_ptr, q_scale_ptr,
+                  M, C, COUT, RELU, RESIDUAL, OUT_F16, OUT_F8, QMAX, BLOCK_M, BLOCK_N,
+                  BLOCK_K, GROUP_M)
+
+
+@triton.jit
+def _tma_1x1_host_kernel(a_desc, b_desc, r_desc, o_desc, q_desc, scale_ptr, bias_ptr,
+                         q_scale_ptr, M, C, COUT,
+                         RELU: tl.constexpr, RESIDUAL: tl.constexpr, OUT_F16: tl.constexpr,
+                         OUT_F8: tl.constexpr, QMAX: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """``_tma_1x1_tile`` with host-side descriptors (``TensorDescriptor`` arguments: no
+    global scratch; AOTInductor encodes them in its C++ wrapper)."""
+    _tma_1x1_tile(a_desc, b_desc, r_desc, o_desc, q_desc, scale_ptr, bias_ptr, q_scale_ptr,
+                  M, C, COUT, RELU, RESIDUAL, OUT_F16, OUT_F8, QMAX, BLOCK_M, BLOCK_N,
+                  BLOCK_K, GROUP_M)
 
 
 def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
@@ -114,10 +152,15 @@ def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
 def tma_1x1(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor,
             cout: int, *, residual: torch.Tensor | None = None, relu: bool = False,
             out_f16: bool = True, out_scale: torch.Tensor | None = None,
-            tiles: tuple = TILES[0]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+            tiles: tuple = TILES[0], descriptors: str = "device", wrap: bool = False
+            ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """``fp8_conv_fused`` for a 1x1 stride-1 layer on dense NHWC e4m3 ``x``, on the TMA
-    kernel. TMA needs 16-byte row strides: C and ``weight``'s row a multiple of 16 bytes,
-    ``cout`` of 16 elements."""
+    kernel, its descriptors made on the device or the host (``DESCRIPTORS``). TMA needs
+    16-byte row strides: C and ``weight``'s row a multiple of 16 bytes, ``cout`` of 16
+    elements. ``wrap``: launch through ``torch.library.wrap_triton`` (inside a
+    ``triton_op``, so that export and AOTInductor see the kernel)."""
+    if descriptors not in DESCRIPTORS:
+        raise ValueError(f"descriptors {descriptors!r}: choose one of {', '.join(DESCRIPTORS)}")
     n, h, w, c = x.shape
     m = n * h * w
     if c % 16 or weight.stride(0) % 16 or cout % 16 or not x.is_contiguous():
@@ -128,13 +171,30 @@ def tma_1x1(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: to
                     dtype=torch.float8_e4m3fn, device=x.device)
     res = residual.contiguous() if residual is not None else out
     bm, bn, bk, warps, stages = tiles
-    triton.set_allocator(_scratch)
     grid = (triton.cdiv(m, bm) * triton.cdiv(cout, bn),)
-    _tma_1x1_kernel[grid](
-        x, weight, scale, bias, out, res, q, out_scale if out_scale is not None else scale,
-        m, c, cout, weight.stride(0), RELU=relu, RESIDUAL=residual is not None,
-        OUT_F16=out_f16, OUT_F8=out_scale is not None, QMAX=E4M3_MAX, BLOCK_M=bm, BLOCK_N=bn,
-        BLOCK_K=bk, GROUP_M=GROUP_M, num_warps=warps, num_stages=stages)
+    q_scale = out_scale if out_scale is not None else scale
+    switches = dict(RELU=relu, RESIDUAL=residual is not None, OUT_F16=out_f16,
+                    OUT_F8=out_scale is not None, QMAX=E4M3_MAX, BLOCK_M=bm, BLOCK_N=bn,
+                    BLOCK_K=bk, GROUP_M=GROUP_M, num_warps=warps, num_stages=stages)
+    from torch.library import wrap_triton
+
+    launch = wrap_triton if wrap else (lambda kernel: kernel)
+    if descriptors == "device":
+        triton.set_allocator(_scratch)
+        launch(_tma_1x1_kernel)[grid](x, weight, scale, bias, out, res, q, q_scale, m, c, cout,
+                                      weight.stride(0), **switches)
+    else:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        a = TensorDescriptor.from_tensor(x.view(m, c), [bm, bk])
+
+        def rows(t, on):       # an output or the residual as [m, cout] tiles; off: a stand-in
+            return TensorDescriptor.from_tensor(t.view(m, cout), [bm, bn]) if on else a
+
+        launch(_tma_1x1_host_kernel)[grid](
+            a, TensorDescriptor.from_tensor(weight[:cout, :c], [bn, bk]),
+            rows(res, residual is not None), rows(out, out_f16), rows(q, out_scale is not None),
+            scale, bias, q_scale, m, c, cout, **switches)
     return (out if out_f16 else None), (q if out_scale is not None else None)
 
 
@@ -161,7 +221,7 @@ def _case(n: int, hw: int, c: int, cout: int, residual: bool, device: str, seed:
 
 
 def compare(n: int, hw: int, c: int, cout: int, epilogue: tuple, device: str,
-            tiles: tuple, shipped: Fp8ConvConfig) -> dict:
+            tiles: tuple, shipped: Fp8ConvConfig, descriptors: str = "device") -> dict:
     """The two kernels on one case: largest fp16 difference and e4m3 steps apart."""
     relu, residual, out16, out8 = epilogue
     x, weight, scale, bias, res = _case(n, hw, c, cout, residual, device)
@@ -169,7 +229,7 @@ def compare(n: int, hw: int, c: int, cout: int, epilogue: tuple, device: str,
     kw = dict(residual=res, relu=relu, out_f16=out16, out_scale=out_scale)
     s16, s8 = fp8_conv_fused(x, weight, scale, bias, cout, (1, 1), (1, 1), (0, 0),
                              config=shipped, **kw)
-    t16, t8 = tma_1x1(x, weight, scale, bias, cout, tiles=tiles, **kw)
+    t16, t8 = tma_1x1(x, weight, scale, bias, cout, tiles=tiles, descriptors=descriptors, **kw)
     result = {}
     if out16:
         result["f16_max_diff"] = float((s16.float() - t16.float()).abs().max())
@@ -185,8 +245,9 @@ def interpret_check() -> dict:
     shipped = Fp8ConvConfig(16, 16, 32, 4, 2, 2)
     cases = {"res+relu>f16+f8": (True, True, True, True), "relu>f8": (True, False, False, True),
              ">f16": (False, False, True, False), "res+relu>f16": (True, True, True, False)}
-    return {name: compare(2, 5, 64, 48, epi, "cpu", (16, 16, 32, 4, 2), shipped)
-            for name, epi in cases.items()}
+    return {f"{kind}:{name}": compare(2, 5, 64, 48, epi, "cpu", (16, 16, 32, 4, 2), shipped,
+                                      kind)
+            for kind in DESCRIPTORS for name, epi in cases.items()}
 
 
 def main() -> int:
@@ -194,6 +255,8 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--aoti", action="store_true", help="also build a package on the kernel")
+    p.add_argument("--descriptors", default=",".join(DESCRIPTORS),
+                   help="where the TMA descriptors are made: device, host or both")
     p.add_argument("--interpret-check", action="store_true",
                    help="CPU, TRITON_INTERPRET=1: compare with the shipped kernel, print JSON")
     args = p.parse_args()
@@ -209,7 +272,8 @@ def main() -> int:
 
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
           f"{triton.__version__}, batch {args.batch}", flush=True)
-    total = {"shipped": 0.0, "tma": 0.0}
+    kinds = [k for k in args.descriptors.split(",") if k]
+    total = {"shipped": 0.0, **{k: 0.0 for k in kinds}}
     for shape, by_epilogue in fused_layer_epilogues().items():
         cin, cout, hw, k, stride, _pad = shape
         if k != 1 or stride != 1:
@@ -223,50 +287,58 @@ def main() -> int:
             ms_shipped, _ = graph_time(lambda: fp8_conv_fused(
                 x, weight, scale, bias, cout, (1, 1), (1, 1), (0, 0), config=shipped, **kw),
                 args.iters)
-            best = None
-            for tiles in TILES:
-                try:
-                    ms, _ = graph_time(lambda t=tiles: tma_1x1(
-                        x, weight, scale, bias, cout, tiles=t, **kw), args.iters)
-                except Exception as e:     # a tile that does not fit (shared memory)
-                    print(f"  {tiles} failed: {type(e).__name__}: {str(e)[:120]}")
-                    continue
-                best = min(best or (ms, tiles), (ms, tiles))
-            if best is None:
-                print(f"1x1 {cin}->{cout} @{hw} {epilogue}: no TMA tile ran", flush=True)
-                continue
-            diff = compare(args.batch, hw, cin, cout, epilogue, "cuda", best[1], shipped)
-            print(f"1x1 {cin}->{cout} @{hw} {epilogue} x{count}: shipped {ms_shipped:.4f} ms, "
-                  f"TMA {best[0]:.4f} ms {best[1]} ({ms_shipped / best[0]:.2f}x)  {diff}",
-                  flush=True)
+            line = f"1x1 {cin}->{cout} @{hw} {epilogue} x{count}: shipped {ms_shipped:.4f} ms"
             total["shipped"] += count * ms_shipped
-            total["tma"] += count * best[0]
-    if total["tma"]:
-        print(f"== dense 1x1 layers, count-weighted: shipped {total['shipped']:.3f} ms, TMA "
-              f"{total['tma']:.3f} ms ({total['shipped'] / total['tma']:.2f}x)")
+            for kind in kinds:
+                best = best_tiles(graph_time, args.iters, kind, x, weight, scale, bias, cout, kw)
+                if best is None:
+                    line += f" | {kind}: no tile ran"
+                    total[kind] = float("nan")
+                    continue
+                diff = compare(args.batch, hw, cin, cout, epilogue, "cuda", best[1], shipped,
+                               kind)
+                line += (f" | {kind} {best[0]:.4f} ms {best[1]} ({ms_shipped / best[0]:.2f}x) "
+                         f"{diff}")
+                total[kind] += count * best[0]
+            print(line, flush=True)
+    print(f"== dense 1x1 layers, count-weighted: shipped {total['shipped']:.3f} ms; " + "; ".join(
+        f"TMA {k}-side descriptors {total[k]:.3f} ms ({total['shipped'] / total[k]:.2f}x)"
+        for k in kinds))
     if args.aoti:
-        print("== AOTInductor:", aoti_check(), flush=True)
+        for kind in kinds:
+            print(f"== AOTInductor, {kind}-side descriptors:", aoti_check(kind), flush=True)
     return 0
 
 
-def aoti_check() -> str:
-    """A module on the TMA kernel (as a ``triton_op``) through AOTInductor: the package's
-    output against eager, or why it failed."""
+def best_tiles(graph_time, iters: int, kind: str, x, weight, scale, bias, cout: int,
+               kw: dict) -> tuple[float, tuple] | None:
+    """(ms, tiles) of the fastest of ``TILES`` for one layer, or None if none ran."""
+    best = None
+    for tiles in TILES:
+        try:
+            ms, _ = graph_time(lambda t=tiles: tma_1x1(
+                x, weight, scale, bias, cout, tiles=t, descriptors=kind, **kw), iters)
+        except Exception as e:     # a tile that does not fit (shared memory), or no support
+            print(f"  {kind} {tiles} failed: {type(e).__name__}: {str(e)[:160]}", flush=True)
+            continue
+        best = min(best or (ms, tiles), (ms, tiles))
+    return best
+
+
+def aoti_check(kind: str) -> str:
+    """A module on the TMA kernel (a ``triton_op`` with ``kind``-side descriptors, the
+    residual and both outputs) through torch.export with a dynamic batch and AOTInductor:
+    the package's outputs against eager, or why it failed."""
     import tempfile
 
-    from torch.library import triton_op, wrap_triton
+    from torch.library import triton_op
 
-    @triton_op("trt_bundle_probe::tma_1x1", mutates_args={})
+    @triton_op(f"trt_bundle_probe::tma_1x1_{kind}", mutates_args={})
     def op(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor,
-           cout: int) -> torch.Tensor:
-        n, h, w, c = x.shape
-        out = torch.empty((n, h, w, cout), dtype=torch.float16, device=x.device)
-        grid = (triton.cdiv(n * h * w, 128) * triton.cdiv(cout, 64),)
-        wrap_triton(_tma_1x1_kernel)[grid](
-            x, weight, scale, bias, out, out, out, scale, n * h * w, c, cout, weight.stride(0),
-            RELU=True, RESIDUAL=False, OUT_F16=True, OUT_F8=False, QMAX=E4M3_MAX,
-            BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, GROUP_M=GROUP_M, num_warps=4, num_stages=3)
-        return out
+           residual: torch.Tensor, out_scale: torch.Tensor, cout: int
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+        return tma_1x1(x, weight, scale, bias, cout, residual=residual, relu=True,
+                       out_scale=out_scale, tiles=TILES[0], descriptors=kind, wrap=True)
 
     class Layer(torch.nn.Module):
         def __init__(self) -> None:
@@ -275,22 +347,28 @@ def aoti_check() -> str:
             self.register_buffer("weight", weight)
             self.register_buffer("scale", scale)
             self.register_buffer("bias", bias)
+            self.register_buffer("out_scale", torch.full((16,), 0.05, device="cuda"))
 
-        def forward(self, x):
-            return op(x.to(torch.float8_e4m3fn), self.weight, self.scale, self.bias, 256)
+        def forward(self, x, residual):
+            y16, y8 = op(x.to(torch.float8_e4m3fn), self.weight, self.scale, self.bias,
+                         residual, self.out_scale, 256)
+            return y16, y8.view(torch.uint8)
 
-    triton.set_allocator(_scratch)
     module = Layer().eval()
     x = (torch.randn(4, 14, 14, 64, device="cuda").clamp_min(0) * 40).half()
+    residual = torch.randn(4, 14, 14, 256, device="cuda").half()
     try:
         with tempfile.TemporaryDirectory() as tmp:
             batch = torch.export.Dim("batch", min=1, max=32)
-            program = torch.export.export(module, (x,), dynamic_shapes=({0: batch},))
+            program = torch.export.export(module, (x, residual),
+                                          dynamic_shapes=({0: batch}, {0: batch}))
             path = torch._inductor.aoti_compile_and_package(
                 program, package_path=str(Path(tmp) / "tma.pt2"))
             loaded = torch._inductor.aoti_load_package(path)
-            diff = float((loaded(x).float() - module(x).float()).abs().max())
-        return f"ok, package vs eager max |diff| {diff:.3g}"
+            got, want = loaded(x, residual), module(x, residual)
+            f16 = float((got[0].float() - want[0].float()).abs().max())
+            codes = int((got[1].int() != want[1].int()).sum())
+        return f"ok, package vs eager: fp16 max |diff| {f16:.3g}, e4m3 codes that differ {codes}"
     except Exception as e:
         return f"FAILED {type(e).__name__}: {str(e)[:400]}"
 

@@ -21,19 +21,23 @@ PROBE = ROOT / "benchmarks" / "fp8_tma_probe.py"
 @needs_triton
 def test_the_tma_kernel_equals_the_shipped_one_under_the_interpreter():
     """Every epilogue the fused model gives a 1x1 layer (residual, ReLU, fp16 and/or e4m3
-    out), on 50 rows and 48 channels (edge tiles of 16): the same fp16 bits and e4m3 codes."""
+    out), on 50 rows and 48 channels (edge tiles of 16), with the descriptors made in the
+    kernel and on the host: the same fp16 bits and e4m3 codes."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run([sys.executable, str(PROBE), "--interpret-check"], capture_output=True,
                           text=True, env=env, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(done.stdout)
-    assert set(results) == {"res+relu>f16+f8", "relu>f8", ">f16", "res+relu>f16"}
+    assert set(results) == {f"{kind}:{name}" for kind in ("device", "host") for name in
+                            ("res+relu>f16+f8", "relu>f8", ">f16", "res+relu>f16")}
     for name, r in results.items():
         if "f16_max_diff" in r:
             assert r["f16_max_diff"] == 0.0 and r["f16_scale"] > 1.0, name
         if "e4m3_steps" in r:
             assert r["e4m3_steps"] == 0, name
-    assert "e4m3_steps" in results["relu>f8"] and "f16_max_diff" not in results["relu>f8"]
+    for kind in ("device", "host"):
+        only_f8 = results[f"{kind}:relu>f8"]
+        assert "e4m3_steps" in only_f8 and "f16_max_diff" not in only_f8
 
 
 @needs_triton
@@ -47,3 +51,6 @@ def test_the_tma_kernel_refuses_rows_that_tma_cannot_address():
     x, weight, scale, bias, _ = probe._case(1, 3, 24, 32, False, "cpu")
     with pytest.raises(ValueError, match="16-byte"):
         probe.tma_1x1(x, weight, scale, bias, 32)
+    x, weight, scale, bias, _ = probe._case(1, 3, 32, 32, False, "cpu")
+    with pytest.raises(ValueError, match="choose one of device, host"):
+        probe.tma_1x1(x, weight, scale, bias, 32, descriptors="shared")
