@@ -45,7 +45,7 @@ if str(Path(__file__).resolve().parents[1]) not in sys.path:   # run as a script
 
 from bundler.fp8 import E4M3_MAX  # noqa: E402
 from bundler.targets.torch_aoti.kernels.fp8_conv import (  # noqa: E402
-    Fp8ConvConfig, _quantize_e4m3, config_for, fp8_conv_fused)
+    Fp8ConvConfig, _grouped_tile, _quantize_e4m3, config_for, fp8_conv_fused)
 
 #: Tiles tried per layer: (block_m, block_n, block_k, num_warps, num_stages).
 TILES = ((128, 64, 64, 4, 3), (64, 128, 64, 4, 3), (128, 128, 64, 8, 3),
@@ -66,14 +66,9 @@ def _tma_1x1_tile(a_desc, b_desc, r_desc, o_desc, q_desc, scale_ptr, bias_ptr, q
     over C, the epilogue as ``_fp8_conv_nhwc_kernel``'s (scale, bias, fp16 rounding,
     residual, ReLU, fp16 and e4m3 out). Tiles past the edges read zeros and are not
     written (the descriptors clip). A descriptor whose switch is off is not touched."""
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(COUT, BLOCK_N)
-    per_group = GROUP_M * num_n
-    first_m = (pid // per_group) * GROUP_M
-    group_size = tl.minimum(num_m - first_m, GROUP_M)
-    off_m = (first_m + (pid % per_group) % group_size) * BLOCK_M
-    off_n = ((pid % per_group) // group_size) * BLOCK_N
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), M, COUT, BLOCK_M, BLOCK_N, GROUP_M)
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(C, BLOCK_K)):

@@ -290,6 +290,19 @@ def _window_origins(offs_m, HO, WO, SH: tl.constexpr, SW: tl.constexpr, PH: tl.c
 
 
 @triton.jit
+def _grouped_tile(pid, M, COUT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  GROUP_M: tl.constexpr):
+    """Program ``pid`` -> its (row tile, column tile) in grouped order: GROUP_M row tiles
+    take the column tiles in turn, so that they share those weights in L2."""
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(COUT, BLOCK_N)
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    group_size = tl.minimum(num_m - first_m, GROUP_M)
+    return first_m + (pid % per_group) % group_size, (pid % per_group) // group_size
+
+
+@triton.jit
 def _fp8_conv_nhwc_kernel(
         x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, res_ptr, q_ptr, q_scale_ptr,
         M, H, W, C, HO, WO, COUT,
@@ -300,15 +313,7 @@ def _fp8_conv_nhwc_kernel(
         RES_CONTIG: tl.constexpr, OUT_F16: tl.constexpr, OUT_F8: tl.constexpr, QMAX: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         GROUP_M: tl.constexpr, GELU: tl.constexpr = 0, IMPRECISE_ACC: tl.constexpr = None):
-    # grouped program order: GROUP_M row tiles share the column tiles' weights in L2
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(COUT, BLOCK_N)
-    per_group = GROUP_M * num_n
-    first_m = (pid // per_group) * GROUP_M
-    group_size = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_size
-    pid_n = (pid % per_group) // group_size
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), M, COUT, BLOCK_M, BLOCK_N, GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
