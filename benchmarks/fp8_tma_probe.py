@@ -1,5 +1,5 @@
 """Issue 18, timm_resnet50: would TMA loads and stores make the dense 1x1 FP8 convolutions
-faster than the shipped implicit-GEMM kernel? One GPU call, ~2 minutes.
+faster than the shipped implicit-GEMM kernel? One GPU call, ~4-5 minutes.
 
 Why: the shipped kernel (``kernels/fp8_conv.py``) moves the 1x1 layers' bytes at about half
 the memory bandwidth, and runs its compute-bound layers at 12-19% of the FP8 peak, on the H200
