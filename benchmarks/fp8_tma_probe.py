@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -45,53 +46,21 @@ if str(Path(__file__).resolve().parents[1]) not in sys.path:   # run as a script
 
 from bundler.fp8 import E4M3_MAX  # noqa: E402
 from bundler.targets.torch_aoti.kernels.fp8_conv import (  # noqa: E402
-    Fp8ConvConfig, _grouped_tile, _quantize_e4m3, config_for, fp8_conv_fused)
+    Fp8ConvConfig, config_for, fp8_conv_fused)
+from bundler.targets.torch_aoti.kernels.fp8_conv_tma import (  # noqa: E402
+    GROUP_M, _tma_1x1_host_kernel, _tma_1x1_tile)
 
 #: Tiles tried per layer: (block_m, block_n, block_k, num_warps, num_stages).
 TILES = ((128, 64, 64, 4, 3), (64, 128, 64, 4, 3), (128, 128, 64, 8, 3),
          (128, 128, 128, 8, 3), (64, 64, 128, 4, 3), (128, 256, 64, 8, 3))
-GROUP_M = 8
+#: ``--fit``: tiles whose rows AOTInductor's descriptors can hold (``fp8_conv_tma.tiles_fit``:
+#: BLOCK_N <= 64, BLOCK_K <= 128), what a bundle's TMA layers may take.
+FIT_TILES = ((128, 64, 64, 4, 3), (64, 64, 128, 4, 3), (128, 64, 128, 4, 3),
+             (128, 64, 128, 8, 3), (64, 64, 64, 4, 4), (256, 64, 64, 8, 3),
+             (128, 64, 64, 4, 4), (64, 64, 128, 4, 4), (64, 32, 128, 4, 3))
 #: Where the TMA descriptors are made: in the kernel (``tl.make_tensor_descriptor``, Triton's
 #: global scratch holds them) or on the host (``TensorDescriptor`` arguments).
 DESCRIPTORS = ("device", "host")
-
-
-@triton.jit
-def _tma_1x1_tile(a_desc, b_desc, r_desc, o_desc, q_desc, scale_ptr, bias_ptr, q_scale_ptr,
-                  M, C, COUT,
-                  RELU: tl.constexpr, RESIDUAL: tl.constexpr, OUT_F16: tl.constexpr,
-                  OUT_F8: tl.constexpr, QMAX: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """The shipped kernel's 1x1 stride-1 case with TMA: rows = output pixels, the reduction
-    over C, the epilogue as ``_fp8_conv_nhwc_kernel``'s (scale, bias, fp16 rounding,
-    residual, ReLU, fp16 and e4m3 out). Tiles past the edges read zeros and are not
-    written (the descriptors clip). A descriptor whose switch is off is not touched."""
-    pid_m, pid_n = _grouped_tile(tl.program_id(0), M, COUT, BLOCK_M, BLOCK_N, GROUP_M)
-    off_m = pid_m * BLOCK_M
-    off_n = pid_n * BLOCK_N
-
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(C, BLOCK_K)):
-        a = a_desc.load([off_m, k * BLOCK_K])
-        b = b_desc.load([off_n, k * BLOCK_K])
-        acc = tl.dot(a, b.T, acc)
-
-    offs_n = off_n + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < COUT
-    scale = tl.load(scale_ptr + offs_n, mask=n_ok, other=0.0)
-    bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0)
-    y = acc * scale[None, :] + bias[None, :]
-    if RESIDUAL:
-        y = y.to(tl.float16).to(tl.float32) + r_desc.load([off_m, off_n]).to(tl.float32)
-    if RELU:
-        y = tl.maximum(y, 0.0)
-    y16 = y.to(tl.float16)
-    if OUT_F16:
-        o_desc.store([off_m, off_n], y16)
-    if OUT_F8:
-        q_scale = tl.load(q_scale_ptr)
-        q_inv = tl.math.div_rn(tl.full([], 1.0, tl.float32), q_scale)
-        q_desc.store([off_m, off_n], _quantize_e4m3(y16.to(tl.float32), q_scale, q_inv, QMAX))
 
 
 @triton.jit
@@ -119,19 +88,6 @@ def _tma_1x1_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, res_ptr, q_ptr, 
     if OUT_F8:
         q_desc = tl.make_tensor_descriptor(q_ptr, shape=[M, COUT], strides=[COUT, 1],
                                            block_shape=[BLOCK_M, BLOCK_N])
-    _tma_1x1_tile(a_desc, b_desc, r_desc, o_desc, q_desc, scale_ptr, bias_ptr, q_scale_ptr,
-                  M, C, COUT, RELU, RESIDUAL, OUT_F16, OUT_F8, QMAX, BLOCK_M, BLOCK_N,
-                  BLOCK_K, GROUP_M)
-
-
-@triton.jit
-def _tma_1x1_host_kernel(a_desc, b_desc, r_desc, o_desc, q_desc, scale_ptr, bias_ptr,
-                         q_scale_ptr, M, C, COUT,
-                         RELU: tl.constexpr, RESIDUAL: tl.constexpr, OUT_F16: tl.constexpr,
-                         OUT_F8: tl.constexpr, QMAX: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """``_tma_1x1_tile`` with host-side descriptors (``TensorDescriptor`` arguments: no
-    global scratch; AOTInductor encodes them in its C++ wrapper)."""
     _tma_1x1_tile(a_desc, b_desc, r_desc, o_desc, q_desc, scale_ptr, bias_ptr, q_scale_ptr,
                   M, C, COUT, RELU, RESIDUAL, OUT_F16, OUT_F8, QMAX, BLOCK_M, BLOCK_N,
                   BLOCK_K, GROUP_M)
@@ -250,8 +206,12 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--aoti", action="store_true", help="also build a package on the kernel")
+    p.add_argument("--aoti-only", default=None, metavar="KINDS",
+                   help="only build the packages: device, host, host-strict (comma-separated)")
     p.add_argument("--descriptors", default=",".join(DESCRIPTORS),
                    help="where the TMA descriptors are made: device, host or both")
+    p.add_argument("--fit", action="store_true",
+                   help="try FIT_TILES (what AOTInductor's host descriptors can hold)")
     p.add_argument("--interpret-check", action="store_true",
                    help="CPU, TRITON_INTERPRET=1: compare with the shipped kernel, print JSON")
     args = p.parse_args()
@@ -263,6 +223,10 @@ def main() -> int:
               "TRITON_INTERPRET=1 python3 benchmarks/fp8_tma_probe.py --interpret-check",
               file=sys.stderr)
         return 2
+    if args.aoti_only:
+        for kind in args.aoti_only.split(","):
+            print(f"== AOTInductor, {kind}:", aoti_check(kind), flush=True)
+        return 0
     from fp8_conv_bench import fused_layer_epilogues, graph_time
 
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
@@ -285,7 +249,8 @@ def main() -> int:
             line = f"1x1 {cin}->{cout} @{hw} {epilogue} x{count}: shipped {ms_shipped:.4f} ms"
             total["shipped"] += count * ms_shipped
             for kind in kinds:
-                best = best_tiles(graph_time, args.iters, kind, x, weight, scale, bias, cout, kw)
+                best = best_tiles(graph_time, args.iters, kind, x, weight, scale, bias, cout, kw,
+                                  FIT_TILES if args.fit else TILES)
                 if best is None:
                     line += f" | {kind}: no tile ran"
                     total[kind] = float("nan")
@@ -306,10 +271,10 @@ def main() -> int:
 
 
 def best_tiles(graph_time, iters: int, kind: str, x, weight, scale, bias, cout: int,
-               kw: dict) -> tuple[float, tuple] | None:
-    """(ms, tiles) of the fastest of ``TILES`` for one layer, or None if none ran."""
+               kw: dict, candidates: tuple = TILES) -> tuple[float, tuple] | None:
+    """(ms, tiles) of the fastest of ``candidates`` for one layer, or None if none ran."""
     best = None
-    for tiles in TILES:
+    for tiles in candidates:
         try:
             ms, _ = graph_time(lambda t=tiles: tma_1x1(
                 x, weight, scale, bias, cout, tiles=t, descriptors=kind, **kw), iters)
@@ -321,12 +286,22 @@ def best_tiles(graph_time, iters: int, kind: str, x, weight, scale, bias, cout: 
 
 
 def aoti_check(kind: str) -> str:
-    """A module on the TMA kernel (a ``triton_op`` with ``kind``-side descriptors, the
-    residual and both outputs) through torch.export with a dynamic batch and AOTInductor:
-    the package's outputs against eager, or why it failed."""
+    """A module on the TMA kernel (``kind``-side descriptors, the residual and both outputs)
+    through torch.export with a dynamic batch and AOTInductor: the package's outputs against
+    eager, or why it failed.
+
+    ``device`` and ``host``: the kernel inside a ``triton_op``, exported as the family's
+    model is (non-strict). torch traces a ``triton_op`` without Dynamo, and that tracer
+    records no host descriptors (torch 2.11 and 2.14: "TMA descriptor capturing not yet
+    supported in non-dynamo tracing"). ``host-strict``: the kernel called as it is, next to
+    the shipped op, in a strict (Dynamo) export, which records them: what the family's model
+    would need to use host descriptors."""
     import tempfile
 
     from torch.library import triton_op
+
+    strict = kind == "host-strict"
+    kind = "host" if strict else kind
 
     @triton_op(f"trt_bundle_probe::tma_1x1_{kind}", mutates_args={})
     def op(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor,
@@ -334,6 +309,13 @@ def aoti_check(kind: str) -> str:
            ) -> tuple[torch.Tensor, torch.Tensor]:
         return tma_1x1(x, weight, scale, bias, cout, residual=residual, relu=True,
                        out_scale=out_scale, tiles=TILES[0], descriptors=kind, wrap=True)
+
+    def direct(x, weight, scale, bias, residual, out_scale, cout):
+        y16, y8 = tma_1x1(x, weight, scale, bias, cout, residual=residual, relu=True,
+                          out_scale=out_scale, tiles=TILES[0], descriptors=kind)
+        shipped = fp8_conv_fused(x, weight, scale, bias, cout, (1, 1), (1, 1), (0, 0),
+                                 residual=residual, relu=True)
+        return y16 + 0 * shipped[0], y8
 
     class Layer(torch.nn.Module):
         def __init__(self) -> None:
@@ -345,20 +327,26 @@ def aoti_check(kind: str) -> str:
             self.register_buffer("out_scale", torch.full((16,), 0.05, device="cuda"))
 
         def forward(self, x, residual):
-            y16, y8 = op(x.to(torch.float8_e4m3fn), self.weight, self.scale, self.bias,
-                         residual, self.out_scale, 256)
+            y16, y8 = (direct if strict else op)(
+                x.to(torch.float8_e4m3fn), self.weight, self.scale, self.bias, residual,
+                self.out_scale, 256)
             return y16, y8.view(torch.uint8)
 
     module = Layer().eval()
     x = (torch.randn(4, 14, 14, 64, device="cuda").clamp_min(0) * 40).half()
     residual = torch.randn(4, 14, 14, 256, device="cuda").half()
+    from bundler.targets.torch_aoti.toolchain import aoti_toolchain
+
     try:
-        with tempfile.TemporaryDirectory() as tmp:
+        # the family's toolchain: a package linked with the static libstdc++ crashes its loader
+        with tempfile.TemporaryDirectory() as tmp, aoti_toolchain():
             batch = torch.export.Dim("batch", min=1, max=32)
             program = torch.export.export(module, (x, residual),
-                                          dynamic_shapes=({0: batch}, {0: batch}))
+                                          dynamic_shapes=({0: batch}, {0: batch}),
+                                          strict=strict)
             path = torch._inductor.aoti_compile_and_package(
-                program, package_path=str(Path(tmp) / "tma.pt2"))
+                program, package_path=str(Path(tmp) / "tma.pt2"),
+                inductor_configs=json.loads(os.environ.get("TMA_PROBE_INDUCTOR", "{}")))
             loaded = torch._inductor.aoti_load_package(path)
             got, want = loaded(x, residual), module(x, residual)
             f16 = float((got[0].float() - want[0].float()).abs().max())

@@ -108,6 +108,11 @@
 #       AOTInductor (device-side descriptors need Triton's global scratch). The thirty-fifth
 #       session ruled out the residual loaded early, fewer stages and persistent programs
 #       (h100-2026-12-06-d)
+#   benchmarks/gpu_pending.sh resnet-tma OUT_DIR   # ~6-8 min: issue 18, timm_resnet50's fp16
+#       and fp8 bundles (into /tmp/pending/r50) and an fp8 one with fp8_conv triton-fused-tma
+#       (the dense 1x1 layers on kernels/fp8_conv_tma.py, into /tmp/pending/r50-tma), built
+#       at once; the TMA one verified (verify --numerics), the three timed with the peer in
+#       one process (aoti_static_vs_peer.py, batches 1 and 32)
 #   benchmarks/gpu_pending.sh first OUT_DIR   # one call that does what the card lent is
 #       most needed for, when machines are scarce (thirty-second session: 16 calls got
 #       none that ran its command): on an H200, `build` then `pair` (issue 15's H200
@@ -118,8 +123,8 @@
 # Bundles: PENDING_DIR (/tmp/pending). Logs: OUT_DIR/<step>.log. Each step prints as it goes
 # and has its own timeout.
 set -u
-what=${1:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|pair|first OUT_DIR}
-out=${2:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|pair|first OUT_DIR}
+what=${1:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|resnet-tma|pair|first OUT_DIR}
+out=${2:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|resnet-tma|pair|first OUT_DIR}
 mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
@@ -302,6 +307,21 @@ first)   # by the card: H200 -> build + pair; else the TMA probe (tma)
     ;;
   esac
   ;;
+resnet-tma)   # issue 18: timm_resnet50 fp8 with the TMA 1x1 layers, as bundles, against fp8 and fp16
+  mkdir -p "$bundles/r50" "$bundles/r50-tma"
+  FAMILY=timm_resnet50 TRT_BUNDLE_FP8_CONV=triton-fused-tma bash -c '. benchmarks/gpu_common.sh; \
+    make_parallel "$0" "fp8:--precision fp8"' "$bundles/r50-tma" >"$out/r50-tma-make.log" 2>&1 &
+  made=$!
+  step r50-build "${BUILD_LIMIT:-330}" env FAMILY=timm_resnet50 bash -c '. benchmarks/gpu_common.sh; \
+    make_parallel "$0" "fp16:--precision fp16" "fp8:--precision fp8"' "$bundles/r50"
+  wait "$made"; echo "== r50-tma-make: exit $?"; tail -5 "$out/r50-tma-make.log"
+  cp "$bundles"/r50-tma/make-*.log "$out/" 2>/dev/null   # the whole log, for a failure
+  tma_bundle=$(ls "$bundles"/r50-tma/timm_resnet50-fp8-*-torch-aoti.bundle)
+  step r50-tma-verify 60 python3 -m bundler.cli verify --numerics "$tma_bundle"
+  step r50-time "${TIME_LIMIT:-200}" python3 benchmarks/aoti_static_vs_peer.py \
+    "$bundles"/r50/timm_resnet50-fp16-*-torch-aoti.bundle \
+    "$bundles"/r50/timm_resnet50-fp8-*-torch-aoti.bundle "$tma_bundle" --batch-sizes 1,32
+  ;;
 tma)   # issue 18: timm_resnet50's dense 1x1 FP8 convolutions with TMA against the shipped kernel
   step tma "${TMA_LIMIT:-420}" python3 benchmarks/fp8_tma_probe.py --aoti
   ;;
@@ -317,6 +337,6 @@ pair)   # `build`, then fp8 against fp16 at the client, both served in one run
     "${sized[@]}" \
     --rounds "${REPEATS:-3}" --seconds 3 --warmup 1
   ;;
-*) echo "usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|pair|first OUT_DIR" >&2; exit 2 ;;
+*) echo "usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|resnet-tma|pair|first OUT_DIR" >&2; exit 2 ;;
 esac
 echo "== done (+$(( $(date +%s) - start )) s)"

@@ -48,7 +48,8 @@ from pathlib import Path
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Callable
 
-from bundler.targets.torch_aoti.settings import (TORCH_AOTI_SMALL_BATCH_LAYOUTS,
+from bundler.targets.torch_aoti.settings import (TORCH_AOTI_FUSED_FP8_CONVS as FUSED_FP8_CONVS,
+                                                 TORCH_AOTI_SMALL_BATCH_LAYOUTS,
                                                  TORCH_AOTI_TRITON_DEPTHWISE, settings_of)
 from bundler.targets import TargetBuild
 from runtime_py.errors import BundleError, EngineUnavailableError, UsageError
@@ -201,6 +202,10 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
         if nhwc or pad_channels:
             raise UsageError("this family keeps its layout (torch_aoti.layout \"as_is\"): "
                              "no NHWC rewrite, no channel padding")
+        if precision == "fp8" and fp8_conv == "triton-fused-tma":
+            raise UsageError("fp8_conv triton-fused-tma puts ResNet bottlenecks' 1x1 "
+                             "convolutions on the TMA kernel; this family (torch_aoti.layout "
+                             "\"as_is\") has fused MLPs instead: name triton-fused")
         rows = None
         if fp8 and input_shape is not None and max_batch is not None:
             rows = rewrite.fp8_gemm_rows(torch_model, list(fp8), tuple(input_shape),
@@ -212,14 +217,22 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
         return EngineModule(body, dtype, False), {}
     if layout != "nhwc":
         raise UsageError(f"torch_aoti.layout {layout!r}: choose nhwc or as_is")
-    if precision == "fp8" and fp8_conv == "triton-fused":
+    if precision == "fp8" and fp8_conv in FUSED_FP8_CONVS:
         if nhwc or pad_channels:
-            raise UsageError("fp8_conv=triton-fused keeps the model in channels_last memory: "
+            raise UsageError(f"fp8_conv={fp8_conv} keeps the model in channels_last memory: "
                              "no NHWC rewrite, no channel padding")
         from bundler.targets.torch_aoti.fused import rewrite_fused
 
         fp8_conv_kernel(fp8_conv)            # refuses a missing triton by name
-        return EngineModule(rewrite_fused(torch_model, fp8 or {}), dtype, False, True), {}
+        if (fp8_conv == "triton-fused-tma" and torch.cuda.is_available()
+                and torch.cuda.get_device_capability() < (9, 0)):
+            raise UsageError("fp8_conv triton-fused-tma needs TMA, which a GPU of compute "
+                             f"capability 9.0 (Hopper) or newer has; this one is "
+                             f"{torch.cuda.get_device_name()}: build with "
+                             "TRT_BUNDLE_FP8_CONV=triton-fused")
+        return EngineModule(rewrite_fused(torch_model, fp8 or {},
+                                          tma=fp8_conv == "triton-fused-tma"),
+                            dtype, False, True), {}
     if channels_last and nhwc:
         raise UsageError("channels_last and the NHWC rewrite are two forms: ask for one")
     nhwc = default_nhwc(precision, False if channels_last else nhwc)
@@ -301,6 +314,7 @@ def compile_package(module: torch.nn.Module, input_shape: tuple[int, ...], batch
     checked for it (``bundler.targets.torch_aoti.toolchain``: a statically linked C++ runtime
     crashed every package's loader on the H200 image).
     """
+    from bundler.targets.torch_aoti.fp8_layers import exporting_batch
     from bundler.targets.torch_aoti.toolchain import aoti_toolchain, check_package_libraries
     from runtime_py.engines.torch_aoti import DYNAMIC_MODEL, static_model_name
 
@@ -310,12 +324,17 @@ def compile_package(module: torch.nn.Module, input_shape: tuple[int, ...], batch
     example = random_input(max(2, lo) if hi >= 2 else 1, input_shape, dtype, device)
     dynamic = ({0: torch.export.Dim("batch", min=lo, max=hi)},) if hi > lo else None
     module = module.to(device).eval()
+    strict = export_strict(module, *(static_modules or {}).values())
+    if strict:
+        compile_options = {**compile_options, **TMA_COMPILE_OPTIONS}
     with torch.no_grad(), aoti_toolchain() as toolchain, warnings.catch_warnings():
         # torch 2.11 copies its own pytree specs with a deprecated isinstance check and
         # warns once per graph on every build: not the user's to act on
         warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)",
                                 category=FutureWarning)
-        program = torch.export.export(module, (example,), dynamic_shapes=dynamic)
+        with exporting_batch(None if dynamic else example.shape[0]):
+            program = torch.export.export(module, (example,), dynamic_shapes=dynamic,
+                                          strict=strict)
         if not static_batches:
             path = torch._inductor.aoti_compile_and_package(
                 program, package_path=str(package_path), inductor_configs=dict(compile_options))
@@ -323,11 +342,29 @@ def compile_package(module: torch.nn.Module, input_shape: tuple[int, ...], batch
             programs = {DYNAMIC_MODEL: program}
             for n in static_batches:
                 own = (static_modules or {}).get(n, module).to(device).eval()
-                programs[static_model_name(n)] = torch.export.export(
-                    own, (random_input(n, input_shape, dtype, device),))
+                with exporting_batch(n):
+                    programs[static_model_name(n)] = torch.export.export(
+                        own, (random_input(n, input_shape, dtype, device),), strict=strict)
             path = package_graphs(programs, package_path, compile_options)
     check_package_libraries(Path(path))
     return Path(path), toolchain.description
+
+
+#: Inductor options of a build whose model launches the TMA kernel (``fused.uses_tma``): with
+#: compile-time autotuning on, AOTInductor's generated tuning script failed to parse (torch
+#: 2.11 on an H100: "invalid decimal literal"); without it the package builds, loads and
+#: equals eager (docs/measurements/h100-2026-12-06-e). The model's Triton kernels carry
+#: their tiles, so nothing is left to tune.
+TMA_COMPILE_OPTIONS = {"triton.autotune_at_compile_time": False}
+
+
+def export_strict(*modules: torch.nn.Module) -> bool:
+    """Whether the graphs of ``modules`` must be exported with Dynamo (``strict=True``): the
+    TMA layers' host descriptors are recorded only then (``fused.uses_tma``). The rest
+    export as before, without Dynamo."""
+    from bundler.targets.torch_aoti.fused import uses_tma
+
+    return any(uses_tma(m) for m in modules)
 
 
 def package_graphs(programs: dict[str, Any], package_path: Path, compile_options: dict) -> str:
@@ -420,7 +457,7 @@ def effective_small_batch_pointwise(requested: str, precision: str,
     reused."""
     from bundler.targets.torch_aoti.fp8_layers import SMALL_BATCH
 
-    gemm_layers = layout == "as_is" or fp8_conv != "triton-fused"
+    gemm_layers = layout == "as_is" or fp8_conv not in FUSED_FP8_CONVS
     applies = (precision == "fp8" and gemm_layers
                and any(n <= SMALL_BATCH for n in static_batches))
     return requested if applies else "gemm"
@@ -450,7 +487,7 @@ def small_batch_form(small_batch_layout: str | None, precision: str,
     small = small_static_batches(static_batches)
     if not (small_batch_layout == "nhwc" and small and channels_last and layout != "as_is"
             and precision in ("fp16", "fp8")
-            and not (precision == "fp8" and fp8_conv == "triton-fused")):
+            and not (precision == "fp8" and fp8_conv in FUSED_FP8_CONVS)):
         return None
     return (layout_description(precision, nhwc=True,
                                pad_channels=default_pad_channels(precision))
@@ -513,7 +550,7 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
                     else bool(pad_channels))  # engine_model refuses padding without NHWC
     lo, hi = int(batch["min"]), int(batch["max"])
     fp8_conv = default_fp8_conv(fp8_conv) if precision == "fp8" else "im2col"
-    if fp8_conv == "triton-fused" and layout != "as_is":   # channels_last, bottlenecks fused
+    if fp8_conv in FUSED_FP8_CONVS and layout != "as_is":   # channels_last, bottlenecks fused
         nhwc, pad_channels, channels_last = False, False, True
     static = static_sizes(static_batches, lo, hi)
     small_batch_pointwise = effective_small_batch_pointwise(
@@ -636,7 +673,7 @@ def layout_description(precision: str, *, nhwc: bool, pad_channels: bool = False
         return "as is (tokens), patch embedding as one GEMM"
     if not channels_last:
         return "nchw"
-    if precision == "fp8" and fp8_conv != "triton-fused":
+    if precision == "fp8" and fp8_conv not in FUSED_FP8_CONVS:
         form = "channels_last (the model as it is), FP8 layers on the NHWC view of their input"
         return form + DEPTHWISE_DESCRIPTIONS[depthwise]
     return "channels_last (the model as it is)"
@@ -692,6 +729,11 @@ FP8_CONV_DESCRIPTIONS = {
                     "(1x1 and 3x3) on the implicit-GEMM Triton kernel, ReLU and residual "
                     "add in its epilogue, e4m3 written with the next layer's activation "
                     "scale (no quantize pass between FP8 layers)",
+    "triton-fused-tma": "channels_last model, ResNet bottlenecks fused: every FP8 "
+                        "convolution on a Triton kernel, the dense 1x1 stride-1 ones with "
+                        "TMA loads and stores (the rest on the implicit-GEMM kernel), ReLU "
+                        "and residual add in its epilogue, e4m3 written with the next "
+                        "layer's activation scale (no quantize pass between FP8 layers)",
 }
 
 
@@ -772,7 +814,7 @@ def engine_form(family, precision: str, fp8_conv: str = "im2col") -> str:
     or fp8 with ``fp8_conv`` triton-fused) or "nhwc" (fp32: "nchw", the model as it is)."""
     if settings_of(family).layout == "as_is":
         return "as_is"
-    if precision == "fp8" and fp8_conv == "triton-fused":
+    if precision == "fp8" and fp8_conv in FUSED_FP8_CONVS:
         return "channels_last"
     if precision == "fp32":
         return "nchw"

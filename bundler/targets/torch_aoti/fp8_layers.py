@@ -28,6 +28,8 @@ This module imports torch: it is imported only when a torch-aoti engine is built
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -37,6 +39,7 @@ from torch import nn
 
 from bundler.fp8 import E4M3_MAX, quantize as quantize_fp8, stored_scale
 from bundler.targets.torch_aoti.settings import (TORCH_AOTI_FP8_CONVS, TORCH_AOTI_FP8_GEMMS,
+                                                 TORCH_AOTI_FUSED_FP8_CONVS,
                                                  TORCH_AOTI_SMALL_BATCH_POINTWISE)
 from runtime_py.errors import UsageError
 
@@ -71,6 +74,9 @@ ROWWISE_GEMMS = ("rowwise", "rowwise-fp16")
 #: epilogue). A family picks one in family.json (``torch_aoti.fp8_conv``, default im2col);
 #: timm_resnet50 runs triton-fused, measured on the H200 (its README).
 FP8_CONVS = TORCH_AOTI_FP8_CONVS
+#: The fused-bottleneck forms of ``FP8_CONVS``; "triton-fused-tma" runs the dense 1x1 stride-1
+#: layers on ``kernels/fp8_conv_tma.py``'s TMA kernel (exported with Dynamo).
+FUSED_FP8_CONVS = TORCH_AOTI_FUSED_FP8_CONVS
 #: How ``Fp8Pointwise`` (and ``Fp8Linear``) runs in a graph traced for a small static
 #: batch: "gemm" (``torch._scaled_mm``, as at every batch), "triton" (the implicit-GEMM
 #: kernel with small tiles; 1x1 convolutions only) or "dequantized" (the FP8 operands
@@ -83,10 +89,31 @@ def padded(n: int, align: int = FP8_ALIGN) -> int:
     return -(-int(n) // align) * align
 
 
+#: The batch of the graph ``exporting_batch`` says is being traced (a one-element list: empty
+#: outside the block).
+_EXPORTING: list[int | None] = []
+
+
+@contextmanager
+def exporting_batch(batch: int | None) -> Iterator[None]:
+    """Within the block, ``static_batch`` answers ``batch`` (None: a dynamic-batch graph)
+    without looking at the tensor. Why: Dynamo (a strict export, which the TMA layers need:
+    ``fused.uses_tma``) shows a symbolic batch to Python as an int, and a table lookup on it
+    specializes the graph to the example's batch."""
+    _EXPORTING.append(batch)
+    try:
+        yield
+    finally:
+        _EXPORTING.pop()
+
+
 def static_batch(x: torch.Tensor) -> int | None:
     """The batch of ``x`` when it is a plain int (eager, or traced for a static batch:
     ``torch.export`` without a dynamic batch, ``torch.compile(dynamic=False)``), None when
-    symbolic (a graph exported with a dynamic batch)."""
+    symbolic (a graph exported with a dynamic batch); inside ``exporting_batch``, its
+    batch."""
+    if _EXPORTING:
+        return _EXPORTING[-1]
     n = x.shape[0]
     return n if isinstance(n, int) else None
 
@@ -505,7 +532,7 @@ def fp8_conv_kernel(requested: str, *, emulate: bool = False) -> str:
                          f"{', '.join(FP8_CONVS)}")
     if requested == "im2col" or emulate:
         return "im2col"
-    if requested == "triton-fused":   # whole blocks (fused.py), not one NHWC layer
+    if requested in FUSED_FP8_CONVS:   # whole blocks (fused.py), not one NHWC layer
         requested = "triton"
     from bundler.targets.torch_aoti.kernels import available
 

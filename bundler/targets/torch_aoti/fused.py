@@ -44,11 +44,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from bundler.fp8 import stored_scale
-from bundler.targets.torch_aoti.fp8_layers import Fp8ConvNHWC, quantize, static_batch
+from bundler.targets.torch_aoti.fp8_layers import (SMALL_BATCH, Fp8ConvNHWC, quantize,
+                                                   static_batch)
 from runtime_py.errors import UsageError
 
 __all__ = ["FusedConv", "FusedBottleneck", "bottleneck_parts", "rewrite_fused",
-           "scale_tensor"]
+           "scale_tensor", "uses_tma"]
 
 #: The submodules of a timm Bottleneck that must be no-ops once BatchNorm is folded.
 _IDENTITIES = ("bn1", "bn2", "bn3", "drop_block", "aa")
@@ -77,13 +78,21 @@ class FusedConv(nn.Module):
     ``out16``: write the fp16 result; ``out_scale``: also write it quantized with that
     (the consumer's activation) scale. ``forward(x16, x8, residual)`` takes the input as
     fp16 NHWC and/or e4m3 NHWC (already quantized with this layer's activation scale) and
-    returns (fp16 or None, e4m3 or None)."""
+    returns (fp16 or None, e4m3 or None).
+
+    ``tma``: a dense 1x1 stride-1 FP8 layer runs on ``kernels/fp8_conv_tma.py``'s kernel
+    (TMA loads and stores, the same numerics) instead, except in a graph of a small static
+    batch (<= ``fp8_layers.SMALL_BATCH`` images; batch 1 ran 0.370 ms with it against 0.356
+    without on an H100); ``self.tma_tiles`` says whether it may (None: the shipped kernel).
+    Such a model is exported with Dynamo (``uses_tma``)."""
 
     def __init__(self, conv: nn.Conv2d, scales: tuple[float, Any] | None, *, relu: bool,
                  out16: bool, out_scale: float | None,
                  tiles: Mapping[tuple, Any] | None = None,
-                 batch_tiles: Mapping[int, Mapping[tuple, Any]] | None = None) -> None:
+                 batch_tiles: Mapping[int, Mapping[tuple, Any]] | None = None,
+                 tma: bool = False) -> None:
         super().__init__()
+        self.tma_tiles = None
         if not out16 and out_scale is None:
             raise UsageError(f"{conv}: a fused convolution must write fp16 or e4m3")
         self.relu, self.out16 = relu, out16
@@ -110,6 +119,13 @@ class FusedConv(nn.Module):
         self.tiles_by_batch = {
             n: config_for(conv.in_channels, self.cout, self.kernel, self.stride, tiles, n, tables)
             for n in tables}
+        if tma:
+            from bundler.targets.torch_aoti.kernels.fp8_conv_tma import (tma_eligible,
+                                                                         tma_tiles_for)
+
+            if tma_eligible(conv.in_channels, self.cout, self.kernel, self.stride,
+                            self.padding, self.dilation):
+                self.tma_tiles = tma_tiles_for(conv.in_channels, self.cout)
 
     def tiles_for(self, x: torch.Tensor):
         """The tiles of a launch on ``x``: its static batch's, else the dynamic graph's."""
@@ -138,6 +154,12 @@ class FusedConv(nn.Module):
 
         if x8 is None:           # no producer wrote it: the one quantize pass
             x8 = quantize(x16, self.act_scale)
+        if self.tma_tiles is not None and not small_static_batch(x8):
+            from bundler.targets.torch_aoti.kernels.fp8_conv_tma import fp8_conv_1x1_tma
+
+            return fp8_conv_1x1_tma(x8, self.weight_fp8, self.conv_scale, self.bias, self.cout,
+                                    residual=residual, relu=self.relu, out_f16=self.out16,
+                                    out_scale=self.out_scale, tiles=self.tma_tiles)
         return fp8_conv_fused(x8, self.weight_fp8, self.conv_scale, self.bias, self.cout,
                               self.kernel, self.stride, self.padding, self.dilation,
                               residual=residual, relu=self.relu, out_f16=self.out16,
@@ -191,7 +213,8 @@ class FusedBottleneck(nn.Module):
     def __init__(self, parts: tuple, fp8: Mapping[str, tuple[float, Any]], names: tuple,
                  in_scale: float | None, next_scale: float | None,
                  tiles: Mapping[tuple, Any] | None = None,
-                 batch_tiles: Mapping[int, Mapping[tuple, Any]] | None = None) -> None:
+                 batch_tiles: Mapping[int, Mapping[tuple, Any]] | None = None,
+                 tma: bool = False) -> None:
         super().__init__()
         c1, c2, c3, down = parts
         s1, s2, s3, sd = (fp8.get(n) for n in names)
@@ -200,13 +223,13 @@ class FusedBottleneck(nn.Module):
             return None if scales is None else float(stored_scale(scales[0]))
 
         self.conv1 = FusedConv(c1, s1, relu=True, out16=s2 is None, out_scale=act(s2),
-                               tiles=tiles, batch_tiles=batch_tiles)
+                               tiles=tiles, batch_tiles=batch_tiles, tma=tma)
         self.conv2 = FusedConv(c2, s2, relu=True, out16=s3 is None, out_scale=act(s3),
-                               tiles=tiles, batch_tiles=batch_tiles)
+                               tiles=tiles, batch_tiles=batch_tiles, tma=tma)
         self.conv3 = FusedConv(c3, s3, relu=True, out16=True, out_scale=next_scale,
-                               tiles=tiles, batch_tiles=batch_tiles)
+                               tiles=tiles, batch_tiles=batch_tiles, tma=tma)
         self.downsample = (FusedConv(down, sd, relu=False, out16=True, out_scale=None,
-                                     tiles=tiles, batch_tiles=batch_tiles)
+                                     tiles=tiles, batch_tiles=batch_tiles, tma=tma)
                            if down is not None else None)
         # the handed-over e4m3 is used where its scale is the reader's own (the graph's
         # one shared QuantizeLinear); otherwise the reader quantizes the fp16 itself
@@ -249,7 +272,7 @@ class FusedBottleneck(nn.Module):
 def rewrite_fused(model: nn.Module, fp8: Mapping[str, tuple[float, Any]],
                   tiles: Mapping[tuple, Any] | None = None,
                   batch_tiles: Mapping[int, Mapping[tuple, Any]] | None = None,
-                  drop_unread_f16: bool = True) -> nn.Module:
+                  drop_unread_f16: bool = True, tma: bool = False) -> nn.Module:
     """A copy of ``model`` (BN-folded, eval) in fp16 channels_last with its bottlenecks
     fused (module docstring). ``fp8``: module path -> (activation scale, weight scales) of
     the FP8 convolutions, every one of which must sit in a fusable bottleneck. ``tiles``:
@@ -259,7 +282,9 @@ def rewrite_fused(model: nn.Module, fp8: Mapping[str, tuple[float, Any]],
     table, for graphs traced with that static batch (default
     ``kernels.fp8_conv.MEASURED_TILES_BY_BATCH``; ``tiles`` wins over it).
     ``drop_unread_f16=False`` keeps the fp16 output of blocks whose successor reads only
-    e4m3 (for benchmarks: the form before it was dropped).
+    e4m3 (for benchmarks: the form before it was dropped). ``tma``: the dense 1x1
+    stride-1 FP8 layers on the TMA kernel (``FusedConv``); export the result with
+    ``uses_tma`` in mind.
 
     The e4m3 hand-over between consecutive blocks (in module order: ResNet's stages are
     sequential) assumes the next block reads this block's output; a module in between
@@ -295,7 +320,7 @@ def rewrite_fused(model: nn.Module, fp8: Mapping[str, tuple[float, Any]],
         nxt = named[i + 1][0] if i + 1 < len(blocks) else None
         next_scale = float(stored_scale(fp8[nxt][0])) if nxt in fp8 else None
         replaced[name] = FusedBottleneck(parts, fp8, names, in_scale, next_scale, tiles,
-                                         batch_tiles)
+                                         batch_tiles, tma=tma)
         in_scale = next_scale
     # a block whose successor reads only e4m3 (a stage's first block: conv1 and the
     # downsample share the handed-over tensor) writes no fp16 output: ~90 MB less to write
@@ -311,3 +336,16 @@ def rewrite_fused(model: nn.Module, fp8: Mapping[str, tuple[float, Any]],
                                                  for r in replaced):
             m.half()
     return body.to(memory_format=torch.channels_last).requires_grad_(False)
+
+
+def small_static_batch(x: torch.Tensor) -> bool:
+    """Whether ``x`` belongs to a graph of a small static batch (``fp8_layers.SMALL_BATCH``)."""
+    n = static_batch(x)
+    return n is not None and n <= SMALL_BATCH
+
+
+def uses_tma(module: nn.Module) -> bool:
+    """Whether ``module`` has a layer on the TMA kernel: a plain Triton launch with host
+    descriptors, which torch records only when Dynamo traces it (``torch.export(...,
+    strict=True)``; ``kernels/fp8_conv_tma.py``)."""
+    return any(getattr(m, "tma_tiles", None) is not None for m in module.modules())

@@ -54,7 +54,10 @@ TORCH_AOTI_FP8_GEMMS = ("rowwise", "tensorwise", "rowwise-fp16", "dequantized")
 #: "as_is" family (Linear layers) only "triton-fused" means something: its transformer MLPs
 #: run fc1 on the same Triton kernel with GELU and fc2's quantize fused
 #: (bundler.targets.torch_aoti.fused_mlp).
-TORCH_AOTI_FP8_CONVS = ("im2col", "triton", "triton-fused")
+TORCH_AOTI_FP8_CONVS = ("im2col", "triton", "triton-fused", "triton-fused-tma")
+#: The fused-bottleneck forms: "triton-fused-tma" is "triton-fused" with the dense 1x1
+#: stride-1 layers on the TMA kernel (``kernels/fp8_conv_tma.py``; image families only).
+TORCH_AOTI_FUSED_FP8_CONVS = ("triton-fused", "triton-fused-tma")
 #: ``torch_aoti.fp8_pointwise_small_batch``: how the FP8 1x1 convolutions (a layout "as_is"
 #: family's FP8 Linear layers: gemm or dequantized) run in a static-batch graph of at most 8
 #: images (``torch_aoti.static_batches``; the meaning of each:
@@ -149,10 +152,10 @@ def section_problems(aoti: Any, batch: Any) -> list[str]:
     if aoti.get("fp8_layout", "nhwc") not in TORCH_AOTI_FP8_LAYOUTS:
         problems.append(f"torch_aoti.fp8_layout: must be one of {list(TORCH_AOTI_FP8_LAYOUTS)}")
     elif (aoti.get("fp8_layout") == "channels_last"
-          and aoti.get("fp8_conv", "im2col") == "triton-fused"):
+          and aoti.get("fp8_conv", "im2col") in TORCH_AOTI_FUSED_FP8_CONVS):
         problems.append("torch_aoti.fp8_layout: channels_last is a form of its own; "
-                        "fp8_conv triton-fused is another (channels_last with fused "
-                        "bottlenecks): name one")
+                        f"fp8_conv {aoti.get('fp8_conv')} is another (channels_last with "
+                        "fused bottlenecks): name one")
     if aoti.get("fp8_depthwise", "cudnn") not in TORCH_AOTI_FP8_DEPTHWISE:
         problems.append("torch_aoti.fp8_depthwise: must be one of "
                         f"{list(TORCH_AOTI_FP8_DEPTHWISE)}")
@@ -178,6 +181,10 @@ def section_problems(aoti: Any, batch: Any) -> list[str]:
     if aoti.get("layout", "nhwc") == "as_is" and conv == "triton":
         problems.append("torch_aoti.fp8_conv: a layout as_is family has no convolutions; "
                         "of the fp8_conv forms only triton-fused applies (fused MLPs)")
+    elif aoti.get("layout", "nhwc") == "as_is" and conv == "triton-fused-tma":
+        problems.append("torch_aoti.fp8_conv: triton-fused-tma puts ResNet bottlenecks' 1x1 "
+                        "convolutions on the TMA kernel; a layout as_is family's fused MLPs "
+                        "are triton-fused")
     elif (aoti.get("layout", "nhwc") == "as_is" and conv == "triton-fused"
           and small_gemm != "gemm"):
         problems.append("torch_aoti.fp8_conv: the fused MLPs (triton-fused) have one form "

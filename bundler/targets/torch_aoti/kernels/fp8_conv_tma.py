@@ -1,0 +1,195 @@
+"""The fused FP8 convolution for dense 1x1 stride-1 layers with TMA loads and stores (Triton).
+
+Why: ``kernels/fp8_conv.py``'s implicit GEMM loads its tiles with each thread's 16-byte
+``cp.async``; ResNet-50's 1x1 layers moved their bytes there at about half the memory
+bandwidth and its compute-bound ones ran at 12-19% of the FP8 peak. A 1x1 stride-1
+convolution over dense NHWC rows is a plain GEMM, whose tiles Hopper's tensor memory
+accelerator copies whole into shared memory in one request. On an H100 (torch 2.11, Triton
+3.6, ``benchmarks/fp8_tma_probe.py``, docs/measurements/h100-2026-12-06-e) this kernel ran
+timm_resnet50's dense 1x1 layers at batch 32 in 0.770 ms against the shipped kernel's
+0.877 (1.14x, count-weighted over the fused model's layers and epilogues), with the same
+fp16 bits and e4m3 codes.
+
+The descriptors are made on the host (``TensorDescriptor`` arguments). Made in the kernel
+(``tl.make_tensor_descriptor``) they cost more than they saved (0.83x the shipped kernel).
+A host descriptor is a by-value kernel argument that torch records only when Dynamo traces
+the call: ``torch.library.wrap_triton`` inside a ``triton_op`` is traced without Dynamo and
+drops them (torch 2.11 and 2.14: "TMA descriptor capturing not yet supported in non-dynamo
+tracing"). So ``fp8_conv_1x1_tma`` is a plain Python function that launches the kernel
+itself, and a model that uses it is exported with ``strict=True``
+(``build.export_strict``); AOTInductor then encodes the descriptors in its C++ wrapper at
+each launch (CUDA-graph replay reuses them).
+
+The computation is ``fp8_conv_nhwc_fused``'s for a 1x1 layer: the same operands, the
+reduction over C in fp32, and its epilogue (scale and bias, the fp16 rounding, residual,
+ReLU, fp16 and/or e4m3 out). Tiles past the edges read zeros and are not written (the
+descriptors clip).
+
+Imports triton at module level: import this module only where triton may be used
+(``kernels.available``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import triton
+import triton.language as tl
+
+from bundler.fp8 import E4M3_MAX
+from bundler.targets.torch_aoti.kernels.fp8_conv import _grouped_tile, _quantize_e4m3
+
+__all__ = ["TmaTiles", "MEASURED_TMA_TILES", "DEFAULT_TMA_TILES", "GROUP_M",
+           "MAX_BOX_ROW_BYTES", "tiles_fit", "tma_eligible", "tma_tiles_for",
+           "fp8_conv_1x1_tma"]
+
+#: (block_m, block_n, block_k, num_warps, num_stages)
+TmaTiles = tuple[int, int, int, int, int]
+#: The tiles rows are grouped by (``_grouped_tile``), as the shipped kernel's.
+GROUP_M = 8
+#: Tiles when a layer is not in ``MEASURED_TMA_TILES``.
+DEFAULT_TMA_TILES: TmaTiles = (128, 64, 64, 4, 3)
+#: The widest tile row a descriptor may have, in bytes: AOTInductor's C++ wrapper encodes a
+#: host descriptor with the whole block as its box and a 128-byte swizzle, which the driver
+#: refuses for wider rows ("CUDA driver error: invalid argument", torch 2.11 on an H100;
+#: Triton's own launcher splits them). So BLOCK_N <= 64 (fp16 outputs and residual) and
+#: BLOCK_K <= 128 (e4m3 operands).
+MAX_BOX_ROW_BYTES = 128
+#: (in channels, out channels) -> tiles for timm_resnet50's dense 1x1 layers at batch 32 on
+#: an H100: the fastest of ``fp8_tma_probe.FIT_TILES`` for the layer's costliest epilogue
+#: (docs/measurements/h100-2026-12-06-e/tma-fit.log: 0.716 ms over those layers against the
+#: shipped kernel's 0.871).
+MEASURED_TMA_TILES: Mapping[tuple[int, int], TmaTiles] = {
+    (64, 64): (256, 64, 64, 8, 3),
+    (64, 256): (128, 64, 64, 4, 3),
+    (256, 64): (128, 64, 128, 4, 3),
+    (256, 128): (128, 64, 128, 4, 3),
+    (128, 512): (128, 64, 64, 4, 4),
+    (512, 128): (256, 64, 64, 8, 3),
+    (512, 256): (128, 64, 128, 4, 3),
+    (256, 1024): (128, 64, 128, 4, 3),
+    (1024, 256): (64, 64, 128, 4, 4),
+    (1024, 512): (128, 64, 128, 4, 3),
+    (512, 2048): (128, 64, 128, 4, 3),
+    (2048, 512): (128, 64, 128, 4, 3),
+}
+
+
+def tiles_fit(tiles: TmaTiles) -> bool:
+    """Whether every descriptor of ``tiles`` has rows AOTInductor can encode
+    (``MAX_BOX_ROW_BYTES``: fp16 rows of BLOCK_N, e4m3 rows of BLOCK_K and BLOCK_N)."""
+    _bm, bn, bk, _w, _s = tiles
+    return 2 * bn <= MAX_BOX_ROW_BYTES and bk <= MAX_BOX_ROW_BYTES
+
+
+def tma_eligible(cin: int, cout: int, kernel: tuple, stride: tuple, padding: tuple,
+                 dilation: tuple) -> bool:
+    """Whether a layer is a dense GEMM TMA can tile: 1x1, stride 1, no padding, and rows of
+    16-byte multiples (TMA's stride rule: C e4m3 bytes and ``cout`` fp16/e4m3 elements)."""
+    return (tuple(kernel) == (1, 1) and tuple(stride) == (1, 1) and tuple(padding) == (0, 0)
+            and tuple(dilation) == (1, 1) and cin % 16 == 0 and cout % 16 == 0)
+
+
+def tma_tiles_for(cin: int, cout: int,
+                  table: Mapping[tuple[int, int], TmaTiles] | None = None) -> TmaTiles:
+    """The tiles of a layer: ``table``'s (default ``MEASURED_TMA_TILES``), else the default."""
+    return tuple((MEASURED_TMA_TILES if table is None else table).get((cin, cout),
+                                                                      DEFAULT_TMA_TILES))
+
+
+@triton.jit
+def _tma_1x1_tile(a_desc, b_desc, r_desc, o_desc, q_desc, scale_ptr, bias_ptr, q_scale_ptr,
+                  M, C, COUT,
+                  RELU: tl.constexpr, RESIDUAL: tl.constexpr, OUT_F16: tl.constexpr,
+                  OUT_F8: tl.constexpr, QMAX: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """One output tile: rows = output pixels, the reduction over C, the epilogue as
+    ``_fp8_conv_nhwc_kernel``'s. A descriptor whose switch is off is not touched."""
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), M, COUT, BLOCK_M, BLOCK_N, GROUP_M)
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(C, BLOCK_K)):
+        a = a_desc.load([off_m, k * BLOCK_K])
+        b = b_desc.load([off_n, k * BLOCK_K])
+        acc = tl.dot(a, b.T, acc)
+
+    offs_n = off_n + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < COUT
+    scale = tl.load(scale_ptr + offs_n, mask=n_ok, other=0.0)
+    bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0)
+    y = acc * scale[None, :] + bias[None, :]
+    if RESIDUAL:
+        y = y.to(tl.float16).to(tl.float32) + r_desc.load([off_m, off_n]).to(tl.float32)
+    if RELU:
+        y = tl.maximum(y, 0.0)
+    y16 = y.to(tl.float16)
+    if OUT_F16:
+        o_desc.store([off_m, off_n], y16)
+    if OUT_F8:
+        q_scale = tl.load(q_scale_ptr)
+        q_inv = tl.math.div_rn(tl.full([], 1.0, tl.float32), q_scale)
+        q_desc.store([off_m, off_n], _quantize_e4m3(y16.to(tl.float32), q_scale, q_inv, QMAX))
+
+
+@triton.jit
+def _tma_1x1_host_kernel(a_desc, b_desc, r_desc, o_desc, q_desc, scale_ptr, bias_ptr,
+                         q_scale_ptr, M, C, COUT,
+                         RELU: tl.constexpr, RESIDUAL: tl.constexpr, OUT_F16: tl.constexpr,
+                         OUT_F8: tl.constexpr, QMAX: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """``_tma_1x1_tile`` with host-side descriptors (``TensorDescriptor`` arguments)."""
+    _tma_1x1_tile(a_desc, b_desc, r_desc, o_desc, q_desc, scale_ptr, bias_ptr, q_scale_ptr,
+                  M, C, COUT, RELU, RESIDUAL, OUT_F16, OUT_F8, QMAX, BLOCK_M, BLOCK_N,
+                  BLOCK_K, GROUP_M)
+
+
+def fp8_conv_1x1_tma(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                     bias: torch.Tensor, cout: int, *, residual: torch.Tensor | None = None,
+                     relu: bool = False, out_f16: bool = True,
+                     out_scale: torch.Tensor | None = None,
+                     tiles: TmaTiles = DEFAULT_TMA_TILES
+                     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``fp8_conv_fused`` for a 1x1 stride-1 layer on dense NHWC e4m3 ``x`` (``weight``:
+    the layer's e4m3 ``[>= cout, >= C]`` buffer, rows of 16-byte multiples; ``scale``,
+    ``bias``: fp32 per output channel; ``out_scale``: its first element quantizes the e4m3
+    output). Returns (fp16 or None, e4m3 or None), NHWC ``[N, H, W, cout]``.
+
+    A plain launch, not a torch op: export it with Dynamo (module docstring)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    n, h, w, c = x.shape
+    m = n * h * w
+    if c % 16 or weight.stride(0) % 16 or cout % 16:
+        raise ValueError("fp8_conv_1x1_tma: needs NHWC rows of 16-byte multiples")
+    if not tiles_fit(tiles):
+        raise ValueError(f"fp8_conv_1x1_tma: tiles {tiles} have rows wider than "
+                         f"{MAX_BOX_ROW_BYTES} bytes, which AOTInductor cannot encode")
+    # the rows as one dense [m, C] matrix; an input traced with other strides (Dynamo's
+    # fake CUDA max pool gives NCHW strides where eager keeps channels_last) is copied
+    x = x.contiguous()
+    if not out_f16 and out_scale is None:
+        raise ValueError("fp8_conv_1x1_tma: asked for neither output")
+    out = torch.empty((n, h, w, cout) if out_f16 else (0,), dtype=torch.float16,
+                      device=x.device)
+    q = torch.empty((n, h, w, cout) if out_scale is not None else (0,),
+                    dtype=torch.float8_e4m3fn, device=x.device)
+    res = residual.contiguous() if residual is not None else None
+    bm, bn, bk, warps, stages = tiles
+    a = TensorDescriptor.from_tensor(x.view(m, c), [bm, bk])
+
+    def rows(t: torch.Tensor | None) -> TensorDescriptor:
+        """An output or the residual as [m, cout] tiles; absent: the input's, never used."""
+        return TensorDescriptor.from_tensor(t.view(m, cout), [bm, bn]) if t is not None else a
+
+    grid = (triton.cdiv(m, bm) * triton.cdiv(cout, bn),)
+    _tma_1x1_host_kernel[grid](
+        a, TensorDescriptor.from_tensor(weight[:cout, :c], [bn, bk]), rows(res),
+        rows(out if out_f16 else None), rows(q if out_scale is not None else None),
+        scale, bias, out_scale if out_scale is not None else scale, m, c, cout,
+        RELU=relu, RESIDUAL=res is not None, OUT_F16=out_f16, OUT_F8=out_scale is not None,
+        QMAX=E4M3_MAX, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M,
+        num_warps=warps, num_stages=stages)
+    return (out if out_f16 else None), (q if out_scale is not None else None)

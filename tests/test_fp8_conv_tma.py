@@ -1,0 +1,223 @@
+"""The fused FP8 1x1 convolution with TMA (kernels/fp8_conv_tma.py) and fp8_conv
+"triton-fused-tma", the timm_resnet50 form that puts its dense 1x1 layers on it.
+
+Without a GPU: under Triton's interpreter the kernel gives the shipped fused op's outputs bit
+for bit, and the fused model with it equals the one without; the build exports such a model
+with Dynamo, which the rest of the settings and the recorded form follow. The GPU test builds
+the package as a bundle build does."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from triton_interpret import needs_triton, run_interpreted  # noqa: E402
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="needs torch with a CUDA GPU (none visible)")
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    return run_interpreted("fp8_conv_tma_interpret.py")
+
+
+@needs_triton
+@pytest.mark.parametrize("name", ["res+relu>f16+f8", "relu>f8", ">f16", "res+relu>f16"])
+def test_each_epilogue_equals_the_shipped_kernel_bit_for_bit(interpreted, name):
+    r = interpreted["layers"][name]
+    wants16, wants8 = "f16" in name.split(">")[1], "f8" in name.split(">")[1]
+    assert r["outputs"] == [wants16, wants8]
+    if wants16:
+        assert r["f16_bits_differing"] == 0 and r["f16_scale"] > 1.0
+    if wants8:
+        assert r["e4m3_codes_differing"] == 0 and r["e4m3_nonzero"] > 500
+
+
+@needs_triton
+def test_an_input_with_nchw_strides_is_read_as_its_values(interpreted):
+    r = interpreted["nchw_strides"]
+    assert r["f16_bits_differing"] == 0 and r["e4m3_codes_differing"] == 0
+
+
+@needs_triton
+def test_the_fused_model_takes_the_tma_kernel_only_outside_small_static_batches(interpreted):
+    """Five 1x1 layers of 16-multiple channels go on the TMA kernel in a dynamic-batch graph
+    and none in a graph of static batch 2 (the shipped kernel was the faster at batch 1);
+    the outputs equal the model without TMA."""
+    r = interpreted["model"]
+    assert r["tma_layers"] == 5 and r["uses_tma"] == [False, True]
+    assert r["dynamic_launches"] == 5 and r["small_static_launches"] == 0
+    assert r["max_diff"] == 0.0 and r["small_max_diff"] == 0.0 and r["scale"] > 0.01
+
+
+@needs_triton
+def test_which_layers_tma_can_tile_and_the_tiles_they_take():
+    from bundler.targets.torch_aoti.kernels.fp8_conv_tma import (
+        DEFAULT_TMA_TILES, MEASURED_TMA_TILES, tiles_fit, tma_eligible, tma_tiles_for)
+
+    assert tma_eligible(64, 256, (1, 1), (1, 1), (0, 0), (1, 1))
+    assert not tma_eligible(64, 256, (3, 3), (1, 1), (1, 1), (1, 1))     # gathers its taps
+    assert not tma_eligible(256, 512, (1, 1), (2, 2), (0, 0), (1, 1))    # strided rows
+    assert not tma_eligible(24, 64, (1, 1), (1, 1), (0, 0), (1, 1))      # 24-byte rows
+    assert not tma_eligible(64, 40, (1, 1), (1, 1), (0, 0), (1, 1))
+    # every tile the build may take has rows AOTInductor's descriptors can encode
+    assert all(tiles_fit(t) for t in MEASURED_TMA_TILES.values()) and tiles_fit(DEFAULT_TMA_TILES)
+    assert not tiles_fit((128, 128, 64, 8, 3)) and not tiles_fit((64, 64, 256, 4, 3))
+    assert tma_tiles_for(1024, 256) == MEASURED_TMA_TILES[(1024, 256)]
+    assert tma_tiles_for(48, 96) == DEFAULT_TMA_TILES
+
+
+@needs_triton
+def test_tiles_too_wide_for_aotinductor_and_unaligned_rows_are_refused_before_a_launch():
+    from bundler.targets.torch_aoti.kernels.fp8_conv_tma import fp8_conv_1x1_tma
+
+    x = torch.zeros(1, 2, 2, 32).to(torch.float8_e4m3fn)
+    w = torch.zeros(32, 32).to(torch.float8_e4m3fn)
+    s, b = torch.ones(32), torch.zeros(32)
+    with pytest.raises(ValueError, match="wider than 128 bytes"):
+        fp8_conv_1x1_tma(x, w, s, b, 32, tiles=(64, 128, 64, 4, 3))
+    with pytest.raises(ValueError, match="16-byte"):
+        fp8_conv_1x1_tma(x[..., :24], w[:, :24], s, b, 32)
+    with pytest.raises(ValueError, match="neither output"):
+        fp8_conv_1x1_tma(x, w, s, b, 32, out_f16=False)
+
+
+@needs_triton
+def test_timm_resnet50_puts_its_33_dense_1x1_layers_on_the_tma_kernel():
+    pytest.importorskip("timm")
+    import numpy as np
+
+    from bundler.families import load_family
+    from bundler.targets.torch_aoti.build import export_strict
+    from bundler.targets.torch_aoti.fused import rewrite_fused, uses_tma
+    from bundler.torch_model import build_torch_model
+
+    model = build_torch_model(load_family("timm_resnet50"), seed=0)
+    fp8 = {n: (0.01, np.full(m.out_channels, 1e-3, np.float32)) for n, m in model.named_modules()
+           if isinstance(m, torch.nn.Conv2d) and n != "conv1"}
+    fused = rewrite_fused(model, fp8, tma=True)
+    on_tma = [n for n, m in fused.named_modules() if getattr(m, "tma_tiles", None) is not None]
+    # 52 FP8 layers: 16 3x3 and 3 strided downsamples stay on the implicit GEMM
+    assert len(on_tma) == 33 and uses_tma(fused) and export_strict(fused)
+    assert not export_strict(rewrite_fused(model, fp8))
+
+
+def test_exporting_batch_answers_for_the_graph_being_traced():
+    from bundler.targets.torch_aoti.fp8_layers import exporting_batch, static_batch
+
+    x = torch.zeros(3, 2)
+    assert static_batch(x) == 3
+    with exporting_batch(None):
+        assert static_batch(x) is None
+        with exporting_batch(1):
+            assert static_batch(x) == 1
+        assert static_batch(x) is None
+    assert static_batch(x) == 3
+    with pytest.raises(RuntimeError), exporting_batch(8):
+        raise RuntimeError("left by an exception")
+    assert static_batch(x) == 3
+
+
+@needs_triton
+def test_the_fused_model_exports_with_dynamo_and_keeps_a_dynamic_batch():
+    """What the build does for a model with TMA layers (strict export inside
+    ``exporting_batch``), on the fused model without them (the TMA kernel's descriptors
+    need an sm_90 GPU to trace): the batch stays symbolic; without ``exporting_batch``
+    Dynamo would specialize it through the static-batch tile tables."""
+    pytest.importorskip("timm")
+    import numpy as np
+
+    from bundler.targets.torch_aoti.fp8_layers import exporting_batch
+    from bundler.targets.torch_aoti.fused import rewrite_fused
+    from bundler.targets.torch_aoti.nhwc_modules import EngineModule
+
+    script = __import__("triton_interpret").load_script("fp8_conv_fused_interpret.py")
+    model = script.tiny_resnet()
+    fp8 = {n: (0.05, np.full(m.out_channels, 2e-3, np.float32))
+           for n, m in model.named_modules() if isinstance(m, torch.nn.Conv2d) and n != "conv1"}
+    module = EngineModule(rewrite_fused(model, fp8), torch.float16, False, True).eval()
+    dynamic = ({0: torch.export.Dim("batch", min=1, max=32)},)
+    with exporting_batch(None):
+        program = torch.export.export(module, (torch.randn(2, 3, 16, 16),),
+                                      dynamic_shapes=dynamic, strict=True)
+    fused = [n for n in program.graph.nodes if "fp8_conv_nhwc_fused" in str(n.target)]
+    assert len(fused) == 11 and isinstance(fused[0].meta["val"][1].shape[0], torch.SymInt)
+
+
+def _family_with(tmp_path, family: str, **aoti):
+    import json
+    import shutil
+
+    from bundler.families import families_root, load_family
+
+    shutil.copytree(families_root() / family, tmp_path / family)
+    spec_path = tmp_path / family / "family.json"
+    spec = json.loads(spec_path.read_text())
+    spec.setdefault("torch_aoti", {}).update(aoti)
+    spec_path.write_text(json.dumps(spec))
+    return load_family(family, root=tmp_path)
+
+
+def test_the_tma_form_is_a_setting_of_image_families_only(tmp_path):
+    from bundler.families import FamilyError
+
+    family = _family_with(tmp_path / "a", "timm_resnet50", fp8_conv="triton-fused-tma")
+    assert family.target_settings("torch-aoti").fp8_conv == "triton-fused-tma"
+    with pytest.raises(FamilyError, match="fp8_conv triton-fused-tma is another"):
+        _family_with(tmp_path / "b", "timm_resnet50", fp8_conv="triton-fused-tma",
+                     fp8_layout="channels_last")
+    with pytest.raises(FamilyError, match="triton-fused-tma.*fused MLPs are triton-fused"):
+        _family_with(tmp_path / "c", "timm_vit_base", fp8_conv="triton-fused-tma")
+
+
+def test_the_tma_form_is_recorded_and_read_back_by_its_name():
+    from bundler.targets.torch_aoti.build import (default_fp8_conv, fp8_conv_named,
+                                                  fp8_conv_recorded)
+
+    recorded = fp8_conv_recorded("fp8", "nhwc", "triton-fused-tma")
+    assert "TMA" in recorded and recorded != fp8_conv_recorded("fp8", "nhwc", "triton-fused")
+    assert fp8_conv_named("nhwc", recorded) == "triton-fused-tma"
+    assert default_fp8_conv("triton-fused-tma") == "triton-fused-tma"
+
+
+@needs_triton
+def test_a_token_family_is_refused_the_tma_form_by_name():
+    from bundler.targets.torch_aoti.build import engine_model
+    from runtime_py.errors import UsageError
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16))
+    with pytest.raises(UsageError, match="triton-fused-tma.*name triton-fused"):
+        engine_model(model, "fp8", {"0": (0.01, [0.001] * 16)}, layout="as_is",
+                     fp8_conv="triton-fused-tma")
+
+
+@pytest.mark.gpu
+@needs_cuda
+@needs_triton
+def test_gpu_the_tma_model_compiles_with_aotinductor_and_matches_eager(tmp_path):
+    """The bundle path on an sm_90 GPU: strict export with a dynamic batch and a static
+    batch-1 graph, AOTInductor encoding the host descriptors, the package against eager."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("TMA needs an sm_90 GPU (Hopper) or newer")
+    pytest.importorskip("timm")
+    import numpy as np
+
+    from bundler.targets.torch_aoti.build import compile_package, smoke_check
+    from bundler.targets.torch_aoti.fp8_layers import exporting_batch
+    from bundler.targets.torch_aoti.fused import rewrite_fused
+    from bundler.targets.torch_aoti.nhwc_modules import EngineModule
+
+    script = __import__("triton_interpret").load_script("fp8_conv_tma_interpret.py")
+    model = script.small_resnet()
+    fp8 = {n: (0.05, np.full(m.out_channels, 2e-3, np.float32))
+           for n, m in model.named_modules() if isinstance(m, torch.nn.Conv2d) and n != "conv1"}
+    module = EngineModule(rewrite_fused(model, fp8, tma=True), torch.float16, False,
+                          True).cuda().eval()
+    path, _ = compile_package(module, (3, 12, 12), {"min": 1, "max": 16}, "cuda",
+                              {"max_autotune": False}, tmp_path / "tma.pt2", static_batches=(1,))
+    with exporting_batch(None):          # eager with the TMA layers, as the dynamic graph
+        diffs = smoke_check(path, module, (3, 12, 12), [1, 5, 16], "cuda", static_batches=(1,))
+    with torch.no_grad():
+        scale = float(module(torch.randn(4, 3, 12, 12, device="cuda")).abs().max())
+    assert max(diffs.values()) <= 1e-2 * scale, diffs
