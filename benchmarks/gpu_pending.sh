@@ -123,8 +123,8 @@
 # Bundles: PENDING_DIR (/tmp/pending). Logs: OUT_DIR/<step>.log. Each step prints as it goes
 # and has its own timeout.
 set -u
-what=${1:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|resnet-tma|pair|first OUT_DIR}
-out=${2:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|resnet-tma|pair|first OUT_DIR}
+what=${1:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|resnet-tma|pair|first|next OUT_DIR}
+out=${2:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|resnet-tma|pair|first|next OUT_DIR}
 mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
@@ -307,6 +307,20 @@ first)   # by the card: H200 -> build + pair; else the TMA probe (tma)
     ;;
   esac
   ;;
+next)   # by the card: H200 -> `pair` (issue 15); else the TMA GPU test (tests/test_fp8_conv_tma.py)
+  card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+  echo "== card: $card"
+  case "$card" in
+  *H200*)
+    WORKERS=${WORKERS:-16} PROCS=${PROCS:-8} REPEATS=${REPEATS:-3} \
+      bash "$here/gpu_pending.sh" pair "$out" || exit 1
+    ;;
+  *)
+    step tma-gputest "${GPUTEST_LIMIT:-240}" python3 -m pytest -q -p no:cacheprovider -rs -m gpu \
+      tests/test_fp8_conv_tma.py
+    ;;
+  esac
+  ;;
 resnet-tma)   # issue 18: timm_resnet50 fp8 with the TMA 1x1 layers, as bundles, against fp8 and fp16
   mkdir -p "$bundles/r50" "$bundles/r50-tma"
   FAMILY=timm_resnet50 TRT_BUNDLE_FP8_CONV=triton-fused-tma bash -c '. benchmarks/gpu_common.sh; \
@@ -337,6 +351,6 @@ pair)   # `build`, then fp8 against fp16 at the client, both served in one run
     "${sized[@]}" \
     --rounds "${REPEATS:-3}" --seconds 3 --warmup 1
   ;;
-*) echo "usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|resnet-tma|pair|first OUT_DIR" >&2; exit 2 ;;
+*) echo "usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|resnet-tma|pair|first|next OUT_DIR" >&2; exit 2 ;;
 esac
 echo "== done (+$(( $(date +%s) - start )) s)"
