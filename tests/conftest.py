@@ -74,16 +74,22 @@ def run_caches(tmp_path_factory):
     Without it the suite wrote ~/.cache/trt-bundle and /tmp/torchinductor_root, which
     outlive the run and grow with each torch version: a run on a reused machine then saw
     warm caches a clean CI machine does not have, and the disk filled up (CI failed with
-    ENOSPC). Both xdist workers share the run folder's caches, as they shared the home
-    ones (writes to both are atomic); subprocesses inherit the variables. A green run's
-    folder is deleted at the end (``tmp_path_retention_policy = "failed"``). Inductor's
-    precompiled headers (~0.7 GB) stay in /tmp/torchinductor_$USER: torch fixes that path
-    at import, keyed by compiler, flags and header contents, so later runs reuse them."""
+    ENOSPC). Both xdist workers share the export cache (its writes are atomic); each has
+    an Inductor cache of its own, because Inductor writes a C++ object or library in place
+    under a name keyed by its code: two workers compiling the same code (the tiny model's
+    CPU package in test_torch_aoti and test_aoti_toolchain) had one load the other's
+    half-written file ("not a 64-bit little-endian ELF file", a fresh-machine run of
+    2026-12-06). Subprocesses inherit the variables. A green run's folder is deleted at the
+    end (``tmp_path_retention_policy = "failed"``). Inductor's precompiled headers (~0.7 GB)
+    stay in /tmp/torchinductor_$USER: torch fixes that path at import, keyed by compiler,
+    flags and header contents, so later runs reuse them."""
     base = tmp_path_factory.getbasetemp()
-    run_folder = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    run_folder = base.parent if worker else base
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TRT_BUNDLE_CACHE", str(run_folder / "trt-bundle-cache"))
-        patch.setenv("TORCHINDUCTOR_CACHE_DIR", str(run_folder / "torchinductor-cache"))
+        patch.setenv("TORCHINDUCTOR_CACHE_DIR",
+                     str(run_folder / f"torchinductor-cache-{worker or 'main'}"))
         yield run_folder
 
 

@@ -31,6 +31,15 @@ def test_inductors_cache_is_the_runs(run_caches):
     assert _inside(cache_dir_utils.cache_dir(), run_caches)
 
 
+def test_each_worker_has_an_inductor_cache_of_its_own(run_caches):
+    """Inductor writes compiled objects in place, named by their code: workers that share a
+    cache can load each other's half-written libraries. The folder is named by the worker
+    (gw0, gw1; "main" without xdist), so no two processes of a run share one."""
+    folder = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    assert folder.parent.resolve() == run_caches.resolve()
+    assert folder.name == f"torchinductor-cache-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
+
+
 def test_a_subprocess_gets_the_runs_caches(run_caches):
     """The CLI tests run `bundle make` in subprocesses: they inherit the variables."""
     code = ("import os; print(os.environ['TRT_BUNDLE_CACHE']); "
