@@ -192,7 +192,7 @@ def test_reuse_needs_the_static_batch_graphs_the_family_lists(xception_bundles, 
     from bundler.families import load_family
     from bundler.make import MakeRequest
     from bundler.reuse import expected_source, reuse_mismatch
-    from bundler.targets.torch_aoti.build import DEFAULT_COMPILE_OPTIONS
+    from bundler.targets.torch_aoti.build import DEFAULT_COMPILE_OPTIONS, model_code_digest
     from bundler.writer import write_bundle
     from runtime_py.format import open_bundle
 
@@ -201,7 +201,7 @@ def test_reuse_needs_the_static_batch_graphs_the_family_lists(xception_bundles, 
         members = {name: bundle.read_member(name) for name in bundle.member_names}
     details = {"torch_version": str(torch.__version__), "cuda_version": None,
                "compute_capability": None, "device_name": "cpu", "device": "cpu",
-               "compile_options": {"layout": "nchw",
+               "compile_options": {"layout": "nchw", "model_code": model_code_digest(),
                                    "inductor": dict(DEFAULT_COMPILE_OPTIONS)}}
     body["engine"] = {"backend": "torch-aoti", "member": "engine.pt2", "details": details}
     path, _ = write_bundle(tmp_path / "x.bundle", body, {**members, "engine.pt2": b"pt2"})
@@ -226,6 +226,18 @@ def test_reuse_needs_the_static_batch_graphs_the_family_lists(xception_bundles, 
     tuned_path, _ = write_bundle(tmp_path / "t.bundle", tuned, {**members, "engine.pt2": b"pt2"})
     assert "Inductor option triton.autotune_pointwise differs (None vs False)" in reuse_mismatch(
         tuned_path, family, req, "torch-aoti", source, None)
+    # a package built from other rewrite or kernel code (an editable install between
+    # releases: a changed tile table) is rebuilt, as is one from before the digest
+    for code, words in (("sha256:" + "0" * 64, "model code (rewrite and kernels) differs "
+                                               "('sha256:000"),
+                        (None, "model code (rewrite and kernels) differs (None vs 'sha256:")):
+        stale = json.loads(json.dumps(body))
+        stale["engine"]["details"]["compile_options"]["model_code"] = code
+        if code is None:
+            del stale["engine"]["details"]["compile_options"]["model_code"]
+        stale_path, _ = write_bundle(tmp_path / "c.bundle", stale,
+                                     {**members, "engine.pt2": b"pt2"})
+        assert words in reuse_mismatch(stale_path, family, req, "torch-aoti", source, None)
     spec = {**family.spec, "torch_aoti": {"static_batches": [1, 32]}}
     static = dataclasses.replace(family, spec=spec)
     assert static.target_settings("torch-aoti").static_batches_for("fp16") == (1, 32)
@@ -458,7 +470,7 @@ def test_reuse_needs_the_fp8_convolution_form_the_family_names(xception_bundles,
         body = {k: v for k, v in bundle.manifest.items() if k not in ("format", "members")}
         members = {name: bundle.read_member(name) for name in bundle.member_names}
     from bundler.targets.torch_aoti.build import (DEFAULT_COMPILE_OPTIONS,
-                                                  FP8_GEMM_DESCRIPTIONS,
+                                                  FP8_GEMM_DESCRIPTIONS, model_code_digest,
                                                   SMALL_BATCH_POINTWISE_DESCRIPTIONS,
                                                   layout_description)
 
@@ -468,6 +480,7 @@ def test_reuse_needs_the_fp8_convolution_form_the_family_names(xception_bundles,
     details = {"torch_version": "2.11.0+cu130", "cuda_version": "13.0",
                "compute_capability": "9.0", "device_name": "NVIDIA H200", "device": "cuda",
                "compile_options": {"inductor": dict(DEFAULT_COMPILE_OPTIONS),
+                                   "model_code": model_code_digest(),
                                    "layout": layout_description(
                                        "fp8", nhwc=False, channels_last=True,
                                        depthwise="triton-skip"),

@@ -1589,3 +1589,31 @@ def test_the_build_hides_torch_s_own_pytree_deprecation_and_nothing_else(tmp_pat
     messages = [str(w.message) for w in seen if issubclass(w.category, FutureWarning)]
     assert not any("LeafSpec" in m for m in messages), messages
     assert "a model's own deprecation" in messages
+
+
+def test_the_model_code_digest_follows_the_rewrite_and_its_kernels(tmp_path):
+    """``compile_options.model_code`` (what `--reuse` compares) is the same for the same
+    sources wherever they lie, moves with a kernel's source (a tile table) or the rewrite,
+    and not with the target's other modules (settings, the build's own code)."""
+    from bundler.targets.torch_aoti import build
+
+    here = Path(build.__file__).resolve().parent
+
+    def copy_with(name: str, edit: str | None = None, file: str | None = None) -> Path:
+        folder = tmp_path / name / "torch_aoti"
+        shutil.copytree(here, folder, ignore=shutil.ignore_patterns("__pycache__"))
+        if file is not None:
+            path = folder / file
+            path.write_text(path.read_text() + edit)
+        return folder
+
+    shipped = build.model_code_digest()
+    assert shipped.startswith("sha256:") and len(shipped) == 71
+    assert build.model_code_digest(copy_with("same")) == shipped
+    tile = "\nMEASURED_TMA_TILES = {}\n"
+    assert build.model_code_digest(copy_with("tiles", tile, "kernels/fp8_conv_tma.py")) != shipped
+    assert build.model_code_digest(copy_with("rewrite", "\n# x\n", "fused.py")) != shipped
+    assert build.model_code_digest(copy_with("settings", "\n# x\n", "settings.py")) == shipped
+    details = build.engine_details({}, "fp16", {}, nhwc=False, fast_accum=False, padding={},
+                                   batch_sizes=[1], seconds=None)
+    assert details["compile_options"]["model_code"] == shipped

@@ -39,6 +39,7 @@ torch is imported inside the functions.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import tempfile
@@ -620,6 +621,35 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
     return data, details
 
 
+#: The sources whose code becomes a package's model: the rewrites, the FP8 layers and
+#: their Triton kernels (relative to this folder; a folder means its ``*.py`` files).
+MODEL_CODE_SOURCES = ("model.py", "nhwc_modules.py", "fp8_layers.py", "fused.py",
+                      "fused_mlp.py", "kernels")
+
+
+@functools.lru_cache(maxsize=None)
+def model_code_digest(folder: Path | None = None) -> str:
+    """sha256 of ``MODEL_CODE_SOURCES`` (paths and bytes), recorded as
+    ``compile_options.model_code``. Why: a package compiles the model rewrite and its
+    kernels in, and `bundle make --reuse` / `bundle study` took a bundle built before a
+    kernel or tile-table change as this build's (the trt-bundle version does not move
+    between commits): the TMA tile table of 2026-12-06 needed the old bundle removed by
+    hand. With the digest such a bundle is rebuilt. ``folder``: another copy of this
+    target's folder (tests)."""
+    import hashlib
+
+    here = folder or Path(__file__).resolve().parent
+    files: list[Path] = []
+    for name in MODEL_CODE_SOURCES:
+        path = here / name
+        files += sorted(path.glob("*.py")) if path.is_dir() else [path]
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.relative_to(here).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return "sha256:" + digest.hexdigest()
+
+
 def engine_details(host: dict, precision: str, options: dict, *, nhwc: bool,
                    fast_accum: bool, padding: dict, batch_sizes: list[int],
                    seconds: float | None, fp8_gemm: str = "rowwise",
@@ -651,6 +681,7 @@ def engine_details(host: dict, precision: str, options: dict, *, nhwc: bool,
         **({"fp8_pointwise_small_batch": SMALL_BATCH_POINTWISE_DESCRIPTIONS[small_batch_pointwise]}
            if small_batch_pointwise != "gemm" else {}),
         **({"cxx": cxx} if cxx else {}),
+        "model_code": model_code_digest(),
     }
     if precision == "fp8":
         details["fp8_padding"] = {"align": FP8_ALIGN, "layers": dict(padding)}

@@ -11,6 +11,7 @@ from bundler.targets.torch_aoti.build import (DEFAULT_COMPILE_OPTIONS, FP8_GEMM_
                                               effective_small_batch_pointwise, engine_form,
                                               fp8_conv_named, fp8_conv_recorded,
                                               fp8_gemm_options, layout_description,
+                                              model_code_digest,
                                               small_batch_form)
 from bundler.targets.torch_aoti.settings import settings_of
 
@@ -24,6 +25,10 @@ def reuse_checks(details: dict, family, req) -> dict[str, tuple[object, object]]
         "device": (details.get("device"), req.target_options.get("device", "cuda")),
     }
     options = details.get("compile_options", {})
+    # the code of the model rewrite and its kernels (an editable install between releases:
+    # a bundle built before a kernel change was reused)
+    checks["model code (rewrite and kernels)"] = (options.get("model_code"),
+                                                   model_code_digest())
     # the Inductor options this build would pass (an older package timed its pointwise
     # block sizes while compiling: rebuilt)
     for key, value in DEFAULT_COMPILE_OPTIONS.items():
