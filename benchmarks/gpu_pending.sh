@@ -119,12 +119,19 @@
 #       figure, WORKERS=16, PROCS=8, REPEATS=3 unless set); on any other card, `tma`. The
 #       GPU tests (`gputest`) passed on H100s in the thirty-third to thirty-fifth sessions
 #       (the runner's 18 with `PackageGraph` in the thirty-fifth, h100-2026-12-06-d)
+#   benchmarks/gpu_pending.sh families OUT_DIR   # ~8 min on any card: `prebuild` (timm_xception's
+#       uint8 pair and timm_vit_base's fp16 and fp8, four builds at once), then `vit-peer`
+#       on the ViT bundles: every image family's bundles built at the commit, ViT timed
+#   benchmarks/gpu_pending.sh xception-time OUT_DIR   # `build` (reused after `families`),
+#       then timm_xception's uint8 fp16 and fp8 bundles with the peer, batches 1 and 32
+#   benchmarks/gpu_pending.sh next OUT_DIR   # after `families` on the same warm machine: on
+#       an H200 `pair` (as `first`), on any other card `xception-time`
 #
 # Bundles: PENDING_DIR (/tmp/pending). Logs: OUT_DIR/<step>.log. Each step prints as it goes
 # and has its own timeout.
 set -u
-what=${1:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|resnet-tma|pair|first|next OUT_DIR}
-out=${2:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|resnet-tma|pair|first|next OUT_DIR}
+what=${1:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|resnet-tma|pair|first|next|families|xception-time OUT_DIR}
+out=${2:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|resnet-tma|pair|first|next|families|xception-time OUT_DIR}
 mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
@@ -307,7 +314,7 @@ first)   # by the card: H200 -> build + pair; else the TMA probe (tma)
     ;;
   esac
   ;;
-next)   # by the card: H200 -> `pair` (issue 15); else the TMA GPU test (tests/test_fp8_conv_tma.py)
+next)   # by the card: H200 -> `pair` (issue 15); else `xception-time`
   card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   echo "== card: $card"
   case "$card" in
@@ -316,10 +323,19 @@ next)   # by the card: H200 -> `pair` (issue 15); else the TMA GPU test (tests/t
       bash "$here/gpu_pending.sh" pair "$out" || exit 1
     ;;
   *)
-    step tma-gputest "${GPUTEST_LIMIT:-240}" python3 -m pytest -q -p no:cacheprovider -rs -m gpu \
-      tests/test_fp8_conv_tma.py
+    bash "$here/gpu_pending.sh" xception-time "$out" || exit 1
     ;;
   esac
+  ;;
+families)   # issue 18 on whatever card comes: `prebuild` (four builds at once), then `vit-peer`
+  BUILD_LIMIT=${BUILD_LIMIT:-330} bash "$here/gpu_pending.sh" prebuild "$out" || exit 1
+  bash "$here/gpu_pending.sh" vit-peer "$out" || exit 1
+  ;;
+xception-time)   # `build`, then timm_xception's uint8 fp16 and fp8 bundles with the peer
+  build_pair 400
+  step xception-time 240 python3 benchmarks/aoti_static_vs_peer.py \
+    "$bundles"/timm_xception-fp16-uint8-1.0.0-torch-aoti.bundle \
+    "$bundles"/timm_xception-fp8-uint8-1.0.0-torch-aoti.bundle --batch-sizes 1,32
   ;;
 resnet-tma)   # issue 18: timm_resnet50 fp8 with the TMA 1x1 layers, as bundles, against fp8 and fp16
   mkdir -p "$bundles/r50" "$bundles/r50-tma"
@@ -351,6 +367,6 @@ pair)   # `build`, then fp8 against fp16 at the client, both served in one run
     "${sized[@]}" \
     --rounds "${REPEATS:-3}" --seconds 3 --warmup 1
   ;;
-*) echo "usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|resnet-tma|pair|first|next OUT_DIR" >&2; exit 2 ;;
+*) echo "usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|resnet-tma|pair|first|next|families|xception-time OUT_DIR" >&2; exit 2 ;;
 esac
 echo "== done (+$(( $(date +%s) - start )) s)"
