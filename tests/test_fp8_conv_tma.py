@@ -181,6 +181,46 @@ def test_the_tma_form_is_recorded_and_read_back_by_its_name():
     assert default_fp8_conv("triton-fused-tma") == "triton-fused-tma"
 
 
+def test_the_familys_tma_form_builds_the_shipped_kernel_on_a_gpu_without_tma(monkeypatch):
+    """A family whose fp8_conv is triton-fused-tma must still build on an FP8 GPU without
+    TMA (sm_89: L4, L40S): there its build makes triton-fused. The form asked for by name
+    (the build's fp8_conv, $TRT_BUNDLE_FP8_CONV) is kept, and engine_model refuses it."""
+    from bundler.targets.torch_aoti.build import FP8_CONV_ENV, build_fp8_conv
+
+    tma = "triton-fused-tma"
+    monkeypatch.delenv(FP8_CONV_ENV, raising=False)
+    assert build_fp8_conv(None, tma, (9, 0)) == tma          # Hopper: the family's form
+    assert build_fp8_conv(None, tma, (10, 0)) == tma
+    assert build_fp8_conv(None, tma, None) == tma             # no GPU: as named
+    assert build_fp8_conv(None, tma, (8, 9)) == "triton-fused"
+    assert build_fp8_conv(None, "triton-fused", (8, 9)) == "triton-fused"
+    assert build_fp8_conv(tma, "triton-fused", (8, 9)) == tma
+    monkeypatch.setenv(FP8_CONV_ENV, tma)
+    assert build_fp8_conv(None, "triton-fused", (8, 9)) == tma
+
+
+def test_the_reuse_check_expects_the_form_the_bundles_gpu_builds(tmp_path, monkeypatch):
+    """`--reuse` and `bundle study` compare a bundle's recorded form with what this build
+    would make on the GPU the bundle records: an sm_89 bundle of a TMA family holds
+    triton-fused and is the family's build there; on an sm_90 one it would be rebuilt."""
+    from bundler.make import MakeRequest
+    from bundler.targets.torch_aoti.build import FP8_CONV_ENV, fp8_conv_recorded
+    from bundler.targets.torch_aoti.reuse import recorded_capability, reuse_checks
+
+    monkeypatch.delenv(FP8_CONV_ENV, raising=False)
+    family = _family_with(tmp_path, "timm_resnet50", fp8_conv="triton-fused-tma")
+    req = MakeRequest(family=family.name, precision="fp8", random_weights=True)
+    fused = {"compile_options": {"fp8_conv": fp8_conv_recorded("fp8", "nhwc", "triton-fused")}}
+    assert recorded_capability({"compute_capability": "8.9"}) == (8, 9)
+    assert recorded_capability({"compute_capability": None}) is None
+    have, want = reuse_checks({**fused, "compute_capability": "8.9"}, family, req)[
+        "fp8 convolution form"]
+    assert have == want == "triton-fused"
+    have, want = reuse_checks({**fused, "compute_capability": "9.0"}, family, req)[
+        "fp8 convolution form"]
+    assert (have, want) == ("triton-fused", "triton-fused-tma")
+
+
 @needs_triton
 def test_a_token_family_is_refused_the_tma_form_by_name():
     from bundler.targets.torch_aoti.build import engine_model

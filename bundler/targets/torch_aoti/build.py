@@ -154,6 +154,27 @@ def default_fp8_conv(fp8_conv: str | None = None, family_default: str = "im2col"
     return chosen
 
 
+#: The compute capability from which a GPU has TMA (Hopper), which "triton-fused-tma" needs.
+TMA_CAPABILITY = (9, 0)
+
+
+def build_fp8_conv(fp8_conv: str | None, family_default: str,
+                   capability: tuple[int, int] | None) -> str:
+    """The FP8 convolution form a build on a GPU of ``capability`` makes (None: no GPU, as
+    named): ``default_fp8_conv``, except that where the form is the family's (neither
+    ``fp8_conv`` nor ``$TRT_BUNDLE_FP8_CONV`` names one) and it is "triton-fused-tma" on a
+    GPU without TMA, "triton-fused": the same layers and numerics on the shipped kernel.
+    Why: the family's default must build on every FP8 GPU (an sm_89 L4 or L40S too); a
+    form asked for by name is refused there instead (``engine_model``). One rule for the
+    build and the reuse check (which passes the capability the bundle records)."""
+    chosen = default_fp8_conv(fp8_conv, family_default)
+    from_family = fp8_conv is None and not os.environ.get(FP8_CONV_ENV)
+    if (from_family and chosen == "triton-fused-tma" and capability is not None
+            and tuple(capability) < TMA_CAPABILITY):
+        return "triton-fused"
+    return chosen
+
+
 def engine_model(torch_model: torch.nn.Module, precision: str,
                  fp8: dict[str, tuple[float, Any]] | None = None, *, nhwc: bool | None = None,
                  fast_accum: bool = False, fp8_gemm: str = "rowwise",
@@ -226,7 +247,7 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
 
         fp8_conv_kernel(fp8_conv)            # refuses a missing triton by name
         if (fp8_conv == "triton-fused-tma" and torch.cuda.is_available()
-                and torch.cuda.get_device_capability() < (9, 0)):
+                and torch.cuda.get_device_capability() < TMA_CAPABILITY):
             raise UsageError("fp8_conv triton-fused-tma needs TMA, which a GPU of compute "
                              f"capability 9.0 (Hopper) or newer has; this one is "
                              f"{torch.cuda.get_device_name()}: build with "
@@ -920,7 +941,16 @@ def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] |
     ext = family.extension()
     fp8_gemm, fp8_fast_accum = fp8_gemm_options(family, fp8_gemm, fp8_fast_accum)
     if precision == "fp8":    # the caller's, else $TRT_BUNDLE_FP8_CONV, else the family's
-        fp8_conv = default_fp8_conv(fp8_conv, settings_of(family).fp8_conv)
+        capability = None
+        if device != "cpu":
+            torch = import_torch()
+            capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+        named = default_fp8_conv(fp8_conv, settings_of(family).fp8_conv)
+        fp8_conv = build_fp8_conv(fp8_conv, settings_of(family).fp8_conv, capability)
+        if fp8_conv != named and log:
+            log(f"fp8 convolutions: the family's {named} needs TMA (compute capability "
+                f"{TMA_CAPABILITY[0]}.{TMA_CAPABILITY[1]}+), this GPU is "
+                f"{capability[0]}.{capability[1]}: building {fp8_conv}")
     # the family's form (family.json torch_aoti.fp16_layout / fp8_layout) unless nhwc is asked
     channels_last = nhwc is None and engine_form(family, precision, fp8_conv) == "channels_last"
     if channels_last:

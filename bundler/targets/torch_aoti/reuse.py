@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from bundler.targets.torch_aoti.build import (DEFAULT_COMPILE_OPTIONS, FP8_GEMM_DESCRIPTIONS,
                                               SMALL_BATCH_POINTWISE_DESCRIPTIONS,
-                                              default_fp8_conv, default_pad_channels,
+                                              build_fp8_conv, default_pad_channels,
                                               depthwise_form,
                                               effective_small_batch_pointwise, engine_form,
                                               fp8_conv_named, fp8_conv_recorded,
@@ -14,6 +14,15 @@ from bundler.targets.torch_aoti.build import (DEFAULT_COMPILE_OPTIONS, FP8_GEMM_
                                               model_code_digest,
                                               small_batch_form)
 from bundler.targets.torch_aoti.settings import settings_of
+
+
+def recorded_capability(details: dict) -> tuple[int, int] | None:
+    """The compute capability a package records ("9.0"), or None (a CPU package)."""
+    text = details.get("compute_capability")
+    if not text:
+        return None
+    major, _, minor = str(text).partition(".")
+    return int(major), int(minor or 0)
 
 
 def reuse_checks(details: dict, family, req) -> dict[str, tuple[object, object]]:
@@ -35,7 +44,8 @@ def reuse_checks(details: dict, family, req) -> dict[str, tuple[object, object]]
         checks[f"Inductor option {key}"] = (options.get("inductor", {}).get(key), value)
     # the family's torch_aoti.fp8_conv (or $TRT_BUNDLE_FP8_CONV) as this make would build
     # it: a bundle of another convolution form is rebuilt, not reused
-    conv = (default_fp8_conv(None, settings_of(family).fp8_conv)
+    conv = (build_fp8_conv(None, settings_of(family).fp8_conv,
+                           recorded_capability(details))
             if req.precision == "fp8" else "im2col")
     if req.precision == "fp8":
         # image families: the convolution form; tokens (layout as_is): whether the
