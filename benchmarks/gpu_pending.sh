@@ -109,7 +109,8 @@
 #       session ruled out the residual loaded early, fewer stages and persistent programs
 #       (h100-2026-12-06-d)
 #   benchmarks/gpu_pending.sh resnet-tma OUT_DIR   # ~6-8 min: issue 18, timm_resnet50's fp16
-#       and fp8 bundles (into /tmp/pending/r50) and an fp8 one with fp8_conv triton-fused-tma
+#       and fp8 `triton-fused` bundles (into /tmp/pending/r50; the family's fp8 form until
+#       the thirty-seventh session) and an fp8 one with fp8_conv triton-fused-tma (the default now)
 #       (the dense 1x1 layers on kernels/fp8_conv_tma.py, into /tmp/pending/r50-tma), built
 #       at once; the TMA one verified (verify --numerics), the three timed with the peer in
 #       one process (aoti_static_vs_peer.py, batches 1 and 32)
@@ -342,7 +343,7 @@ resnet-tma)   # issue 18: timm_resnet50 fp8 with the TMA 1x1 layers, as bundles,
   FAMILY=timm_resnet50 TRT_BUNDLE_FP8_CONV=triton-fused-tma bash -c '. benchmarks/gpu_common.sh; \
     make_parallel "$0" "fp8:--precision fp8"' "$bundles/r50-tma" >"$out/r50-tma-make.log" 2>&1 &
   made=$!
-  step r50-build "${BUILD_LIMIT:-330}" env FAMILY=timm_resnet50 bash -c '. benchmarks/gpu_common.sh; \
+  step r50-build "${BUILD_LIMIT:-330}" env FAMILY=timm_resnet50 TRT_BUNDLE_FP8_CONV=triton-fused bash -c '. benchmarks/gpu_common.sh; \
     make_parallel "$0" "fp16:--precision fp16" "fp8:--precision fp8"' "$bundles/r50"
   wait "$made"; echo "== r50-tma-make: exit $?"; tail -5 "$out/r50-tma-make.log"
   cp "$bundles"/r50-tma/make-*.log "$out/" 2>/dev/null   # the whole log, for a failure
