@@ -340,7 +340,8 @@ xception-time)   # `build`, then timm_xception's uint8 fp16 and fp8 bundles with
   ;;
 resnet-tma)   # issue 18: timm_resnet50 fp8 with the TMA 1x1 layers, as bundles, against fp8 and fp16
   mkdir -p "$bundles/r50" "$bundles/r50-tma"
-  FAMILY=timm_resnet50 TRT_BUNDLE_FP8_CONV=triton-fused-tma bash -c '. benchmarks/gpu_common.sh; \
+  # the family's form (triton-fused-tma since the thirty-seventh session), no override
+  FAMILY=timm_resnet50 TRT_BUNDLE_FP8_CONV= bash -c '. benchmarks/gpu_common.sh; \
     make_parallel "$0" "fp8:--precision fp8"' "$bundles/r50-tma" >"$out/r50-tma-make.log" 2>&1 &
   made=$!
   step r50-build "${BUILD_LIMIT:-330}" env FAMILY=timm_resnet50 TRT_BUNDLE_FP8_CONV=triton-fused bash -c '. benchmarks/gpu_common.sh; \
@@ -349,6 +350,9 @@ resnet-tma)   # issue 18: timm_resnet50 fp8 with the TMA 1x1 layers, as bundles,
   cp "$bundles"/r50-tma/make-*.log "$out/" 2>/dev/null   # the whole log, for a failure
   tma_bundle=$(ls "$bundles"/r50-tma/timm_resnet50-fp8-*-torch-aoti.bundle)
   step r50-tma-verify 60 python3 -m bundler.cli verify --numerics "$tma_bundle"
+  python3 -m bundler.cli inspect --json "$tma_bundle" 2>/dev/null | python3 -c \
+    "import json,sys; m=json.load(sys.stdin); d=m.get('manifest', m)['engine']['details']; \
+print('== r50-tma form:', d['compile_options'].get('fp8_conv'), '| GPU', d['compute_capability'])"
   step r50-time "${TIME_LIMIT:-200}" python3 benchmarks/aoti_static_vs_peer.py \
     "$bundles"/r50/timm_resnet50-fp16-*-torch-aoti.bundle \
     "$bundles"/r50/timm_resnet50-fp8-*-torch-aoti.bundle "$tma_bundle" --batch-sizes 1,32
