@@ -951,6 +951,8 @@ def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] |
             log(f"fp8 convolutions: the family's {named} needs TMA (compute capability "
                 f"{TMA_CAPABILITY[0]}.{TMA_CAPABILITY[1]}+), this GPU is "
                 f"{capability[0]}.{capability[1]}: building {fp8_conv}")
+        elif log and settings_of(family).layout != "as_is":
+            log(f"fp8 convolutions: {fp8_conv}")
     # the family's form (family.json torch_aoti.fp16_layout / fp8_layout) unless nhwc is asked
     channels_last = nhwc is None and engine_form(family, precision, fp8_conv) == "channels_last"
     if channels_last:
