@@ -6,9 +6,10 @@ scripts re-run after an interrupted call used to rebuild what they had). "The sa
 family name and version, precision, variant, engine target, input dtype, weights (random
 seed, or checkpoint sha256), FP8 recipe digest, calibration method and data digest,
 reference inputs (count and source), the torch-aoti engine form the family's settings
-build now and the code of its model rewrite and kernels, trt-bundle version, and the versions of the packages that make the graph and
-engine (torch, timm, onnx, onnx-graphsurgeon, and tensorrt for plans). The bundle must also
-verify and be able to run on this host.
+build now and the code of its model rewrite and kernels, trt-bundle version, and the
+versions of the packages that make the graph and engine (torch, timm, onnx,
+onnx-graphsurgeon, and tensorrt for plans). The bundle must also verify and be able to run
+on this host.
 """
 
 from __future__ import annotations

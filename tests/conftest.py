@@ -76,10 +76,10 @@ def run_caches(tmp_path_factory):
     warm caches a clean CI machine does not have, and the disk filled up (CI failed with
     ENOSPC). Both xdist workers share the export cache (its writes are atomic); each has
     an Inductor cache of its own, because Inductor writes a C++ object or library in place
-    under a name keyed by its code: two workers compiling the same code (the tiny model's
-    CPU package in test_torch_aoti and test_aoti_toolchain) had one load the other's
-    half-written file ("not a 64-bit little-endian ELF file", a fresh-machine run of
-    2026-12-06). Subprocesses inherit the variables. A green run's folder is deleted at the
+    under a name keyed by its code: two workers compiling the same code (most likely the
+    tiny model's CPU package, built in test_torch_aoti and in test_aoti_toolchain) can
+    have one load the other's half-written file ("not a 64-bit little-endian ELF file",
+    once, a fresh-machine run of 2026-12-06). Subprocesses inherit the variables. A green run's folder is deleted at the
     end (``tmp_path_retention_policy = "failed"``). Inductor's precompiled headers (~0.7 GB)
     stay in /tmp/torchinductor_$USER: torch fixes that path at import, keyed by compiler,
     flags and header contents, so later runs reuse them."""
