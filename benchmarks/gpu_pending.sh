@@ -113,7 +113,7 @@
 #       the thirty-seventh session) and an fp8 one with fp8_conv triton-fused-tma (the default now)
 #       (the dense 1x1 layers on kernels/fp8_conv_tma.py, into /tmp/pending/r50-tma), built
 #       at once; the TMA one verified (verify --numerics), the three timed with the peer in
-#       one process (aoti_static_vs_peer.py, batches 1 and 32)
+#       one process (aoti_static_vs_peer.py, batches 1 and 32, or R50_BATCHES=1,2,4,...)
 #   benchmarks/gpu_pending.sh first OUT_DIR   # one call that does what the card lent is
 #       most needed for, when machines are scarce (thirty-second session: 16 calls got
 #       none that ran its command): on an H200, `build` then `pair` (issue 15's H200
@@ -355,7 +355,7 @@ resnet-tma)   # issue 18: timm_resnet50 fp8 with the TMA 1x1 layers, as bundles,
 print('== r50-tma form:', d['compile_options'].get('fp8_conv'), '| GPU', d['compute_capability'])"
   step r50-time "${TIME_LIMIT:-200}" python3 benchmarks/aoti_static_vs_peer.py \
     "$bundles"/r50/timm_resnet50-fp16-*-torch-aoti.bundle \
-    "$bundles"/r50/timm_resnet50-fp8-*-torch-aoti.bundle "$tma_bundle" --batch-sizes 1,32
+    "$bundles"/r50/timm_resnet50-fp8-*-torch-aoti.bundle "$tma_bundle" --batch-sizes "${R50_BATCHES:-1,32}"
   ;;
 tma)   # issue 18: timm_resnet50's dense 1x1 FP8 convolutions with TMA against the shipped kernel
   step tma "${TMA_LIMIT:-420}" python3 benchmarks/fp8_tma_probe.py --aoti
