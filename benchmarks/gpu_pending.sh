@@ -125,14 +125,22 @@
 #       on the ViT bundles: every image family's bundles built at the commit, ViT timed
 #   benchmarks/gpu_pending.sh xception-time OUT_DIR   # `build` (reused after `families`),
 #       then timm_xception's uint8 fp16 and fp8 bundles with the peer, batches 1 and 32
+#   benchmarks/gpu_pending.sh r50-tiles-small OUT_DIR   # ~9 min (two calls' worth: run one
+#       size a call with SMALL_BATCHES=2, then 4), no bundles: timm_resnet50's fused FP8 layers
+#       at batch 2 and 4, every candidate tile (fp8_conv_bench.py --fused-layers --batch N),
+#       each printing a MEASURED_TILES_BATCH<N> table, then the model compiled for that batch:
+#       fp16, fp8 fused with those tiles (fp8-fused-tuned) and with the table it has now. Thirty-seventh session, H100s: fp8 ran
+#       0.84x / 0.91x fp16 at batch 2 / 4 on the dynamic graph's batch-32 tiles, and a static
+#       graph with the batch-1 tiles helped 2 and hurt 4 (h100-2026-12-06-f, call 10); such
+#       tables and `static_batches` {"fp8": [1, 2, 4]} are the next try
 #   benchmarks/gpu_pending.sh next OUT_DIR   # after `families` on the same warm machine: on
 #       an H200 `pair` (as `first`), on any other card `xception-time`
 #
 # Bundles: PENDING_DIR (/tmp/pending). Logs: OUT_DIR/<step>.log. Each step prints as it goes
 # and has its own timeout.
 set -u
-what=${1:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|resnet-tma|pair|first|next|families|xception-time OUT_DIR}
-out=${2:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|resnet-tma|pair|first|next|families|xception-time OUT_DIR}
+what=${1:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small OUT_DIR}
+out=${2:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small OUT_DIR}
 mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
@@ -357,6 +365,14 @@ print('== r50-tma form:', d['compile_options'].get('fp8_conv'), '| GPU', d['comp
     "$bundles"/r50/timm_resnet50-fp16-*-torch-aoti.bundle \
     "$bundles"/r50/timm_resnet50-fp8-*-torch-aoti.bundle "$tma_bundle" --batch-sizes "${R50_BATCHES:-1,32}"
   ;;
+r50-tiles-small)   # timm_resnet50's fused FP8 layers: the best tiles at batch 2 and at 4
+  for n in ${SMALL_BATCHES:-2 4}; do
+    step "r50-tiles-b$n" "${TILES_LIMIT:-290}" python3 benchmarks/fp8_conv_bench.py \
+      --fused-layers --batch "$n" --model-only --model-variants fp16,fp8-fused-tuned,fp8-fused \
+      --budget-s "${TILES_BUDGET:-240}" --model-reserve-s 60 --quiet \
+      --json "$out/r50-tiles-b$n.json"
+  done
+  ;;
 tma)   # issue 18: timm_resnet50's dense 1x1 FP8 convolutions with TMA against the shipped kernel
   step tma "${TMA_LIMIT:-420}" python3 benchmarks/fp8_tma_probe.py --aoti
   ;;
@@ -372,6 +388,6 @@ pair)   # `build`, then fp8 against fp16 at the client, both served in one run
     "${sized[@]}" \
     --rounds "${REPEATS:-3}" --seconds 3 --warmup 1
   ;;
-*) echo "usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|resnet-tma|pair|first|next|families|xception-time OUT_DIR" >&2; exit 2 ;;
+*) echo "usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small OUT_DIR" >&2; exit 2 ;;
 esac
 echo "== done (+$(( $(date +%s) - start )) s)"
