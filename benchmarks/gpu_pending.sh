@@ -125,14 +125,16 @@
 #       on the ViT bundles: every image family's bundles built at the commit, ViT timed
 #   benchmarks/gpu_pending.sh xception-time OUT_DIR   # `build` (reused after `families`),
 #       then timm_xception's uint8 fp16 and fp8 bundles with the peer, batches 1 and 32
-#   benchmarks/gpu_pending.sh r50-tiles-small OUT_DIR   # ~9 min (two calls' worth: run one
-#       size a call with SMALL_BATCHES=2, then 4), no bundles: timm_resnet50's fused FP8 layers
+#   benchmarks/gpu_pending.sh r50-tiles-small OUT_DIR   # ~8 min a size (one call each:
+#       SMALL_BATCHES=2, then SMALL_BATCHES=4), no bundles: timm_resnet50's fused FP8 layers
 #       at batch 2 and 4, every candidate tile (fp8_conv_bench.py --fused-layers --batch N),
 #       each printing a MEASURED_TILES_BATCH<N> table, then the model compiled for that batch:
 #       fp16, fp8 fused with those tiles (fp8-fused-tuned) and with the table it has now. Thirty-seventh session, H100s: fp8 ran
 #       0.84x / 0.91x fp16 at batch 2 / 4 on the dynamic graph's batch-32 tiles, and a static
-#       graph with the batch-1 tiles helped 2 and hurt 4 (h100-2026-12-06-f, call 10); such
-#       tables and `static_batches` {"fp8": [1, 2, 4]} are the next try
+#       graph with the batch-1 tiles helped 2 and hurt 4 (h100-2026-12-06-f, call 10); the
+#       model compiled for batch 2 with the batch-32 tiles ran 0.883x fp16 (call 12, whose
+#       budget left the layers none); such tables and `static_batches` {"fp8": [1, 2, 4]}
+#       are the next try
 #   benchmarks/gpu_pending.sh next OUT_DIR   # after `families` on the same warm machine: on
 #       an H200 `pair` (as `first`), on any other card `xception-time`
 #
@@ -367,9 +369,10 @@ print('== r50-tma form:', d['compile_options'].get('fp8_conv'), '| GPU', d['comp
   ;;
 r50-tiles-small)   # timm_resnet50's fused FP8 layers: the best tiles at batch 2 and at 4
   for n in ${SMALL_BATCHES:-2 4}; do
-    step "r50-tiles-b$n" "${TILES_LIMIT:-290}" python3 benchmarks/fp8_conv_bench.py \
+    # (the layers get the budget less twice the model reserve: 420 - 2 x 45 s)
+    step "r50-tiles-b$n" "${TILES_LIMIT:-480}" python3 benchmarks/fp8_conv_bench.py \
       --fused-layers --batch "$n" --model-only --model-variants fp16,fp8-fused-tuned,fp8-fused \
-      --budget-s "${TILES_BUDGET:-240}" --model-reserve-s 60 --quiet \
+      --budget-s "${TILES_BUDGET:-420}" --model-reserve-s 45 --quiet \
       --json "$out/r50-tiles-b$n.json"
   done
   ;;
