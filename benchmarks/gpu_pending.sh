@@ -117,7 +117,8 @@
 #   benchmarks/gpu_pending.sh first OUT_DIR   # one call that does what the card lent is
 #       most needed for, when machines are scarce (thirty-second session: 16 calls got
 #       none that ran its command): on an H200, `build` then `pair` (issue 15's H200
-#       figure, WORKERS=16, PROCS=8, REPEATS=3 unless set); on any other card, `tma`. The
+#       figure, WORKERS=16, PROCS=8, REPEATS=3 unless set; then `resnet-tma` on the same warm
+#       machine: ResNet's H200 figure); on any other card, `r50-tiles-small` at batch 2. The
 #       GPU tests (`gputest`) passed on H100s in the thirty-third to thirty-fifth sessions
 #       (the runner's 18 with `PackageGraph` in the thirty-fifth, h100-2026-12-06-d)
 #   benchmarks/gpu_pending.sh families OUT_DIR   # ~8 min on any card: `prebuild` (timm_xception's
@@ -129,8 +130,9 @@
 #       SMALL_BATCHES=2, then SMALL_BATCHES=4), no bundles: timm_resnet50's fused FP8 layers
 #       at batch 2 and 4, every candidate tile (fp8_conv_bench.py --fused-layers --batch N),
 #       each printing a MEASURED_TILES_BATCH<N> table, then the model compiled for that batch:
-#       fp16, fp8 fused with those tiles (fp8-fused-tuned) and with the table it has now. Thirty-seventh session, H100s: fp8 ran
-#       0.84x / 0.91x fp16 at batch 2 / 4 on the dynamic graph's batch-32 tiles, and a static
+#       fp16, fp8 fused with those tiles (fp8-fused-tuned) and with the table it has now.
+#       Thirty-seventh session, H100s: fp8 ran 0.84x / 0.91x fp16 at batch 2 / 4 on the
+#       dynamic graph's batch-32 tiles, and a static
 #       graph with the batch-1 tiles helped 2 and hurt 4 (h100-2026-12-06-f, call 10); the
 #       model compiled for batch 2 with the batch-32 tiles ran 0.883x fp16 (call 12, whose
 #       budget left the layers none); such tables and `static_batches` {"fp8": [1, 2, 4]}
@@ -312,7 +314,7 @@ load)   # `build`, then the fp16 bundle's activation by phase, the load check on
     --variant "check-off:TRT_BUNDLE_AOTI_LOAD_CHECK=0,$sizes" \
     --variant "check-on-again:TRT_BUNDLE_AOTI_LOAD_CHECK=1,$sizes"
   ;;
-first)   # by the card: H200 -> build + pair; else the TMA probe (tma)
+first)   # by the card: H200 -> build + pair; else the batch-2 tiles (r50-tiles-small)
   card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   echo "== card: $card"
   case "$card" in
@@ -321,7 +323,7 @@ first)   # by the card: H200 -> build + pair; else the TMA probe (tma)
       bash "$here/gpu_pending.sh" pair "$out" || exit 1
     ;;
   *)
-    bash "$here/gpu_pending.sh" tma "$out" || exit 1
+    SMALL_BATCHES=${SMALL_BATCHES:-2} bash "$here/gpu_pending.sh" r50-tiles-small "$out" || exit 1
     ;;
   esac
   ;;

@@ -135,9 +135,10 @@ def _run_step(tmp_path: Path, card: str, what: str = "first", built: bool = True
 
 
 @needs_bash
-def test_first_runs_the_pair_on_an_h200_and_the_tma_probe_elsewhere(tmp_path):
+def test_first_runs_the_pair_on_an_h200_and_the_batch2_tiles_elsewhere(tmp_path):
     """The one call a scarce machine may allow does what its card is needed for: issue 15's
-    H200 pair on an H200; on anything else issue 18's TMA probe, which needs no bundle."""
+    H200 pair on an H200; on anything else timm_resnet50's tile search at batch 2 (one
+    size a call), which needs no bundle."""
     done, calls = _run_step(tmp_path / "h200", "NVIDIA H200")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "== card: NVIDIA H200" in done.stdout
@@ -150,7 +151,9 @@ def test_first_runs_the_pair_on_an_h200_and_the_tma_probe_elsewhere(tmp_path):
 
     done, calls = _run_step(tmp_path / "h100", "NVIDIA H100 80GB HBM3", built=False)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert calls == ["python3 benchmarks/fp8_tma_probe.py --aoti"], calls
+    assert len(calls) == 1 and calls[0].startswith(
+        "python3 benchmarks/fp8_conv_bench.py --fused-layers --batch 2 --model-only "), calls
+    assert "--budget-s 420 --model-reserve-s 45" in calls[0], calls
 
 
 @needs_bash
