@@ -64,19 +64,23 @@ def test_which_layers_tma_can_tile_and_the_tiles_they_take():
     # every tile the build may take has rows AOTInductor's descriptors can encode
     assert all(tiles_fit(t) for t in MEASURED_TMA_TILES.values()) and tiles_fit(DEFAULT_TMA_TILES)
     assert not tiles_fit((128, 128, 64, 8, 3)) and not tiles_fit((64, 64, 256, 4, 3))
+    # under 32 bytes a row (16 e4m3 columns) is refused by the encoding too
+    assert not tiles_fit((128, 16, 64, 4, 3)) and not tiles_fit((128, 64, 16, 4, 3))
+    assert tiles_fit((64, 32, 128, 4, 3))
     assert tma_tiles_for(1024, 256) == MEASURED_TMA_TILES[(1024, 256)]
     assert tma_tiles_for(48, 96) == DEFAULT_TMA_TILES
 
 
 @needs_triton
-def test_tiles_too_wide_for_aotinductor_and_unaligned_rows_are_refused_before_a_launch():
+def test_tiles_aotinductor_cannot_encode_and_unaligned_rows_are_refused_before_a_launch():
     from bundler.targets.torch_aoti.kernels.fp8_conv_tma import fp8_conv_1x1_tma
 
     x = torch.zeros(1, 2, 2, 32).to(torch.float8_e4m3fn)
     w = torch.zeros(32, 32).to(torch.float8_e4m3fn)
     s, b = torch.ones(32), torch.zeros(32)
-    with pytest.raises(ValueError, match="wider than 128 bytes"):
-        fp8_conv_1x1_tma(x, w, s, b, 32, tiles=(64, 128, 64, 4, 3))
+    for tiles in ((64, 128, 64, 4, 3), (64, 16, 64, 4, 3)):      # too wide, too narrow
+        with pytest.raises(ValueError, match=r"rows outside 32\.\.128 bytes"):
+            fp8_conv_1x1_tma(x, w, s, b, 32, tiles=tiles)
     with pytest.raises(ValueError, match="16-byte"):
         fp8_conv_1x1_tma(x[..., :24], w[:, :24], s, b, 32)
     with pytest.raises(ValueError, match="neither output"):

@@ -41,8 +41,8 @@ from bundler.fp8 import E4M3_MAX
 from bundler.targets.torch_aoti.kernels.fp8_conv import _grouped_tile, _quantize_e4m3
 
 __all__ = ["TmaTiles", "MEASURED_TMA_TILES", "DEFAULT_TMA_TILES", "GROUP_M",
-           "MAX_BOX_ROW_BYTES", "tiles_fit", "tma_eligible", "tma_tiles_for",
-           "fp8_conv_1x1_tma"]
+           "MAX_BOX_ROW_BYTES", "MIN_BOX_ROW_BYTES", "tiles_fit", "tma_eligible",
+           "tma_tiles_for", "fp8_conv_1x1_tma"]
 
 #: (block_m, block_n, block_k, num_warps, num_stages)
 TmaTiles = tuple[int, int, int, int, int]
@@ -56,6 +56,9 @@ DEFAULT_TMA_TILES: TmaTiles = (128, 64, 64, 4, 3)
 #: Triton's own launcher splits them). So BLOCK_N <= 64 (fp16 outputs and residual) and
 #: BLOCK_K <= 128 (e4m3 operands).
 MAX_BOX_ROW_BYTES = 128
+#: The narrowest: the same encoding refuses rows under 32 bytes ("block size too small",
+#: torch 2.11 and 2.14's ``initTMADescriptor``), so BLOCK_N and BLOCK_K >= 32 (e4m3 rows).
+MIN_BOX_ROW_BYTES = 32
 #: (in channels, out channels) -> tiles for timm_resnet50's dense 1x1 layers at batch 32 on
 #: an H100: the fastest of ``fp8_tma_probe.FIT_TILES`` for the layer's costliest epilogue
 #: (docs/measurements/h100-2026-12-06-e/tma-fit.log: 0.716 ms over those layers against the
@@ -78,9 +81,11 @@ MEASURED_TMA_TILES: Mapping[tuple[int, int], TmaTiles] = {
 
 def tiles_fit(tiles: TmaTiles) -> bool:
     """Whether every descriptor of ``tiles`` has rows AOTInductor can encode
-    (``MAX_BOX_ROW_BYTES``: fp16 rows of BLOCK_N, e4m3 rows of BLOCK_K and BLOCK_N)."""
+    (``MIN_BOX_ROW_BYTES`` to ``MAX_BOX_ROW_BYTES``: fp16 rows of BLOCK_N, e4m3 rows of
+    BLOCK_K and BLOCK_N)."""
     _bm, bn, bk, _w, _s = tiles
-    return 2 * bn <= MAX_BOX_ROW_BYTES and bk <= MAX_BOX_ROW_BYTES
+    return (2 * bn <= MAX_BOX_ROW_BYTES and bk <= MAX_BOX_ROW_BYTES
+            and min(bn, bk) >= MIN_BOX_ROW_BYTES)
 
 
 def tma_eligible(cin: int, cout: int, kernel: tuple, stride: tuple, padding: tuple,
@@ -165,8 +170,9 @@ def fp8_conv_1x1_tma(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     if c % 16 or weight.stride(0) % 16 or cout % 16:
         raise ValueError("fp8_conv_1x1_tma: needs NHWC rows of 16-byte multiples")
     if not tiles_fit(tiles):
-        raise ValueError(f"fp8_conv_1x1_tma: tiles {tiles} have rows wider than "
-                         f"{MAX_BOX_ROW_BYTES} bytes, which AOTInductor cannot encode")
+        raise ValueError(f"fp8_conv_1x1_tma: tiles {tiles} have rows outside "
+                         f"{MIN_BOX_ROW_BYTES}..{MAX_BOX_ROW_BYTES} bytes, which AOTInductor "
+                         "cannot encode")
     # the rows as one dense [m, C] matrix; an input traced with other strides (Dynamo's
     # fake CUDA max pool gives NCHW strides where eager keeps channels_last) is copied
     x = x.contiguous()
