@@ -118,7 +118,8 @@
 #       most needed for, when machines are scarce (thirty-second session: 16 calls got
 #       none that ran its command): on an H200, `build` then `pair` (issue 15's H200
 #       figure, WORKERS=16, PROCS=8, REPEATS=3 unless set; then `resnet-tma` on the same warm
-#       machine: ResNet's H200 figure); on any other card, `r50-tiles-small` at batch 2. The
+#       machine: ResNet's H200 figure); on any other card, `r50-small` (thirty-seventh and
+#       thirty-eighth sessions: `r50-tiles-small` at batch 2, then 4). The
 #       GPU tests (`gputest`) passed on H100s in the thirty-third to thirty-fifth sessions
 #       (the runner's 18 with `PackageGraph` in the thirty-fifth, h100-2026-12-06-d)
 #   benchmarks/gpu_pending.sh families OUT_DIR   # ~8 min on any card: `prebuild` (timm_xception's
@@ -137,14 +138,19 @@
 #       model compiled for batch 2 with the batch-32 tiles ran 0.883x fp16 (call 12, whose
 #       budget left the layers none); such tables and `static_batches` {"fp8": [1, 2, 4]}
 #       are the next try
+#   benchmarks/gpu_pending.sh r50-small OUT_DIR   # ~6 min: issue 18, timm_resnet50's fp16 and
+#       fp8 bundles as the family has them (fp8: static graphs for batch 1, 2 and 4, each with
+#       its measured tiles) and the fp8 form before (static batch 1 only, the family folder
+#       copied with that one change), built at once; the new fp8 verified, the three timed
+#       with the peer in one process at batches 1,2,4,8,16,32 (R50_BATCHES=)
 #   benchmarks/gpu_pending.sh next OUT_DIR   # after `families` on the same warm machine: on
 #       an H200 `pair` (as `first`), on any other card `xception-time`
 #
 # Bundles: PENDING_DIR (/tmp/pending). Logs: OUT_DIR/<step>.log. Each step prints as it goes
 # and has its own timeout.
 set -u
-what=${1:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small OUT_DIR}
-out=${2:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small OUT_DIR}
+what=${1:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-small OUT_DIR}
+out=${2:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-small OUT_DIR}
 mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
@@ -314,7 +320,7 @@ load)   # `build`, then the fp16 bundle's activation by phase, the load check on
     --variant "check-off:TRT_BUNDLE_AOTI_LOAD_CHECK=0,$sizes" \
     --variant "check-on-again:TRT_BUNDLE_AOTI_LOAD_CHECK=1,$sizes"
   ;;
-first)   # by the card: H200 -> build + pair; else the batch-2 tiles (r50-tiles-small)
+first)   # by the card: H200 -> build + pair; else timm_resnet50's small static batches (r50-small)
   card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   echo "== card: $card"
   case "$card" in
@@ -323,7 +329,7 @@ first)   # by the card: H200 -> build + pair; else the batch-2 tiles (r50-tiles-
       bash "$here/gpu_pending.sh" pair "$out" || exit 1
     ;;
   *)
-    SMALL_BATCHES=${SMALL_BATCHES:-2} bash "$here/gpu_pending.sh" r50-tiles-small "$out" || exit 1
+    bash "$here/gpu_pending.sh" r50-small "$out" || exit 1
     ;;
   esac
   ;;
@@ -377,6 +383,28 @@ r50-tiles-small)   # timm_resnet50's fused FP8 layers: the best tiles at batch 2
       --budget-s "${TILES_BUDGET:-420}" --model-reserve-s 45 --quiet \
       --json "$out/r50-tiles-b$n.json"
   done
+  ;;
+r50-small)   # issue 18: timm_resnet50 fp8 with graphs for static batch 2 and 4 (their own tiles)
+  # against the form before (static batch 1 only: the family folder copied with that one
+  # setting changed, found first through TRT_BUNDLE_FAMILIES_PATH) and fp16, one process
+  before=$bundles/r50-before
+  mkdir -p "$bundles/r50-small" "$before/families"
+  rm -rf "$before/families/timm_resnet50"; cp -r families/timm_resnet50 "$before/families/"
+  python3 -c "import json, sys; p = sys.argv[1]; f = json.load(open(p)); \
+f['torch_aoti']['static_batches'] = [1]; json.dump(f, open(p, 'w'), indent=2)" \
+    "$before/families/timm_resnet50/family.json"
+  FAMILY=timm_resnet50 TRT_BUNDLE_FAMILIES_PATH="$before/families" bash -c '. benchmarks/gpu_common.sh; \
+    make_parallel "$0" "fp8:--precision fp8"' "$before" >"$out/r50-before-make.log" 2>&1 &
+  made=$!
+  step r50-small-build "${BUILD_LIMIT:-330}" env FAMILY=timm_resnet50 bash -c '. benchmarks/gpu_common.sh; \
+    make_parallel "$0" "fp16:--precision fp16" "fp8:--precision fp8"' "$bundles/r50-small"
+  wait "$made"; echo "== r50-before-make: exit $?"; tail -4 "$out/r50-before-make.log"
+  cp "$bundles"/r50-small/make-*.log "$out/" 2>/dev/null
+  small=$(ls "$bundles"/r50-small/timm_resnet50-fp8-*-torch-aoti.bundle)
+  step r50-small-verify 60 python3 -m bundler.cli verify --numerics "$small"
+  step r50-small-time "${TIME_LIMIT:-240}" python3 benchmarks/aoti_static_vs_peer.py \
+    "$bundles"/r50-small/timm_resnet50-fp16-*-torch-aoti.bundle \
+    "$before"/timm_resnet50-fp8-*-torch-aoti.bundle "$small" --batch-sizes "${R50_BATCHES:-1,2,4,8,16,32}"
   ;;
 tma)   # issue 18: timm_resnet50's dense 1x1 FP8 convolutions with TMA against the shipped kernel
   step tma "${TMA_LIMIT:-420}" python3 benchmarks/fp8_tma_probe.py --aoti

@@ -331,14 +331,16 @@ def test_the_benchmark_measures_each_layer_with_its_fused_epilogue():
 
 
 def test_the_measured_tile_table_covers_resnet50s_fp8_layers_with_measured_configs():
-    """MEASURED_TILES (batch 32, and the dynamic graph) and MEASURED_TILES_BATCH1 are timm
-    ResNet-50's tables: one entry per shape of its 52 FP8 convolutions (every conv but the
+    """MEASURED_TILES (batch 32, and the dynamic graph) and MEASURED_TILES_BATCH1, 2 and 4
+    (static graphs) are timm ResNet-50's tables: one entry per shape of its 52 FP8 convolutions (every conv but the
     7x7 stem), each a config the benchmark measures (a candidate or the default rule's),
     and config_for hands each out for its batch."""
     timm = pytest.importorskip("timm")
     from bundler.targets.torch_aoti.kernels.fp8_conv import (CANDIDATE_CONFIGS,
                                                              FEW_STAGE_CONFIGS, MEASURED_TILES,
                                                              MEASURED_TILES_BATCH1,
+                                                             MEASURED_TILES_BATCH2,
+                                                             MEASURED_TILES_BATCH4,
                                                              MEASURED_TILES_BY_BATCH,
                                                              SMALL_BATCH_CONFIGS, config_for,
                                                              default_config, tile_key)
@@ -354,15 +356,23 @@ def test_the_measured_tile_table_covers_resnet50s_fp8_layers_with_measured_confi
             or tiles == default_config(cin, cout, (kh, kw)), key
         assert config_for(cin, cout, (kh, kw), (sh, sw)) == tiles
         assert config_for(cin, cout, (kh, kw), (sh, sw), batch=32) == tiles
-    # the batch-1 table (measured with the small-batch candidates too), for static graphs
-    assert set(MEASURED_TILES_BY_BATCH) == {1, 32} and MEASURED_TILES_BY_BATCH[32] is MEASURED_TILES
-    assert set(MEASURED_TILES_BATCH1) == shapes
+    # the small-batch tables (measured with the small-batch candidates too), for static graphs
+    assert set(MEASURED_TILES_BY_BATCH) == {1, 2, 4, 32}
+    assert MEASURED_TILES_BY_BATCH[32] is MEASURED_TILES
     measured = set(CANDIDATE_CONFIGS) | set(SMALL_BATCH_CONFIGS)
-    for key, tiles in MEASURED_TILES_BATCH1.items():
-        cin, cout, kh, kw, sh, sw = key
-        assert tiles in measured or tiles == default_config(cin, cout, (kh, kw)), key
-        assert config_for(cin, cout, (kh, kw), (sh, sw), batch=1) == tiles
-    assert MEASURED_TILES_BATCH1 != MEASURED_TILES
+    for batch, table in ((1, MEASURED_TILES_BATCH1), (2, MEASURED_TILES_BATCH2),
+                         (4, MEASURED_TILES_BATCH4)):
+        assert MEASURED_TILES_BY_BATCH[batch] is table
+        assert set(table) == shapes, batch
+        for key, tiles in table.items():
+            cin, cout, kh, kw, sh, sw = key
+            assert tiles in measured or tiles == default_config(cin, cout, (kh, kw)), key
+            assert config_for(cin, cout, (kh, kw), (sh, sw), batch=batch) == tiles
+        assert table != MEASURED_TILES, batch
+    # a static batch without a table of its own (8) takes the dynamic graph's
+    key = next(iter(MEASURED_TILES))
+    cin, cout, kh, kw, sh, sw = key
+    assert config_for(cin, cout, (kh, kw), (sh, sw), batch=8) == MEASURED_TILES[key]
 
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),

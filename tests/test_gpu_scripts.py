@@ -105,11 +105,12 @@ def test_make_parallel_reuses_what_an_earlier_call_built(tmp_path):
     assert failed.returncode != 0 and "a build failed" in failed.stdout
 
 
-def _run_step(tmp_path: Path, card: str, what: str = "first", built: bool = True
-              ) -> tuple[subprocess.CompletedProcess, list[str]]:
+def _run_step(tmp_path: Path, card: str, what: str = "first",
+              built: bool | list[str] = True) -> tuple[subprocess.CompletedProcess, list[str]]:
     """gpu_pending.sh step WHAT in a copy of benchmarks/, with `nvidia-smi` naming CARD and
     the bundle command and python3 replaced by loggers: which commands it starts. BUILT:
-    whether the step should have built the two uint8 bundles (their make logs)."""
+    whether the step should have built the two uint8 bundles (their make logs), or the
+    names the bundle folder should hold."""
     bench = tmp_path / "repo" / "benchmarks"
     bench.mkdir(parents=True)
     for name in ("gpu_pending.sh", "gpu_common.sh"):
@@ -119,7 +120,8 @@ def _run_step(tmp_path: Path, card: str, what: str = "first", built: bool = True
     calls = tmp_path / "calls.log"
     for name, body in (("nvidia-smi", f'echo "{card}"'),
                        ("python3", f'echo "python3 $*" >> "{calls}"'),
-                       ("fake-bundle", f'echo "bundle $*" >> "{calls}"')):
+                       ("fake-bundle",
+                        f'echo "bundle $* families=$TRT_BUNDLE_FAMILIES_PATH" >> "{calls}"')):
         (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
         (bin_dir / name).chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
@@ -129,16 +131,17 @@ def _run_step(tmp_path: Path, card: str, what: str = "first", built: bool = True
     done = subprocess.run(["timeout", "60", "bash", str(bench / "gpu_pending.sh"), what,
                            str(tmp_path / "out")], capture_output=True, text=True, env=env,
                           cwd=tmp_path)
-    assert sorted(p.name for p in (tmp_path / "pending").iterdir()) == ([
-        "make-timm_xception-fp16-uint8.log", "make-timm_xception-fp8-uint8.log"] if built else [])
+    expected = built if isinstance(built, list) else [
+        "make-timm_xception-fp16-uint8.log", "make-timm_xception-fp8-uint8.log"] if built else []
+    assert sorted(p.name for p in (tmp_path / "pending").iterdir()) == expected
     return done, calls.read_text().splitlines() if calls.exists() else []
 
 
 @needs_bash
-def test_first_runs_the_pair_on_an_h200_and_the_batch2_tiles_elsewhere(tmp_path):
+def test_first_runs_the_pair_on_an_h200_and_resnets_small_batches_elsewhere(tmp_path):
     """The one call a scarce machine may allow does what its card is needed for: issue 15's
-    H200 pair on an H200; on anything else timm_resnet50's tile search at batch 2 (one
-    size a call), which needs no bundle."""
+    H200 pair on an H200; on anything else timm_resnet50's small static batches
+    (`r50-small`)."""
     done, calls = _run_step(tmp_path / "h200", "NVIDIA H200")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "== card: NVIDIA H200" in done.stdout
@@ -149,11 +152,36 @@ def test_first_runs_the_pair_on_an_h200_and_the_batch2_tiles_elsewhere(tmp_path)
         and "--rounds 3" in pair[0] and "--cuda-graph-sizes 1,2,4,8,16,24" in pair[0], pair
     assert not any("-m pytest" in c for c in calls), calls
 
-    done, calls = _run_step(tmp_path / "h100", "NVIDIA H100 80GB HBM3", built=False)
+    done, calls = _run_step(tmp_path / "h100", "NVIDIA H100 80GB HBM3",
+                            built=["r50-before", "r50-small"])
     assert done.returncode == 0, done.stdout + done.stderr
-    assert len(calls) == 1 and calls[0].startswith(
-        "python3 benchmarks/fp8_conv_bench.py --fused-layers --batch 2 --model-only "), calls
-    assert "--budget-s 420 --model-reserve-s 45" in calls[0], calls
+    assert [c for c in calls if "aoti_static_vs_peer.py" in c], calls     # r50-small's timing
+
+
+@needs_bash
+def test_r50_small_builds_the_family_and_the_form_before_and_times_them_at_small_batches(
+        tmp_path):
+    """`r50-small`: timm_resnet50's fp16 and fp8 bundles as the family has them, and the fp8
+    form before its small static graphs, built from a copy of the family folder (with
+    static batch 1 only) that the families path puts first; the new fp8 verified, the
+    three timed at the small batches and up."""
+    repo = tmp_path / "repo"
+    shutil.copytree(BENCHMARKS.parent / "families" / "timm_resnet50",
+                    repo / "families" / "timm_resnet50")
+    done, calls = _run_step(tmp_path, "NVIDIA H100 80GB HBM3", "r50-small",
+                            built=["r50-before", "r50-small"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    pending = tmp_path / "pending"
+    makes = [c for c in calls if c.startswith("bundle make timm_resnet50")]
+    assert sorted(c.split("--out ")[1] for c in makes) == sorted([
+        f"{pending}/r50-small --precision fp16 families=",
+        f"{pending}/r50-small --precision fp8 families=",
+        f"{pending}/r50-before --precision fp8 families={pending}/r50-before/families"]), calls
+    assert (pending / "r50-before/families/timm_resnet50/family.json").exists()
+    assert any("verify --numerics" in c for c in calls), calls
+    timed = [c for c in calls if "aoti_static_vs_peer.py" in c]
+    assert len(timed) == 1 and timed[0].endswith("--batch-sizes 1,2,4,8,16,32"), timed
+    assert "r50-before/" in timed[0] and "r50-small/" in timed[0], timed
 
 
 @needs_bash

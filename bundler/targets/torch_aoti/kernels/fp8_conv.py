@@ -57,7 +57,8 @@ from bundler.targets.torch_aoti.fp8_layers import conv_output_hw
 
 __all__ = ["GELU_FORMS", "Fp8ConvConfig", "CANDIDATE_CONFIGS", "FEW_STAGE_CONFIGS",
            "SMALL_BATCH_CONFIGS", "MEASURED_TILES",
-           "MEASURED_TILES_BATCH1", "MEASURED_TILES_BY_BATCH", "TileKey", "TileTable", "tile_key", "small_batch_config", "default_config", "config_for", "fp8_conv_nhwc", "fp8_conv",
+           "MEASURED_TILES_BATCH1", "MEASURED_TILES_BATCH2", "MEASURED_TILES_BATCH4",
+           "MEASURED_TILES_BY_BATCH", "TileKey", "TileTable", "tile_key", "small_batch_config", "default_config", "config_for", "fp8_conv_nhwc", "fp8_conv",
            "fp8_conv_nhwc_fused", "fp8_conv_fused"]
 
 OP = "trt_bundle::fp8_conv_nhwc"
@@ -191,10 +192,73 @@ MEASURED_TILES_BATCH1: TileTable = {
 }
 
 
+#: The same at batch 2 (``fp8_conv_bench.py --fused-layers --batch 2``, small-batch tiles
+#: tried too), for timm_resnet50's static batch-2 graph. NVIDIA H100 80GB HBM3 (sm_90, as
+#: the H200), torch 2.11 / triton 3.6, 2026-12-06 (``docs/measurements/gpu-2026-12-06-g/
+#: first.log``): the 52 fused convolutions 0.675 ms with the batch-32 tiles, 0.473 ms with
+#: these; the model compiled for batch 2: fp8 0.478 -> 0.364 ms, fp16 0.413.
+MEASURED_TILES_BATCH2: TileTable = {
+    (64, 64, 1, 1, 1, 1): Fp8ConvConfig(32, 32, 128, 4, 4, 8),  # 1x1 s1 64->64 @56: 0.0077 ms, default 0.0095
+    (64, 64, 3, 3, 1, 1): Fp8ConvConfig(64, 128, 64, 4, 4, 8),  # 3x3 s1 64->64 @56: 0.0276 ms, default 0.0284
+    (64, 256, 1, 1, 1, 1): Fp8ConvConfig(32, 128, 64, 4, 4, 8),  # 1x1 s1 64->256 @56: 0.0350 ms, default 0.0397
+    (256, 64, 1, 1, 1, 1): Fp8ConvConfig(64, 64, 128, 4, 3, 8),  # 1x1 s1 256->64 @56: 0.0156 ms, default 0.0179
+    (256, 128, 1, 1, 1, 1): Fp8ConvConfig(64, 64, 128, 4, 3, 8),  # 1x1 s1 256->128 @56: 0.0082 ms, default 0.0088
+    (128, 128, 3, 3, 2, 2): Fp8ConvConfig(64, 32, 128, 4, 3, 8),  # 3x3 s2 128->128 @56: 0.0089 ms, default 0.0145
+    (128, 512, 1, 1, 1, 1): Fp8ConvConfig(32, 64, 128, 4, 3, 8),  # 1x1 s1 128->512 @28: 0.0354 ms, default 0.0415
+    (256, 512, 1, 1, 2, 2): Fp8ConvConfig(128, 64, 128, 4, 3, 8),  # 1x1 s2 256->512 @56: 0.0087 ms, default 0.0135
+    (512, 128, 1, 1, 1, 1): Fp8ConvConfig(128, 64, 128, 4, 3, 8),  # 1x1 s1 512->128 @28: 0.0247 ms, default 0.0400
+    (128, 128, 3, 3, 1, 1): Fp8ConvConfig(64, 32, 128, 4, 3, 8),  # 3x3 s1 128->128 @28: 0.0269 ms, default 0.0441
+    (512, 256, 1, 1, 1, 1): Fp8ConvConfig(32, 128, 64, 4, 4, 8),  # 1x1 s1 512->256 @28: 0.0089 ms, default 0.0099
+    (256, 256, 3, 3, 2, 2): Fp8ConvConfig(32, 32, 128, 4, 4, 8),  # 3x3 s2 256->256 @28: 0.0107 ms, default 0.0177
+    (256, 1024, 1, 1, 1, 1): Fp8ConvConfig(16, 64, 128, 4, 4, 8),  # 1x1 s1 256->1024 @14: 0.0492 ms, default 0.0636
+    (512, 1024, 1, 1, 2, 2): Fp8ConvConfig(32, 128, 64, 4, 4, 8),  # 1x1 s2 512->1024 @28: 0.0089 ms, default 0.0095
+    (1024, 256, 1, 1, 1, 1): Fp8ConvConfig(64, 64, 128, 4, 3, 8),  # 1x1 s1 1024->256 @14: 0.0430 ms, default 0.0587
+    (256, 256, 3, 3, 1, 1): Fp8ConvConfig(16, 32, 128, 2, 4, 8),  # 3x3 s1 256->256 @14: 0.0554 ms, default 0.0901
+    (1024, 512, 1, 1, 1, 1): Fp8ConvConfig(64, 32, 128, 4, 3, 8),  # 1x1 s1 1024->512 @14: 0.0085 ms, default 0.0115
+    (512, 512, 3, 3, 2, 2): Fp8ConvConfig(16, 32, 256, 4, 3, 8),  # 3x3 s2 512->512 @14: 0.0141 ms, default 0.0272
+    (512, 2048, 1, 1, 1, 1): Fp8ConvConfig(64, 64, 128, 4, 3, 8),  # 1x1 s1 512->2048 @7: 0.0258 ms, default 0.0325
+    (1024, 2048, 1, 1, 2, 2): Fp8ConvConfig(64, 32, 128, 4, 3, 8),  # 1x1 s2 1024->2048 @14: 0.0087 ms, default 0.0109
+    (2048, 512, 1, 1, 1, 1): Fp8ConvConfig(16, 32, 256, 4, 3, 8),  # 1x1 s1 2048->512 @7: 0.0170 ms, default 0.0302
+    (512, 512, 3, 3, 1, 1): Fp8ConvConfig(16, 32, 256, 4, 3, 8),  # 3x3 s1 512->512 @7: 0.0269 ms, default 0.0552
+}
+
+
+#: The same at batch 4, for timm_resnet50's static batch-4 graph; the same H100, day and
+#: versions (``docs/measurements/gpu-2026-12-06-g/r50-tiles-b4.log``): the 52 fused
+#: convolutions 0.743 ms with the batch-32 tiles, 0.602 ms with these; the model compiled for
+#: batch 4: fp8 0.519 -> 0.456 ms, fp16 0.483.
+MEASURED_TILES_BATCH4: TileTable = {
+    (64, 64, 1, 1, 1, 1): Fp8ConvConfig(64, 64, 128, 4, 3, 8),  # 1x1 s1 64->64 @56: 0.0111 ms, default 0.0183
+    (64, 64, 3, 3, 1, 1): Fp8ConvConfig(128, 64, 64, 4, 4, 8),  # 3x3 s1 64->64 @56: 0.0360 ms, default 0.0360
+    (64, 256, 1, 1, 1, 1): Fp8ConvConfig(64, 128, 64, 4, 4, 8),  # 1x1 s1 64->256 @56: 0.0490 ms, default 0.0596
+    (256, 64, 1, 1, 1, 1): Fp8ConvConfig(64, 128, 64, 4, 4, 8),  # 1x1 s1 256->64 @56: 0.0220 ms, default 0.0222
+    (256, 128, 1, 1, 1, 1): Fp8ConvConfig(32, 128, 64, 4, 4, 8),  # 1x1 s1 256->128 @56: 0.0118 ms, default 0.0172
+    (128, 128, 3, 3, 2, 2): Fp8ConvConfig(64, 32, 128, 4, 3, 8),  # 3x3 s2 128->128 @56: 0.0107 ms, default 0.0164
+    (128, 512, 1, 1, 1, 1): Fp8ConvConfig(32, 128, 64, 4, 4, 8),  # 1x1 s1 128->512 @28: 0.0427 ms, default 0.0456
+    (256, 512, 1, 1, 2, 2): Fp8ConvConfig(64, 128, 64, 4, 4, 8),  # 1x1 s2 256->512 @56: 0.0106 ms, default 0.0111
+    (512, 128, 1, 1, 1, 1): Fp8ConvConfig(64, 64, 128, 4, 3, 8),  # 1x1 s1 512->128 @28: 0.0332 ms, default 0.0343
+    (128, 128, 3, 3, 1, 1): Fp8ConvConfig(64, 32, 128, 4, 3, 8),  # 3x3 s1 128->128 @28: 0.0336 ms, default 0.0454
+    (512, 256, 1, 1, 1, 1): Fp8ConvConfig(64, 32, 128, 4, 3, 8),  # 1x1 s1 512->256 @28: 0.0109 ms, default 0.0111
+    (256, 256, 3, 3, 2, 2): Fp8ConvConfig(64, 64, 128, 4, 3, 8),  # 3x3 s2 256->256 @28: 0.0122 ms, default 0.0180
+    (256, 1024, 1, 1, 1, 1): Fp8ConvConfig(16, 64, 128, 4, 4, 8),  # 1x1 s1 256->1024 @14: 0.0657 ms, default 0.0682
+    (512, 1024, 1, 1, 2, 2): Fp8ConvConfig(32, 128, 64, 4, 4, 8),  # 1x1 s2 512->1024 @28: 0.0110 ms, default 0.0113
+    (1024, 256, 1, 1, 1, 1): Fp8ConvConfig(16, 32, 128, 2, 4, 8),  # 1x1 s1 1024->256 @14: 0.0549 ms, default 0.0606
+    (256, 256, 3, 3, 1, 1): Fp8ConvConfig(64, 64, 128, 4, 3, 8),  # 3x3 s1 256->256 @14: 0.0635 ms, default 0.0926
+    (1024, 512, 1, 1, 1, 1): Fp8ConvConfig(128, 64, 128, 4, 3, 8),  # 1x1 s1 1024->512 @14: 0.0110 ms, default 0.0120
+    (512, 512, 3, 3, 2, 2): Fp8ConvConfig(32, 32, 128, 4, 4, 8),  # 3x3 s2 512->512 @14: 0.0162 ms, default 0.0278
+    (512, 2048, 1, 1, 1, 1): Fp8ConvConfig(32, 32, 128, 4, 4, 8),  # 1x1 s1 512->2048 @7: 0.0331 ms, default 0.0352
+    (1024, 2048, 1, 1, 2, 2): Fp8ConvConfig(64, 128, 64, 4, 4, 8),  # 1x1 s2 1024->2048 @14: 0.0106 ms, default 0.0116
+    (2048, 512, 1, 1, 1, 1): Fp8ConvConfig(64, 64, 128, 4, 3, 8),  # 1x1 s1 2048->512 @7: 0.0220 ms, default 0.0316
+    (512, 512, 3, 3, 1, 1): Fp8ConvConfig(32, 32, 128, 4, 4, 8),  # 3x3 s1 512->512 @7: 0.0328 ms, default 0.0568
+}
+
+
 #: Tables for graphs compiled for one static batch (family.json ``torch_aoti.static_batches``):
 #: batch -> its table. A layer traced with a static batch that has a table here takes its tiles
 #: from it (``config_for(batch=)``); a dynamic-batch graph takes ``MEASURED_TILES``.
-MEASURED_TILES_BY_BATCH: dict[int, TileTable] = {1: MEASURED_TILES_BATCH1, 32: MEASURED_TILES}
+MEASURED_TILES_BY_BATCH: dict[int, TileTable] = {
+    1: MEASURED_TILES_BATCH1, 2: MEASURED_TILES_BATCH2, 4: MEASURED_TILES_BATCH4,
+    32: MEASURED_TILES}
 
 
 def tile_key(cin: int, cout: int, kernel: tuple[int, int], stride: tuple[int, int]) -> TileKey:
