@@ -194,8 +194,8 @@ MEASURED_TILES_BATCH1: TileTable = {
 
 #: The same at batch 2 (``fp8_conv_bench.py --fused-layers --batch 2``, small-batch tiles
 #: tried too), for timm_resnet50's static batch-2 graph. NVIDIA H100 80GB HBM3 (sm_90, as
-#: the H200), torch 2.11 / triton 3.6, 2026-12-06 (``docs/measurements/gpu-2026-12-06-g/
-#: first.log``): the 52 fused convolutions 0.675 ms with the batch-32 tiles, 0.473 ms with
+#: the H200), torch 2.11 / triton 3.6, 2026-12-06 (``docs/measurements/h100-2026-12-06-g/
+#: call1-first.log``): the 52 fused convolutions 0.675 ms with the batch-32 tiles, 0.473 ms with
 #: these; the model compiled for batch 2: fp8 0.478 -> 0.364 ms, fp16 0.413.
 MEASURED_TILES_BATCH2: TileTable = {
     (64, 64, 1, 1, 1, 1): Fp8ConvConfig(32, 32, 128, 4, 4, 8),  # 1x1 s1 64->64 @56: 0.0077 ms, default 0.0095
@@ -224,7 +224,7 @@ MEASURED_TILES_BATCH2: TileTable = {
 
 
 #: The same at batch 4, for timm_resnet50's static batch-4 graph; the same H100, day and
-#: versions (``docs/measurements/gpu-2026-12-06-g/r50-tiles-b4.log``): the 52 fused
+#: versions (``docs/measurements/h100-2026-12-06-g/call2-r50-tiles-b4.log``): the 52 fused
 #: convolutions 0.743 ms with the batch-32 tiles, 0.602 ms with these; the model compiled for
 #: batch 4: fp8 0.519 -> 0.456 ms, fp16 0.483.
 MEASURED_TILES_BATCH4: TileTable = {
