@@ -107,6 +107,48 @@ def test_timm_resnet50_puts_its_33_dense_1x1_layers_on_the_tma_kernel():
     assert not export_strict(rewrite_fused(model, fp8))
 
 
+
+@needs_triton
+def test_timm_resnet50s_fp8_static_graphs_each_take_the_tiles_measured_at_their_batch():
+    """The family's fp8 package has graphs for static batch 1, 2 and 4: traced for one of
+    them, every fused layer launches the shipped kernel (not TMA) with that batch's table,
+    and the dynamic graph keeps the batch-32 table and TMA (before the thirty-eighth
+    session batches 2 and 4 ran the dynamic graph's tiles: 0.84-0.91x fp16 on an H100)."""
+    pytest.importorskip("timm")
+    import numpy as np
+
+    from bundler.families import load_family
+    from bundler.targets.torch_aoti.fp8_layers import SMALL_BATCH, exporting_batch
+    from bundler.targets.torch_aoti.fused import FusedConv, rewrite_fused, small_static_batch
+    from bundler.targets.torch_aoti.kernels.fp8_conv import (MEASURED_TILES,
+                                                             MEASURED_TILES_BY_BATCH, tile_key)
+    from bundler.targets.torch_aoti.settings import settings_of
+    from bundler.torch_model import build_torch_model
+
+    family = load_family("timm_resnet50")
+    static = settings_of(family).static_batches_for("fp8")
+    assert static == (1, 2, 4)
+    model = build_torch_model(family, seed=0)
+    fp8 = {n: (0.01, np.full(m.out_channels, 1e-3, np.float32)) for n, m in model.named_modules()
+           if isinstance(m, torch.nn.Conv2d) and n != "conv1"}
+    layers = [m for m in rewrite_fused(model, fp8, tma=True).modules()
+              if isinstance(m, FusedConv) and m.fp8]
+    assert len(layers) == 52
+    x = torch.zeros(1, 2, 2, 8)
+    for n in static:
+        assert n <= SMALL_BATCH and n in MEASURED_TILES_BY_BATCH, n
+        with exporting_batch(n):
+            assert small_static_batch(x)          # the shipped kernel, not TMA
+            for m in layers:
+                key = tile_key(m.cin, m.cout, m.kernel, m.stride)
+                assert m.tiles_for(x) == MEASURED_TILES_BY_BATCH[n][key], (n, key)
+    with exporting_batch(None):
+        assert not small_static_batch(x)
+        for m in layers:
+            key = tile_key(m.cin, m.cout, m.kernel, m.stride)
+            assert m.tiles_for(x) == MEASURED_TILES[key]
+    assert sum(m.tma_tiles is not None for m in layers) == 33
+
 def test_exporting_batch_answers_for_the_graph_being_traced():
     from bundler.targets.torch_aoti.fp8_layers import exporting_batch, static_batch
 

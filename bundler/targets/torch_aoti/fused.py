@@ -97,7 +97,7 @@ class FusedConv(nn.Module):
             raise UsageError(f"{conv}: a fused convolution must write fp16 or e4m3")
         self.relu, self.out16 = relu, out16
         self.fp8 = scales is not None
-        self.cout = conv.out_channels
+        self.cin, self.cout = conv.in_channels, conv.out_channels
         self.register_buffer("out_scale", None if out_scale is None else scale_tensor(out_scale))
         if not self.fp8:
             self.conv = copy.deepcopy(conv).half().to(memory_format=torch.channels_last)
@@ -113,19 +113,19 @@ class FusedConv(nn.Module):
         self.register_buffer("bias", layer.bias_out.clone())
         self.kernel, self.stride = layer.kernel, layer.stride
         self.padding, self.dilation = layer.padding, layer.dilation
-        self.tiles = config_for(conv.in_channels, self.cout, self.kernel, self.stride, tiles)
+        self.tiles = config_for(self.cin, self.cout, self.kernel, self.stride, tiles)
         # a graph traced for a static batch with a table of its own launches its tiles
         tables = MEASURED_TILES_BY_BATCH if batch_tiles is None else batch_tiles
         self.tiles_by_batch = {
-            n: config_for(conv.in_channels, self.cout, self.kernel, self.stride, tiles, n, tables)
+            n: config_for(self.cin, self.cout, self.kernel, self.stride, tiles, n, tables)
             for n in tables}
         if tma:
             from bundler.targets.torch_aoti.kernels.fp8_conv_tma import (tma_eligible,
                                                                          tma_tiles_for)
 
-            if tma_eligible(conv.in_channels, self.cout, self.kernel, self.stride,
+            if tma_eligible(self.cin, self.cout, self.kernel, self.stride,
                             self.padding, self.dilation):
-                self.tma_tiles = tma_tiles_for(conv.in_channels, self.cout)
+                self.tma_tiles = tma_tiles_for(self.cin, self.cout)
 
     def tiles_for(self, x: torch.Tensor):
         """The tiles of a launch on ``x``: its static batch's, else the dynamic graph's."""
