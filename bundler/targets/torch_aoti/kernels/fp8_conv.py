@@ -163,7 +163,7 @@ MEASURED_TILES: TileTable = {
 
 #: The same at batch 1 (``fp8_conv_bench.py --fused-layers --batch 1``, which also tries
 #: ``SMALL_BATCH_CONFIGS``), for the graph a family compiles for static batch 1 (timm_resnet50:
-#: ``torch_aoti.static_batches: [1]``). NVIDIA H200, torch 2.11 / triton 3.6, 2026-12-01
+#: ``torch_aoti.static_batches`` includes 1). NVIDIA H200, torch 2.11 / triton 3.6, 2026-12-01
 #: (``docs/measurements/h200-2026-12-01-s7/tiles-b1.log``): the 52 fused convolutions 0.906 ms
 #: with the batch-32 rule's tiles, 0.616 ms with these; the compiled model 0.444 -> 0.338 ms.
 MEASURED_TILES_BATCH1: TileTable = {
