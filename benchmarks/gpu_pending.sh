@@ -117,8 +117,8 @@
 #   benchmarks/gpu_pending.sh first OUT_DIR   # one call that does what the card lent is
 #       most needed for, when machines are scarce (thirty-second session: 16 calls got
 #       none that ran its command): on an H200, `build` then `pair` (issue 15's H200
-#       figure, WORKERS=16, PROCS=8, REPEATS=3 unless set; then `resnet-tma` on the same warm
-#       machine: ResNet's H200 figure); on any other card, `r50-small` (thirty-seventh and
+#       figure, WORKERS=16, PROCS=8, REPEATS=3 unless set; then `r50-small` on the same warm
+#       machine: ResNet's H200 figures at every batch); on any other card, `r50-small` (thirty-seventh and
 #       thirty-eighth sessions: `r50-tiles-small` at batch 2, then 4). The
 #       GPU tests (`gputest`) passed on H100s in the thirty-third to thirty-fifth sessions
 #       (the runner's 18 with `PackageGraph` in the thirty-fifth, h100-2026-12-06-d)
