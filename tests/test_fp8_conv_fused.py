@@ -332,9 +332,9 @@ def test_the_benchmark_measures_each_layer_with_its_fused_epilogue():
 
 def test_the_measured_tile_table_covers_resnet50s_fp8_layers_with_measured_configs():
     """MEASURED_TILES (batch 32, and the dynamic graph) and MEASURED_TILES_BATCH1, 2 and 4
-    (static graphs) are timm ResNet-50's tables: one entry per shape of its 52 FP8 convolutions (every conv but the
-    7x7 stem), each a config the benchmark measures (a candidate or the default rule's),
-    and config_for hands each out for its batch."""
+    (static graphs) are timm ResNet-50's tables: one entry per shape of its 52 FP8
+    convolutions (every conv but the 7x7 stem), each a config the benchmark measures (a
+    candidate or the default rule's), and config_for hands each out for its batch."""
     timm = pytest.importorskip("timm")
     from bundler.targets.torch_aoti.kernels.fp8_conv import (CANDIDATE_CONFIGS,
                                                              FEW_STAGE_CONFIGS, MEASURED_TILES,
