@@ -198,6 +198,21 @@ bundle_tests() {   # bundle_tests LIMIT_S: the two GPU tests that build whole bu
   step gputest-bundles "$1" python3 -m pytest -q -p no:cacheprovider -rs -m gpu \
     tests/test_torch_aoti.py -k bundle_matches
 }
+pair_on_h200_else() {   # pair_on_h200_else STEP: on an H200 `pair` (issue 15's figure),
+  # on any other card STEP
+  local card
+  card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+  echo "== card: $card"
+  case "$card" in
+  *H200*)
+    WORKERS=${WORKERS:-16} PROCS=${PROCS:-8} REPEATS=${REPEATS:-3} \
+      bash "$here/gpu_pending.sh" pair "$out" || exit 1
+    ;;
+  *)
+    bash "$here/gpu_pending.sh" "$1" "$out" || exit 1
+    ;;
+  esac
+}
 case "$what" in
 dw)
   step dw-rows 200 python3 benchmarks/dw_conv_bench.py --tiles default,rows \
@@ -321,30 +336,10 @@ load)   # `build`, then the fp16 bundle's activation by phase, the load check on
     --variant "check-on-again:TRT_BUNDLE_AOTI_LOAD_CHECK=1,$sizes"
   ;;
 first)   # by the card: H200 -> build + pair; else timm_resnet50's small static batches (r50-small)
-  card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-  echo "== card: $card"
-  case "$card" in
-  *H200*)
-    WORKERS=${WORKERS:-16} PROCS=${PROCS:-8} REPEATS=${REPEATS:-3} \
-      bash "$here/gpu_pending.sh" pair "$out" || exit 1
-    ;;
-  *)
-    bash "$here/gpu_pending.sh" r50-small "$out" || exit 1
-    ;;
-  esac
+  pair_on_h200_else r50-small
   ;;
 next)   # by the card: H200 -> `pair` (issue 15); else `xception-time`
-  card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-  echo "== card: $card"
-  case "$card" in
-  *H200*)
-    WORKERS=${WORKERS:-16} PROCS=${PROCS:-8} REPEATS=${REPEATS:-3} \
-      bash "$here/gpu_pending.sh" pair "$out" || exit 1
-    ;;
-  *)
-    bash "$here/gpu_pending.sh" xception-time "$out" || exit 1
-    ;;
-  esac
+  pair_on_h200_else xception-time
   ;;
 families)   # issue 18 on whatever card comes: `prebuild` (four builds at once), then `vit-peer`
   BUILD_LIMIT=${BUILD_LIMIT:-330} bash "$here/gpu_pending.sh" prebuild "$out" || exit 1

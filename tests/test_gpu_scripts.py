@@ -156,6 +156,12 @@ def test_first_runs_the_pair_on_an_h200_and_resnets_small_batches_elsewhere(tmp_
                             built=["r50-before", "r50-small"])
     assert done.returncode == 0, done.stdout + done.stderr
     assert [c for c in calls if "aoti_static_vs_peer.py" in c], calls     # r50-small's timing
+    # `next` dispatches the same way, to timm_xception's timing elsewhere
+    done, calls = _run_step(tmp_path / "next-h100", "NVIDIA H100 80GB HBM3", "next")
+    assert done.returncode == 0, done.stdout + done.stderr
+    timed = [c for c in calls if "aoti_static_vs_peer.py" in c]
+    assert len(timed) == 1 and "timm_xception-fp8-uint8" in timed[0], calls
+    assert not [c for c in calls if "serve_pair_bench.py" in c], calls
 
 
 @needs_bash
