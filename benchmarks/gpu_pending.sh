@@ -149,8 +149,19 @@
 # Bundles: PENDING_DIR (/tmp/pending). Logs: OUT_DIR/<step>.log. Each step prints as it goes
 # and has its own timeout.
 set -u
-what=${1:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-small OUT_DIR}
-out=${2:?usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-small OUT_DIR}
+steps="dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-small"
+usage="usage: $0 $steps OUT_DIR (--help: what each step does)"
+case "${1:-}" in
+    -h|--help)   # the comment block above, without its leading '# '
+        sed -n '2,/^set -u$/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+        exit 0 ;;
+esac
+what=${1:?$usage}
+out=${2:?$usage}
+case "|$steps|" in
+    *"|$what|"*) ;;
+    *) echo "$usage" >&2; exit 2 ;;   # before anything is made
+esac
 mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
@@ -416,6 +427,6 @@ pair)   # `build`, then fp8 against fp16 at the client, both served in one run
     "${sized[@]}" \
     --rounds "${REPEATS:-3}" --seconds 3 --warmup 1
   ;;
-*) echo "usage: $0 dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small OUT_DIR" >&2; exit 2 ;;
+*) echo "$usage" >&2; exit 2 ;;
 esac
 echo "== done (+$(( $(date +%s) - start )) s)"

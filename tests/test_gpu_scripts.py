@@ -26,6 +26,37 @@ def test_the_script_parses(script):
     assert res.returncode == 0, res.stderr
 
 
+def _pending_steps() -> list[str]:
+    """The steps gpu_pending.sh dispatches on (the labels of its `case "$what" in`)."""
+    import re
+
+    text = (BENCHMARKS / "gpu_pending.sh").read_text()
+    body = text[text.index('case "$what" in'):]
+    return [m.group(1) for m in re.finditer(r"^([a-z0-9-]+)\)", body, re.M)]
+
+
+@needs_bash
+def test_gpu_pending_help_and_usage_name_every_step_it_runs(tmp_path):
+    """A device call is planned from `--help`: every step the script dispatches is named in
+    it and in the usage line; an unknown step gets the usage and exit 2, before any work."""
+    script = str(BENCHMARKS / "gpu_pending.sh")
+    steps = _pending_steps()
+    assert "r50-small" in steps and "first" in steps and len(steps) > 20
+    helped = subprocess.run(["bash", script, "--help"], capture_output=True, text=True, timeout=30)
+    assert helped.returncode == 0 and not helped.stderr
+    usage = subprocess.run(["bash", script], capture_output=True, text=True, timeout=30)
+    assert usage.returncode != 0 and "--help" in usage.stderr
+    named = usage.stderr.split("usage: ", 1)[1].split()[1].split("|")
+    for step in steps:
+        assert f"gpu_pending.sh {step} OUT_DIR" in helped.stdout, step
+    assert sorted(named) == sorted(steps)
+    out = tmp_path / "out"
+    wrong = subprocess.run(["bash", script, "no-such-step", str(out)], capture_output=True,
+                           text=True, timeout=30, env={**os.environ, "PENDING_DIR": str(tmp_path / "b")})
+    assert wrong.returncode == 2 and "usage:" in wrong.stderr
+    assert not out.exists() and not (tmp_path / "b").exists()
+
+
 def _alive(pid: int) -> bool:
     """Running (a zombie left for a parent that does not reap it is not)."""
     try:
@@ -52,7 +83,7 @@ def test_a_limit_that_ends_gpu_pending_ends_its_running_step(tmp_path):
     script.write_text(header + f"step sleeper 300 {sys.executable} -c \"{child}\"\n"
                       "echo after-the-step\n")
     out = tmp_path / "out"
-    proc = subprocess.Popen(["timeout", "60", "bash", str(script), "x", str(out)],
+    proc = subprocess.Popen(["timeout", "60", "bash", str(script), "dw", str(out)],   # a known step
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=tmp_path, env={**os.environ,
                                                "PENDING_DIR": str(tmp_path / "pending")})
