@@ -30,6 +30,9 @@ from test_fuzz_readers import SAN_ENV, CppBatch, python_verdict  # noqa: E402
 
 CPP = Path(__file__).resolve().parent.parent / "cpp_stub"
 CORPUS = Path(__file__).parent / "fuzz_corpus"
+# What a long libFuzzer run kept beyond the named cases (merged to the inputs that add
+# coverage; libFuzzer reads CORPUS's subfolders too): the CI run starts from its reach.
+LIBFUZZER_KEPT = CORPUS / "libfuzzer"
 HEADER_SIZE = 64
 
 
@@ -98,7 +101,8 @@ def test_libfuzzer_then_differential_replay(fuzz_reader, inspect_cpp, tmp_path):
     log = r.stdout + r.stderr
     assert r.returncode == 0, f"libFuzzer found a crash, leak or hang:\n{log[-6000:]}"
     assert "Done" in log and "stat::number_of_executed_units" in log, log[-3000:]
-    inputs = sorted(kept.iterdir()) + sorted(seeds.iterdir()) + sorted(CORPUS.glob("*.bundle"))
+    inputs = (sorted(kept.iterdir()) + sorted(seeds.iterdir()) + sorted(CORPUS.glob("*.bundle"))
+              + sorted(LIBFUZZER_KEPT.iterdir()))
     cpp = CppBatch(inspect_cpp, tmp_path / "stderr.txt")
     out = tmp_path / "replay.bundle"
     problems, accepted = [], 0
