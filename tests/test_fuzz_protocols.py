@@ -16,6 +16,7 @@ Longer runs: ``BUNDLE_PROTOCOL_FUZZ_CASES=20000 python -m pytest tests/test_fuzz
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -320,7 +321,9 @@ KEYS = ("shape", "datatype", "name", "data", "parameters", "binary_data_size", "
 def _mutate_json(rng: random.Random, doc):
     """``doc`` with 1-3 edits at random places: a value replaced by an odd one (huge
     integers, a lone surrogate, wrong types), a key removed or added, a list entry
-    repeated."""
+    repeated. Each value put in is a copy: the odd values are shared by every case, and an
+    edit into one of them in place would change later cases and could make a list hold
+    itself (json.dumps: "Circular reference detected", a long run's find)."""
     doc = json.loads(json.dumps(doc))
     for _ in range(rng.randint(1, 3)):
         node, path = doc, []
@@ -330,17 +333,17 @@ def _mutate_json(rng: random.Random, doc):
                 path.append((node, key))
                 node = node[key]
         if not path:
-            return rng.choice(WEIRD_VALUES)
+            return copy.deepcopy(rng.choice(WEIRD_VALUES))
         parent, key = path[-1]
         op = rng.randrange(4)
         if op == 0:
-            parent[key] = rng.choice(WEIRD_VALUES)
+            parent[key] = copy.deepcopy(rng.choice(WEIRD_VALUES))
         elif op == 1 and isinstance(parent, dict):
             del parent[key]
         elif op == 2 and isinstance(parent, dict):
-            parent[rng.choice(KEYS)] = rng.choice(WEIRD_VALUES)
+            parent[rng.choice(KEYS)] = copy.deepcopy(rng.choice(WEIRD_VALUES))
         elif op == 3 and isinstance(parent, list):
-            parent.append(parent[key])
+            parent.append(copy.deepcopy(parent[key]))
     return doc
 
 
