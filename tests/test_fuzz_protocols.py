@@ -318,6 +318,11 @@ KEYS = ("shape", "datatype", "name", "data", "parameters", "binary_data_size", "
         "shared_memory_offset", "classification", "outputs", "inputs", "id")
 
 
+def _odd_value(rng: random.Random):
+    """One of ``WEIRD_VALUES``, as a copy of its own (see ``_mutate_json``)."""
+    return copy.deepcopy(rng.choice(WEIRD_VALUES))
+
+
 def _mutate_json(rng: random.Random, doc):
     """``doc`` with 1-3 edits at random places: a value replaced by an odd one (huge
     integers, a lone surrogate, wrong types), a key removed or added, a list entry
@@ -333,15 +338,15 @@ def _mutate_json(rng: random.Random, doc):
                 path.append((node, key))
                 node = node[key]
         if not path:
-            return copy.deepcopy(rng.choice(WEIRD_VALUES))
+            return _odd_value(rng)
         parent, key = path[-1]
         op = rng.randrange(4)
         if op == 0:
-            parent[key] = copy.deepcopy(rng.choice(WEIRD_VALUES))
+            parent[key] = _odd_value(rng)
         elif op == 1 and isinstance(parent, dict):
             del parent[key]
         elif op == 2 and isinstance(parent, dict):
-            parent[rng.choice(KEYS)] = copy.deepcopy(rng.choice(WEIRD_VALUES))
+            parent[rng.choice(KEYS)] = _odd_value(rng)
         elif op == 3 and isinstance(parent, list):
             parent.append(copy.deepcopy(parent[key]))
     return doc
