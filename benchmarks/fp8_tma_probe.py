@@ -58,6 +58,14 @@ TILES = ((128, 64, 64, 4, 3), (64, 128, 64, 4, 3), (128, 128, 64, 8, 3),
 FIT_TILES = ((128, 64, 64, 4, 3), (64, 64, 128, 4, 3), (128, 64, 128, 4, 3),
              (128, 64, 128, 8, 3), (64, 64, 64, 4, 4), (256, 64, 64, 8, 3),
              (128, 64, 64, 4, 4), (64, 64, 128, 4, 4), (64, 32, 128, 4, 3))
+#: ``--fit`` at a batch of at most ``fp8_layers.SMALL_BATCH``: at batch 1-8 a layer has 49 to
+#: 25,088 rows, and the shipped kernel's tables there (``MEASURED_TILES_BATCH1/2/4``) mostly
+#: chose 16-64-row tiles. FIT_TILES' 64-128-row ones left batch 1 slower with TMA (0.370 ms
+#: against 0.356, h100-2026-12-06-e); these are the small-row tiles that fit, and the
+#: fastest three of FIT_TILES at batch 32.
+SMALL_FIT_TILES = ((16, 32, 128, 4, 4), (16, 64, 128, 4, 3), (32, 32, 128, 4, 4),
+                   (32, 64, 128, 4, 3), (32, 64, 64, 4, 4), (64, 32, 128, 4, 3),
+                   (64, 64, 128, 4, 3), (128, 64, 64, 4, 3))
 #: Where the TMA descriptors are made: in the kernel (``tl.make_tensor_descriptor``, Triton's
 #: global scratch holds them) or on the host (``TensorDescriptor`` arguments).
 DESCRIPTORS = ("device", "host")
@@ -211,7 +219,8 @@ def main() -> int:
     p.add_argument("--descriptors", default=",".join(DESCRIPTORS),
                    help="where the TMA descriptors are made: device, host or both")
     p.add_argument("--fit", action="store_true",
-                   help="try FIT_TILES (what AOTInductor's host descriptors can hold)")
+                   help="try only tiles AOTInductor's host descriptors can hold (FIT_TILES; "
+                        "SMALL_FIT_TILES at a batch of 8 or less)")
     p.add_argument("--interpret-check", action="store_true",
                    help="CPU, TRITON_INTERPRET=1: compare with the shipped kernel, print JSON")
     args = p.parse_args()
@@ -232,6 +241,7 @@ def main() -> int:
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
           f"{triton.__version__}, batch {args.batch}", flush=True)
     kinds = [k for k in args.descriptors.split(",") if k]
+    candidates = fit_candidates(args.batch) if args.fit else TILES
     total = {"shipped": 0.0, **{k: 0.0 for k in kinds}}
     for shape, by_epilogue in fused_layer_epilogues().items():
         cin, cout, hw, k, stride, _pad = shape
@@ -250,7 +260,7 @@ def main() -> int:
             total["shipped"] += count * ms_shipped
             for kind in kinds:
                 best = best_tiles(graph_time, args.iters, kind, x, weight, scale, bias, cout, kw,
-                                  FIT_TILES if args.fit else TILES)
+                                  candidates)
                 if best is None:
                     line += f" | {kind}: no tile ran"
                     total[kind] = float("nan")
@@ -268,6 +278,14 @@ def main() -> int:
         for kind in kinds:
             print(f"== AOTInductor, {kind}-side descriptors:", aoti_check(kind), flush=True)
     return 0
+
+
+def fit_candidates(batch: int) -> tuple:
+    """The tiles ``--fit`` tries at ``batch``: SMALL_FIT_TILES for a small static batch's
+    graph, FIT_TILES otherwise."""
+    from bundler.targets.torch_aoti.fp8_layers import SMALL_BATCH
+
+    return SMALL_FIT_TILES if batch <= SMALL_BATCH else FIT_TILES
 
 
 def best_tiles(graph_time, iters: int, kind: str, x, weight, scale, bias, cout: int,

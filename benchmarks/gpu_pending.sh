@@ -108,6 +108,12 @@
 #       AOTInductor (device-side descriptors need Triton's global scratch). The thirty-fifth
 #       session ruled out the residual loaded early, fewer stages and persistent programs
 #       (h100-2026-12-06-d)
+#   benchmarks/gpu_pending.sh tma-small OUT_DIR   # ~2 min a batch, no bundles: issue 18, the
+#       same per-layer comparison at batch 1, 4 and 2 (TMA_BATCHES=), host descriptors, the
+#       tiles a package can hold with rows from 16 (fp8_tma_probe.py --fit: SMALL_FIT_TILES).
+#       The static graphs of batch 1-8 run the shipped kernel: with batch 32's TMA tiles batch
+#       1 was slower (0.370 ms against 0.356); batch 4 is still 0.970x fp16 as a bundle
+#       (h100-2026-12-06-h). Where TMA wins here, small graphs could take it with these tiles
 #   benchmarks/gpu_pending.sh resnet-tma OUT_DIR   # ~6-8 min: issue 18, timm_resnet50's fp16
 #       and fp8 `triton-fused` bundles (into /tmp/pending/r50; the family's fp8 form until
 #       the thirty-seventh session) and an fp8 one with fp8_conv triton-fused-tma (the default now)
@@ -118,10 +124,10 @@
 #       most needed for, when machines are scarce (thirty-second session: 16 calls got
 #       none that ran its command): on an H200, `build` then `pair` (issue 15's H200
 #       figure, WORKERS=16, PROCS=8, REPEATS=3 unless set; then `r50-small` on the same warm
-#       machine: ResNet's H200 figures at every batch); on any other card, `r50-small` (thirty-seventh and
-#       thirty-eighth sessions: `r50-tiles-small` at batch 2, then 4). The
-#       GPU tests (`gputest`) passed on H100s in the thirty-third to thirty-fifth sessions
-#       (the runner's 18 with `PackageGraph` in the thirty-fifth, h100-2026-12-06-d)
+#       machine: ResNet's H200 figures at every batch); on any other card, `tma-small`
+#       (fortieth session: `r50-small` on an H100, batch 2 and 4 at 1.019x / 0.970x fp16,
+#       h100-2026-12-06-h). The GPU tests (`gputest`) passed on an H100 at c6a1394, all 25
+#       (fortieth session, h100-2026-12-06-h)
 #   benchmarks/gpu_pending.sh families OUT_DIR   # ~8 min on any card: `prebuild` (timm_xception's
 #       uint8 pair and timm_vit_base's fp16 and fp8, four builds at once), then `vit-peer`
 #       on the ViT bundles: every image family's bundles built at the commit, ViT timed
@@ -149,7 +155,7 @@
 # Bundles: PENDING_DIR (/tmp/pending). Logs: OUT_DIR/<step>.log. Each step prints as it goes
 # and has its own timeout.
 set -u
-steps="dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-small"
+steps="dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-small"
 usage="usage: $0 $steps OUT_DIR (--help: what each step does)"
 case "${1:-}" in
     -h|--help)   # the comment block above, without its leading '# '
@@ -346,8 +352,8 @@ load)   # `build`, then the fp16 bundle's activation by phase, the load check on
     --variant "check-off:TRT_BUNDLE_AOTI_LOAD_CHECK=0,$sizes" \
     --variant "check-on-again:TRT_BUNDLE_AOTI_LOAD_CHECK=1,$sizes"
   ;;
-first)   # by the card: H200 -> build + pair; else timm_resnet50's small static batches (r50-small)
-  pair_on_h200_else r50-small
+first)   # by the card: H200 -> build + pair; else TMA at timm_resnet50's small batches (tma-small)
+  pair_on_h200_else tma-small
   ;;
 next)   # by the card: H200 -> `pair` (issue 15); else `xception-time`
   pair_on_h200_else xception-time
@@ -414,6 +420,12 @@ f['torch_aoti']['static_batches'] = [1]; json.dump(f, open(p, 'w'), indent=2)" \
   ;;
 tma)   # issue 18: timm_resnet50's dense 1x1 FP8 convolutions with TMA against the shipped kernel
   step tma "${TMA_LIMIT:-420}" python3 benchmarks/fp8_tma_probe.py --aoti
+  ;;
+tma-small)   # issue 18: the same at the small static batches, host descriptors, tiles that fit
+  for n in ${TMA_BATCHES:-1 4 2}; do
+    step "tma-b$n" "${TMA_LIMIT:-200}" python3 benchmarks/fp8_tma_probe.py --batch "$n" --fit \
+      --descriptors host --iters 50
+  done
   ;;
 pair)   # `build`, then fp8 against fp16 at the client, both served in one run
   bash "$here/gpu_pending.sh" build "$out" || exit 1

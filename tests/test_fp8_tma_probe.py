@@ -54,3 +54,23 @@ def test_the_tma_kernel_refuses_rows_that_tma_cannot_address():
     x, weight, scale, bias, _ = probe._case(1, 3, 32, 32, False, "cpu")
     with pytest.raises(ValueError, match="choose one of device, host"):
         probe.tma_1x1(x, weight, scale, bias, 32, descriptors="shared")
+
+
+def test_the_fit_tiles_are_tiles_a_bundle_can_take_and_small_batches_get_small_rows():
+    """`--fit` proposes only tiles whose descriptors AOTInductor can encode (a faster tile the
+    package cannot hold would be a figure no bundle reaches), and at a small static batch
+    its own list, whose rows start at 16 as the shipped kernel's small-batch tables do."""
+    import importlib.util
+
+    from bundler.targets.torch_aoti.fp8_layers import SMALL_BATCH
+    from bundler.targets.torch_aoti.kernels.fp8_conv_tma import tiles_fit
+
+    spec = importlib.util.spec_from_file_location("fp8_tma_probe", PROBE)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    for tiles in probe.FIT_TILES + probe.SMALL_FIT_TILES:
+        assert tiles_fit(tiles), tiles
+    assert probe.fit_candidates(SMALL_BATCH) == probe.SMALL_FIT_TILES
+    assert probe.fit_candidates(SMALL_BATCH + 1) == probe.FIT_TILES
+    assert min(t[0] for t in probe.SMALL_FIT_TILES) == 16
+    assert min(t[0] for t in probe.FIT_TILES) >= 64
