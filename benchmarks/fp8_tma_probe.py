@@ -61,11 +61,11 @@ FIT_TILES = ((128, 64, 64, 4, 3), (64, 64, 128, 4, 3), (128, 64, 128, 4, 3),
 #: ``--fit`` at a batch of at most ``fp8_layers.SMALL_BATCH``: at batch 1-8 a layer has 49 to
 #: 25,088 rows, and the shipped kernel's tables there (``MEASURED_TILES_BATCH1/2/4``) mostly
 #: chose 16-64-row tiles. FIT_TILES' 64-128-row ones left batch 1 slower with TMA (0.370 ms
-#: against 0.356, h100-2026-12-06-e); these are the small-row tiles that fit, and the
-#: fastest three of FIT_TILES at batch 32.
+#: against 0.356, h100-2026-12-06-e); these are small-row tiles that fit, and three of
+#: FIT_TILES: the default (``fp8_conv_tma.DEFAULT_TMA_TILES``) and two of 64 rows.
 SMALL_FIT_TILES = ((16, 32, 128, 4, 4), (16, 64, 128, 4, 3), (32, 32, 128, 4, 4),
                    (32, 64, 128, 4, 3), (32, 64, 64, 4, 4), (64, 32, 128, 4, 3),
-                   (64, 64, 128, 4, 3), (128, 64, 64, 4, 3))
+                   (64, 64, 128, 4, 4), (128, 64, 64, 4, 3))
 #: Where the TMA descriptors are made: in the kernel (``tl.make_tensor_descriptor``, Triton's
 #: global scratch holds them) or on the host (``TensorDescriptor`` arguments).
 DESCRIPTORS = ("device", "host")

@@ -18,6 +18,16 @@ from triton_interpret import ROOT, needs_triton  # noqa: E402
 PROBE = ROOT / "benchmarks" / "fp8_tma_probe.py"
 
 
+def _probe():
+    """The probe script as a module (it is a script in benchmarks/, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fp8_tma_probe", PROBE)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    return probe
+
+
 @needs_triton
 def test_the_tma_kernel_equals_the_shipped_one_under_the_interpreter():
     """Every epilogue the fused model gives a 1x1 layer (residual, ReLU, fp16 and/or e4m3
@@ -43,11 +53,7 @@ def test_the_tma_kernel_equals_the_shipped_one_under_the_interpreter():
 @needs_triton
 def test_the_tma_kernel_refuses_rows_that_tma_cannot_address():
     """TMA needs 16-byte row strides: 24 input channels of e4m3 are refused before a launch."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("fp8_tma_probe", PROBE)
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    probe = _probe()
     x, weight, scale, bias, _ = probe._case(1, 3, 24, 32, False, "cpu")
     with pytest.raises(ValueError, match="16-byte"):
         probe.tma_1x1(x, weight, scale, bias, 32)
@@ -60,17 +66,14 @@ def test_the_fit_tiles_are_tiles_a_bundle_can_take_and_small_batches_get_small_r
     """`--fit` proposes only tiles whose descriptors AOTInductor can encode (a faster tile the
     package cannot hold would be a figure no bundle reaches), and at a small static batch
     its own list, whose rows start at 16 as the shipped kernel's small-batch tables do."""
-    import importlib.util
-
     from bundler.targets.torch_aoti.fp8_layers import SMALL_BATCH
-    from bundler.targets.torch_aoti.kernels.fp8_conv_tma import tiles_fit
+    from bundler.targets.torch_aoti.kernels.fp8_conv_tma import DEFAULT_TMA_TILES, tiles_fit
 
-    spec = importlib.util.spec_from_file_location("fp8_tma_probe", PROBE)
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    probe = _probe()
     for tiles in probe.FIT_TILES + probe.SMALL_FIT_TILES:
         assert tiles_fit(tiles), tiles
     assert probe.fit_candidates(SMALL_BATCH) == probe.SMALL_FIT_TILES
     assert probe.fit_candidates(SMALL_BATCH + 1) == probe.FIT_TILES
     assert min(t[0] for t in probe.SMALL_FIT_TILES) == 16
     assert min(t[0] for t in probe.FIT_TILES) >= 64
+    assert DEFAULT_TMA_TILES in probe.SMALL_FIT_TILES
