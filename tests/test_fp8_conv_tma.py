@@ -107,7 +107,6 @@ def test_timm_resnet50_puts_its_33_dense_1x1_layers_on_the_tma_kernel():
     assert not export_strict(rewrite_fused(model, fp8))
 
 
-
 @needs_triton
 def test_timm_resnet50s_fp8_static_graphs_each_take_the_tiles_measured_at_their_batch():
     """The family's fp8 package has graphs for static batch 1, 2 and 4: traced for one of
@@ -148,6 +147,7 @@ def test_timm_resnet50s_fp8_static_graphs_each_take_the_tiles_measured_at_their_
             key = tile_key(m.cin, m.cout, m.kernel, m.stride)
             assert m.tiles_for(x) == MEASURED_TILES[key]
     assert sum(m.tma_tiles is not None for m in layers) == 33
+
 
 def test_exporting_batch_answers_for_the_graph_being_traced():
     from bundler.targets.torch_aoti.fp8_layers import exporting_batch, static_batch
