@@ -130,9 +130,14 @@ class Budget:
         return self.seconds - (time.monotonic() - STARTED)
 
 
-def graph_time(fn, iters: int, warmup: int = 5):
-    """Median ms of CUDA-graph replays of ``fn`` (warmed up on a side stream first), and
-    the output of the captured call."""
+def graph_time(fn, iters: int, warmup: int = 5, calls: int = 1):
+    """Median ms of one call of ``fn`` from CUDA-graph replays of ``calls`` calls (warmed up
+    on a side stream first), and the output of the last captured call.
+
+    Why ``calls``: a replay costs ~10 us of its own (launch and events), more than a layer
+    takes at batch 1-8, so with one call a graph every such layer read 0.010-0.016 ms
+    whatever its tiles (fortieth session's tma-small). The calls reuse one input, which
+    stays in L2 as a small batch's weights and activations do between a model's layers."""
     import torch
 
     stream = torch.cuda.Stream()
@@ -144,6 +149,8 @@ def graph_time(fn, iters: int, warmup: int = 5):
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
+        for _ in range(calls - 1):
+            fn()
         out = fn()
     for _ in range(3):
         graph.replay()
@@ -156,7 +163,7 @@ def graph_time(fn, iters: int, warmup: int = 5):
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
-    return statistics.median(times), out
+    return statistics.median(times) / calls, out
 
 
 def rel_err(got, ref) -> float:
@@ -268,12 +275,12 @@ def measure_layer(layer: Layer, which: str, args, configs) -> dict:
 
     x = layer.x
     if which == "cudnn":
-        ms, out = graph_time(layer.cudnn(), args.iters)
+        ms, out = graph_time(layer.cudnn(), args.iters, calls=args.per_graph)
         layer.ref = out.permute(0, 2, 3, 1)
         return {"ms": ms}
     if which == "im2col":
         m = layer.im2col_module()
-        ms, out = graph_time(lambda: m(x), args.iters)
+        ms, out = graph_time(lambda: m(x), args.iters, calls=args.per_graph)
         layer.im2col_out = out
         return {"ms": ms, "err": rel_err(out, layer.ref)}
     if which == "gemm":
@@ -289,13 +296,13 @@ def measure_layer(layer: Layer, which: str, args, configs) -> dict:
         ones = layer.ones.tensor[:a.shape[0]]
         ms, _ = graph_time(lambda: torch._scaled_mm(
             a, m.weight_fp8.t(), scale_a=ones, scale_b=m.gemm_scale_row, bias=m.bias_row,
-            out_dtype=torch.bfloat16), args.iters)
+            out_dtype=torch.bfloat16), args.iters, calls=args.per_graph)
         return {"ms": ms}
     if which in ("im2col-c", "triton-c"):
         m = layer.im2col_module() if which == "im2col-c" else layer.triton_module()
         torch._dynamo.reset()    # a fresh compile: no recompile limit across the layers
         compiled = torch.compile(m, dynamic=False)
-        ms, out = graph_time(lambda: compiled(x), args.iters)
+        ms, out = graph_time(lambda: compiled(x), args.iters, calls=args.per_graph)
         return {"ms": ms, "err": rel_err(out, layer.ref)}
     if which == "cudnn-fp8":
         try:
@@ -305,7 +312,7 @@ def measure_layer(layer: Layer, which: str, args, configs) -> dict:
         m = layer.triton_module()
         q = layer.tam.quantize(x, m.act_scale).contiguous()
         ms, out = graph_time(cudnn_fp8_conv(layer, q, m.weight_fp8, m.conv_scale, m.bias_out),
-                             args.iters)
+                             args.iters, calls=args.per_graph)
         return {"ms": ms, "err": rel_err(out, layer.ref)}
     if which == "triton":
         from bundler.targets.torch_aoti.kernels.fp8_conv import fp8_conv
@@ -318,7 +325,7 @@ def measure_layer(layer: Layer, which: str, args, configs) -> dict:
             try:
                 ms, out = graph_time(lambda cfg=cfg: fp8_conv(
                     q, m.weight_fp8, m.conv_scale, m.bias_out, m.out, m.kernel, m.stride,
-                    m.padding, m.dilation, config=cfg), args.iters)
+                    m.padding, m.dilation, config=cfg), args.iters, calls=args.per_graph)
             except Exception as e:   # a config that does not compile (shared memory)
                 tried[name] = f"failed: {type(e).__name__}"
                 continue
@@ -511,7 +518,7 @@ def fused_layer_epilogues() -> dict[tuple, dict[tuple, int]]:
 
 
 def measure_fused_entry(layer: Layer, epilogue: tuple, configs: list, iters: int,
-                        plain: str = "chosen") -> dict:
+                        plain: str = "chosen", calls: int = 1) -> dict:
     """One (layer shape, epilogue): for each tile config (``configs[0]``: the default), the
     fused op with that epilogue; and the plain op (fp16 out, the same ReLU, no residual, no
     e4m3) with the same tiles as the default and the best config ("chosen") or all."""
@@ -533,7 +540,8 @@ def measure_fused_entry(layer: Layer, epilogue: tuple, configs: list, iters: int
         try:
             tried[config_name(cfg)] = {"fused": graph_time(lambda cfg=cfg: fp8_conv_fused(
                 q, m.weight_fp8, m.conv_scale, m.bias_out, m.out, *geometry, residual=res,
-                relu=relu, out_f16=out16, out_scale=out_scale, config=cfg), iters)[0]}
+                relu=relu, out_f16=out16, out_scale=out_scale, config=cfg), iters,
+                calls=calls)[0]}
         except Exception as e:   # a config that does not compile (shared memory, registers)
             tried[config_name(cfg)] = {"failed": f"{type(e).__name__}: {e}"[:200]}
     ran = [c for c in configs if "fused" in tried[config_name(c)]]
@@ -543,7 +551,7 @@ def measure_fused_entry(layer: Layer, epilogue: tuple, configs: list, iters: int
         if "fused" in tried[config_name(cfg)]:
             tried[config_name(cfg)]["plain"], _ = graph_time(lambda cfg=cfg: fp8_conv(
                 q, m.weight_fp8, m.conv_scale, m.bias_out, m.out, *geometry, relu=relu,
-                config=cfg), iters)
+                config=cfg), iters, calls=calls)
     return tried
 
 
@@ -580,7 +588,7 @@ def run_fused_layers(args, budget: Budget, results: dict) -> dict:
             try:
                 layer = layer or Layer(shape, args.batch)
                 tried = measure_fused_entry(layer, epilogue, configs, args.iters,
-                                            args.fused_plain)
+                                            args.fused_plain, args.per_graph)
             except Exception as e:
                 rows[name] = {"shape": list(shape), "epilogue": list(epilogue), "count": count,
                               "error": f"{type(e).__name__}: {e}"[:400]}
@@ -932,6 +940,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--per-graph", type=int, default=None, metavar="N",
+                   help="calls of a layer captured in one CUDA graph, its time divided by N "
+                        "(default 20 at a batch of at most 8, else 1): a replay's own ~10 us "
+                        "is more than a layer takes at small batches")
     p.add_argument("--kinds", default="3x3,1x1", help="layer kinds to measure")
     p.add_argument("--compile-kinds", default="3x3",
                    help="layer kinds also measured under torch.compile (seconds each)")
@@ -970,6 +982,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet", action="store_true",
                    help="no line per measurement (phases, failures and the tables only)")
     args = p.parse_args(argv)
+    if args.per_graph is None:
+        args.per_graph = 20 if args.batch <= SMALL_BATCH else 1
+    if args.per_graph < 1:
+        p.error("--per-graph takes a count of 1 or more")
     if args.ptxas:
         return ptxas_report()
 
@@ -989,7 +1005,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"triton is missing ({e}): the triton variants will fail")
     budget = Budget(args.budget_s)
     report: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                    "batch": args.batch, "iters": args.iters}
+                    "batch": args.batch, "iters": args.iters,
+                    "per_graph": args.per_graph}
     layers: dict = {}
     report["layers"] = {}
     signal.signal(signal.SIGTERM, _interrupt)

@@ -213,6 +213,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--per-graph", type=int, default=20, metavar="N",
+                   help="calls of a layer captured in one CUDA graph (its time / N): one call "
+                        "a replay times the replay's own ~10 us at batch 1-8")
     p.add_argument("--aoti", action="store_true", help="also build a package on the kernel")
     p.add_argument("--aoti-only", default=None, metavar="KINDS",
                    help="only build the packages: device, host, host-strict (comma-separated)")
@@ -224,6 +227,8 @@ def main() -> int:
     p.add_argument("--interpret-check", action="store_true",
                    help="CPU, TRITON_INTERPRET=1: compare with the shipped kernel, print JSON")
     args = p.parse_args()
+    if args.per_graph < 1:
+        p.error("--per-graph takes a count of 1 or more")
     if args.interpret_check:
         print(json.dumps(interpret_check()))
         return 0
@@ -255,12 +260,12 @@ def main() -> int:
             kw = dict(residual=res, relu=relu, out_f16=out16, out_scale=out_scale)
             ms_shipped, _ = graph_time(lambda: fp8_conv_fused(
                 x, weight, scale, bias, cout, (1, 1), (1, 1), (0, 0), config=shipped, **kw),
-                args.iters)
+                args.iters, calls=args.per_graph)
             line = f"1x1 {cin}->{cout} @{hw} {epilogue} x{count}: shipped {ms_shipped:.4f} ms"
             total["shipped"] += count * ms_shipped
             for kind in kinds:
                 best = best_tiles(graph_time, args.iters, kind, x, weight, scale, bias, cout, kw,
-                                  candidates)
+                                  candidates, args.per_graph)
                 if best is None:
                     line += f" | {kind}: no tile ran"
                     total[kind] = float("nan")
@@ -289,13 +294,16 @@ def fit_candidates(batch: int) -> tuple:
 
 
 def best_tiles(graph_time, iters: int, kind: str, x, weight, scale, bias, cout: int,
-               kw: dict, candidates: tuple = TILES) -> tuple[float, tuple] | None:
-    """(ms, tiles) of the fastest of ``candidates`` for one layer, or None if none ran."""
+               kw: dict, candidates: tuple = TILES, per_graph: int = 1
+               ) -> tuple[float, tuple] | None:
+    """(ms, tiles) of the fastest of ``candidates`` for one layer (``per_graph`` calls
+    a replay), or None if none ran."""
     best = None
     for tiles in candidates:
         try:
             ms, _ = graph_time(lambda t=tiles: tma_1x1(
-                x, weight, scale, bias, cout, tiles=t, descriptors=kind, **kw), iters)
+                x, weight, scale, bias, cout, tiles=t, descriptors=kind, **kw), iters,
+                calls=per_graph)
         except Exception as e:     # a tile that does not fit (shared memory), or no support
             print(f"  {kind} {tiles} failed: {type(e).__name__}: {str(e)[:160]}", flush=True)
             continue

@@ -113,7 +113,9 @@
 #       tiles a package can hold with rows from 16 (fp8_tma_probe.py --fit: SMALL_FIT_TILES).
 #       The static graphs of batch 1-8 run the shipped kernel: with batch 32's TMA tiles batch
 #       1 was slower (0.370 ms against 0.356); batch 4 is still 0.970x fp16 as a bundle
-#       (h100-2026-12-06-h). Where TMA wins here, small graphs could take it with these tiles
+#       (h100-2026-12-06-h). Where TMA wins here, small graphs could take it with these tiles.
+#       Each layer is timed 20 calls to a graph (--per-graph): with one call every layer read
+#       the replay's own ~10 us, shipped and TMA alike (forty-first session, h100-2026-12-06-i)
 #   benchmarks/gpu_pending.sh resnet-tma OUT_DIR   # ~6-8 min: issue 18, timm_resnet50's fp16
 #       and fp8 `triton-fused` bundles (into /tmp/pending/r50; the family's fp8 form until
 #       the thirty-seventh session) and an fp8 one with fp8_conv triton-fused-tma (the default now)
