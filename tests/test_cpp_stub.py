@@ -519,6 +519,37 @@ def test_newer_minor_is_read(inspect_cpp, synthetic, tmp_path):
     assert_rejected(inspect_cpp, out, "manifest minor differs from the header's", "differs from the header")
 
 
+def test_a_long_range_member_is_stored_about_once_and_both_readers_inflate_it(inspect_cpp,
+                                                                              tmp_path):
+    """A member over the writer's LONG_RANGE_MIN (a torch-aoti package with a graph per
+    static batch, each with its own copy of the weights) is compressed with long-distance
+    matching over a window as large as the member: three copies of 4 MiB of random bytes
+    are stored about once, and the Python and C++ readers inflate and verify it."""
+    from bundler.writer import LONG_RANGE_MIN, write_bundle
+    from runtime_py.format import open_bundle
+    from runtime_py.format.zstd_frame import window_log_max
+
+    weights = random.Random(3).randbytes(LONG_RANGE_MIN // 2)
+    package = weights + b"graph batch1" + weights + b"graph batch2" + weights
+    members = {**_members(1), "model.onnx": package}
+    path, _ = write_bundle(tmp_path / "toy-fp32-1-onnxruntime.bundle", corrupt.sample_body(),
+                           members)
+    with open_bundle(path) as bundle:
+        entry = bundle.member_entry("model.onnx")
+        assert entry["raw_size"] > LONG_RANGE_MIN
+        assert entry["stored_size"] < 1.05 * len(weights), entry
+        assert bundle.read_member("model.onnx") == package
+        bundle.verify()
+    start, size = corrupt.member_span(path, "model.onnx")
+    frame = path.read_bytes()[start:start + size]
+    import zstandard
+
+    assert zstandard.get_frame_parameters(frame).window_size <= 1 << window_log_max(len(package))
+    r = run_cpp(inspect_cpp, path, "--verify")
+    assert_clean(r, "long-range member")
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
 def test_preprocess_member_is_validated(inspect_cpp, synthetic, tmp_path):
     import zstandard
 
