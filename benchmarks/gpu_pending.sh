@@ -416,6 +416,11 @@ f['torch_aoti']['static_batches'] = [1]; json.dump(f, open(p, 'w'), indent=2)" \
   cp "$bundles"/r50-small/make-*.log "$out/" 2>/dev/null
   small=$(ls "$bundles"/r50-small/timm_resnet50-fp8-*-torch-aoti.bundle)
   step r50-small-verify 60 python3 -m bundler.cli verify --numerics "$small"
+  for b in "$bundles"/r50-small/timm_resnet50-*-torch-aoti.bundle "$before"/timm_resnet50-fp8-*-torch-aoti.bundle; do
+    python3 -m bundler.cli inspect --json "$b" 2>/dev/null | python3 -c "import json, sys; \
+m = json.load(sys.stdin); e = [x for x in m['members'] if x['name'] == m['engine']['member']][0]; \
+print('== size', sys.argv[1].rsplit('/', 1)[-1], 'engine raw', e['raw_size'], 'stored', e['stored_size'])" "$b"
+  done
   step r50-small-time "${TIME_LIMIT:-240}" python3 benchmarks/aoti_static_vs_peer.py \
     "$bundles"/r50-small/timm_resnet50-fp16-*-torch-aoti.bundle \
     "$before"/timm_resnet50-fp8-*-torch-aoti.bundle "$small" --batch-sizes "${R50_BATCHES:-1,2,4,8,16,32}"
