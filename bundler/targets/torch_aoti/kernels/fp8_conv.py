@@ -223,33 +223,35 @@ MEASURED_TILES_BATCH2: TileTable = {
 }
 
 
-#: The same at batch 4, for timm_resnet50's static batch-4 graph; the same H100, day and
-#: versions (``docs/measurements/h100-2026-12-06-g/call2-r50-tiles-b4.log``): the 52 fused
-#: convolutions 0.743 ms with the batch-32 tiles, 0.602 ms with these; the model compiled for
-#: batch 4: fp8 0.519 -> 0.456 ms, fp16 0.483.
+#: The same at batch 4, for timm_resnet50's static batch-4 graph: NVIDIA H100, torch 2.11 /
+#: triton 3.6, 2026-12-06, each layer timed as 20 calls in one CUDA graph (the table before
+#: was timed one call a replay, whose own ~10 us hid most layers' differences at this batch;
+#: ``docs/measurements/h100-2026-12-06-i/r50-tiles-b4.log``): the 52 fused convolutions 0.500
+#: ms with the batch-32 tiles, 0.318 ms with these; the model compiled for batch 4: fp8 with
+#: the table before 0.452 ms, with these 0.423 ms, fp16 0.481 (1.064x -> 1.138x).
 MEASURED_TILES_BATCH4: TileTable = {
-    (64, 64, 1, 1, 1, 1): Fp8ConvConfig(64, 64, 128, 4, 3, 8),  # 1x1 s1 64->64 @56: 0.0111 ms, default 0.0183
-    (64, 64, 3, 3, 1, 1): Fp8ConvConfig(128, 64, 64, 4, 4, 8),  # 3x3 s1 64->64 @56: 0.0360 ms, default 0.0360
-    (64, 256, 1, 1, 1, 1): Fp8ConvConfig(64, 128, 64, 4, 4, 8),  # 1x1 s1 64->256 @56: 0.0490 ms, default 0.0596
-    (256, 64, 1, 1, 1, 1): Fp8ConvConfig(64, 128, 64, 4, 4, 8),  # 1x1 s1 256->64 @56: 0.0220 ms, default 0.0222
-    (256, 128, 1, 1, 1, 1): Fp8ConvConfig(32, 128, 64, 4, 4, 8),  # 1x1 s1 256->128 @56: 0.0118 ms, default 0.0172
-    (128, 128, 3, 3, 2, 2): Fp8ConvConfig(64, 32, 128, 4, 3, 8),  # 3x3 s2 128->128 @56: 0.0107 ms, default 0.0164
-    (128, 512, 1, 1, 1, 1): Fp8ConvConfig(32, 128, 64, 4, 4, 8),  # 1x1 s1 128->512 @28: 0.0427 ms, default 0.0456
-    (256, 512, 1, 1, 2, 2): Fp8ConvConfig(64, 128, 64, 4, 4, 8),  # 1x1 s2 256->512 @56: 0.0106 ms, default 0.0111
-    (512, 128, 1, 1, 1, 1): Fp8ConvConfig(64, 64, 128, 4, 3, 8),  # 1x1 s1 512->128 @28: 0.0332 ms, default 0.0343
-    (128, 128, 3, 3, 1, 1): Fp8ConvConfig(64, 32, 128, 4, 3, 8),  # 3x3 s1 128->128 @28: 0.0336 ms, default 0.0454
-    (512, 256, 1, 1, 1, 1): Fp8ConvConfig(64, 32, 128, 4, 3, 8),  # 1x1 s1 512->256 @28: 0.0109 ms, default 0.0111
-    (256, 256, 3, 3, 2, 2): Fp8ConvConfig(64, 64, 128, 4, 3, 8),  # 3x3 s2 256->256 @28: 0.0122 ms, default 0.0180
-    (256, 1024, 1, 1, 1, 1): Fp8ConvConfig(16, 64, 128, 4, 4, 8),  # 1x1 s1 256->1024 @14: 0.0657 ms, default 0.0682
-    (512, 1024, 1, 1, 2, 2): Fp8ConvConfig(32, 128, 64, 4, 4, 8),  # 1x1 s2 512->1024 @28: 0.0110 ms, default 0.0113
-    (1024, 256, 1, 1, 1, 1): Fp8ConvConfig(16, 32, 128, 2, 4, 8),  # 1x1 s1 1024->256 @14: 0.0549 ms, default 0.0606
-    (256, 256, 3, 3, 1, 1): Fp8ConvConfig(64, 64, 128, 4, 3, 8),  # 3x3 s1 256->256 @14: 0.0635 ms, default 0.0926
-    (1024, 512, 1, 1, 1, 1): Fp8ConvConfig(128, 64, 128, 4, 3, 8),  # 1x1 s1 1024->512 @14: 0.0110 ms, default 0.0120
-    (512, 512, 3, 3, 2, 2): Fp8ConvConfig(32, 32, 128, 4, 4, 8),  # 3x3 s2 512->512 @14: 0.0162 ms, default 0.0278
-    (512, 2048, 1, 1, 1, 1): Fp8ConvConfig(32, 32, 128, 4, 4, 8),  # 1x1 s1 512->2048 @7: 0.0331 ms, default 0.0352
-    (1024, 2048, 1, 1, 2, 2): Fp8ConvConfig(64, 128, 64, 4, 4, 8),  # 1x1 s2 1024->2048 @14: 0.0106 ms, default 0.0116
-    (2048, 512, 1, 1, 1, 1): Fp8ConvConfig(64, 64, 128, 4, 3, 8),  # 1x1 s1 2048->512 @7: 0.0220 ms, default 0.0316
-    (512, 512, 3, 3, 1, 1): Fp8ConvConfig(32, 32, 128, 4, 4, 8),  # 3x3 s1 512->512 @7: 0.0328 ms, default 0.0568
+    (64, 64, 1, 1, 1, 1): Fp8ConvConfig(128, 64, 64, 4, 4, 8),  # 1x1 s1 64->64 @56: 0.0035 ms, default 0.0035
+    (64, 64, 3, 3, 1, 1): Fp8ConvConfig(128, 64, 64, 4, 4, 8),  # 3x3 s1 64->64 @56: 0.0184 ms, default 0.0184
+    (64, 256, 1, 1, 1, 1): Fp8ConvConfig(64, 128, 64, 4, 4, 8),  # 1x1 s1 64->256 @56: 0.0293 ms, default 0.0433
+    (256, 64, 1, 1, 1, 1): Fp8ConvConfig(64, 64, 128, 4, 3, 8),  # 1x1 s1 256->64 @56: 0.0084 ms, default 0.0092
+    (256, 128, 1, 1, 1, 1): Fp8ConvConfig(64, 64, 128, 4, 3, 8),  # 1x1 s1 256->128 @56: 0.0054 ms, default 0.0059
+    (128, 128, 3, 3, 2, 2): Fp8ConvConfig(64, 64, 128, 4, 3, 8),  # 3x3 s2 128->128 @56: 0.0057 ms, default 0.0112
+    (128, 512, 1, 1, 1, 1): Fp8ConvConfig(64, 64, 128, 4, 3, 8),  # 1x1 s1 128->512 @28: 0.0240 ms, default 0.0287
+    (256, 512, 1, 1, 2, 2): Fp8ConvConfig(64, 64, 128, 4, 3, 8),  # 1x1 s2 256->512 @56: 0.0050 ms, default 0.0054
+    (512, 128, 1, 1, 1, 1): Fp8ConvConfig(64, 64, 128, 4, 3, 8),  # 1x1 s1 512->128 @28: 0.0120 ms, default 0.0194
+    (128, 128, 3, 3, 1, 1): Fp8ConvConfig(64, 64, 128, 4, 3, 8),  # 3x3 s1 128->128 @28: 0.0176 ms, default 0.0341
+    (512, 256, 1, 1, 1, 1): Fp8ConvConfig(64, 64, 128, 4, 3, 8),  # 1x1 s1 512->256 @28: 0.0050 ms, default 0.0066
+    (256, 256, 3, 3, 2, 2): Fp8ConvConfig(64, 64, 128, 4, 3, 8),  # 3x3 s2 256->256 @28: 0.0082 ms, default 0.0141
+    (256, 1024, 1, 1, 1, 1): Fp8ConvConfig(64, 64, 128, 4, 3, 8),  # 1x1 s1 256->1024 @14: 0.0310 ms, default 0.0449
+    (512, 1024, 1, 1, 2, 2): Fp8ConvConfig(64, 64, 128, 4, 3, 8),  # 1x1 s2 512->1024 @28: 0.0045 ms, default 0.0059
+    (1024, 256, 1, 1, 1, 1): Fp8ConvConfig(64, 32, 128, 4, 3, 8),  # 1x1 s1 1024->256 @14: 0.0241 ms, default 0.0401
+    (256, 256, 3, 3, 1, 1): Fp8ConvConfig(64, 32, 128, 4, 3, 8),  # 3x3 s1 256->256 @14: 0.0413 ms, default 0.0718
+    (1024, 512, 1, 1, 1, 1): Fp8ConvConfig(64, 64, 128, 4, 3, 8),  # 1x1 s1 1024->512 @14: 0.0050 ms, default 0.0083
+    (512, 512, 3, 3, 2, 2): Fp8ConvConfig(32, 32, 128, 4, 4, 8),  # 3x3 s2 512->512 @14: 0.0124 ms, default 0.0239
+    (512, 2048, 1, 1, 1, 1): Fp8ConvConfig(64, 32, 128, 4, 3, 8),  # 1x1 s1 512->2048 @7: 0.0140 ms, default 0.0232
+    (1024, 2048, 1, 1, 2, 2): Fp8ConvConfig(64, 64, 128, 4, 3, 8),  # 1x1 s2 1024->2048 @14: 0.0051 ms, default 0.0078
+    (2048, 512, 1, 1, 1, 1): Fp8ConvConfig(16, 32, 256, 4, 3, 8),  # 1x1 s1 2048->512 @7: 0.0135 ms, default 0.0243
+    (512, 512, 3, 3, 1, 1): Fp8ConvConfig(32, 32, 128, 4, 4, 8),  # 3x3 s1 512->512 @7: 0.0249 ms, default 0.0496
 }
 
 
