@@ -394,7 +394,9 @@ def package_graphs(programs: dict[str, Any], package_path: Path, compile_options
     model each (``torch._inductor.package.package_aoti`` with a dict of models: what the
     docstring of ``aoti_compile_and_package`` gives for several models in one ``.pt2``).
     The weights are compiled into each model's library, so each graph carries its own copy:
-    the package grows by the size of the weights per static batch size."""
+    the package grows by the size of the weights per static batch size, and so does the GPU
+    memory of a loaded bundle. The bundle file stores the copies about once (the writer
+    compresses a member this large with long-distance matching: ``writer.LONG_RANGE_MIN``)."""
     torch = import_torch()
     from torch._inductor.package import package_aoti
 
