@@ -228,7 +228,8 @@ MEASURED_TILES_BATCH2: TileTable = {
 #: was timed one call a replay, whose own ~10 us hid most layers' differences at this batch;
 #: ``docs/measurements/h100-2026-12-06-i/r50-tiles-b4.log``): the 52 fused convolutions 0.500
 #: ms with the batch-32 tiles, 0.318 ms with these; the model compiled for batch 4: fp8 with
-#: the table before 0.452 ms, with these 0.423 ms, fp16 0.481 (1.064x -> 1.138x).
+#: the table before 0.452 ms, with these 0.423 ms, fp16 0.481 (1.064x -> 1.138x); the fp8
+#: bundle at batch 4: 0.970x -> 1.019x its fp16 bundle (call 3 there).
 MEASURED_TILES_BATCH4: TileTable = {
     (64, 64, 1, 1, 1, 1): Fp8ConvConfig(128, 64, 64, 4, 4, 8),  # 1x1 s1 64->64 @56: 0.0035 ms, default 0.0035
     (64, 64, 3, 3, 1, 1): Fp8ConvConfig(128, 64, 64, 4, 4, 8),  # 3x3 s1 64->64 @56: 0.0184 ms, default 0.0184
