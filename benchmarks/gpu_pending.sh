@@ -112,10 +112,11 @@
 #       same per-layer comparison at batch 1, 4 and 2 (TMA_BATCHES=), host descriptors, the
 #       tiles a package can hold with rows from 16 (fp8_tma_probe.py --fit: SMALL_FIT_TILES).
 #       The static graphs of batch 1-8 run the shipped kernel: with batch 32's TMA tiles batch
-#       1 was slower (0.370 ms against 0.356); batch 4 is still 0.970x fp16 as a bundle
-#       (h100-2026-12-06-h). Where TMA wins here, small graphs could take it with these tiles.
-#       Each layer is timed 20 calls to a graph (--per-graph): with one call every layer read
-#       the replay's own ~10 us, shipped and TMA alike (forty-first session, h100-2026-12-06-i)
+#       1 was slower (0.370 ms against 0.356), a comparison of replay overheads: each layer is
+#       now timed 20 calls to a graph (--per-graph); with one call every layer read the
+#       replay's own ~10 us, shipped and TMA alike. Forty-first session (h100-2026-12-06-i):
+#       TMA 1.28x / 1.22x / 1.39x the shipped layers at batch 1 / 2 / 4 with the tables of
+#       the time, about 1.1x against batch 4's re-measured ones
 #   benchmarks/gpu_pending.sh resnet-tma OUT_DIR   # ~6-8 min: issue 18, timm_resnet50's fp16
 #       and fp8 `triton-fused` bundles (into /tmp/pending/r50; the family's fp8 form until
 #       the thirty-seventh session) and an fp8 one with fp8_conv triton-fused-tma (the default now)
@@ -126,10 +127,15 @@
 #       most needed for, when machines are scarce (thirty-second session: 16 calls got
 #       none that ran its command): on an H200, `build` then `pair` (issue 15's H200
 #       figure, WORKERS=16, PROCS=8, REPEATS=3 unless set; then `r50-small` on the same warm
-#       machine: ResNet's H200 figures at every batch); on any other card, `tma-small`
-#       (fortieth session: `r50-small` on an H100, batch 2 and 4 at 1.019x / 0.970x fp16,
-#       h100-2026-12-06-h). The GPU tests (`gputest`) passed on an H100 at c6a1394, all 25
-#       (fortieth session, h100-2026-12-06-h)
+#       machine: ResNet's H200 figures at every batch); on any other card, `r50-tiles-b1`
+#       (forty-first session on an H100: `tma-small`, then batch 4's tiles re-measured 20
+#       calls a graph and `r50-small`: the fp8 bundle 1.007x / 1.022x / 1.019x fp16 at batch
+#       1 / 2 / 4, h100-2026-12-06-i). The GPU tests (`gputest`) passed on an H100 at
+#       c6a1394, all 25 (fortieth session, h100-2026-12-06-h)
+#   benchmarks/gpu_pending.sh r50-tiles-b1 OUT_DIR   # ~4 min, no bundles: `r50-tiles-small`
+#       at batch 1. MEASURED_TILES_BATCH1 was picked with each layer timed one call a
+#       replay, whose own ~10 us hid the differences (batch 4's re-measured tiles took its
+#       bundle from 0.970x to 1.019x fp16); batch 1 is at parity (1.007x)
 #   benchmarks/gpu_pending.sh families OUT_DIR   # ~8 min on any card: `prebuild` (timm_xception's
 #       uint8 pair and timm_vit_base's fp16 and fp8, four builds at once), then `vit-peer`
 #       on the ViT bundles: every image family's bundles built at the commit, ViT timed
@@ -157,7 +163,7 @@
 # Bundles: PENDING_DIR (/tmp/pending). Logs: OUT_DIR/<step>.log. Each step prints as it goes
 # and has its own timeout.
 set -u
-steps="dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-small"
+steps="dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-tiles-b1|r50-small"
 usage="usage: $0 $steps OUT_DIR (--help: what each step does)"
 case "${1:-}" in
     -h|--help)   # the comment block above, without its leading '# '
@@ -354,8 +360,12 @@ load)   # `build`, then the fp16 bundle's activation by phase, the load check on
     --variant "check-off:TRT_BUNDLE_AOTI_LOAD_CHECK=0,$sizes" \
     --variant "check-on-again:TRT_BUNDLE_AOTI_LOAD_CHECK=1,$sizes"
   ;;
-first)   # by the card: H200 -> build + pair; else TMA at timm_resnet50's small batches (tma-small)
-  pair_on_h200_else tma-small
+first)   # by the card: H200 -> build + pair; else timm_resnet50's batch-1 tiles (r50-tiles-b1)
+  pair_on_h200_else r50-tiles-b1
+  ;;
+r50-tiles-b1)   # `r50-tiles-small` at batch 1 (the batch-1 table was picked one call a replay)
+  SMALL_BATCHES=1 TILES_LIMIT=${TILES_LIMIT:-300} TILES_BUDGET=${TILES_BUDGET:-260} \
+    bash "$here/gpu_pending.sh" r50-tiles-small "$out" || exit 1
   ;;
 next)   # by the card: H200 -> `pair` (issue 15); else `xception-time`
   pair_on_h200_else xception-time

@@ -169,10 +169,11 @@ def _run_step(tmp_path: Path, card: str, what: str = "first",
 
 
 @needs_bash
-def test_first_runs_the_pair_on_an_h200_and_resnets_small_batch_tma_elsewhere(tmp_path):
+def test_first_runs_the_pair_on_an_h200_and_resnets_batch_1_tiles_elsewhere(tmp_path):
     """The one call a scarce machine may allow does what its card is needed for: issue 15's
-    H200 pair on an H200; on anything else TMA at timm_resnet50's small static batches
-    (`tma-small`: the probe at batch 1, 4 and 2 with the tiles a package can hold)."""
+    H200 pair on an H200; on anything else timm_resnet50's batch-1 tiles measured again,
+    20 calls of a layer a graph (`r50-tiles-b1`: fp8_conv_bench.py --fused-layers --batch 1,
+    which defaults to --per-graph 20 there)."""
     done, calls = _run_step(tmp_path / "h200", "NVIDIA H200")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "== card: NVIDIA H200" in done.stdout
@@ -185,10 +186,17 @@ def test_first_runs_the_pair_on_an_h200_and_resnets_small_batch_tma_elsewhere(tm
 
     done, calls = _run_step(tmp_path / "h100", "NVIDIA H100 80GB HBM3", built=[])
     assert done.returncode == 0, done.stdout + done.stderr
+    tiles = [c for c in calls if "fp8_conv_bench.py" in c]
+    assert len(tiles) == 1 and "--fused-layers --batch 1 " in tiles[0], calls
+    assert "--budget-s 260" in tiles[0] and "--per-graph" not in tiles[0], tiles
+    assert not [c for c in calls if "bundle make" in c or "serve_pair_bench.py" in c], calls
+    # tma-small: the probe at batch 1, 4 and 2 with the tiles a package can hold
+    done, calls = _run_step(tmp_path / "tma-small", "NVIDIA H100 80GB HBM3", "tma-small",
+                            built=[])
+    assert done.returncode == 0, done.stdout + done.stderr
     probes = [c for c in calls if "fp8_tma_probe.py" in c]
     assert [c.split("--batch ")[1].split()[0] for c in probes] == ["1", "4", "2"], calls
     assert all("--fit" in c and "--descriptors host" in c for c in probes), probes
-    assert not [c for c in calls if "bundle make" in c or "serve_pair_bench.py" in c], calls
     # `next` dispatches the same way, to timm_xception's timing elsewhere
     done, calls = _run_step(tmp_path / "next-h100", "NVIDIA H100 80GB HBM3", "next")
     assert done.returncode == 0, done.stdout + done.stderr
