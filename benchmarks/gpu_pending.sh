@@ -127,11 +127,18 @@
 #       most needed for, when machines are scarce (thirty-second session: 16 calls got
 #       none that ran its command): on an H200, `build` then `pair` (issue 15's H200
 #       figure, WORKERS=16, PROCS=8, REPEATS=3 unless set; then `r50-small` on the same warm
-#       machine: ResNet's H200 figures at every batch); on any other card, `r50-tiles-b1`
+#       machine: ResNet's H200 figures at every batch); on any other card, `r50-tma-small`
 #       (forty-first session on an H100: `tma-small`, then batch 4's tiles re-measured 20
 #       calls a graph and `r50-small`: the fp8 bundle 1.007x / 1.022x / 1.019x fp16 at batch
 #       1 / 2 / 4, h100-2026-12-06-i). The GPU tests (`gputest`) passed on an H100 at
 #       c6a1394, all 25 (fortieth session, h100-2026-12-06-h)
+#   benchmarks/gpu_pending.sh r50-tma-small OUT_DIR   # ~5 min: issue 18, timm_resnet50's fp16
+#       and fp8 bundles as the family has them (into /tmp/pending/r50-small) and an fp8 one
+#       with fp8_conv triton-fused-tma-small (its static graphs of batch 1, 2 and 4 with the
+#       dense 1x1 layers on TMA, MEASURED_TMA_TILES_BY_BATCH: per layer 1.22-1.39x the
+#       shipped kernel, h100-2026-12-06-i; into /tmp/pending/r50-tma-small), built at once,
+#       the new one verified, the three timed with the peer in one process (batches 1, 2, 4,
+#       8, 32; R50_BATCHES=). Where it wins, family.json's fp8_conv becomes it
 #   benchmarks/gpu_pending.sh r50-tiles-b1 OUT_DIR   # ~4 min, no bundles: `r50-tiles-small`
 #       at batch 1. MEASURED_TILES_BATCH1 was picked with each layer timed one call a
 #       replay, whose own ~10 us hid the differences (batch 4's re-measured tiles took its
@@ -163,7 +170,7 @@
 # Bundles: PENDING_DIR (/tmp/pending). Logs: OUT_DIR/<step>.log. Each step prints as it goes
 # and has its own timeout.
 set -u
-steps="dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-tiles-b1|r50-small"
+steps="dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-tiles-b1|r50-tma-small|r50-small"
 usage="usage: $0 $steps OUT_DIR (--help: what each step does)"
 case "${1:-}" in
     -h|--help)   # the comment block above, without its leading '# '
@@ -360,8 +367,24 @@ load)   # `build`, then the fp16 bundle's activation by phase, the load check on
     --variant "check-off:TRT_BUNDLE_AOTI_LOAD_CHECK=0,$sizes" \
     --variant "check-on-again:TRT_BUNDLE_AOTI_LOAD_CHECK=1,$sizes"
   ;;
-first)   # by the card: H200 -> build + pair; else timm_resnet50's batch-1 tiles (r50-tiles-b1)
-  pair_on_h200_else r50-tiles-b1
+first)   # by the card: H200 -> build + pair; else TMA in timm_resnet50's small graphs (r50-tma-small)
+  pair_on_h200_else r50-tma-small
+  ;;
+r50-tma-small)   # issue 18: timm_resnet50 fp8 with TMA in its small static graphs too
+  mkdir -p "$bundles/r50-tma-small" "$bundles/r50-small"
+  FAMILY=timm_resnet50 TRT_BUNDLE_FP8_CONV=triton-fused-tma-small bash -c '. benchmarks/gpu_common.sh; \
+    make_parallel "$0" "fp8:--precision fp8"' "$bundles/r50-tma-small" >"$out/r50-tma-small-make.log" 2>&1 &
+  made=$!
+  step r50-small-build "${BUILD_LIMIT:-330}" env FAMILY=timm_resnet50 bash -c '. benchmarks/gpu_common.sh; \
+    make_parallel "$0" "fp16:--precision fp16" "fp8:--precision fp8"' "$bundles/r50-small"
+  wait "$made"; echo "== r50-tma-small-make: exit $?"; tail -4 "$out/r50-tma-small-make.log"
+  cp "$bundles"/r50-tma-small/make-*.log "$out/" 2>/dev/null
+  tma_small=$(ls "$bundles"/r50-tma-small/timm_resnet50-fp8-*-torch-aoti.bundle)
+  step r50-tma-small-verify 60 python3 -m bundler.cli verify --numerics "$tma_small"
+  step r50-tma-small-time "${TIME_LIMIT:-240}" python3 benchmarks/aoti_static_vs_peer.py \
+    "$bundles"/r50-small/timm_resnet50-fp16-*-torch-aoti.bundle \
+    "$bundles"/r50-small/timm_resnet50-fp8-*-torch-aoti.bundle "$tma_small" \
+    --batch-sizes "${R50_BATCHES:-1,2,4,8,32}"
   ;;
 r50-tiles-b1)   # `r50-tiles-small` at batch 1 (the batch-1 table was picked one call a replay)
   SMALL_BATCHES=1 TILES_LIMIT=${TILES_LIMIT:-300} TILES_BUDGET=${TILES_BUDGET:-260} \

@@ -149,6 +149,55 @@ def test_timm_resnet50s_fp8_static_graphs_each_take_the_tiles_measured_at_their_
     assert sum(m.tma_tiles is not None for m in layers) == 33
 
 
+
+@needs_triton
+def test_the_small_batch_tma_form_puts_small_static_graphs_on_tma_with_their_own_tiles():
+    """fp8_conv "triton-fused-tma-small": the graphs of static batch 1, 2 and 4 launch the
+    TMA kernel on the 33 dense 1x1 layers with the tiles measured at that batch
+    (MEASURED_TMA_TILES_BY_BATCH), a small batch without a table (8) the shipped kernel, and
+    the dynamic graph batch 32's TMA tiles; "triton-fused-tma" keeps every small graph on
+    the shipped kernel."""
+    pytest.importorskip("timm")
+    import numpy as np
+
+    from bundler.families import load_family
+    from bundler.targets.torch_aoti.build import engine_model
+    from bundler.targets.torch_aoti.fp8_layers import exporting_batch
+    from bundler.targets.torch_aoti.fused import FusedConv
+    from bundler.targets.torch_aoti.kernels.fp8_conv_tma import (MEASURED_TMA_TILES,
+                                                                 MEASURED_TMA_TILES_BY_BATCH)
+    from bundler.torch_model import build_torch_model
+
+    model = build_torch_model(load_family("timm_resnet50"), seed=0)
+    fp8 = {n: (0.01, np.full(m.out_channels, 1e-3, np.float32)) for n, m in model.named_modules()
+           if isinstance(m, torch.nn.Conv2d) and n != "conv1"}
+    forms = {}
+    for form in ("triton-fused-tma", "triton-fused-tma-small"):
+        module, _ = engine_model(model, "fp8", fp8, fp8_conv=form)
+        forms[form] = [m for m in module.modules() if isinstance(m, FusedConv)
+                       and m.tma_tiles is not None]
+        assert len(forms[form]) == 33, form
+    x = torch.zeros(1, 2, 2, 8)
+    assert sorted(MEASURED_TMA_TILES_BY_BATCH) == [1, 2, 4]
+    for n in (1, 2, 4, 8):
+        with exporting_batch(n):
+            for m in forms["triton-fused-tma"]:
+                assert m.tma_tiles_at(x) is None, (n, m.cin, m.cout)
+            for m in forms["triton-fused-tma-small"]:
+                want = MEASURED_TMA_TILES_BY_BATCH.get(n, {}).get((m.cin, m.cout))
+                assert m.tma_tiles_at(x) == want, (n, m.cin, m.cout)
+                assert (want is None) == (n == 8)
+    with exporting_batch(None):
+        for layers in forms.values():
+            for m in layers:
+                assert m.tma_tiles_at(x) == MEASURED_TMA_TILES[(m.cin, m.cout)]
+    # the two forms are told apart where a bundle records them
+    from bundler.targets.torch_aoti.build import fp8_conv_named, fp8_conv_recorded
+
+    recorded = {f: fp8_conv_recorded("fp8", "nhwc", f) for f in forms}
+    assert len(set(recorded.values())) == 2
+    assert all(fp8_conv_named("nhwc", r) == f for f, r in recorded.items())
+
 def test_exporting_batch_answers_for_the_graph_being_traced():
     from bundler.targets.torch_aoti.fp8_layers import exporting_batch, static_batch
 
@@ -215,6 +264,10 @@ def test_the_tma_form_is_a_setting_of_image_families_only(tmp_path):
                      fp8_layout="channels_last")
     with pytest.raises(FamilyError, match="triton-fused-tma.*fused MLPs are triton-fused"):
         _family_with(tmp_path / "c", "timm_vit_base", fp8_conv="triton-fused-tma")
+    small = _family_with(tmp_path / "d", "timm_resnet50", fp8_conv="triton-fused-tma-small")
+    assert small.target_settings("torch-aoti").fp8_conv == "triton-fused-tma-small"
+    with pytest.raises(FamilyError, match="triton-fused-tma-small.*fused MLPs are"):
+        _family_with(tmp_path / "e", "timm_vit_base", fp8_conv="triton-fused-tma-small")
 
 
 def test_the_tma_form_is_recorded_and_read_back_by_its_name():

@@ -169,11 +169,11 @@ def _run_step(tmp_path: Path, card: str, what: str = "first",
 
 
 @needs_bash
-def test_first_runs_the_pair_on_an_h200_and_resnets_batch_1_tiles_elsewhere(tmp_path):
+def test_first_runs_the_pair_on_an_h200_and_resnets_small_graph_tma_elsewhere(tmp_path):
     """The one call a scarce machine may allow does what its card is needed for: issue 15's
-    H200 pair on an H200; on anything else timm_resnet50's batch-1 tiles measured again,
-    20 calls of a layer a graph (`r50-tiles-b1`: fp8_conv_bench.py --fused-layers --batch 1,
-    which defaults to --per-graph 20 there)."""
+    H200 pair on an H200; on anything else timm_resnet50's fp8 bundle with TMA in its small
+    static graphs (`r50-tma-small`: built beside the family's fp16 and fp8, verified, the
+    three timed in one process)."""
     done, calls = _run_step(tmp_path / "h200", "NVIDIA H200")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "== card: NVIDIA H200" in done.stdout
@@ -184,12 +184,23 @@ def test_first_runs_the_pair_on_an_h200_and_resnets_batch_1_tiles_elsewhere(tmp_
         and "--rounds 3" in pair[0] and "--cuda-graph-sizes 1,2,4,8,16,24" in pair[0], pair
     assert not any("-m pytest" in c for c in calls), calls
 
-    done, calls = _run_step(tmp_path / "h100", "NVIDIA H100 80GB HBM3", built=[])
+    done, calls = _run_step(tmp_path / "h100", "NVIDIA H100 80GB HBM3",
+                            built=["r50-small", "r50-tma-small"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    builds = sorted(c for c in calls if c.startswith("bundle make timm_resnet50"))
+    assert len(builds) == 3 and sum("--precision fp8" in c for c in builds) == 2, calls
+    assert any("r50-tma-small" in c for c in builds), builds
+    timed = [c for c in calls if "aoti_static_vs_peer.py" in c]
+    assert len(timed) == 1 and "--batch-sizes 1,2,4,8,32" in timed[0], calls
+    assert [c for c in calls if "verify --numerics" in c], calls
+    assert not [c for c in calls if "serve_pair_bench.py" in c], calls
+    # r50-tiles-b1: batch 1's tiles, 20 calls of a layer a graph (the default at batch 1)
+    done, calls = _run_step(tmp_path / "tiles-b1", "NVIDIA H100 80GB HBM3", "r50-tiles-b1",
+                            built=[])
     assert done.returncode == 0, done.stdout + done.stderr
     tiles = [c for c in calls if "fp8_conv_bench.py" in c]
     assert len(tiles) == 1 and "--fused-layers --batch 1 " in tiles[0], calls
     assert "--budget-s 260" in tiles[0] and "--per-graph" not in tiles[0], tiles
-    assert not [c for c in calls if "bundle make" in c or "serve_pair_bench.py" in c], calls
     # tma-small: the probe at batch 1, 4 and 2 with the tiles a package can hold
     done, calls = _run_step(tmp_path / "tma-small", "NVIDIA H100 80GB HBM3", "tma-small",
                             built=[])

@@ -50,6 +50,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Callable
 
 from bundler.targets.torch_aoti.settings import (TORCH_AOTI_FUSED_FP8_CONVS as FUSED_FP8_CONVS,
+                                                 TORCH_AOTI_TMA_FP8_CONVS as TMA_FP8_CONVS,
                                                  TORCH_AOTI_SMALL_BATCH_LAYOUTS,
                                                  TORCH_AOTI_TRITON_DEPTHWISE, settings_of)
 from bundler.targets import TargetBuild
@@ -154,7 +155,7 @@ def default_fp8_conv(fp8_conv: str | None = None, family_default: str = "im2col"
     return chosen
 
 
-#: The compute capability from which a GPU has TMA (Hopper), which "triton-fused-tma" needs.
+#: The compute capability from which a GPU has TMA (Hopper), which the TMA forms need.
 TMA_CAPABILITY = (9, 0)
 
 
@@ -162,14 +163,15 @@ def build_fp8_conv(fp8_conv: str | None, family_default: str,
                    capability: tuple[int, int] | None) -> str:
     """The FP8 convolution form a build on a GPU of ``capability`` makes (None: no GPU, as
     named): ``default_fp8_conv``, except that where the form is the family's (neither
-    ``fp8_conv`` nor ``$TRT_BUNDLE_FP8_CONV`` names one) and it is "triton-fused-tma" on a
-    GPU without TMA, "triton-fused": the same layers and numerics on the shipped kernel.
+    ``fp8_conv`` nor ``$TRT_BUNDLE_FP8_CONV`` names one) and it is a TMA form
+    (``TMA_FP8_CONVS``) on a GPU without TMA, "triton-fused": the same layers and numerics
+    on the shipped kernel.
     Why: the family's default must build on every FP8 GPU (an sm_89 L4 or L40S too); a
     form asked for by name is refused there instead (``engine_model``). One rule for the
     build and the reuse check (which passes the capability the bundle records)."""
     chosen = default_fp8_conv(fp8_conv, family_default)
     from_family = fp8_conv is None and not os.environ.get(FP8_CONV_ENV)
-    if (from_family and chosen == "triton-fused-tma" and capability is not None
+    if (from_family and chosen in TMA_FP8_CONVS and capability is not None
             and tuple(capability) < TMA_CAPABILITY):
         return "triton-fused"
     return chosen
@@ -224,8 +226,8 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
         if nhwc or pad_channels:
             raise UsageError("this family keeps its layout (torch_aoti.layout \"as_is\"): "
                              "no NHWC rewrite, no channel padding")
-        if precision == "fp8" and fp8_conv == "triton-fused-tma":
-            raise UsageError("fp8_conv triton-fused-tma puts ResNet bottlenecks' 1x1 "
+        if precision == "fp8" and fp8_conv in TMA_FP8_CONVS:
+            raise UsageError(f"fp8_conv {fp8_conv} puts ResNet bottlenecks' 1x1 "
                              "convolutions on the TMA kernel; this family (torch_aoti.layout "
                              "\"as_is\") has fused MLPs instead: name triton-fused")
         rows = None
@@ -246,14 +248,15 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
         from bundler.targets.torch_aoti.fused import rewrite_fused
 
         fp8_conv_kernel(fp8_conv)            # refuses a missing triton by name
-        if (fp8_conv == "triton-fused-tma" and torch.cuda.is_available()
+        if (fp8_conv in TMA_FP8_CONVS and torch.cuda.is_available()
                 and torch.cuda.get_device_capability() < TMA_CAPABILITY):
-            raise UsageError("fp8_conv triton-fused-tma needs TMA, which a GPU of compute "
+            raise UsageError(f"fp8_conv {fp8_conv} needs TMA, which a GPU of compute "
                              f"capability 9.0 (Hopper) or newer has; this one is "
                              f"{torch.cuda.get_device_name()}: build with "
                              "TRT_BUNDLE_FP8_CONV=triton-fused")
         return EngineModule(rewrite_fused(torch_model, fp8 or {},
-                                          tma=fp8_conv == "triton-fused-tma"),
+                                          tma=fp8_conv in TMA_FP8_CONVS,
+                                          small_batch_tma=fp8_conv == "triton-fused-tma-small"),
                             dtype, False, True), {}
     if channels_last and nhwc:
         raise UsageError("channels_last and the NHWC rewrite are two forms: ask for one")
@@ -788,6 +791,13 @@ FP8_CONV_DESCRIPTIONS = {
                         "TMA loads and stores (the rest on the implicit-GEMM kernel), ReLU "
                         "and residual add in its epilogue, e4m3 written with the next "
                         "layer's activation scale (no quantize pass between FP8 layers)",
+    "triton-fused-tma-small": "channels_last model, ResNet bottlenecks fused: every FP8 "
+                              "convolution on a Triton kernel, the dense 1x1 stride-1 ones "
+                              "with TMA loads and stores in every graph, small static "
+                              "batches with their own TMA tiles (the rest on the "
+                              "implicit-GEMM kernel), ReLU and residual add in its "
+                              "epilogue, e4m3 written with the next layer's activation "
+                              "scale (no quantize pass between FP8 layers)",
 }
 
 

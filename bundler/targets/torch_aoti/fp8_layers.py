@@ -75,7 +75,8 @@ ROWWISE_GEMMS = ("rowwise", "rowwise-fp16")
 #: timm_resnet50 runs triton-fused, measured on the H200 (its README).
 FP8_CONVS = TORCH_AOTI_FP8_CONVS
 #: The fused-bottleneck forms of ``FP8_CONVS``; "triton-fused-tma" runs the dense 1x1 stride-1
-#: layers on ``kernels/fp8_conv_tma.py``'s TMA kernel (exported with Dynamo).
+#: layers on ``kernels/fp8_conv_tma.py``'s TMA kernel (exported with Dynamo) outside small
+#: static graphs, "triton-fused-tma-small" in those too (``fused.FusedConv``).
 FUSED_FP8_CONVS = TORCH_AOTI_FUSED_FP8_CONVS
 #: How ``Fp8Pointwise`` (and ``Fp8Linear``) runs in a graph traced for a small static
 #: batch: "gemm" (``torch._scaled_mm``, as at every batch), "triton" (the implicit-GEMM

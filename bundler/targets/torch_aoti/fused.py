@@ -82,17 +82,21 @@ class FusedConv(nn.Module):
 
     ``tma``: a dense 1x1 stride-1 FP8 layer runs on ``kernels/fp8_conv_tma.py``'s kernel
     (TMA loads and stores, the same numerics) instead, except in a graph of a small static
-    batch (<= ``fp8_layers.SMALL_BATCH`` images; batch 1 ran 0.370 ms with it against 0.356
-    without on an H100); ``self.tma_tiles`` says whether it may (None: the shipped kernel).
+    batch (<= ``fp8_layers.SMALL_BATCH`` images; batch 1 ran 0.370 ms with batch 32's TMA
+    tiles against 0.356 without on an H100); ``self.tma_tiles`` says whether it may (None:
+    the shipped kernel). ``small_batch_tma``: such a graph takes TMA too where its batch has
+    TMA tiles of its own (``MEASURED_TMA_TILES_BY_BATCH``, fp8_conv "triton-fused-tma-small":
+    per layer 1.22-1.39x the shipped kernel at batch 1-4 with its tables of the time).
     Such a model is exported with Dynamo (``uses_tma``)."""
 
     def __init__(self, conv: nn.Conv2d, scales: tuple[float, Any] | None, *, relu: bool,
                  out16: bool, out_scale: float | None,
                  tiles: Mapping[tuple, Any] | None = None,
                  batch_tiles: Mapping[int, Mapping[tuple, Any]] | None = None,
-                 tma: bool = False) -> None:
+                 tma: bool = False, small_batch_tma: bool = False) -> None:
         super().__init__()
         self.tma_tiles = None
+        self.tma_tiles_by_batch: dict[int, tuple] = {}
         if not out16 and out_scale is None:
             raise UsageError(f"{conv}: a fused convolution must write fp16 or e4m3")
         self.relu, self.out16 = relu, out16
@@ -120,17 +124,31 @@ class FusedConv(nn.Module):
             n: config_for(self.cin, self.cout, self.kernel, self.stride, tiles, n, tables)
             for n in tables}
         if tma:
-            from bundler.targets.torch_aoti.kernels.fp8_conv_tma import (tma_eligible,
-                                                                         tma_tiles_for)
+            from bundler.targets.torch_aoti.kernels.fp8_conv_tma import (
+                MEASURED_TMA_TILES_BY_BATCH, tma_eligible, tma_tiles_for)
 
             if tma_eligible(self.cin, self.cout, self.kernel, self.stride,
                             self.padding, self.dilation):
                 self.tma_tiles = tma_tiles_for(self.cin, self.cout)
+                if small_batch_tma:
+                    self.tma_tiles_by_batch = {
+                        n: tma_tiles_for(self.cin, self.cout, table)
+                        for n, table in MEASURED_TMA_TILES_BY_BATCH.items()
+                        if (self.cin, self.cout) in table}
 
     def tiles_for(self, x: torch.Tensor):
         """The tiles of a launch on ``x``: its static batch's, else the dynamic graph's."""
         n = static_batch(x)
         return self.tiles if n is None else self.tiles_by_batch.get(n, self.tiles)
+
+    def tma_tiles_at(self, x: torch.Tensor) -> tuple | None:
+        """The TMA tiles of a launch on ``x``, or None for the shipped kernel: a graph of a
+        small static batch takes TMA only with tiles of its own batch."""
+        if self.tma_tiles is None:
+            return None
+        if small_static_batch(x):
+            return self.tma_tiles_by_batch.get(static_batch(x))
+        return self.tma_tiles
 
     @property
     def in_scale(self) -> float | None:
@@ -154,12 +172,13 @@ class FusedConv(nn.Module):
 
         if x8 is None:           # no producer wrote it: the one quantize pass
             x8 = quantize(x16, self.act_scale)
-        if self.tma_tiles is not None and not small_static_batch(x8):
+        tma_tiles = self.tma_tiles_at(x8)
+        if tma_tiles is not None:
             from bundler.targets.torch_aoti.kernels.fp8_conv_tma import fp8_conv_1x1_tma
 
             return fp8_conv_1x1_tma(x8, self.weight_fp8, self.conv_scale, self.bias, self.cout,
                                     residual=residual, relu=self.relu, out_f16=self.out16,
-                                    out_scale=self.out_scale, tiles=self.tma_tiles)
+                                    out_scale=self.out_scale, tiles=tma_tiles)
         return fp8_conv_fused(x8, self.weight_fp8, self.conv_scale, self.bias, self.cout,
                               self.kernel, self.stride, self.padding, self.dilation,
                               residual=residual, relu=self.relu, out_f16=self.out16,
@@ -214,22 +233,20 @@ class FusedBottleneck(nn.Module):
                  in_scale: float | None, next_scale: float | None,
                  tiles: Mapping[tuple, Any] | None = None,
                  batch_tiles: Mapping[int, Mapping[tuple, Any]] | None = None,
-                 tma: bool = False) -> None:
+                 tma: bool = False, small_batch_tma: bool = False) -> None:
         super().__init__()
         c1, c2, c3, down = parts
+        kinds = dict(tiles=tiles, batch_tiles=batch_tiles, tma=tma,
+                     small_batch_tma=small_batch_tma)
         s1, s2, s3, sd = (fp8.get(n) for n in names)
 
         def act(scales):
             return None if scales is None else float(stored_scale(scales[0]))
 
-        self.conv1 = FusedConv(c1, s1, relu=True, out16=s2 is None, out_scale=act(s2),
-                               tiles=tiles, batch_tiles=batch_tiles, tma=tma)
-        self.conv2 = FusedConv(c2, s2, relu=True, out16=s3 is None, out_scale=act(s3),
-                               tiles=tiles, batch_tiles=batch_tiles, tma=tma)
-        self.conv3 = FusedConv(c3, s3, relu=True, out16=True, out_scale=next_scale,
-                               tiles=tiles, batch_tiles=batch_tiles, tma=tma)
-        self.downsample = (FusedConv(down, sd, relu=False, out16=True, out_scale=None,
-                                     tiles=tiles, batch_tiles=batch_tiles, tma=tma)
+        self.conv1 = FusedConv(c1, s1, relu=True, out16=s2 is None, out_scale=act(s2), **kinds)
+        self.conv2 = FusedConv(c2, s2, relu=True, out16=s3 is None, out_scale=act(s3), **kinds)
+        self.conv3 = FusedConv(c3, s3, relu=True, out16=True, out_scale=next_scale, **kinds)
+        self.downsample = (FusedConv(down, sd, relu=False, out16=True, out_scale=None, **kinds)
                            if down is not None else None)
         # the handed-over e4m3 is used where its scale is the reader's own (the graph's
         # one shared QuantizeLinear); otherwise the reader quantizes the fp16 itself
@@ -272,7 +289,8 @@ class FusedBottleneck(nn.Module):
 def rewrite_fused(model: nn.Module, fp8: Mapping[str, tuple[float, Any]],
                   tiles: Mapping[tuple, Any] | None = None,
                   batch_tiles: Mapping[int, Mapping[tuple, Any]] | None = None,
-                  drop_unread_f16: bool = True, tma: bool = False) -> nn.Module:
+                  drop_unread_f16: bool = True, tma: bool = False,
+                  small_batch_tma: bool = False) -> nn.Module:
     """A copy of ``model`` (BN-folded, eval) in fp16 channels_last with its bottlenecks
     fused (module docstring). ``fp8``: module path -> (activation scale, weight scales) of
     the FP8 convolutions, every one of which must sit in a fusable bottleneck. ``tiles``:
@@ -283,8 +301,8 @@ def rewrite_fused(model: nn.Module, fp8: Mapping[str, tuple[float, Any]],
     ``kernels.fp8_conv.MEASURED_TILES_BY_BATCH``; ``tiles`` wins over it).
     ``drop_unread_f16=False`` keeps the fp16 output of blocks whose successor reads only
     e4m3 (for benchmarks: the form before it was dropped). ``tma``: the dense 1x1
-    stride-1 FP8 layers on the TMA kernel (``FusedConv``); export the result with
-    ``uses_tma`` in mind.
+    stride-1 FP8 layers on the TMA kernel (``FusedConv``), and with ``small_batch_tma`` in
+    the graphs of small static batches too; export the result with ``uses_tma`` in mind.
 
     The e4m3 hand-over between consecutive blocks (in module order: ResNet's stages are
     sequential) assumes the next block reads this block's output; a module in between
@@ -320,7 +338,7 @@ def rewrite_fused(model: nn.Module, fp8: Mapping[str, tuple[float, Any]],
         nxt = named[i + 1][0] if i + 1 < len(blocks) else None
         next_scale = float(stored_scale(fp8[nxt][0])) if nxt in fp8 else None
         replaced[name] = FusedBottleneck(parts, fp8, names, in_scale, next_scale, tiles,
-                                         batch_tiles, tma=tma)
+                                         batch_tiles, tma=tma, small_batch_tma=small_batch_tma)
         in_scale = next_scale
     # a block whose successor reads only e4m3 (a stage's first block: conv1 and the
     # downsample share the handed-over tensor) writes no fp16 output: ~90 MB less to write

@@ -54,10 +54,15 @@ TORCH_AOTI_FP8_GEMMS = ("rowwise", "tensorwise", "rowwise-fp16", "dequantized")
 #: "as_is" family (Linear layers) only "triton-fused" means something: its transformer MLPs
 #: run fc1 on the same Triton kernel with GELU and fc2's quantize fused
 #: (bundler.targets.torch_aoti.fused_mlp).
-TORCH_AOTI_FP8_CONVS = ("im2col", "triton", "triton-fused", "triton-fused-tma")
+TORCH_AOTI_FP8_CONVS = ("im2col", "triton", "triton-fused", "triton-fused-tma",
+                        "triton-fused-tma-small")
 #: The fused-bottleneck forms: "triton-fused-tma" is "triton-fused" with the dense 1x1
-#: stride-1 layers on the TMA kernel (``kernels/fp8_conv_tma.py``; image families only).
-TORCH_AOTI_FUSED_FP8_CONVS = ("triton-fused", "triton-fused-tma")
+#: stride-1 layers on the TMA kernel (``kernels/fp8_conv_tma.py``; image families only),
+#: except in the graphs of a small static batch; "triton-fused-tma-small" puts them on it
+#: there too, with the tiles measured at that batch (``MEASURED_TMA_TILES_BY_BATCH``).
+TORCH_AOTI_FUSED_FP8_CONVS = ("triton-fused", "triton-fused-tma", "triton-fused-tma-small")
+#: The forms with TMA layers (Hopper or newer; exported with Dynamo).
+TORCH_AOTI_TMA_FP8_CONVS = ("triton-fused-tma", "triton-fused-tma-small")
 #: ``torch_aoti.fp8_pointwise_small_batch``: how the FP8 1x1 convolutions (a layout "as_is"
 #: family's FP8 Linear layers: gemm or dequantized) run in a static-batch graph of at most 8
 #: images (``torch_aoti.static_batches``; the meaning of each:
@@ -181,8 +186,8 @@ def section_problems(aoti: Any, batch: Any) -> list[str]:
     if aoti.get("layout", "nhwc") == "as_is" and conv == "triton":
         problems.append("torch_aoti.fp8_conv: a layout as_is family has no convolutions; "
                         "of the fp8_conv forms only triton-fused applies (fused MLPs)")
-    elif aoti.get("layout", "nhwc") == "as_is" and conv == "triton-fused-tma":
-        problems.append("torch_aoti.fp8_conv: triton-fused-tma puts ResNet bottlenecks' 1x1 "
+    elif aoti.get("layout", "nhwc") == "as_is" and conv in TORCH_AOTI_TMA_FP8_CONVS:
+        problems.append(f"torch_aoti.fp8_conv: {conv} puts ResNet bottlenecks' 1x1 "
                         "convolutions on the TMA kernel; a layout as_is family's fused MLPs "
                         "are triton-fused")
     elif (aoti.get("layout", "nhwc") == "as_is" and conv == "triton-fused"

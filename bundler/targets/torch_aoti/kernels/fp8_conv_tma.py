@@ -40,7 +40,8 @@ import triton.language as tl
 from bundler.fp8 import E4M3_MAX
 from bundler.targets.torch_aoti.kernels.fp8_conv import _grouped_tile, _quantize_e4m3
 
-__all__ = ["TmaTiles", "MEASURED_TMA_TILES", "DEFAULT_TMA_TILES", "GROUP_M",
+__all__ = ["TmaTiles", "MEASURED_TMA_TILES", "MEASURED_TMA_TILES_BY_BATCH",
+           "DEFAULT_TMA_TILES", "GROUP_M",
            "MAX_BOX_ROW_BYTES", "MIN_BOX_ROW_BYTES", "tiles_fit", "tma_eligible",
            "tma_tiles_for", "fp8_conv_1x1_tma"]
 
@@ -76,6 +77,23 @@ MEASURED_TMA_TILES: Mapping[tuple[int, int], TmaTiles] = {
     (1024, 512): (128, 64, 128, 4, 3),
     (512, 2048): (128, 64, 128, 4, 3),
     (2048, 512): (128, 64, 128, 4, 3),
+}
+
+#: The same for the graphs of a small static batch (fp8_conv "triton-fused-tma-small"):
+#: batch -> (in channels, out channels) -> tiles; a batch without a table runs the shipped
+#: kernel there. The fastest of ``fp8_tma_probe.SMALL_FIT_TILES`` for the layer's costliest
+#: epilogue, each timed as 20 calls in one CUDA graph, on an H100 (torch 2.11 / triton 3.6,
+#: docs/measurements/h100-2026-12-06-i/call2-tma-b*.log): the dense 1x1 layers 0.123 /
+#: 0.137 / 0.160 ms at batch 1 / 2 / 4 against the shipped kernel's 0.157 / 0.167 / 0.223
+#: with the tables of the time (batch 4's since re-measured: about 0.175).
+MEASURED_TMA_TILES_BY_BATCH: Mapping[int, Mapping[tuple[int, int], TmaTiles]] = {
+    1: dict.fromkeys(MEASURED_TMA_TILES, (64, 32, 128, 4, 3)),
+    2: {**dict.fromkeys(MEASURED_TMA_TILES, (64, 32, 128, 4, 3)),
+        (64, 64): (128, 64, 64, 4, 3), (64, 256): (128, 64, 64, 4, 3)},
+    4: {**dict.fromkeys(MEASURED_TMA_TILES, (64, 32, 128, 4, 3)),
+        (64, 64): (128, 64, 64, 4, 3), (64, 256): (128, 64, 64, 4, 3),
+        (256, 128): (128, 64, 64, 4, 3), (128, 512): (64, 64, 128, 4, 4),
+        (1024, 512): (64, 64, 128, 4, 4), (512, 2048): (64, 64, 128, 4, 4)},
 }
 
 
