@@ -2,7 +2,8 @@
 
 Same manifest body and member bytes => same file bytes: members are laid out in name
 order, compressed single-threaded at a fixed zstd level with the content size in each
-frame, and the manifest is canonical msgpack. The file is written to a temporary name in
+frame (large ones with long-distance matching: ``LONG_RANGE_MIN``), and the manifest is
+canonical msgpack. The file is written to a temporary name in
 the target folder and renamed into place only when complete and fsynced, so an
 interrupted make never leaves something that looks like a bundle.
 """
