@@ -34,6 +34,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from bench_args import positive_ints
+
 
 def bundle_times(model, batch: int, timing: dict) -> dict[str, list[float]]:
     import numpy as np
@@ -90,7 +92,7 @@ def profile_peer(peer, shape: tuple[int, ...], sizes: list[int], rows: int) -> N
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("bundles", nargs="+", type=Path)
-    parser.add_argument("--batch-sizes", default="1,32")
+    parser.add_argument("--batch-sizes", type=positive_ints, default=[1, 32])
     parser.add_argument("--peer", default="torch-compile")
     parser.add_argument("--backend", default="auto")
     parser.add_argument("--iterations", type=int, default=200)
@@ -98,6 +100,9 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--profile", action="store_true",
                         help="also profile each engine and the peer by kernel (GPU)")
+    parser.add_argument("--profile-sizes", type=positive_ints, default=None, metavar="SIZES",
+                        help="the batch sizes --profile profiles (default: every timed one; "
+                             "each must be one of --batch-sizes)")
     parser.add_argument("--rows", type=int, default=15, help="top kernels per profile")
     args = parser.parse_args()
 
@@ -108,7 +113,11 @@ def main() -> int:
     from runtime_py.bench import random_feeds
     from runtime_py.model import load
 
-    sizes = [int(b) for b in args.batch_sizes.split(",") if b]
+    sizes = args.batch_sizes
+    profiled = sizes if args.profile_sizes is None else args.profile_sizes
+    if not set(profiled) <= set(sizes):
+        parser.error(f"--profile-sizes {profiled} names sizes that are not timed "
+                     f"(--batch-sizes {sizes})")
     timing = {**CPU_TIMING, "iterations": args.iterations, "device_warmup": args.warmup}
     rows, outputs, labels, manifest = [], {}, [], None
     for path in args.bundles:
@@ -134,7 +143,7 @@ def main() -> int:
                              "max_abs_diff_vs_first": diff})
         labels.append(label)
         if args.profile and getattr(model.runner, "run_device", None) is not None:
-            profile_engine(model.runner, label, sizes, args.rows)
+            profile_engine(model.runner, label, profiled, args.rows)
         model.close()
     print(f"peer {args.peer}: compiling", flush=True)
     peer = make_peer(args.peer, peer_model(manifest), preprocess)   # pixels as the bundles
@@ -142,7 +151,7 @@ def main() -> int:
     peer_ms = {(boundary, b): statistics.median(times) * 1e3 for b in sizes
                for boundary, times in peer_times(peer, b, shape, timing).items()}
     if args.profile and hasattr(peer, "fn"):
-        profile_peer(peer, shape, sizes, args.rows)
+        profile_peer(peer, shape, profiled, args.rows)
     first_ms = {(r["boundary"], r["batch"]): r["median_ms"] for r in rows
                 if r["bundle"] == labels[0]}
     print(f"\n{'bundle':<58} {'batch':>5} {'boundary':<13} {'static':>6} {'ms':>8} "

@@ -138,7 +138,9 @@
 #       dense 1x1 layers on TMA, MEASURED_TMA_TILES_BY_BATCH: per layer 1.22-1.39x the
 #       shipped kernel, h100-2026-12-06-i; into /tmp/pending/r50-tma-small), built at once,
 #       the new one verified, the three timed with the peer in one process (batches 1, 2, 4,
-#       8, 32; R50_BATCHES=). Where it wins, family.json's fp8_conv becomes it
+#       8, 32; R50_BATCHES=) and profiled by kernel at batch 1 (the fp8 batch-1 graph ran
+#       0.371 ms as a package against 0.343 as the module under torch.compile: which kernels
+#       differ). Where it wins, family.json's fp8_conv becomes it
 #   benchmarks/gpu_pending.sh r50-tiles-b1 OUT_DIR   # ~4 min, no bundles: `r50-tiles-small`
 #       at batch 1. MEASURED_TILES_BATCH1 was picked with each layer timed one call a
 #       replay, whose own ~10 us hid the differences (batch 4's re-measured tiles took its
@@ -384,7 +386,7 @@ r50-tma-small)   # issue 18: timm_resnet50 fp8 with TMA in its small static grap
   step r50-tma-small-time "${TIME_LIMIT:-240}" python3 benchmarks/aoti_static_vs_peer.py \
     "$bundles"/r50-small/timm_resnet50-fp16-*-torch-aoti.bundle \
     "$bundles"/r50-small/timm_resnet50-fp8-*-torch-aoti.bundle "$tma_small" \
-    --batch-sizes "${R50_BATCHES:-1,2,4,8,32}"
+    --batch-sizes "${R50_BATCHES:-1,2,4,8,32}" --profile --profile-sizes 1 --rows 25
   ;;
 r50-tiles-b1)   # `r50-tiles-small` at batch 1 (the batch-1 table was picked one call a replay)
   SMALL_BATCHES=1 TILES_LIMIT=${TILES_LIMIT:-300} TILES_BUDGET=${TILES_BUDGET:-260} \

@@ -33,3 +33,22 @@ def test_one_positive_integer(bench_args):
     for text in ("0", "3,4", "x", ""):
         with pytest.raises(argparse.ArgumentTypeError):
             bench_args.positive_int(text)
+
+
+def test_the_bundle_timing_profiles_only_sizes_it_times(tmp_path):
+    """aoti_static_vs_peer.py --profile-sizes must name timed sizes (the peer is compiled for
+    those only): refused at once with the two lists, before any bundle is opened."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "aoti_static_vs_peer.py"
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "none.bundle"),
+                           "--batch-sizes", "1,32", "--profile", "--profile-sizes", "4"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "--profile-sizes [4] names sizes that are not timed (--batch-sizes [1, 32])" \
+        in done.stderr
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "none.bundle"),
+                           "--batch-sizes", "1,0"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "positive integers" in done.stderr

@@ -192,6 +192,7 @@ def test_first_runs_the_pair_on_an_h200_and_resnets_small_graph_tma_elsewhere(tm
     assert any("r50-tma-small" in c for c in builds), builds
     timed = [c for c in calls if "aoti_static_vs_peer.py" in c]
     assert len(timed) == 1 and "--batch-sizes 1,2,4,8,32" in timed[0], calls
+    assert "--profile --profile-sizes 1 " in timed[0], timed
     assert [c for c in calls if "verify --numerics" in c], calls
     assert not [c for c in calls if "serve_pair_bench.py" in c], calls
     # r50-tiles-b1: batch 1's tiles, 20 calls of a layer a graph (the default at batch 1)
