@@ -63,6 +63,10 @@ def layer_case(epilogue: tuple, nchw_strides: bool = False) -> dict:
     return result
 
 
+#: (in, out channels) of ``small_resnet``'s dense 1x1 layers.
+SMALL_MODEL_1X1 = ((32, 16), (16, 64), (32, 64), (64, 16))
+
+
 def small_resnet() -> nn.Module:
     """Stem, max pool, two timm bottlenecks whose 1x1 layers have 16-multiple channels (one
     with a stride-1 downsample), global pool, fc; BatchNorm folded."""
@@ -106,6 +110,11 @@ def model_case() -> dict:
            for n, m in model.named_modules() if isinstance(m, nn.Conv2d) and n != "conv1"}
     plain = EngineModule(rewrite_fused(model, fp8), torch.float16, False, True)
     with_tma = EngineModule(rewrite_fused(model, fp8, tma=True), torch.float16, False, True)
+    # fp8_conv triton-fused-tma-small's form: batch 2 with TMA tiles of its own (16-row
+    # tiles: this model's 36 rows a batch-2 image make partial tiles too)
+    small_tiles = {2: dict.fromkeys(SMALL_MODEL_1X1, (16, 32, 32, 4, 2))}
+    small_tma = EngineModule(rewrite_fused(model, fp8, tma=True, tma_batch_tiles=small_tiles),
+                             torch.float16, False, True)
     launches = []
     real = tma_module.fp8_conv_1x1_tma
 
@@ -123,11 +132,16 @@ def model_case() -> dict:
         with exporting_batch(2):                    # a small static batch: shipped kernel
             small = with_tma(x)
         out["small_static_launches"] = len(launches) - out["dynamic_launches"]
+        before = len(launches)
+        with exporting_batch(2):                    # ... unless it has TMA tiles of its own
+            small_on_tma = small_tma(x)
+        out["small_tma_launches"] = len(launches) - before
     out["tma_layers"] = sum(getattr(m, "tma_tiles", None) is not None
                             for m in with_tma.modules())
     out["uses_tma"] = [uses_tma(plain), uses_tma(with_tma)]
     out["max_diff"] = float((got - ref).abs().max())
     out["small_max_diff"] = float((small - ref).abs().max())
+    out["small_tma_max_diff"] = float((small_on_tma - ref).abs().max())
     out["scale"] = float(ref.abs().max())
     return out
 

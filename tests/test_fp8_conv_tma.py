@@ -43,12 +43,15 @@ def test_an_input_with_nchw_strides_is_read_as_its_values(interpreted):
 @needs_triton
 def test_the_fused_model_takes_the_tma_kernel_only_outside_small_static_batches(interpreted):
     """Five 1x1 layers of 16-multiple channels go on the TMA kernel in a dynamic-batch graph
-    and none in a graph of static batch 2 (the shipped kernel was the faster at batch 1);
-    the outputs equal the model without TMA."""
+    and none in a graph of static batch 2 (the shipped kernel was the faster at batch 1),
+    unless batch 2 has TMA tiles of its own (fp8_conv triton-fused-tma-small's form): then
+    all five; every output equals the model without TMA."""
     r = interpreted["model"]
     assert r["tma_layers"] == 5 and r["uses_tma"] == [False, True]
     assert r["dynamic_launches"] == 5 and r["small_static_launches"] == 0
+    assert r["small_tma_launches"] == 5
     assert r["max_diff"] == 0.0 and r["small_max_diff"] == 0.0 and r["scale"] > 0.01
+    assert r["small_tma_max_diff"] == 0.0
 
 
 @needs_triton
@@ -334,9 +337,12 @@ def test_a_token_family_is_refused_the_tma_form_by_name():
 @pytest.mark.gpu
 @needs_cuda
 @needs_triton
-def test_gpu_the_tma_model_compiles_with_aotinductor_and_matches_eager(tmp_path):
+@pytest.mark.parametrize("small_graph", ["shipped", "tma"])
+def test_gpu_the_tma_model_compiles_with_aotinductor_and_matches_eager(tmp_path, small_graph):
     """The bundle path on an sm_90 GPU: strict export with a dynamic batch and a static
-    batch-1 graph, AOTInductor encoding the host descriptors, the package against eager."""
+    batch-1 graph, AOTInductor encoding the host descriptors, the package against eager.
+    small_graph "tma": the batch-1 graph on TMA too, with tiles of its own (fp8_conv
+    triton-fused-tma-small's form)."""
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("TMA needs an sm_90 GPU (Hopper) or newer")
     pytest.importorskip("timm")
@@ -351,8 +357,10 @@ def test_gpu_the_tma_model_compiles_with_aotinductor_and_matches_eager(tmp_path)
     model = script.small_resnet()
     fp8 = {n: (0.05, np.full(m.out_channels, 2e-3, np.float32))
            for n, m in model.named_modules() if isinstance(m, torch.nn.Conv2d) and n != "conv1"}
-    module = EngineModule(rewrite_fused(model, fp8, tma=True), torch.float16, False,
-                          True).cuda().eval()
+    small = ({1: dict.fromkeys(script.SMALL_MODEL_1X1, (64, 32, 128, 4, 3))}
+             if small_graph == "tma" else None)
+    module = EngineModule(rewrite_fused(model, fp8, tma=True, tma_batch_tiles=small),
+                          torch.float16, False, True).cuda().eval()
     path, _ = compile_package(module, (3, 12, 12), {"min": 1, "max": 16}, "cuda",
                               {"max_autotune": False}, tmp_path / "tma.pt2", static_batches=(1,))
     with exporting_batch(None):          # eager with the TMA layers, as the dynamic graph

@@ -254,9 +254,12 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
                              f"capability 9.0 (Hopper) or newer has; this one is "
                              f"{torch.cuda.get_device_name()}: build with "
                              "TRT_BUNDLE_FP8_CONV=triton-fused")
-        return EngineModule(rewrite_fused(torch_model, fp8 or {},
-                                          tma=fp8_conv in TMA_FP8_CONVS,
-                                          small_batch_tma=fp8_conv == "triton-fused-tma-small"),
+        small_tma = None          # the small static graphs' TMA tiles, where the form has them
+        if fp8_conv == "triton-fused-tma-small":
+            from bundler.targets.torch_aoti.kernels.fp8_conv_tma import (
+                MEASURED_TMA_TILES_BY_BATCH as small_tma)
+        return EngineModule(rewrite_fused(torch_model, fp8 or {}, tma=fp8_conv in TMA_FP8_CONVS,
+                                          tma_batch_tiles=small_tma),
                             dtype, False, True), {}
     if channels_last and nhwc:
         raise UsageError("channels_last and the NHWC rewrite are two forms: ask for one")

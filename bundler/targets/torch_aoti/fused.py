@@ -84,16 +84,19 @@ class FusedConv(nn.Module):
     (TMA loads and stores, the same numerics) instead, except in a graph of a small static
     batch (<= ``fp8_layers.SMALL_BATCH`` images; batch 1 ran 0.370 ms with batch 32's TMA
     tiles against 0.356 without on an H100); ``self.tma_tiles`` says whether it may (None:
-    the shipped kernel). ``small_batch_tma``: such a graph takes TMA too where its batch has
-    TMA tiles of its own (``MEASURED_TMA_TILES_BY_BATCH``, fp8_conv "triton-fused-tma-small":
-    per layer 1.22-1.39x the shipped kernel at batch 1-4 with its tables of the time).
+    the shipped kernel). ``tma_batch_tiles`` (batch -> (in, out channels) -> tiles): such a
+    graph takes TMA too where its batch has TMA tiles for the layer (fp8_conv
+    "triton-fused-tma-small" passes ``MEASURED_TMA_TILES_BY_BATCH``: per layer 1.22-1.39x
+    the shipped kernel at batch 1-4 with its tables of the time).
     Such a model is exported with Dynamo (``uses_tma``)."""
 
     def __init__(self, conv: nn.Conv2d, scales: tuple[float, Any] | None, *, relu: bool,
                  out16: bool, out_scale: float | None,
                  tiles: Mapping[tuple, Any] | None = None,
                  batch_tiles: Mapping[int, Mapping[tuple, Any]] | None = None,
-                 tma: bool = False, small_batch_tma: bool = False) -> None:
+                 tma: bool = False,
+                 tma_batch_tiles: Mapping[int, Mapping[tuple[int, int], tuple]] | None = None
+                 ) -> None:
         super().__init__()
         self.tma_tiles = None
         self.tma_tiles_by_batch: dict[int, tuple] = {}
@@ -124,17 +127,16 @@ class FusedConv(nn.Module):
             n: config_for(self.cin, self.cout, self.kernel, self.stride, tiles, n, tables)
             for n in tables}
         if tma:
-            from bundler.targets.torch_aoti.kernels.fp8_conv_tma import (
-                MEASURED_TMA_TILES_BY_BATCH, tma_eligible, tma_tiles_for)
+            from bundler.targets.torch_aoti.kernels.fp8_conv_tma import (tma_eligible,
+                                                                         tma_tiles_for)
 
             if tma_eligible(self.cin, self.cout, self.kernel, self.stride,
                             self.padding, self.dilation):
                 self.tma_tiles = tma_tiles_for(self.cin, self.cout)
-                if small_batch_tma:
-                    self.tma_tiles_by_batch = {
-                        n: tma_tiles_for(self.cin, self.cout, table)
-                        for n, table in MEASURED_TMA_TILES_BY_BATCH.items()
-                        if (self.cin, self.cout) in table}
+                self.tma_tiles_by_batch = {
+                    n: tma_tiles_for(self.cin, self.cout, table)
+                    for n, table in (tma_batch_tiles or {}).items()
+                    if (self.cin, self.cout) in table}
 
     def tiles_for(self, x: torch.Tensor):
         """The tiles of a launch on ``x``: its static batch's, else the dynamic graph's."""
@@ -233,11 +235,13 @@ class FusedBottleneck(nn.Module):
                  in_scale: float | None, next_scale: float | None,
                  tiles: Mapping[tuple, Any] | None = None,
                  batch_tiles: Mapping[int, Mapping[tuple, Any]] | None = None,
-                 tma: bool = False, small_batch_tma: bool = False) -> None:
+                 tma: bool = False,
+                 tma_batch_tiles: Mapping[int, Mapping[tuple[int, int], tuple]] | None = None
+                 ) -> None:
         super().__init__()
         c1, c2, c3, down = parts
         kinds = dict(tiles=tiles, batch_tiles=batch_tiles, tma=tma,
-                     small_batch_tma=small_batch_tma)
+                     tma_batch_tiles=tma_batch_tiles)
         s1, s2, s3, sd = (fp8.get(n) for n in names)
 
         def act(scales):
@@ -290,7 +294,8 @@ def rewrite_fused(model: nn.Module, fp8: Mapping[str, tuple[float, Any]],
                   tiles: Mapping[tuple, Any] | None = None,
                   batch_tiles: Mapping[int, Mapping[tuple, Any]] | None = None,
                   drop_unread_f16: bool = True, tma: bool = False,
-                  small_batch_tma: bool = False) -> nn.Module:
+                  tma_batch_tiles: Mapping[int, Mapping[tuple[int, int], tuple]] | None = None
+                  ) -> nn.Module:
     """A copy of ``model`` (BN-folded, eval) in fp16 channels_last with its bottlenecks
     fused (module docstring). ``fp8``: module path -> (activation scale, weight scales) of
     the FP8 convolutions, every one of which must sit in a fusable bottleneck. ``tiles``:
@@ -301,8 +306,9 @@ def rewrite_fused(model: nn.Module, fp8: Mapping[str, tuple[float, Any]],
     ``kernels.fp8_conv.MEASURED_TILES_BY_BATCH``; ``tiles`` wins over it).
     ``drop_unread_f16=False`` keeps the fp16 output of blocks whose successor reads only
     e4m3 (for benchmarks: the form before it was dropped). ``tma``: the dense 1x1
-    stride-1 FP8 layers on the TMA kernel (``FusedConv``), and with ``small_batch_tma`` in
-    the graphs of small static batches too; export the result with ``uses_tma`` in mind.
+    stride-1 FP8 layers on the TMA kernel (``FusedConv``), and with ``tma_batch_tiles``
+    (batch -> (in, out channels) -> tiles) in the graphs of those small static batches too;
+    export the result with ``uses_tma`` in mind.
 
     The e4m3 hand-over between consecutive blocks (in module order: ResNet's stages are
     sequential) assumes the next block reads this block's output; a module in between
@@ -338,7 +344,7 @@ def rewrite_fused(model: nn.Module, fp8: Mapping[str, tuple[float, Any]],
         nxt = named[i + 1][0] if i + 1 < len(blocks) else None
         next_scale = float(stored_scale(fp8[nxt][0])) if nxt in fp8 else None
         replaced[name] = FusedBottleneck(parts, fp8, names, in_scale, next_scale, tiles,
-                                         batch_tiles, tma=tma, small_batch_tma=small_batch_tma)
+                                         batch_tiles, tma=tma, tma_batch_tiles=tma_batch_tiles)
         in_scale = next_scale
     # a block whose successor reads only e4m3 (a stage's first block: conv1 and the
     # downsample share the handed-over tensor) writes no fp16 output: ~90 MB less to write
