@@ -937,10 +937,12 @@ def print_model(results: dict, batch: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from bench_args import positive_int
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--iters", type=int, default=50)
-    p.add_argument("--per-graph", type=int, default=None, metavar="N",
+    p.add_argument("--per-graph", type=positive_int, default=None, metavar="N",
                    help="calls of a layer captured in one CUDA graph, its time divided by N "
                         "(default 20 at a batch of at most 8, else 1): a replay's own ~10 us "
                         "is more than a layer takes at small batches")
@@ -984,8 +986,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.per_graph is None:
         args.per_graph = 20 if args.batch <= SMALL_BATCH else 1
-    if args.per_graph < 1:
-        p.error("--per-graph takes a count of 1 or more")
     if args.ptxas:
         return ptxas_report()
 

@@ -210,10 +210,12 @@ def interpret_check() -> dict:
 
 
 def main() -> int:
+    from bench_args import positive_int
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--iters", type=int, default=50)
-    p.add_argument("--per-graph", type=int, default=20, metavar="N",
+    p.add_argument("--per-graph", type=positive_int, default=20, metavar="N",
                    help="calls of a layer captured in one CUDA graph (its time / N): one call "
                         "a replay times the replay's own ~10 us at batch 1-8")
     p.add_argument("--aoti", action="store_true", help="also build a package on the kernel")
@@ -227,8 +229,6 @@ def main() -> int:
     p.add_argument("--interpret-check", action="store_true",
                    help="CPU, TRITON_INTERPRET=1: compare with the shipped kernel, print JSON")
     args = p.parse_args()
-    if args.per_graph < 1:
-        p.error("--per-graph takes a count of 1 or more")
     if args.interpret_check:
         print(json.dumps(interpret_check()))
         return 0

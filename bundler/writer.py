@@ -23,6 +23,7 @@ from runtime_py.errors import (BundleError, BundleExistsError, ManifestError,
                                OutputPathError, UsageError)
 from runtime_py.format.layout import FORMAT_MAJOR, FORMAT_MINOR, HEADER_SIZE, Header
 from runtime_py.format.manifest import bundle_id_of, encode_manifest, validate_manifest
+from runtime_py.format.zstd_frame import window_log_max
 
 ZSTD_LEVEL = 3
 #: Members larger than this are compressed with long-distance matching and a window that
@@ -144,16 +145,11 @@ def compress_member(raw: bytes, level: int = ZSTD_LEVEL) -> bytes:
         cctx = zstandard.ZstdCompressor(level=level, write_content_size=True,
                                         write_checksum=False, threads=0)
         return cctx.compress(raw)
+    # the largest window readers accept for this size; zstd narrows it to the member's own
     params = zstandard.ZstdCompressionParameters.from_level(
-        level, source_size=len(raw), window_log=member_window_log(len(raw)), enable_ldm=True,
+        level, source_size=len(raw), window_log=window_log_max(len(raw)), enable_ldm=True,
         write_content_size=True, write_checksum=False, threads=0)
     return zstandard.ZstdCompressor(compression_params=params).compress(raw)
-
-
-def member_window_log(raw_size: int) -> int:
-    """The window (log2) of a long-range member's frame: the member's size rounded up to a
-    power of two, within zstd's 10..31."""
-    return min(31, max(10, (raw_size - 1).bit_length()))
 
 
 def build_manifest(manifest_body: dict, members: dict[str, bytes],

@@ -82,8 +82,9 @@ def test_the_fit_tiles_are_tiles_a_bundle_can_take_and_small_batches_get_small_r
 @pytest.mark.parametrize("script", ["fp8_tma_probe.py", "fp8_conv_bench.py"])
 def test_the_layer_benchmarks_refuse_a_per_graph_count_below_one(script):
     """`--per-graph N` divides a replay of N captured calls by N; 0 would divide by zero
-    after minutes of compiling, so it is refused at once (argparse's exit 2), GPU or not."""
+    after minutes of compiling, so it is refused at once (argparse's exit 2, the project's
+    `bench_args.positive_int`), GPU or not."""
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--per-graph", "0"],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 2, done.stderr[-2000:]
-    assert "--per-graph takes a count of 1 or more" in done.stderr
+    assert "argument --per-graph: one positive integer, got '0'" in done.stderr
