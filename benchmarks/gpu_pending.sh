@@ -166,13 +166,17 @@
 #       its measured tiles) and the fp8 form before (static batch 1 only, the family folder
 #       copied with that one change), built at once; the new fp8 verified, the three timed
 #       with the peer in one process at batches 1,2,4,8,16,32 (R50_BATCHES=)
+#   benchmarks/gpu_pending.sh vit-gemm-b1 OUT_DIR   # ~2 min, no bundles: issue 18, ViT-B's
+#       four Linear shapes at batch 1 and 2, fp16 cuBLAS against the family's FP8 GEMM and
+#       the Triton kernel per tile set, 20 calls a graph (vit_gemm_small_probe.py): whether
+#       any FP8 GEMM beats fp16's there before a batch-1 form is built on it
 #   benchmarks/gpu_pending.sh next OUT_DIR   # after `families` on the same warm machine: on
 #       an H200 `pair` (as `first`), on any other card `xception-time`
 #
 # Bundles: PENDING_DIR (/tmp/pending). Logs: OUT_DIR/<step>.log. Each step prints as it goes
 # and has its own timeout.
 set -u
-steps="dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-tiles-b1|r50-tma-small|r50-small"
+steps="dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-tiles-b1|r50-tma-small|r50-small|vit-gemm-b1"
 usage="usage: $0 $steps OUT_DIR (--help: what each step does)"
 case "${1:-}" in
     -h|--help)   # the comment block above, without its leading '# '
@@ -459,6 +463,10 @@ print('== size', sys.argv[1].rsplit('/', 1)[-1], 'engine raw', e['raw_size'], 's
   step r50-small-time "${TIME_LIMIT:-240}" python3 benchmarks/aoti_static_vs_peer.py \
     "$bundles"/r50-small/timm_resnet50-fp16-*-torch-aoti.bundle \
     "$before"/timm_resnet50-fp8-*-torch-aoti.bundle "$small" --batch-sizes "${R50_BATCHES:-1,2,4,8,16,32}"
+  ;;
+vit-gemm-b1)   # issue 18: ViT-B's Linear shapes at batch 1 and 2, fp16 against FP8 GEMMs
+  step vit-gemm-b1 "${VIT_GEMM_LIMIT:-200}" python3 benchmarks/vit_gemm_small_probe.py \
+    --budget-s "${VIT_GEMM_BUDGET:-150}" --json "$out/vit-gemm-b1.json"
   ;;
 tma)   # issue 18: timm_resnet50's dense 1x1 FP8 convolutions with TMA against the shipped kernel
   step tma "${TMA_LIMIT:-420}" python3 benchmarks/fp8_tma_probe.py --aoti

@@ -79,7 +79,8 @@ def test_the_fit_tiles_are_tiles_a_bundle_can_take_and_small_batches_get_small_r
     assert DEFAULT_TMA_TILES in probe.SMALL_FIT_TILES
 
 
-@pytest.mark.parametrize("script", ["fp8_tma_probe.py", "fp8_conv_bench.py"])
+@pytest.mark.parametrize("script", ["fp8_tma_probe.py", "fp8_conv_bench.py",
+                                    "vit_gemm_small_probe.py"])
 def test_the_layer_benchmarks_refuse_a_per_graph_count_below_one(script):
     """`--per-graph N` divides a replay of N captured calls by N; 0 would divide by zero
     after minutes of compiling, so it is refused at once (argparse's exit 2, the project's
