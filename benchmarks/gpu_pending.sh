@@ -170,13 +170,18 @@
 #       four Linear shapes at batch 1 and 2, fp16 cuBLAS against the family's FP8 GEMM and
 #       the Triton kernel per tile set, 20 calls a graph (vit_gemm_small_probe.py): whether
 #       any FP8 GEMM beats fp16's there before a batch-1 form is built on it
+#   benchmarks/gpu_pending.sh vit-b1-triton OUT_DIR   # ~6 min: issue 18, timm_vit_base's fp16
+#       and fp8 bundles as the family has them, and fp8 with a static batch-1 graph whose
+#       Linear layers run on the Triton kernel (fp8_pointwise_small_batch triton; the family
+#       folder copied with those two settings), built at once; that one verified, the three
+#       timed with the peer at batches 1, 2 and 32 (VIT_BATCHES=)
 #   benchmarks/gpu_pending.sh next OUT_DIR   # after `families` on the same warm machine: on
 #       an H200 `pair` (as `first`), on any other card `xception-time`
 #
 # Bundles: PENDING_DIR (/tmp/pending). Logs: OUT_DIR/<step>.log. Each step prints as it goes
 # and has its own timeout.
 set -u
-steps="dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-tiles-b1|r50-tma-small|r50-small|vit-gemm-b1"
+steps="dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-tiles-b1|r50-tma-small|r50-small|vit-gemm-b1|vit-b1-triton"
 usage="usage: $0 $steps OUT_DIR (--help: what each step does)"
 case "${1:-}" in
     -h|--help)   # the comment block above, without its leading '# '
@@ -467,6 +472,26 @@ print('== size', sys.argv[1].rsplit('/', 1)[-1], 'engine raw', e['raw_size'], 's
 vit-gemm-b1)   # issue 18: ViT-B's Linear shapes at batch 1 and 2, fp16 against FP8 GEMMs
   step vit-gemm-b1 "${VIT_GEMM_LIMIT:-200}" python3 benchmarks/vit_gemm_small_probe.py \
     --budget-s "${VIT_GEMM_BUDGET:-150}" --json "$out/vit-gemm-b1.json"
+  ;;
+vit-b1-triton)   # issue 18: timm_vit_base fp8 with its batch-1 graph's Linear layers on Triton
+  tri=$bundles/vit-b1-triton
+  mkdir -p "$bundles/vit" "$tri/families"
+  rm -rf "$tri/families/timm_vit_base"; cp -r families/timm_vit_base "$tri/families/"
+  python3 -c "import json, sys; p = sys.argv[1]; f = json.load(open(p)); \
+f['torch_aoti'].update(static_batches={'fp8': [1]}, fp8_pointwise_small_batch='triton'); \
+json.dump(f, open(p, 'w'), indent=2)" "$tri/families/timm_vit_base/family.json"
+  FAMILY=timm_vit_base TRT_BUNDLE_FAMILIES_PATH="$tri/families" bash -c '. benchmarks/gpu_common.sh; \
+    make_parallel "$0" "fp8:--precision fp8"' "$tri" >"$out/vit-b1-triton-make.log" 2>&1 &
+  made=$!
+  build_vit "${BUILD_LIMIT:-400}"
+  wait "$made"; echo "== vit-b1-triton-make: exit $?"; tail -4 "$out/vit-b1-triton-make.log"
+  cp "$tri"/make-*.log "$out/" 2>/dev/null
+  small=$(ls "$tri"/timm_vit_base-fp8-*-torch-aoti.bundle)
+  step vit-b1-triton-verify 90 python3 -m bundler.cli verify --numerics "$small"
+  step vit-b1-triton-time "${TIME_LIMIT:-200}" python3 benchmarks/aoti_static_vs_peer.py \
+    "$bundles"/vit/timm_vit_base-fp16-*-torch-aoti.bundle \
+    "$bundles"/vit/timm_vit_base-fp8-*-torch-aoti.bundle "$small" \
+    --batch-sizes "${VIT_BATCHES:-1,2,32}"
   ;;
 tma)   # issue 18: timm_resnet50's dense 1x1 FP8 convolutions with TMA against the shipped kernel
   step tma "${TMA_LIMIT:-420}" python3 benchmarks/fp8_tma_probe.py --aoti

@@ -88,6 +88,23 @@ def pointwise_case() -> float:
     return float((got - ref).abs().max() / ref.abs().max())
 
 
+def linear_case() -> float:
+    """``Fp8Linear``'s small-batch Triton path (the tokens as a 1x1 convolution's pixels,
+    features padded to 16 as ``Fp8Gemm`` pads them) against its emulated GEMM."""
+    from bundler.targets.torch_aoti.fp8_layers import Fp8Linear
+
+    torch.manual_seed(2)
+    linear = nn.Linear(40, 24)                   # 40 -> 48 and 24 -> 32 padded
+    ws = (linear.weight.detach().abs().amax(1) / 448).numpy()
+    triton_path = Fp8Linear(linear, 0.02, ws, torch.float16, small_batch_kernel="triton")
+    gemm = Fp8Linear(linear, 0.02, ws, torch.float16, emulate=True)
+    x = torch.randn(2, 5, 40).half()
+    got, ref = triton_path.implicit_gemm(x).float(), gemm(x).float()
+    if got.shape != ref.shape:
+        raise AssertionError(f"shape {tuple(got.shape)} != {tuple(ref.shape)}")
+    return float((got - ref).abs().max() / ref.abs().max())
+
+
 def main() -> None:
     from bundler.targets.torch_aoti.kernels.fp8_conv import Fp8ConvConfig, fp8_conv
 
@@ -103,6 +120,7 @@ def main() -> None:
         results["cases"][name] = run_case(fp8_conv, config, case, dtype)
     results["module"] = module_case() if fp8_error is None else None
     results["pointwise"] = pointwise_case() if fp8_error is None else None
+    results["linear"] = linear_case() if fp8_error is None else None
     json.dump(results, sys.stdout)
 
 

@@ -64,6 +64,16 @@ def test_the_small_batch_pointwise_kernel_equals_the_gemm_under_the_interpreter(
 
 
 @needs_triton
+def test_the_small_batch_linear_kernel_equals_the_gemm_under_the_interpreter(interpreted):
+    """``Fp8Linear(small_batch_kernel="triton")``: a transformer's tokens through the Triton
+    kernel as a 1x1 convolution over [rows, 1, 1, features] give the GEMM path's output."""
+    if interpreted["linear"] is None:
+        pytest.skip(f"this triton's interpreter does not run FP8 dots: "
+                    f"{interpreted['fp8_error']}")
+    assert interpreted["linear"] < 2e-3
+
+
+@needs_triton
 def test_small_static_batches_trace_the_pointwise_kernel_and_others_the_gemm():
     """On CUDA inputs of a static batch of at most fp8_layers.SMALL_BATCH, the layer takes the
     Triton path (small tiles for its rows); a larger batch and a CPU input keep

@@ -282,8 +282,8 @@ def test_fp8_linear_small_static_batches_run_dequantized_and_others_the_fp8_gemm
     """``Fp8Linear(small_batch_kernel="dequantized")``: a batch of at most ``SMALL_BATCH``
     that is a plain int (eager, or a graph traced for a static batch) takes the fp16 GEMM
     on the same FP8 operands, bit for bit the "dequantized" mode; a larger one, or a
-    symbolic batch (the dynamic graph), the layer's FP8 GEMM. "triton" is refused: it is
-    the 1x1 convolution kernel."""
+    symbolic batch (the dynamic graph), the layer's FP8 GEMM. "triton" is that kernel on
+    CUDA only (tests/test_fp8_conv_kernel.py): on the CPU its layer is the FP8 GEMM's."""
     from torch.export import Dim, export
 
     from bundler.targets.torch_aoti import fp8_layers as tam
@@ -305,8 +305,13 @@ def test_fp8_linear_small_static_batches_run_dequantized_and_others_the_fp8_gemm
            dynamic_shapes=({0: Dim("batch", min=1, max=32)},))
     assert calls == []
     assert make(emulate=True, small_batch_kernel="dequantized").small_batch_kernel == "gemm"
-    with pytest.raises(UsageError, match="Linear layer: choose gemm or dequantized"):
-        make(small_batch_kernel="triton")
+    on_triton = make(gemm="rowwise-fp16", small_batch_kernel="triton")
+    x = torch.randn(1, 5, 40, generator=gen).half()
+    assert torch.equal(on_triton(x), fp8(x))
+    assert torch.equal(on_triton.conv_scale, on_triton.weight_scale_row[0] * on_triton.act_scale)
+    assert not hasattr(small, "conv_scale")           # a buffer of the Triton form only
+    with pytest.raises(UsageError, match="Linear layer: choose gemm or triton or dequantized"):
+        make(small_batch_kernel="cudnn")
 
 
 def test_vit_small_batch_graph_compiles_without_fp8_gemms_and_keeps_the_quantize_fused():
@@ -330,7 +335,9 @@ def test_vit_small_batch_graph_compiles_without_fp8_gemms_and_keeps_the_quantize
                                           small_batch="dequantized")
 
 
-def test_vit_family_refuses_the_triton_small_batch_kernel(tmp_path):
+def test_vit_family_takes_the_triton_small_batch_kernel_but_not_with_fused_mlps(tmp_path):
+    """A token family's Linear layers take the Triton small-batch form; its fused MLPs
+    (fp8_conv triton-fused) have one form at every batch, so not with them."""
     import json
     import shutil
 
@@ -341,8 +348,13 @@ def test_vit_family_refuses_the_triton_small_batch_kernel(tmp_path):
     path = tmp_path / "timm_vit_base" / "family.json"
     spec = json.loads(path.read_text())
     spec["torch_aoti"]["fp8_pointwise_small_batch"] = "triton"
+    spec["torch_aoti"]["static_batches"] = {"fp8": [1]}
+    path.write_text(json.dumps(spec))
+    family = load_family("timm_vit_base", root=tmp_path)
+    assert family.target_settings("torch-aoti").fp8_pointwise_small_batch == "triton"
+    spec["torch_aoti"]["fp8_conv"] = "triton-fused"
     path.write_text(json.dumps(spec))
     with pytest.raises(FamilyError) as info:
         load_family("timm_vit_base", root=tmp_path)
-    assert any("Linear layers of a layout as_is family" in p for p in info.value.problems)
+    assert any("fused MLPs (triton-fused) have one form" in p for p in info.value.problems)
 

@@ -772,8 +772,9 @@ FP8_GEMM_DESCRIPTIONS = {
 
 SMALL_BATCH_POINTWISE_DESCRIPTIONS = {
     "gemm": "FP8 1x1 convolutions and Linear layers on torch._scaled_mm at every batch",
-    "triton": "in the static graphs of batches up to 8: FP8 1x1 convolutions on the "
-              "implicit-GEMM Triton kernel with small tiles (torch._scaled_mm elsewhere)",
+    "triton": "in the static graphs of batches up to 8: FP8 1x1 convolutions and Linear "
+              "layers on the implicit-GEMM Triton kernel with small tiles "
+              "(torch._scaled_mm elsewhere)",
     "dequantized": "in the static graphs of batches up to 8: the operands of the FP8 1x1 "
                    "convolutions and Linear layers dequantized, fp16 GEMMs "
                    "(torch._scaled_mm elsewhere)",

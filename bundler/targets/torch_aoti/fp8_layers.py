@@ -181,7 +181,7 @@ class Fp8Gemm(nn.Module):
     ``small_batch_kernel`` (``SMALL_BATCH_KERNELS``): the layer's form in graphs traced
     for a small static batch (``small_batch``, ``rows_matmul``): "gemm" (as at every
     batch) or "dequantized" (the same FP8 operands through an fp16 GEMM); ``Fp8Pointwise``
-    also has "triton".
+    and ``Fp8Linear`` also have "triton" (the implicit-GEMM kernel with small tiles).
 
     ``emulate``: compute the product in fp32 from the same FP8 operands (for hosts
     without FP8 GEMMs, e.g. the CPU tests); the GPU path is ``torch._scaled_mm``.
@@ -327,6 +327,13 @@ class Fp8Gemm(nn.Module):
             return self.dequantized_matmul(self.quantized_rows(x))
         return self.matmul(x)
 
+    def implicit_gemm_scale(self) -> None:
+        """The Triton kernel's epilogue scale (small batches, ``Fp8Pointwise.triton_tiles``),
+        a buffer of the layers that launch it only: activation scale times each channel's
+        weight scale."""
+        if not hasattr(self, "conv_scale"):
+            self.register_buffer("conv_scale", self.weight_scale_row[0] * self.act_scale)
+
     def dequantized_matmul(self, q: torch.Tensor) -> torch.Tensor:
         """The ONNX graph's arithmetic on the same FP8 operands: DequantizeLinear of the
         quantized rows ``q`` [M, kpad] and of the weight, then an fp16 GEMM with the bias."""
@@ -374,12 +381,6 @@ class Fp8Pointwise(Fp8Gemm):
         self.stride = tuple(conv.stride)
         if self.small_batch_kernel == "triton":
             self.implicit_gemm_scale()
-
-    def implicit_gemm_scale(self) -> None:
-        """The implicit GEMM's epilogue scale (small batches, ``triton_tiles``), a buffer of
-        the layers that launch it only: activation scale times each channel's weight scale."""
-        if not hasattr(self, "conv_scale"):
-            self.register_buffer("conv_scale", self.weight_scale_row[0] * self.act_scale)
 
     def run_on_triton(self, tiles: tuple[int, ...]) -> None:
         """Run the layer on ``kernels/fp8_conv.py``'s implicit GEMM with ``tiles`` (an
@@ -460,16 +461,41 @@ class Fp8Linear(Fp8Gemm):
     ``Fp8Pointwise`` does (the ONNX graph's arithmetic). Why: at batch 1 timm_vit_base's 48
     GEMMs of 197 rows are latency-bound, and on the H200 the model ran 0.730 ms with the
     FP8 GEMMs, 0.659 ms dequantized and 0.627 ms in fp16 (families/timm_vit_base/README.md).
-    "triton" (the implicit-GEMM convolution kernel) is a 1x1 convolution's form only."""
+
+    ``small_batch_kernel="triton"``: at such a static batch, on CUDA, the rows run through
+    ``kernels/fp8_conv.py``'s kernel as a 1x1 convolution over the tokens, with small tiles
+    (``small_batch_config``), as ``Fp8Pointwise`` does: the same FP8 operands, fp32
+    accumulation, the scales and the fp16 graph's bias in the epilogue, fp16 out. Why:
+    cuBLASLt's FP8 kernels are sized for many rows, and 197 leave most SMs idle
+    (``benchmarks/vit_gemm_small_probe.py`` measures the kernel on ViT-B's shapes)."""
 
     LAYER = "Linear layer"
+    SMALL_BATCH_KERNELS = SMALL_BATCH_POINTWISE
 
     def __init__(self, linear: nn.Linear, act_scale: float, weight_scale: Any,
                  dtype: torch.dtype, **options: Any) -> None:
         super().__init__(linear.weight, linear.bias, act_scale, weight_scale, dtype, **options)
+        if self.small_batch_kernel == "triton":
+            self.implicit_gemm_scale()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.rows_matmul(x, self.small_batch(x)).reshape(*x.shape[:-1], self.out)
+        small = self.small_batch(x)
+        if small and self.small_batch_kernel == "triton" and x.is_cuda:
+            return self.implicit_gemm(x)
+        return self.rows_matmul(x, small).reshape(*x.shape[:-1], self.out)
+
+    def implicit_gemm(self, x: torch.Tensor) -> torch.Tensor:
+        """The small-batch path: the rows quantized (fused by Inductor into the producer's
+        kernel), then the Triton kernel over them as [rows, 1, 1, kpad]."""
+        from bundler.targets.torch_aoti.kernels.fp8_conv import fp8_conv, small_batch_config
+
+        q = self.quantized_rows(x)
+        rows = q.shape[0]
+        y = fp8_conv(q.reshape(rows, 1, 1, self.kpad), self.weight_fp8, self.conv_scale,
+                     self.bias_out, self.out, (1, 1), (1, 1), (0, 0),
+                     config=small_batch_config(self.kpad, self.out, rows))
+        y = y.reshape(*x.shape[:-1], self.out)
+        return y if self.dtype == torch.float16 else y.to(self.dtype)
 
 
 class Fp8ConvNHWC(Fp8Gemm):

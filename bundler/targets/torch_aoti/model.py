@@ -494,11 +494,13 @@ def rewrite_as_is(model: torch.nn.Module, dtype: torch.dtype, *,
     patch embedding (a convolution whose kernel is its stride) as ``PatchGemm``. The family
     layout rule ``"as_is"`` (``family.json`` ``torch_aoti.layout``);
     ``small_batch_pointwise``: the layers' form in small static-batch graphs
-    (``Fp8Linear``: "gemm" or "dequantized"). ``fp8_conv="triton-fused"``: every transformer
+    (``Fp8Linear``: "gemm", "dequantized" or "triton"). ``fp8_conv="triton-fused"``: every transformer
     MLP whose fc1 and fc2 are FP8 runs fc1 on the Triton FP8 kernel with GELU and fc2's
     input quantize in its epilogue (``fused_mlp.FusedMlp``); the other modes have no
     convolution to act on here."""
     fp8 = dict(fp8 or {})
+    if small_batch_pointwise == "triton" and fp8 and not emulate:
+        fp8_conv_kernel("triton")                    # refuses a missing triton by name
     ones = OnesColumn(fp8_rows) if fp8 and fp8_rows and fp8_gemm in ROWWISE_GEMMS else None
     body = copy.deepcopy(model).eval().to(dtype)
     modules = dict(body.named_modules())

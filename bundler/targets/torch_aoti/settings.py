@@ -178,10 +178,6 @@ def section_problems(aoti: Any, batch: Any) -> list[str]:
     if small_gemm not in TORCH_AOTI_SMALL_BATCH_POINTWISE:
         problems.append("torch_aoti.fp8_pointwise_small_batch: must be one of "
                         f"{list(TORCH_AOTI_SMALL_BATCH_POINTWISE)}")
-    elif small_gemm == "triton" and aoti.get("layout", "nhwc") == "as_is":
-        problems.append("torch_aoti.fp8_pointwise_small_batch: triton is the 1x1 "
-                        "convolution kernel; the Linear layers of a layout as_is family "
-                        "take gemm or dequantized")
     conv = aoti.get("fp8_conv", "im2col")
     if aoti.get("layout", "nhwc") == "as_is" and conv == "triton":
         problems.append("torch_aoti.fp8_conv: a layout as_is family has no convolutions; "
