@@ -70,6 +70,7 @@ Needs torch with a CUDA GPU of compute capability >= 8.9, triton, numpy and this
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import math
@@ -847,8 +848,15 @@ def run_model(args, budget: Budget, results: dict, tiles: dict | None = None) ->
     x_cl = x.contiguous(memory_format=torch.channels_last)
     outputs = {}
     for name in args.model_variants.split(","):
-        eager = name.endswith("-eager")
-        variant = name.removesuffix("-eager")
+        # "+pkg": compiled with the Inductor options a package is built with
+        # (torch_aoti.build.DEFAULT_COMPILE_OPTIONS: no pointwise autotuning), to tell
+        # them from the rest of what differs between a bundle and its module
+        name_base, plus, opts = name.partition("+")
+        if plus and opts != "pkg":
+            results[name] = {"error": f"unknown suffix +{opts}; the one suffix is +pkg"}
+            continue
+        eager = name_base.endswith("-eager")
+        variant = name_base.removesuffix("-eager")
         if variant not in MODEL_VARIANTS:
             results[name] = {"error": f"unknown; choose from {', '.join(MODEL_VARIANTS)}"}
             continue
@@ -890,7 +898,14 @@ def run_model(args, budget: Budget, results: dict, tiles: dict | None = None) ->
             module = module.cuda().eval()
             torch._dynamo.reset()
             compiled = module if eager else torch.compile(module, dynamic=False)
-            with torch.no_grad():
+            patched = contextlib.nullcontext()
+            if plus:
+                import torch._inductor.config as inductor_config
+
+                from bundler.targets.torch_aoti.build import DEFAULT_COMPILE_OPTIONS
+
+                patched = inductor_config.patch(DEFAULT_COMPILE_OPTIONS)
+            with torch.no_grad(), patched:
                 ms, out = graph_time(lambda: compiled(inputs), args.iters, warmup=3)
             outputs[name] = out.float().clone()
             results[name] = {"ms": ms, "build_s": time.monotonic() - started}
@@ -956,7 +971,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model-only", action="store_true",
                    help="skip the per-layer tables: only --model's variants")
     p.add_argument("--model-variants", default="fp16,fp8-fused,fp8-triton,fp8-pointwise,fp8-im2col",
-                   help=f"in this order, while the budget lasts: {', '.join(MODEL_VARIANTS)}")
+                   help=f"in this order, while the budget lasts: {', '.join(MODEL_VARIANTS)}; "
+                        "a name ending in +pkg is compiled with a package's Inductor options")
     p.add_argument("--model-reserve-s", type=float, default=45.0,
                    help="start a model compile only with this much budget left")
     p.add_argument("--fused-layers", action="store_true",

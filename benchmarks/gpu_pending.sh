@@ -175,13 +175,18 @@
 #       Linear layers run on the Triton kernel (fp8_pointwise_small_batch triton; the family
 #       folder copied with those two settings), built at once; that one verified, the three
 #       timed with the peer at batches 1, 2 and 32 (VIT_BATCHES=)
+#   benchmarks/gpu_pending.sh r50-module-b1 OUT_DIR   # ~4 min, no bundles: issue 18, why
+#       timm_resnet50's fp8 batch-1 graph ran 0.371 ms as a package and 0.343 as a
+#       torch.compile module (h100-2026-12-06-i): fp16 and fp8-fused compiled for batch 1
+#       as the benchmark does and with a package's Inductor options (+pkg: no pointwise
+#       autotuning), the fp8 two profiled by kernel
 #   benchmarks/gpu_pending.sh next OUT_DIR   # after `families` on the same warm machine: on
 #       an H200 `pair` (as `first`), on any other card `xception-time`
 #
 # Bundles: PENDING_DIR (/tmp/pending). Logs: OUT_DIR/<step>.log. Each step prints as it goes
 # and has its own timeout.
 set -u
-steps="dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-tiles-b1|r50-tma-small|r50-small|vit-gemm-b1|vit-b1-triton"
+steps="dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-tiles-b1|r50-tma-small|r50-small|vit-gemm-b1|vit-b1-triton|r50-module-b1"
 usage="usage: $0 $steps OUT_DIR (--help: what each step does)"
 case "${1:-}" in
     -h|--help)   # the comment block above, without its leading '# '
@@ -492,6 +497,12 @@ json.dump(f, open(p, 'w'), indent=2)" "$tri/families/timm_vit_base/family.json"
     "$bundles"/vit/timm_vit_base-fp16-*-torch-aoti.bundle \
     "$bundles"/vit/timm_vit_base-fp8-*-torch-aoti.bundle "$small" \
     --batch-sizes "${VIT_BATCHES:-1,2,32}"
+  ;;
+r50-module-b1)   # issue 18: the fp8 batch-1 module with and without a package's options
+  step r50-module-b1 "${MODULE_LIMIT:-300}" python3 benchmarks/fp8_conv_bench.py --model-only \
+    --batch 1 --model-variants fp16,fp16+pkg,fp8-fused,fp8-fused+pkg \
+    --profile fp8-fused,fp8-fused+pkg --rows 20 --budget-s 280 --model-reserve-s 40 \
+    --json "$out/r50-module-b1.json"
   ;;
 tma)   # issue 18: timm_resnet50's dense 1x1 FP8 convolutions with TMA against the shipped kernel
   step tma "${TMA_LIMIT:-420}" python3 benchmarks/fp8_tma_probe.py --aoti
