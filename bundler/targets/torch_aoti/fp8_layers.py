@@ -463,8 +463,8 @@ class Fp8Linear(Fp8Gemm):
     FP8 GEMMs, 0.659 ms dequantized and 0.627 ms in fp16 (families/timm_vit_base/README.md).
 
     ``small_batch_kernel="triton"``: at such a static batch, on CUDA, the rows run through
-    ``kernels/fp8_conv.py``'s kernel as a 1x1 convolution over the tokens, with small tiles
-    (``small_batch_config``), as ``Fp8Pointwise`` does: the same FP8 operands, fp32
+    ``kernels/fp8_conv.py``'s kernel as a 1x1 convolution over the tokens, with tiles for
+    such rows (``linear_small_batch_config``), as ``Fp8Pointwise`` does: the same FP8 operands, fp32
     accumulation, the scales and the fp16 graph's bias in the epilogue, fp16 out. Why:
     cuBLASLt's FP8 kernels are sized for many rows, and 197 leave most SMs idle
     (``benchmarks/vit_gemm_small_probe.py`` measures the kernel on ViT-B's shapes)."""
@@ -487,13 +487,14 @@ class Fp8Linear(Fp8Gemm):
     def implicit_gemm(self, x: torch.Tensor) -> torch.Tensor:
         """The small-batch path: the rows quantized (fused by Inductor into the producer's
         kernel), then the Triton kernel over them as [rows, 1, 1, kpad]."""
-        from bundler.targets.torch_aoti.kernels.fp8_conv import fp8_conv, small_batch_config
+        from bundler.targets.torch_aoti.kernels.fp8_conv import (fp8_conv,
+                                                                 linear_small_batch_config)
 
         q = self.quantized_rows(x)
         rows = q.shape[0]
         y = fp8_conv(q.reshape(rows, 1, 1, self.kpad), self.weight_fp8, self.conv_scale,
                      self.bias_out, self.out, (1, 1), (1, 1), (0, 0),
-                     config=small_batch_config(self.kpad, self.out, rows))
+                     config=linear_small_batch_config(self.kpad))
         y = y.reshape(*x.shape[:-1], self.out)
         return y if self.dtype == torch.float16 else y.to(self.dtype)
 

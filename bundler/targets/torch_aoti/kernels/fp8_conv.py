@@ -58,7 +58,7 @@ from bundler.targets.torch_aoti.fp8_layers import conv_output_hw
 __all__ = ["GELU_FORMS", "Fp8ConvConfig", "CANDIDATE_CONFIGS", "FEW_STAGE_CONFIGS",
            "SMALL_BATCH_CONFIGS", "MEASURED_TILES",
            "MEASURED_TILES_BATCH1", "MEASURED_TILES_BATCH2", "MEASURED_TILES_BATCH4",
-           "MEASURED_TILES_BY_BATCH", "TileKey", "TileTable", "tile_key", "small_batch_config", "default_config", "config_for", "fp8_conv_nhwc", "fp8_conv",
+           "MEASURED_TILES_BY_BATCH", "TileKey", "TileTable", "tile_key", "small_batch_config", "linear_small_batch_config", "default_config", "config_for", "fp8_conv_nhwc", "fp8_conv",
            "fp8_conv_nhwc_fused", "fp8_conv_fused"]
 
 OP = "trt_bundle::fp8_conv_nhwc"
@@ -296,6 +296,15 @@ def small_batch_config(cin: int, cout: int, rows: int) -> Fp8ConvConfig:
     if rows <= 1024:
         return Fp8ConvConfig(32, 32, 128, 4, 4)
     return Fp8ConvConfig(32, 64, 128, 4, 3)
+
+
+def linear_small_batch_config(cin: int) -> Fp8ConvConfig:
+    """Tiles for a Linear layer's tokens at a small static batch (``Fp8Linear``'s "triton"
+    form): 64x64 with a 128-deep k tile, 256-deep for a long reduction. Measured on ViT-B's
+    four shapes at 197 and 394 rows on an H100 (``benchmarks/vit_gemm_small_probe.py``,
+    docs/measurements/h100-2026-12-06-j): within 2% of the best of 13 tile sets on each
+    shape, where ``small_batch_config``'s 16-row tiles ran at 0.4-0.6x fp16's GEMM."""
+    return Fp8ConvConfig(64, 64, 256 if cin >= 2048 else 128, 4, 3, 8)
 
 
 def default_config(cin: int, cout: int, kernel: tuple[int, int]) -> Fp8ConvConfig:
