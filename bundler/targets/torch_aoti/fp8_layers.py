@@ -487,14 +487,18 @@ class Fp8Linear(Fp8Gemm):
     def implicit_gemm(self, x: torch.Tensor) -> torch.Tensor:
         """The small-batch path: the rows quantized (fused by Inductor into the producer's
         kernel), then the Triton kernel over them as [rows, 1, 1, kpad]."""
-        from bundler.targets.torch_aoti.kernels.fp8_conv import (fp8_conv,
+        from bundler.targets.torch_aoti.kernels.fp8_conv import (fp8_conv_fused,
                                                                  linear_small_batch_config)
 
         q = self.quantized_rows(x)
         rows = q.shape[0]
-        y = fp8_conv(q.reshape(rows, 1, 1, self.kpad), self.weight_fp8, self.conv_scale,
-                     self.bias_out, self.out, (1, 1), (1, 1), (0, 0),
-                     config=linear_small_batch_config(self.kpad))
+        # the fused op, not the plain one: AOTInductor's compile-time autotuning of a
+        # package launching the plain op failed on an H100 ("launcher() missing 2 required
+        # positional arguments: '_grid_1' and '_grid_2'", h100-2026-12-06-j), as a graph
+        # with both did on the H200 (``Fp8Pointwise.triton_gemm``)
+        y, _ = fp8_conv_fused(q.reshape(rows, 1, 1, self.kpad), self.weight_fp8,
+                              self.conv_scale, self.bias_out, self.out, (1, 1), (1, 1),
+                              (0, 0), config=linear_small_batch_config(self.kpad))
         y = y.reshape(*x.shape[:-1], self.out)
         return y if self.dtype == torch.float16 else y.to(self.dtype)
 
