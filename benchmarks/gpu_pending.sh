@@ -180,13 +180,16 @@
 #       torch.compile module (h100-2026-12-06-i): fp16 and fp8-fused compiled for batch 1
 #       as the benchmark does and with a package's Inductor options (+pkg: no pointwise
 #       autotuning), the fp8 two profiled by kernel
+#   benchmarks/gpu_pending.sh pdl OUT_DIR   # ~1 min, no bundles: issue 18, a chain of small
+#       dependent Triton kernels in one CUDA graph with and without programmatic dependent
+#       launch (pdl_probe.py): the gap per launch that the fp8 batch-1 graphs show
 #   benchmarks/gpu_pending.sh next OUT_DIR   # after `families` on the same warm machine: on
 #       an H200 `pair` (as `first`), on any other card `xception-time`
 #
 # Bundles: PENDING_DIR (/tmp/pending). Logs: OUT_DIR/<step>.log. Each step prints as it goes
 # and has its own timeout.
 set -u
-steps="dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-tiles-b1|r50-tma-small|r50-small|vit-gemm-b1|vit-b1-triton|r50-module-b1"
+steps="dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-tiles-b1|r50-tma-small|r50-small|vit-gemm-b1|vit-b1-triton|r50-module-b1|pdl"
 usage="usage: $0 $steps OUT_DIR (--help: what each step does)"
 case "${1:-}" in
     -h|--help)   # the comment block above, without its leading '# '
@@ -503,6 +506,9 @@ r50-module-b1)   # issue 18: the fp8 batch-1 module with and without a package's
     --batch 1 --model-variants fp16,fp16+pkg,fp8-fused,fp8-fused+pkg \
     --profile fp8-fused,fp8-fused+pkg --rows 20 --budget-s 280 --model-reserve-s 40 \
     --json "$out/r50-module-b1.json"
+  ;;
+pdl)   # issue 18: Triton launches in a CUDA graph with and without PDL
+  step pdl "${PDL_LIMIT:-120}" python3 benchmarks/pdl_probe.py
   ;;
 tma)   # issue 18: timm_resnet50's dense 1x1 FP8 convolutions with TMA against the shipped kernel
   step tma "${TMA_LIMIT:-420}" python3 benchmarks/fp8_tma_probe.py --aoti

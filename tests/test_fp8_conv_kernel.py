@@ -309,7 +309,7 @@ def test_the_family_picks_the_conv_kernel_and_the_environment_overrides_it(monke
     from bundler.families import FamilyError, families_root, load_family
     from bundler.targets.torch_aoti.build import FP8_CONV_ENV, default_fp8_conv
 
-    assert load_family("timm_resnet50").target_settings("torch-aoti").fp8_conv == "triton-fused-tma"
+    assert load_family("timm_resnet50").target_settings("torch-aoti").fp8_conv == "triton-fused-tma-small"
     assert load_family("timm_xception").target_settings("torch-aoti").fp8_conv == "im2col"     # no key: im2col
     monkeypatch.delenv(FP8_CONV_ENV, raising=False)
     assert default_fp8_conv(None, "triton-fused") == "triton-fused"
