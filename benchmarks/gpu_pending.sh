@@ -127,11 +127,14 @@
 #       most needed for, when machines are scarce (thirty-second session: 16 calls got
 #       none that ran its command): on an H200, `build` then `pair` (issue 15's H200
 #       figure, WORKERS=16, PROCS=8, REPEATS=3 unless set; then `r50-small` on the same warm
-#       machine: ResNet's H200 figures at every batch); on any other card, `r50-tma-small`
-#       (forty-first session on an H100: `tma-small`, then batch 4's tiles re-measured 20
-#       calls a graph and `r50-small`: the fp8 bundle 1.007x / 1.022x / 1.019x fp16 at batch
-#       1 / 2 / 4, h100-2026-12-06-i). The GPU tests (`gputest`) passed on an H100 at
-#       c6a1394, all 25 (fortieth session, h100-2026-12-06-h)
+#       machine: ResNet's H200 figures at every batch); on any other card `b1-next`
+#       (forty-second session on an H100: `r50-tma-small`, the fp8 bundle 1.022x / 1.017x /
+#       1.013x fp16 at batch 1 / 2 / 4 with TMA in its small graphs, now the family's form;
+#       then ViT's Triton batch-1 graph, 0.950x against 0.845x, h100-2026-12-06-j). The GPU
+#       tests (`gputest`) passed on an H100 at c6a1394, all 25 (fortieth session,
+#       h100-2026-12-06-h); the TMA small-graph case at 70c1c88 (h100-2026-12-06-j)
+#   benchmarks/gpu_pending.sh b1-next OUT_DIR   # ~6 min: `pdl`, then `vit-b1`: why the fp8
+#       batch-1 graphs stay near or under fp16
 #   benchmarks/gpu_pending.sh r50-tma-small OUT_DIR   # ~5 min: issue 18, timm_resnet50's fp16
 #       and fp8 bundles as the family has them (into /tmp/pending/r50-small) and an fp8 one
 #       with fp8_conv triton-fused-tma-small (its static graphs of batch 1, 2 and 4 with the
@@ -170,11 +173,12 @@
 #       four Linear shapes at batch 1 and 2, fp16 cuBLAS against the family's FP8 GEMM and
 #       the Triton kernel per tile set, 20 calls a graph (vit_gemm_small_probe.py): whether
 #       any FP8 GEMM beats fp16's there before a batch-1 form is built on it
-#   benchmarks/gpu_pending.sh vit-b1-triton OUT_DIR   # ~6 min: issue 18, timm_vit_base's fp16
-#       and fp8 bundles as the family has them, and fp8 with a static batch-1 graph whose
-#       Linear layers run on the Triton kernel (fp8_pointwise_small_batch triton; the family
-#       folder copied with those two settings), built at once; that one verified, the three
-#       timed with the peer at batches 1, 2 and 32 (VIT_BATCHES=)
+#   benchmarks/gpu_pending.sh vit-b1 OUT_DIR   # ~5 min: issue 18, timm_vit_base's fp16 and fp8
+#       bundles as the family has them (fp8: a batch-1 graph with the Linear layers on the
+#       Triton kernel) and the fp8 form before (one dynamic graph: the family folder copied
+#       without those two settings), built at once; the family's fp8 verified, the three
+#       timed with the peer at batches 1, 2 and 32 (VIT_BATCHES=) and profiled by kernel
+#       at batch 1 (forty-second session, H100: 0.950x fp16 against 0.845x at batch 1)
 #   benchmarks/gpu_pending.sh r50-module-b1 OUT_DIR   # ~4 min, no bundles: issue 18, why
 #       timm_resnet50's fp8 batch-1 graph ran 0.371 ms as a package and 0.343 as a
 #       torch.compile module (h100-2026-12-06-i): fp16 and fp8-fused compiled for batch 1
@@ -189,7 +193,7 @@
 # Bundles: PENDING_DIR (/tmp/pending). Logs: OUT_DIR/<step>.log. Each step prints as it goes
 # and has its own timeout.
 set -u
-steps="dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-tiles-b1|r50-tma-small|r50-small|vit-gemm-b1|vit-b1-triton|r50-module-b1|pdl"
+steps="dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-tiles-b1|r50-tma-small|r50-small|vit-gemm-b1|vit-b1|b1-next|r50-module-b1|pdl"
 usage="usage: $0 $steps OUT_DIR (--help: what each step does)"
 case "${1:-}" in
     -h|--help)   # the comment block above, without its leading '# '
@@ -386,8 +390,8 @@ load)   # `build`, then the fp16 bundle's activation by phase, the load check on
     --variant "check-off:TRT_BUNDLE_AOTI_LOAD_CHECK=0,$sizes" \
     --variant "check-on-again:TRT_BUNDLE_AOTI_LOAD_CHECK=1,$sizes"
   ;;
-first)   # by the card: H200 -> build + pair; else TMA in timm_resnet50's small graphs (r50-tma-small)
-  pair_on_h200_else r50-tma-small
+first)   # by the card: H200 -> build + pair; else the batch-1 leads (b1-next)
+  pair_on_h200_else b1-next
   ;;
 r50-tma-small)   # issue 18: timm_resnet50 fp8 with TMA in its small static graphs too
   mkdir -p "$bundles/r50-tma-small" "$bundles/r50-small"
@@ -481,25 +485,30 @@ vit-gemm-b1)   # issue 18: ViT-B's Linear shapes at batch 1 and 2, fp16 against 
   step vit-gemm-b1 "${VIT_GEMM_LIMIT:-200}" python3 benchmarks/vit_gemm_small_probe.py \
     --budget-s "${VIT_GEMM_BUDGET:-150}" --json "$out/vit-gemm-b1.json"
   ;;
-vit-b1-triton)   # issue 18: timm_vit_base fp8 with its batch-1 graph's Linear layers on Triton
-  tri=$bundles/vit-b1-triton
-  mkdir -p "$bundles/vit" "$tri/families"
-  rm -rf "$tri/families/timm_vit_base"; cp -r families/timm_vit_base "$tri/families/"
+vit-b1)   # issue 18: timm_vit_base fp8 with and without its Triton batch-1 graph, and fp16
+  before=$bundles/vit-before
+  mkdir -p "$bundles/vit" "$before/families"
+  rm -rf "$before/families/timm_vit_base"; cp -r families/timm_vit_base "$before/families/"
   python3 -c "import json, sys; p = sys.argv[1]; f = json.load(open(p)); \
-f['torch_aoti'].update(static_batches={'fp8': [1]}, fp8_pointwise_small_batch='triton'); \
-json.dump(f, open(p, 'w'), indent=2)" "$tri/families/timm_vit_base/family.json"
-  FAMILY=timm_vit_base TRT_BUNDLE_FAMILIES_PATH="$tri/families" bash -c '. benchmarks/gpu_common.sh; \
-    make_parallel "$0" "fp8:--precision fp8"' "$tri" >"$out/vit-b1-triton-make.log" 2>&1 &
+[f['torch_aoti'].pop(k, None) for k in ('static_batches', 'fp8_pointwise_small_batch')]; \
+json.dump(f, open(p, 'w'), indent=2)" "$before/families/timm_vit_base/family.json"
+  FAMILY=timm_vit_base TRT_BUNDLE_FAMILIES_PATH="$before/families" bash -c '. benchmarks/gpu_common.sh; \
+    make_parallel "$0" "fp8:--precision fp8"' "$before" >"$out/vit-before-make.log" 2>&1 &
   made=$!
   build_vit "${BUILD_LIMIT:-400}"
-  wait "$made"; echo "== vit-b1-triton-make: exit $?"; tail -4 "$out/vit-b1-triton-make.log"
-  cp "$tri"/make-*.log "$out/" 2>/dev/null
-  small=$(ls "$tri"/timm_vit_base-fp8-*-torch-aoti.bundle)
-  step vit-b1-triton-verify 90 python3 -m bundler.cli verify --numerics "$small"
-  step vit-b1-triton-time "${TIME_LIMIT:-200}" python3 benchmarks/aoti_static_vs_peer.py \
+  wait "$made"; echo "== vit-before-make: exit $?"; tail -4 "$out/vit-before-make.log"
+  cp "$bundles"/vit/make-*.log "$out/" 2>/dev/null
+  step vit-b1-verify 90 python3 -m bundler.cli verify --numerics \
+    "$bundles"/vit/timm_vit_base-fp8-*-torch-aoti.bundle
+  step vit-b1-time "${TIME_LIMIT:-200}" python3 benchmarks/aoti_static_vs_peer.py \
     "$bundles"/vit/timm_vit_base-fp16-*-torch-aoti.bundle \
-    "$bundles"/vit/timm_vit_base-fp8-*-torch-aoti.bundle "$small" \
-    --batch-sizes "${VIT_BATCHES:-1,2,32}"
+    "$before"/timm_vit_base-fp8-*-torch-aoti.bundle \
+    "$bundles"/vit/timm_vit_base-fp8-*-torch-aoti.bundle \
+    --batch-sizes "${VIT_BATCHES:-1,2,32}" --profile --profile-sizes 1 --rows 25
+  ;;
+b1-next)   # issue 18: the PDL probe, then ViT's batch 1 with its kernel profile
+  bash "$here/gpu_pending.sh" pdl "$out" || exit 1
+  bash "$here/gpu_pending.sh" vit-b1 "$out" || exit 1
   ;;
 r50-module-b1)   # issue 18: the fp8 batch-1 module with and without a package's options
   step r50-module-b1 "${MODULE_LIMIT:-300}" python3 benchmarks/fp8_conv_bench.py --model-only \

@@ -169,11 +169,12 @@ def _run_step(tmp_path: Path, card: str, what: str = "first",
 
 
 @needs_bash
-def test_first_runs_the_pair_on_an_h200_and_resnets_small_graph_tma_elsewhere(tmp_path):
+def test_first_runs_the_pair_on_an_h200_and_the_batch_1_leads_elsewhere(tmp_path):
     """The one call a scarce machine may allow does what its card is needed for: issue 15's
-    H200 pair on an H200; on anything else timm_resnet50's fp8 bundle with TMA in its small
-    static graphs (`r50-tma-small`: built beside the family's fp16 and fp8, verified, the
-    three timed in one process)."""
+    H200 pair on an H200; on anything else the batch-1 leads (`b1-next`): the PDL probe
+    first, on an idle GPU, then timm_vit_base's fp16 and fp8 bundles and the fp8 form
+    before its Triton batch-1 graph, built at once, the family's fp8 verified, the three
+    timed in one process and profiled at batch 1."""
     done, calls = _run_step(tmp_path / "h200", "NVIDIA H200")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "== card: NVIDIA H200" in done.stdout
@@ -185,16 +186,28 @@ def test_first_runs_the_pair_on_an_h200_and_resnets_small_graph_tma_elsewhere(tm
     assert not any("-m pytest" in c for c in calls), calls
 
     done, calls = _run_step(tmp_path / "h100", "NVIDIA H100 80GB HBM3",
+                            built=["vit", "vit-before"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert calls[0] == "python3 benchmarks/pdl_probe.py", calls
+    builds = sorted(c for c in calls if c.startswith("bundle make timm_vit_base"))
+    assert len(builds) == 3 and sum("--precision fp8" in c for c in builds) == 2, calls
+    before = [c for c in builds if "vit-before" in c]
+    assert len(before) == 1 and "families=" in before[0] and "vit-before/families" in \
+        before[0], builds
+    verified = [c for c in calls if "verify --numerics" in c]
+    assert len(verified) == 1 and "/vit/timm_vit_base-fp8-" in verified[0], calls
+    timed = [c for c in calls if "aoti_static_vs_peer.py" in c]
+    assert len(timed) == 1 and "--batch-sizes 1,2,32" in timed[0], calls
+    assert "--profile --profile-sizes 1 " in timed[0] and "vit-before/" in timed[0], timed
+    assert not [c for c in calls if "serve_pair_bench.py" in c], calls
+    # r50-tma-small: ResNet's family bundles and the TMA-small form, built at once, timed
+    done, calls = _run_step(tmp_path / "r50", "NVIDIA H100 80GB HBM3", "r50-tma-small",
                             built=["r50-small", "r50-tma-small"])
     assert done.returncode == 0, done.stdout + done.stderr
     builds = sorted(c for c in calls if c.startswith("bundle make timm_resnet50"))
     assert len(builds) == 3 and sum("--precision fp8" in c for c in builds) == 2, calls
-    assert any("r50-tma-small" in c for c in builds), builds
     timed = [c for c in calls if "aoti_static_vs_peer.py" in c]
     assert len(timed) == 1 and "--batch-sizes 1,2,4,8,32" in timed[0], calls
-    assert "--profile --profile-sizes 1 " in timed[0], timed
-    assert [c for c in calls if "verify --numerics" in c], calls
-    assert not [c for c in calls if "serve_pair_bench.py" in c], calls
     # r50-tiles-b1: batch 1's tiles, 20 calls of a layer a graph (the default at batch 1)
     done, calls = _run_step(tmp_path / "tiles-b1", "NVIDIA H100 80GB HBM3", "r50-tiles-b1",
                             built=[])
