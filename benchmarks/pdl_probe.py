@@ -14,6 +14,11 @@ This times a chain of small dependent Triton kernels (each reads what the one be
 one CUDA graph, with and without PDL, and the same chain's kernel time from the profiler:
 the gap per launch with each. No model code is touched.
 
+What a gain here would still need: AOTInductor's C++ wrapper launches every Triton kernel
+with a plain ``cuLaunchKernel`` (torch 2.14's ``device_op_overrides.py``), no launch
+attributes, so a package's graphs get PDL only from an edit of the captured CUDA graph
+(programmatic edges, with kernels that wait in ``gdc_wait``) or from a later torch.
+
     PYTHONPATH=. python benchmarks/pdl_probe.py [--chain 50] [--elements 65536,262144,1048576]
 """
 
