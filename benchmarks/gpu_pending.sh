@@ -173,12 +173,13 @@
 #       four Linear shapes at batch 1 and 2, fp16 cuBLAS against the family's FP8 GEMM and
 #       the Triton kernel per tile set, 20 calls a graph (vit_gemm_small_probe.py): whether
 #       any FP8 GEMM beats fp16's there before a batch-1 form is built on it
-#   benchmarks/gpu_pending.sh vit-b1 OUT_DIR   # ~5 min: issue 18, timm_vit_base's fp16 and fp8
+#   benchmarks/gpu_pending.sh vit-b1 OUT_DIR   # ~6 min: issue 18, timm_vit_base's fp16 and fp8
 #       bundles as the family has them (fp8: a batch-1 graph with the Linear layers on the
-#       Triton kernel) and the fp8 form before (one dynamic graph: the family folder copied
-#       without those two settings), built at once; the family's fp8 verified, the three
-#       timed with the peer at batches 1, 2 and 32 (VIT_BATCHES=) and profiled by kernel
-#       at batch 1 (forty-second session, H100: 0.950x fp16 against 0.845x at batch 1)
+#       Triton kernel), the fp8 form before (one dynamic graph) and fp8 with a batch-2 graph
+#       too (static_batches fp8 [1, 2]: its GEMMs ran 1.21x fp16's there), the last two from
+#       copies of the family folder, built at once; the family's fp8 verified, the four
+#       timed with the peer at batches 1, 2 and 32 (VIT_BATCHES=) and profiled by kernel at
+#       batch 1 (forty-second session, H100: 0.950x fp16 against 0.845x at batch 1)
 #   benchmarks/gpu_pending.sh r50-module-b1 OUT_DIR   # ~4 min, no bundles: issue 18, why
 #       timm_resnet50's fp8 batch-1 graph ran 0.371 ms as a package and 0.343 as a
 #       torch.compile module (h100-2026-12-06-i): fp16 and fp8-fused compiled for batch 1
@@ -485,25 +486,34 @@ vit-gemm-b1)   # issue 18: ViT-B's Linear shapes at batch 1 and 2, fp16 against 
   step vit-gemm-b1 "${VIT_GEMM_LIMIT:-200}" python3 benchmarks/vit_gemm_small_probe.py \
     --budget-s "${VIT_GEMM_BUDGET:-150}" --json "$out/vit-gemm-b1.json"
   ;;
-vit-b1)   # issue 18: timm_vit_base fp8 with and without its Triton batch-1 graph, and fp16
-  before=$bundles/vit-before
-  mkdir -p "$bundles/vit" "$before/families"
-  rm -rf "$before/families/timm_vit_base"; cp -r families/timm_vit_base "$before/families/"
-  python3 -c "import json, sys; p = sys.argv[1]; f = json.load(open(p)); \
-[f['torch_aoti'].pop(k, None) for k in ('static_batches', 'fp8_pointwise_small_batch')]; \
-json.dump(f, open(p, 'w'), indent=2)" "$before/families/timm_vit_base/family.json"
-  FAMILY=timm_vit_base TRT_BUNDLE_FAMILIES_PATH="$before/families" bash -c '. benchmarks/gpu_common.sh; \
-    make_parallel "$0" "fp8:--precision fp8"' "$before" >"$out/vit-before-make.log" 2>&1 &
-  made=$!
+vit-b1)   # issue 18: timm_vit_base fp8 with and without its Triton batch-1 graph, with a
+  # batch-2 graph too, and fp16 (the family folder copied with the setting changed, found
+  # first through TRT_BUNDLE_FAMILIES_PATH)
+  mkdir -p "$bundles/vit"
+  made=()
+  for form in before b2; do
+    dir=$bundles/vit-$form
+    mkdir -p "$dir/families"
+    rm -rf "$dir/families/timm_vit_base"; cp -r families/timm_vit_base "$dir/families/"
+    python3 -c "import json, sys; p, form = sys.argv[1:]; f = json.load(open(p)); a = f['torch_aoti']; \
+a.update(static_batches={'fp8': [1, 2]}) if form == 'b2' else \
+[a.pop(k, None) for k in ('static_batches', 'fp8_pointwise_small_batch')]; \
+json.dump(f, open(p, 'w'), indent=2)" "$dir/families/timm_vit_base/family.json" "$form"
+    FAMILY=timm_vit_base TRT_BUNDLE_FAMILIES_PATH="$dir/families" bash -c '. benchmarks/gpu_common.sh; \
+      make_parallel "$0" "fp8:--precision fp8"' "$dir" >"$out/vit-$form-make.log" 2>&1 &
+    made+=("$!")
+  done
   build_vit "${BUILD_LIMIT:-400}"
-  wait "$made"; echo "== vit-before-make: exit $?"; tail -4 "$out/vit-before-make.log"
+  for pid in "${made[@]}"; do wait "$pid"; echo "== vit make: exit $?"; done
+  tail -3 "$out"/vit-before-make.log "$out"/vit-b2-make.log
   cp "$bundles"/vit/make-*.log "$out/" 2>/dev/null
   step vit-b1-verify 90 python3 -m bundler.cli verify --numerics \
     "$bundles"/vit/timm_vit_base-fp8-*-torch-aoti.bundle
-  step vit-b1-time "${TIME_LIMIT:-200}" python3 benchmarks/aoti_static_vs_peer.py \
+  step vit-b1-time "${TIME_LIMIT:-240}" python3 benchmarks/aoti_static_vs_peer.py \
     "$bundles"/vit/timm_vit_base-fp16-*-torch-aoti.bundle \
-    "$before"/timm_vit_base-fp8-*-torch-aoti.bundle \
+    "$bundles"/vit-before/timm_vit_base-fp8-*-torch-aoti.bundle \
     "$bundles"/vit/timm_vit_base-fp8-*-torch-aoti.bundle \
+    "$bundles"/vit-b2/timm_vit_base-fp8-*-torch-aoti.bundle \
     --batch-sizes "${VIT_BATCHES:-1,2,32}" --profile --profile-sizes 1 --rows 25
   ;;
 b1-next)   # issue 18: the PDL probe, then ViT's batch 1 with its kernel profile

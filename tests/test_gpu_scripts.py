@@ -172,9 +172,9 @@ def _run_step(tmp_path: Path, card: str, what: str = "first",
 def test_first_runs_the_pair_on_an_h200_and_the_batch_1_leads_elsewhere(tmp_path):
     """The one call a scarce machine may allow does what its card is needed for: issue 15's
     H200 pair on an H200; on anything else the batch-1 leads (`b1-next`): the PDL probe
-    first, on an idle GPU, then timm_vit_base's fp16 and fp8 bundles and the fp8 form
-    before its Triton batch-1 graph, built at once, the family's fp8 verified, the three
-    timed in one process and profiled at batch 1."""
+    first, on an idle GPU, then timm_vit_base's fp16 and fp8 bundles, the fp8 form before
+    its Triton batch-1 graph and one with a batch-2 graph too, built at once, the family's
+    fp8 verified, the four timed in one process and profiled at batch 1."""
     done, calls = _run_step(tmp_path / "h200", "NVIDIA H200")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "== card: NVIDIA H200" in done.stdout
@@ -186,11 +186,12 @@ def test_first_runs_the_pair_on_an_h200_and_the_batch_1_leads_elsewhere(tmp_path
     assert not any("-m pytest" in c for c in calls), calls
 
     done, calls = _run_step(tmp_path / "h100", "NVIDIA H100 80GB HBM3",
-                            built=["vit", "vit-before"])
+                            built=["vit", "vit-b2", "vit-before"])
     assert done.returncode == 0, done.stdout + done.stderr
     assert calls[0] == "python3 benchmarks/pdl_probe.py", calls
     builds = sorted(c for c in calls if c.startswith("bundle make timm_vit_base"))
-    assert len(builds) == 3 and sum("--precision fp8" in c for c in builds) == 2, calls
+    assert len(builds) == 4 and sum("--precision fp8" in c for c in builds) == 3, calls
+    assert [c for c in builds if "vit-b2/families" in c], builds
     before = [c for c in builds if "vit-before" in c]
     assert len(before) == 1 and "families=" in before[0] and "vit-before/families" in \
         before[0], builds
@@ -198,7 +199,8 @@ def test_first_runs_the_pair_on_an_h200_and_the_batch_1_leads_elsewhere(tmp_path
     assert len(verified) == 1 and "/vit/timm_vit_base-fp8-" in verified[0], calls
     timed = [c for c in calls if "aoti_static_vs_peer.py" in c]
     assert len(timed) == 1 and "--batch-sizes 1,2,32" in timed[0], calls
-    assert "--profile --profile-sizes 1 " in timed[0] and "vit-before/" in timed[0], timed
+    assert "--profile --profile-sizes 1 " in timed[0] and "vit-before/" in timed[0] \
+        and "vit-b2/" in timed[0], timed
     assert not [c for c in calls if "serve_pair_bench.py" in c], calls
     # r50-tma-small: ResNet's family bundles and the TMA-small form, built at once, timed
     done, calls = _run_step(tmp_path / "r50", "NVIDIA H100 80GB HBM3", "r50-tma-small",
