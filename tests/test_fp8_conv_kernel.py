@@ -101,6 +101,32 @@ def test_small_static_batches_trace_the_pointwise_kernel_and_others_the_gemm():
 
 
 @needs_triton
+def test_small_static_batches_trace_the_linear_kernel_and_others_the_gemm():
+    """``Fp8Linear(small_batch_kernel="triton")``: a transformer's tokens at a static batch
+    of at most SMALL_BATCH on CUDA take the Triton path, a larger batch and a CPU input the
+    FP8 GEMM; its tiles are 64x64, with a deeper k tile for a long reduction (what ViT-B's
+    shapes measured best at 197 and 394 rows)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from bundler.targets.torch_aoti.fp8_layers import SMALL_BATCH, Fp8Linear
+    from bundler.targets.torch_aoti.kernels.fp8_conv import linear_small_batch_config
+
+    linear = nn.Linear(64, 32)
+    layer = Fp8Linear(linear, 0.05, torch.full((32,), 0.01).numpy(), torch.float16,
+                      small_batch_kernel="triton")
+    calls = []
+    layer.implicit_gemm = lambda x: calls.append(tuple(x.shape)) or x[..., :32]
+    layer.matmul = lambda x: calls.append("gemm") or x[..., :32].reshape(-1, 32)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        for n in (1, SMALL_BATCH, SMALL_BATCH + 1):
+            layer(torch.empty(n, 7, 64, dtype=torch.float16, device="cuda"))
+    layer(torch.zeros(1, 7, 64, dtype=torch.float16))                 # on the CPU
+    assert calls == [(1, 7, 64), (SMALL_BATCH, 7, 64), "gemm", "gemm"]
+    assert tuple(linear_small_batch_config(768)) == (64, 64, 128, 4, 3, 8)
+    assert linear_small_batch_config(3072).block_k == 256
+
+
+@needs_triton
 def test_the_op_is_exported_with_a_dynamic_batch():
     """torch.export keeps ``trt_bundle::fp8_conv_nhwc`` as one op with a symbolic batch:
     what AOTInductor lowers to the Triton kernel (a GPU compiles it; none here)."""
