@@ -9,10 +9,16 @@ prologue while the kernel before them drains (PDL); Triton kernels do only when 
 with ``launch_pdl=True`` and waiting on ``gdc_wait()`` before they read what the previous
 kernel wrote.
 
-This times a chain of small dependent Triton kernels (each reads what the one before wrote:
+First the model's own kernel: a chain of ``--chain`` dependent launches of the fused FP8
+1x1 convolution (``kernels/fp8_conv.py``, e4m3 out feeding the next, batch-1 tiles) on
+two of ResNet-50's batch-1 shapes, without PDL: whether its gap per launch is the ~0.6 us
+the model shows, or the model's graph adds it. (The fp16 graph's ~50 Inductor Triton
+kernels leave little gap, so a gap of Triton launches as such is not a given.)
+
+Then a chain of small dependent Triton kernels (each reads what the one before wrote:
 ``y = x * a + b`` over ``--elements`` fp16 values, a layer-sized 1-5 us each) captured in
-one CUDA graph, with and without PDL, and the same chain's kernel time from the profiler:
-the gap per launch with each. No model code is touched.
+one CUDA graph, with and without PDL, and the chain's kernel time from the profiler: the
+gap per launch with each. No model code is touched.
 
 What a gain here would still need: AOTInductor's C++ wrapper launches every Triton kernel
 with a plain ``cuLaunchKernel`` (torch 2.14's ``device_op_overrides.py``), no launch
@@ -66,6 +72,46 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
           f"{triton.__version__}, chain of {args.chain}", flush=True)
+
+    def kernel_us_of(step) -> float:
+        """Profiler kernel time of one ``step()`` (plain launches, 5 runs), us."""
+        from torch.profiler import ProfilerActivity, profile
+
+        step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                step()
+            torch.cuda.synchronize()
+        return sum(e.self_device_time_total for e in prof.key_averages()
+                   if e.device_type == torch.autograd.DeviceType.CUDA) / 5
+
+    from bundler.targets.torch_aoti.kernels.fp8_conv import config_for, fp8_conv_fused
+
+    print("| fused FP8 1x1 conv, batch 1 | ms per kernel (graph) | kernel time ms | "
+          "gap us per launch |")
+    print("| --- | --- | --- | --- |")
+    for hw, ch in ((56, 64), (7, 512)):
+        x = (torch.randn(1, hw, hw, ch, device="cuda") * 0.5).to(torch.float8_e4m3fn)
+        w = (torch.randn(ch, ch, device="cuda") * 0.1).to(torch.float8_e4m3fn)
+        scale = torch.full((ch,), 0.01, device="cuda")
+        bias = torch.zeros(ch, device="cuda")
+        out_scale = torch.full((1,), 0.05, device="cuda")
+        cfg = config_for(ch, ch, (1, 1), (1, 1), batch=1)
+
+        def conv_chain(x=x, w=w, scale=scale, bias=bias, out_scale=out_scale, cfg=cfg):
+            y = x
+            for _ in range(args.chain):
+                _, y = fp8_conv_fused(y, w, scale, bias, w.shape[0], (1, 1), (1, 1), (0, 0),
+                                      relu=True, out_f16=False, out_scale=out_scale,
+                                      config=cfg)
+            return y
+        ms, _ = graph_time(conv_chain, args.iters)
+        kernel_us = kernel_us_of(conv_chain)
+        print(f"| {hw}x{hw}x{ch} -> {ch} ({','.join(map(str, cfg))}) | "
+              f"{ms / args.chain:.4f} | {kernel_us / 1000 / args.chain:.4f} | "
+              f"{(ms * 1000 - kernel_us) / args.chain:.2f} |", flush=True)
+    print()
     print("| elements | PDL | ms per kernel (graph) | kernel time ms | gap us per launch |")
     print("| --- | --- | --- | --- | --- |")
     for n in args.elements:
@@ -84,14 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as e:   # a triton or driver without PDL in graphs
                 print(f"| {n} | {pdl} | failed: {type(e).__name__}: {str(e)[:120]} | | |")
                 continue
-            from torch.profiler import ProfilerActivity, profile
-
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(5):
-                    chain()
-                torch.cuda.synchronize()
-            kernel_us = sum(e.self_device_time_total for e in prof.key_averages()
-                            if e.device_type == torch.autograd.DeviceType.CUDA) / 5
+            kernel_us = kernel_us_of(chain)
             per = ms / args.chain
             gap = (ms * 1000 - kernel_us) / args.chain
             results[pdl] = per
