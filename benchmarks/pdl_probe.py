@@ -40,6 +40,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_args import positive_int, positive_ints  # noqa: E402
 from fp8_conv_bench import graph_time  # noqa: E402
 
+try:   # (a Triton kernel is defined at module level: its globals are what it can see)
+    import triton
+    import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError as exc:     # no triton, or one without PDL's device functions
+    triton = None
+    MISSING = f"{type(exc).__name__}: {exc}"
+else:
+    MISSING = None
+
+    @triton.jit
+    def affine(x_ptr, y_ptr, n, a, b, PDL: tl.constexpr, BLOCK: tl.constexpr):
+        """``y = x * a + b``; with PDL, waits for the kernel before it, then lets the next
+        one launch once its own loads are done."""
+        if PDL:
+            gdc_wait()                  # what the kernel before wrote is visible after this
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        x = tl.load(x_ptr + offs, mask=mask)
+        if PDL:
+            gdc_launch_dependents()     # the next kernel may launch; it waits in gdc_wait
+        tl.store(y_ptr + offs, (x * a + b).to(tl.float16), mask=mask)
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -55,21 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         print("pdl_probe.py needs a CUDA GPU of compute capability >= 9.0 (PDL is Hopper's)",
               file=sys.stderr)
         return 2
-    import triton
-    import triton.language as tl
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-
-    @triton.jit
-    def affine(x_ptr, y_ptr, n, a, b, PDL: tl.constexpr, BLOCK: tl.constexpr):
-        if PDL:
-            gdc_wait()                  # what the kernel before wrote is visible after this
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        x = tl.load(x_ptr + offs, mask=mask)
-        if PDL:
-            gdc_launch_dependents()     # the next kernel may launch; it waits in gdc_wait
-        tl.store(y_ptr + offs, (x * a + b).to(tl.float16), mask=mask)
-
+    if MISSING:
+        print(f"pdl_probe.py needs triton with PDL's device functions ({MISSING})",
+              file=sys.stderr)
+        return 2
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
           f"{triton.__version__}, chain of {args.chain}", flush=True)
 
