@@ -85,18 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
           f"{triton.__version__}, chain of {args.chain}", flush=True)
 
-    def kernel_us_of(step) -> float:
-        """Profiler kernel time of one ``step()`` (plain launches, 5 runs), us."""
-        from torch.profiler import ProfilerActivity, profile
+    from kernel_profile import kernel_table   # (benchmarks/ is on sys.path)
 
-        step()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(5):
-                step()
-            torch.cuda.synchronize()
-        return sum(e.self_device_time_total for e in prof.key_averages()
-                   if e.device_type == torch.autograd.DeviceType.CUDA) / 5
+    def kernel_us_of(step) -> float:
+        """Profiler kernel time of one ``step()`` (plain launches), us."""
+        return kernel_table(step, "", rows=0, log=lambda _line: None)["total_ms"] * 1000
 
     from bundler.targets.torch_aoti.kernels.fp8_conv import config_for, fp8_conv_fused
 
