@@ -9,9 +9,10 @@ static batch-1 graph. This measures whether the same kernel, as a Linear over th
 (a 1x1 convolution, as ``fused_mlp`` uses it), gives ViT's shapes a faster FP8 GEMM than
 fp16's, per tile set, before any model form is built on it.
 
-Per shape and batch: fp16 ``F.linear`` with bias (cuBLAS), the family's
-``Fp8Linear.matmul`` on e4m3 rows (``rowwise-fp16``), and the Triton kernel per tile set
-(fp16 out, bias). Timing: ``fp8_conv_bench.graph_time`` with ``--per-graph`` calls in each
+Per shape and batch: fp16 ``F.linear`` with bias (cuBLAS), the dynamic graph's
+``Fp8Linear.matmul`` on e4m3 rows (``rowwise-fp16``), and the Triton kernel as the
+batch-1 graph launches it (the fused op, fp16 out, bias) per tile set: the project's
+``SMALL_BATCH_CONFIGS`` and ``CANDIDATE_CONFIGS`` and ``linear_small_batch_config``'s. Timing: ``fp8_conv_bench.graph_time`` with ``--per-graph`` calls in each
 CUDA graph (one call a replay hides everything under the replay's ~10 us). The last table
 weighs each shape by its count in the model (12 blocks, one of each) and sums the best
 Triton tile set's time per shape: the GEMM time of a whole batch-1 forward, fp16 against
@@ -38,15 +39,7 @@ from fp8_conv_bench import graph_time  # noqa: E402
 TOKENS, BLOCKS = 197, 12
 #: (name, in, out) of ViT-B's Linear layers, one of each per block.
 SHAPES = (("qkv", 768, 2304), ("proj", 768, 768), ("fc1", 768, 3072), ("fc2", 3072, 768))
-#: Tile sets (block_m, block_n, block_k, warps, stages, group_m): small-row tiles as
-#: ResNet-50's batch-1 table picked, and the mid-size ones the batch-32 tables use.
-TILES = (
-    (16, 32, 256, 4, 3, 8), (16, 64, 256, 4, 3, 8), (16, 64, 128, 4, 4, 8),
-    (32, 32, 128, 4, 4, 8), (32, 64, 128, 4, 3, 8), (32, 64, 256, 4, 3, 8),
-    (32, 128, 128, 4, 3, 8), (64, 32, 128, 4, 3, 8), (64, 64, 128, 4, 3, 8),
-    (64, 64, 256, 4, 3, 8), (64, 128, 64, 4, 4, 8), (128, 64, 128, 4, 3, 8),
-    (128, 128, 64, 8, 3, 8),
-)
+
 STARTED = time.monotonic()
 
 
@@ -70,7 +63,14 @@ def main(argv: list[str] | None = None) -> int:
     from torch import nn
 
     from bundler.targets.torch_aoti.fp8_layers import Fp8Linear, OnesColumn, quantize
-    from bundler.targets.torch_aoti.kernels.fp8_conv import Fp8ConvConfig, fp8_conv
+    from bundler.targets.torch_aoti.kernels.fp8_conv import (
+        CANDIDATE_CONFIGS, SMALL_BATCH_CONFIGS, Fp8ConvConfig, fp8_conv_fused,
+        linear_small_batch_config)
+
+    # the project's small-batch and Hopper-sized candidates, and the Linear rule's own
+    tile_sets = list(dict.fromkeys(
+        tuple(c) for c in (*SMALL_BATCH_CONFIGS, *CANDIDATE_CONFIGS,
+                           linear_small_batch_config(768), linear_small_batch_config(3072))))
 
     if not torch.cuda.is_available():
         print("vit_gemm_small_probe.py needs a CUDA GPU of compute capability >= 8.9 "
@@ -110,13 +110,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"{row['fp16'] / row['scaled_mm']:.3f}x, rel err vs fp16 {err:.1e})")
             scale = (lin.weight_scale_row[0] * lin.act_scale).contiguous()
             bias = lin.bias_out.float().contiguous()
-            for tiles in TILES:
+            for tiles in tile_sets:
                 if time.monotonic() - STARTED > args.budget_s:
                     log(f"budget spent: tile set {tiles} and after not tried")
                     break
                 key = "triton " + ",".join(map(str, tiles))
                 try:
-                    ms, y = timed(lambda tiles=tiles: fp8_conv(
+                    ms, (y, _) = timed(lambda tiles=tiles: fp8_conv_fused(
                         q.reshape(rows, 1, 1, cin), lin.weight_fp8, scale, bias, cout,
                         (1, 1), (1, 1), (0, 0), config=Fp8ConvConfig(*tiles)))
                 except Exception as e:   # a tile set the GPU cannot hold

@@ -175,14 +175,20 @@ def _global_pool(module) -> Any:
     return None
 
 
+def _check_small_batch_kernel(small_batch_pointwise: str, fp8: bool, emulate: bool) -> None:
+    """Refuse, by name and before any work, a Triton small-batch form where triton is
+    missing (both rewrites' FP8 GEMM layers take it)."""
+    if small_batch_pointwise == "triton" and fp8 and not emulate:
+        fp8_conv_kernel("triton")
+
+
 def _rewrite_start(model: torch.nn.Module, fp8: Mapping, fp8_depthwise: Mapping, *,
                    fp8_conv: str, small_batch_pointwise: str, emulate: bool,
                    fp8_rows: int | None, fp8_gemm: str):
     """(copy of ``model``, its modules by path, the shared ones column or None) for a
     rewrite, after refusing unknown kernels and fp8 paths that are not in the model."""
     fp8_conv_kernel(fp8_conv, emulate=True)          # a known name, before any work
-    if small_batch_pointwise == "triton" and fp8 and not emulate:
-        fp8_conv_kernel("triton")                    # refuses a missing triton by name
+    _check_small_batch_kernel(small_batch_pointwise, bool(fp8), emulate)
     ones = OnesColumn(fp8_rows) if fp8 and fp8_rows and fp8_gemm in ROWWISE_GEMMS else None
     body = copy.deepcopy(model).eval()
     modules = dict(body.named_modules())
@@ -499,8 +505,7 @@ def rewrite_as_is(model: torch.nn.Module, dtype: torch.dtype, *,
     input quantize in its epilogue (``fused_mlp.FusedMlp``); the other modes have no
     convolution to act on here."""
     fp8 = dict(fp8 or {})
-    if small_batch_pointwise == "triton" and fp8 and not emulate:
-        fp8_conv_kernel("triton")                    # refuses a missing triton by name
+    _check_small_batch_kernel(small_batch_pointwise, bool(fp8), emulate)
     ones = OnesColumn(fp8_rows) if fp8 and fp8_rows and fp8_gemm in ROWWISE_GEMMS else None
     body = copy.deepcopy(model).eval().to(dtype)
     modules = dict(body.named_modules())
