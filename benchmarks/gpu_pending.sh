@@ -486,17 +486,17 @@ vit-gemm-b1)   # issue 18: ViT-B's Linear shapes at batch 1 and 2, fp16 against 
   step vit-gemm-b1 "${VIT_GEMM_LIMIT:-200}" python3 benchmarks/vit_gemm_small_probe.py \
     --budget-s "${VIT_GEMM_BUDGET:-150}" --json "$out/vit-gemm-b1.json"
   ;;
-vit-b1)   # issue 18: timm_vit_base fp8 with and without its Triton batch-1 graph, with a
-  # batch-2 graph too, and fp16 (the family folder copied with the setting changed, found
-  # first through TRT_BUNDLE_FAMILIES_PATH)
+vit-b1)   # issue 18: timm_vit_base fp8 as the family has it (Triton graphs for batch 1 and 2),
+  # without static graphs, with the batch-1 graph only, and fp16 (the family folder copied
+  # with the setting changed, found first through TRT_BUNDLE_FAMILIES_PATH)
   mkdir -p "$bundles/vit"
   made=()
-  for form in before b2; do
+  for form in before b1; do
     dir=$bundles/vit-$form
     mkdir -p "$dir/families"
     rm -rf "$dir/families/timm_vit_base"; cp -r families/timm_vit_base "$dir/families/"
     python3 -c "import json, sys; p, form = sys.argv[1:]; f = json.load(open(p)); a = f['torch_aoti']; \
-a.update(static_batches={'fp8': [1, 2]}) if form == 'b2' else \
+a.update(static_batches={'fp8': [1]}) if form == 'b1' else \
 [a.pop(k, None) for k in ('static_batches', 'fp8_pointwise_small_batch')]; \
 json.dump(f, open(p, 'w'), indent=2)" "$dir/families/timm_vit_base/family.json" "$form"
     FAMILY=timm_vit_base TRT_BUNDLE_FAMILIES_PATH="$dir/families" bash -c '. benchmarks/gpu_common.sh; \
@@ -505,15 +505,15 @@ json.dump(f, open(p, 'w'), indent=2)" "$dir/families/timm_vit_base/family.json" 
   done
   build_vit "${BUILD_LIMIT:-400}"
   for pid in "${made[@]}"; do wait "$pid"; echo "== vit make: exit $?"; done
-  tail -3 "$out"/vit-before-make.log "$out"/vit-b2-make.log
+  tail -3 "$out"/vit-before-make.log "$out"/vit-b1-make.log
   cp "$bundles"/vit/make-*.log "$out/" 2>/dev/null
   step vit-b1-verify 90 python3 -m bundler.cli verify --numerics \
     "$bundles"/vit/timm_vit_base-fp8-*-torch-aoti.bundle
   step vit-b1-time "${TIME_LIMIT:-240}" python3 benchmarks/aoti_static_vs_peer.py \
     "$bundles"/vit/timm_vit_base-fp16-*-torch-aoti.bundle \
     "$bundles"/vit-before/timm_vit_base-fp8-*-torch-aoti.bundle \
+    "$bundles"/vit-b1/timm_vit_base-fp8-*-torch-aoti.bundle \
     "$bundles"/vit/timm_vit_base-fp8-*-torch-aoti.bundle \
-    "$bundles"/vit-b2/timm_vit_base-fp8-*-torch-aoti.bundle \
     --batch-sizes "${VIT_BATCHES:-1,2,32}" --profile --profile-sizes 1 --rows 25
   ;;
 b1-next)   # issue 18: the PDL probe, then ViT's batch 1 with its kernel profile
