@@ -75,6 +75,19 @@ def profile_engine(runner, label: str, sizes: list[int], rows: int) -> None:
         runner.use_cuda_graphs = graphs
 
 
+def timeline_engine(runner, label: str, sizes: list[int], rows: int) -> None:
+    """Device timeline of the engine's CUDA graph replays (``kernel_profile.timeline_table``):
+    idle time between the graph's kernels, by transition."""
+    from kernel_profile import timeline_table
+
+    def replay(b: int) -> None:
+        runner.run_device(b)
+        runner.stream.synchronize()
+
+    for b in sizes:
+        timeline_table(lambda: replay(b), f"{label}, batch {b}", rows)
+
+
 def profile_peer(peer, shape: tuple[int, ...], sizes: list[int], rows: int) -> None:
     """The same for the torch.compile peer: its compiled function, plain runs."""
     import numpy as np
@@ -103,6 +116,9 @@ def main() -> int:
     parser.add_argument("--profile-sizes", type=positive_ints, default=None, metavar="SIZES",
                         help="the batch sizes --profile profiles (default: every timed one; "
                              "each must be one of --batch-sizes)")
+    parser.add_argument("--timeline", action="store_true",
+                        help="also the device timeline of each engine's and the peer's CUDA "
+                             "graph replays: idle time between kernels, by transition (GPU)")
     parser.add_argument("--rows", type=int, default=15, help="top kernels per profile")
     args = parser.parse_args()
 
@@ -144,6 +160,8 @@ def main() -> int:
         labels.append(label)
         if args.profile and getattr(model.runner, "run_device", None) is not None:
             profile_engine(model.runner, label, profiled, args.rows)
+        if args.timeline and getattr(model.runner, "run_device", None) is not None:
+            timeline_engine(model.runner, label, profiled, args.rows)
         model.close()
     print(f"peer {args.peer}: compiling", flush=True)
     peer = make_peer(args.peer, peer_model(manifest), preprocess)   # pixels as the bundles
@@ -152,6 +170,11 @@ def main() -> int:
                for boundary, times in peer_times(peer, b, shape, timing).items()}
     if args.profile and hasattr(peer, "fn"):
         profile_peer(peer, shape, profiled, args.rows)
+    if args.timeline and hasattr(peer, "replay"):
+        from kernel_profile import timeline_table
+
+        for b in profiled:
+            timeline_table(lambda: peer.replay(b, shape), f"peer, batch {b}", args.rows)
     first_ms = {(r["boundary"], r["batch"]): r["median_ms"] for r in rows
                 if r["bundle"] == labels[0]}
     print(f"\n{'bundle':<58} {'batch':>5} {'boundary':<13} {'static':>6} {'ms':>8} "

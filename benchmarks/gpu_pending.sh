@@ -123,16 +123,21 @@
 #       (the dense 1x1 layers on kernels/fp8_conv_tma.py, into /tmp/pending/r50-tma), built
 #       at once; the TMA one verified (verify --numerics), the three timed with the peer in
 #       one process (aoti_static_vs_peer.py, batches 1 and 32, or R50_BATCHES=1,2,4,...)
-#   benchmarks/gpu_pending.sh first OUT_DIR   # one call that does what the card lent is
+#   benchmarks/gpu_pending.sh first OUT_DIR   # one call that does what a lent card is
 #       most needed for, when machines are scarce (thirty-second session: 16 calls got
-#       none that ran its command): on an H200, `build` then `pair` (issue 15's H200
-#       figure, WORKERS=16, PROCS=8, REPEATS=3 unless set; then `r50-small` on the same warm
-#       machine: ResNet's H200 figures at every batch); on any other card `b1-next`
-#       (forty-second session on an H100: `r50-tma-small`, the fp8 bundle 1.022x / 1.017x /
-#       1.013x fp16 at batch 1 / 2 / 4 with TMA in its small graphs, now the family's form;
-#       then ViT's Triton batch-1 graph, 0.950x against 0.845x, h100-2026-12-06-j). The GPU
-#       tests (`gputest`) passed on an H100 at c6a1394, all 25 (fortieth session,
+#       none that ran its command): `gaps` on any card. The forty-third session's H200 ran
+#       `pair` (issue 15's client ratio: 1.211 HTTP, 1.210 gRPC, met; `next` repeats it on
+#       an H200), `r50-small`, `vit-b1` and `pdl` (h200-2026-12-06-k). The GPU tests
+#       (`gputest`) passed on an H100 at c6a1394, all 25 (fortieth session,
 #       h100-2026-12-06-h); the TMA small-graph case at 70c1c88 (h100-2026-12-06-j)
+#   benchmarks/gpu_pending.sh gaps OUT_DIR   # ~8 min: issue 18, timm_vit_base's and
+#       timm_resnet50's fp16 and fp8 bundles as the families have them, four builds at once;
+#       ViT's fp8 (static graphs 1 and 2 since the forty-third session) verified; each
+#       family's pair timed with the peer (ViT 1, 2, 32; ResNet 1, 32) and the device
+#       timeline of each graph replay (aoti_static_vs_peer.py --timeline,
+#       kernel_profile.replay_timeline): the fp8 graphs' replays run 50-85 us longer than
+#       their kernels, against 11-35 us for the fp16 bundles (h200-2026-12-06-k); which
+#       transitions hold that idle time
 #   benchmarks/gpu_pending.sh b1-next OUT_DIR   # ~6 min: `pdl`, then `vit-b1`: why the fp8
 #       batch-1 graphs stay near or under fp16
 #   benchmarks/gpu_pending.sh r50-tma-small OUT_DIR   # ~5 min: issue 18, timm_resnet50's fp16
@@ -194,7 +199,7 @@
 # Bundles: PENDING_DIR (/tmp/pending). Logs: OUT_DIR/<step>.log. Each step prints as it goes
 # and has its own timeout.
 set -u
-steps="dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-tiles-b1|r50-tma-small|r50-small|vit-gemm-b1|vit-b1|b1-next|r50-module-b1|pdl"
+steps="dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-tiles-b1|r50-tma-small|r50-small|vit-gemm-b1|vit-b1|b1-next|r50-module-b1|pdl|gaps"
 usage="usage: $0 $steps OUT_DIR (--help: what each step does)"
 case "${1:-}" in
     -h|--help)   # the comment block above, without its leading '# '
@@ -391,8 +396,42 @@ load)   # `build`, then the fp16 bundle's activation by phase, the load check on
     --variant "check-off:TRT_BUNDLE_AOTI_LOAD_CHECK=0,$sizes" \
     --variant "check-on-again:TRT_BUNDLE_AOTI_LOAD_CHECK=1,$sizes"
   ;;
-first)   # by the card: H200 -> build + pair; else the batch-1 leads (b1-next)
-  pair_on_h200_else b1-next
+first)   # on any card: `gaps` (where the fp8 graphs lose between their kernels)
+  bash "$here/gpu_pending.sh" gaps "$out" || exit 1
+  ;;
+gaps)   # issue 18: ViT's and ResNet's fp16 and fp8 bundles as the families have them, built
+  # at once; ViT's fp8 verified; each family's two with the peer, timed, and the device
+  # timeline of every graph replay (idle time between kernels, by transition).
+  # GAPS_FAMILIES="r50" or "vit" for one family (less device time)
+  families=${GAPS_FAMILIES:-vit r50}
+  made=
+  if [[ " $families " == *" r50 "* ]]; then
+    mkdir -p "$bundles/r50-small"
+    FAMILY=timm_resnet50 bash -c '. benchmarks/gpu_common.sh; \
+      make_parallel "$0" "fp16:--precision fp16" "fp8:--precision fp8"' "$bundles/r50-small" \
+      >"$out/gaps-r50-make.log" 2>&1 &
+    made=$!
+  fi
+  if [[ " $families " == *" vit "* ]]; then
+    build_vit "${BUILD_LIMIT:-400}"
+  fi
+  if [ -n "$made" ]; then
+    wait "$made"; echo "== r50 make: exit $?"; tail -6 "$out/gaps-r50-make.log"
+  fi
+  if [[ " $families " == *" vit "* ]]; then
+    step gaps-vit-verify 90 python3 -m bundler.cli verify --numerics \
+      "$bundles"/vit/timm_vit_base-fp8-*-torch-aoti.bundle
+    step gaps-vit "${TIME_LIMIT:-200}" python3 benchmarks/aoti_static_vs_peer.py \
+      "$bundles"/vit/timm_vit_base-fp16-*-torch-aoti.bundle \
+      "$bundles"/vit/timm_vit_base-fp8-*-torch-aoti.bundle \
+      --batch-sizes 1,2,32 --timeline --profile-sizes 1,2 --rows 12
+  fi
+  if [[ " $families " == *" r50 "* ]]; then
+    step gaps-r50 "${TIME_LIMIT:-200}" python3 benchmarks/aoti_static_vs_peer.py \
+      "$bundles"/r50-small/timm_resnet50-fp16-*-torch-aoti.bundle \
+      "$bundles"/r50-small/timm_resnet50-fp8-*-torch-aoti.bundle \
+      --batch-sizes 1,32 --timeline --profile-sizes 1,32 --rows 12
+  fi
   ;;
 r50-tma-small)   # issue 18: timm_resnet50 fp8 with TMA in its small static graphs too
   mkdir -p "$bundles/r50-tma-small" "$bundles/r50-small"

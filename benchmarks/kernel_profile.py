@@ -155,3 +155,105 @@ def kernel_table(step: Callable[[], object], label: str, rows: int = 25, repeats
             f"{name[:100]}")
     summary["top"] = [{"name": n, "ms": ms / repeats, "calls": c // repeats} for n, ms, c in ranked]
     return summary
+
+
+def replay_timeline(kernels: list[tuple[str, float, float]], runs: int) -> dict:
+    """Where a CUDA graph replay's time goes between its kernels.
+
+    Why: a plain run's kernel times (``kernel_table``) against the timed replay leave a
+    remainder that mixes the graph's launch and the host's wait with the idle time between
+    kernels; an fp8 graph of many short Triton kernels can lose to fp16 there alone. This
+    reads the device timestamps of the replays themselves. ``kernels``: (name, start us,
+    end us) of ``runs`` replays of one graph, each replay's kernels together (the caller
+    synchronizes between replays). Per replay (medians over the replays): its span from
+    the first kernel's start to the last one's end, the time some kernel was running
+    (busy), the idle time between kernels and the time kernels overlapped (a kernel
+    starting before the previous ones finished, as programmatic dependent launch allows);
+    idle and overlap are summed by transition (kind of the kernel before -> kind of the
+    kernel after) and by the kernel that waited."""
+    import statistics
+
+    ordered = sorted(kernels, key=lambda k: k[1])
+    if runs < 1 or not ordered or len(ordered) % runs:
+        raise ValueError(f"{len(ordered)} kernels do not split into {runs} replays")
+    n = len(ordered) // runs
+    spans, busies, idles, overlaps = [], [], [], []
+    transitions: dict[tuple[str, str], list[float]] = {}
+    waited: dict[str, list[float]] = {}
+    for r in range(runs):
+        replay = ordered[r * n:(r + 1) * n]
+        start, last_end = replay[0][1], replay[0][2]
+        busy, idle, overlap = replay[0][2] - replay[0][1], 0.0, 0.0
+        for (prev, _, _), (name, s, e) in zip(replay, replay[1:]):
+            gap = s - last_end
+            key = (kernel_category(prev)[0], kernel_category(name)[0])
+            entry = transitions.setdefault(key, [0, 0.0, 0.0])
+            entry[0] += 1
+            if gap >= 0:
+                idle += gap
+                entry[1] += gap
+                waited.setdefault(name, [0, 0.0])[1] += gap
+                busy += e - s
+            else:
+                overlap += min(-gap, e - s)
+                entry[2] += min(-gap, e - s)
+                busy += max(0.0, e - last_end)
+            waited.setdefault(name, [0, 0.0])[0] += 1
+            last_end = max(last_end, e)
+        spans.append(last_end - start)
+        busies.append(busy)
+        idles.append(idle)
+        overlaps.append(overlap)
+    return {
+        "kernels": n, "span_us": statistics.median(spans), "busy_us": statistics.median(busies),
+        "idle_us": statistics.median(idles), "overlap_us": statistics.median(overlaps),
+        "transitions": sorted(({"from": a, "to": b, "count": c / runs, "idle_us": i / runs,
+                                "overlap_us": o / runs}
+                               for (a, b), (c, i, o) in transitions.items()),
+                              key=lambda t: -t["idle_us"]),
+        "waited": sorted(({"name": k, "count": c / runs, "idle_us": i / runs}
+                          for k, (c, i) in waited.items()), key=lambda w: -w["idle_us"]),
+    }
+
+
+def format_timeline(timeline: dict, label: str, rows: int = 10) -> list[str]:
+    t = timeline
+    lines = [f"-- replay timeline, {label}: {t['kernels']} kernels, span {t['span_us']:.1f} us, "
+             f"busy {t['busy_us']:.1f} us, idle between kernels {t['idle_us']:.1f} us "
+             f"({t['idle_us'] / max(t['kernels'] - 1, 1):.2f} us a launch), overlapped "
+             f"{t['overlap_us']:.1f} us",
+             f"   {'transition':<40}{'count':>7}{'idle us':>9}{'overlap us':>12}"]
+    for tr in t["transitions"][:rows]:
+        lines.append(f"   {tr['from'] + ' -> ' + tr['to']:<40}{tr['count']:7.1f}"
+                     f"{tr['idle_us']:9.1f}{tr['overlap_us']:12.1f}")
+    lines.append("   kernels by idle time before them:")
+    for w in t["waited"][:rows]:
+        lines.append(f"   {w['idle_us']:8.1f} us  x{w['count']:<5.1f} {w['name'][:100]}")
+    return lines
+
+
+def timeline_table(step: Callable[[], object], label: str, rows: int = 10, repeats: int = 20,
+                   log: Callable[[str], None] = print) -> dict:
+    """Profile ``repeats`` calls of ``step()``, each one CUDA graph replay that synchronizes
+    before returning, and print ``replay_timeline``'s table. Memsets and copies inside the
+    graph count as kernels (they occupy the device in the same order)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            step()
+        torch.cuda.synchronize()
+    kernels = [(e.name, float(e.time_range.start), float(e.time_range.end)) for e in prof.events()
+               if e.device_type == torch.autograd.DeviceType.CUDA]
+    try:
+        timeline = replay_timeline(kernels, repeats)
+    except ValueError as exc:
+        log(f"-- replay timeline, {label}: {exc} (the profiler missed some of the graph's kernels)")
+        return {}
+    for line in format_timeline(timeline, label, rows):
+        log(line)
+    return timeline

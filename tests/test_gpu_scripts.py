@@ -169,13 +169,32 @@ def _run_step(tmp_path: Path, card: str, what: str = "first",
 
 
 @needs_bash
-def test_first_runs_the_pair_on_an_h200_and_the_batch_1_leads_elsewhere(tmp_path):
-    """The one call a scarce machine may allow does what its card is needed for: issue 15's
-    H200 pair on an H200; on anything else the batch-1 leads (`b1-next`): the PDL probe
-    first, on an idle GPU, then timm_vit_base's fp16 and fp8 bundles, the fp8 form before
-    its Triton batch-1 graph and one with a batch-2 graph too, built at once, the family's
-    fp8 verified, the four timed in one process and profiled at batch 1."""
-    done, calls = _run_step(tmp_path / "h200", "NVIDIA H200")
+def test_first_runs_the_gap_timelines_and_next_the_pair_on_an_h200(tmp_path):
+    """The one call a scarce machine may allow: `gaps` on any card (ViT's and ResNet's
+    fp16 and fp8 bundles as the families have them, four builds at once, ViT's fp8
+    verified, each family's pair timed with the peer and its graph replays' device
+    timelines taken). `next` on an H200 is issue 15's pair; `b1-next` the batch-1 leads:
+    the PDL probe first, on an idle GPU, then timm_vit_base's fp16 and fp8 bundles, the
+    fp8 form without static graphs and one with the batch-1 graph only, built at once,
+    the family's fp8 verified, the four timed in one process and profiled at batch 1."""
+    for card in ("NVIDIA H200", "NVIDIA H100 80GB HBM3"):
+        done, calls = _run_step(tmp_path / card.split()[1], card, built=["r50-small", "vit"])
+        assert done.returncode == 0, done.stdout + done.stderr
+        builds = sorted(c.split(" --out ")[1] for c in calls if c.startswith("bundle make"))
+        pending = tmp_path / card.split()[1] / "pending"
+        assert builds == sorted([f"{pending}/r50-small --precision fp16 families=",
+                                 f"{pending}/r50-small --precision fp8 families=",
+                                 f"{pending}/vit --precision fp16 families=",
+                                 f"{pending}/vit --precision fp8 families="]), calls
+        verified = [c for c in calls if "verify --numerics" in c]
+        assert len(verified) == 1 and "/vit/timm_vit_base-fp8-" in verified[0], calls
+        timed = [c for c in calls if "aoti_static_vs_peer.py" in c]
+        assert len(timed) == 2 and all("--timeline" in c for c in timed), timed
+        assert "timm_vit_base-fp16-" in timed[0] and "--batch-sizes 1,2,32" in timed[0], timed
+        assert "timm_resnet50-fp8-" in timed[1] and "--profile-sizes 1,32" in timed[1], timed
+        assert not [c for c in calls if "serve_pair_bench.py" in c], calls
+
+    done, calls = _run_step(tmp_path / "h200", "NVIDIA H200", "next")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "== card: NVIDIA H200" in done.stdout
     builds = [c for c in calls if c.startswith("bundle make timm_xception")]
@@ -185,13 +204,13 @@ def test_first_runs_the_pair_on_an_h200_and_the_batch_1_leads_elsewhere(tmp_path
         and "--rounds 3" in pair[0] and "--cuda-graph-sizes 1,2,4,8,16,24" in pair[0], pair
     assert not any("-m pytest" in c for c in calls), calls
 
-    done, calls = _run_step(tmp_path / "h100", "NVIDIA H100 80GB HBM3",
-                            built=["vit", "vit-b2", "vit-before"])
+    done, calls = _run_step(tmp_path / "h100", "NVIDIA H100 80GB HBM3", "b1-next",
+                            built=["vit", "vit-b1", "vit-before"])
     assert done.returncode == 0, done.stdout + done.stderr
     assert calls[0] == "python3 benchmarks/pdl_probe.py", calls
     builds = sorted(c for c in calls if c.startswith("bundle make timm_vit_base"))
     assert len(builds) == 4 and sum("--precision fp8" in c for c in builds) == 3, calls
-    assert [c for c in builds if "vit-b2/families" in c], builds
+    assert [c for c in builds if "vit-b1/families" in c], builds
     before = [c for c in builds if "vit-before" in c]
     assert len(before) == 1 and "families=" in before[0] and "vit-before/families" in \
         before[0], builds
@@ -200,7 +219,7 @@ def test_first_runs_the_pair_on_an_h200_and_the_batch_1_leads_elsewhere(tmp_path
     timed = [c for c in calls if "aoti_static_vs_peer.py" in c]
     assert len(timed) == 1 and "--batch-sizes 1,2,32" in timed[0], calls
     assert "--profile --profile-sizes 1 " in timed[0] and "vit-before/" in timed[0] \
-        and "vit-b2/" in timed[0], timed
+        and "vit-b1/" in timed[0], timed
     assert not [c for c in calls if "serve_pair_bench.py" in c], calls
     # r50-tma-small: ResNet's family bundles and the TMA-small form, built at once, timed
     done, calls = _run_step(tmp_path / "r50", "NVIDIA H100 80GB HBM3", "r50-tma-small",

@@ -59,6 +59,34 @@ def test_the_summary_counts_kernels_per_run_and_fused_quantizes():
     assert any("FP8 GEMM" in line and "72.7%" in line for line in lines)
 
 
+def test_the_replay_timeline_splits_idle_and_overlap_by_transition():
+    kernel_profile = _load("kernel_profile")
+    gemm, act = "nvjet_hsh_128x256_64x4_1x2_h_bz_coopA_NNT", "triton_poi_fused_relu_3"
+    conv = "_fp8_conv_nhwc_kernel"
+    one = [(gemm, 0.0, 10.0), (act, 12.0, 14.0),     # 2 us idle before the activation
+           (conv, 13.0, 20.0),                       # starts 1 us before it ends: overlap
+           (act, 23.0, 24.0)]                        # 3 us idle after the convolution
+    two = [(n, s + 100.0, e + 100.0) for n, s, e in one]
+    two[-1] = (act, 125.0, 126.0)                    # 5 us idle in the second replay
+    t = kernel_profile.replay_timeline(list(reversed(one + two)), runs=2)   # any order
+    assert t["kernels"] == 4
+    assert t["span_us"] == pytest.approx((24.0 + 26.0) / 2)
+    assert t["idle_us"] == pytest.approx((5.0 + 7.0) / 2)
+    assert t["overlap_us"] == pytest.approx(1.0)
+    assert t["busy_us"] == pytest.approx(t["span_us"] - t["idle_us"])
+    by = {(x["from"], x["to"]): x for x in t["transitions"]}
+    assert by[("fp16 GEMM", "activation")] == {"from": "fp16 GEMM", "to": "activation",
+                                                "count": 1.0, "idle_us": 2.0, "overlap_us": 0.0}
+    assert by[("activation", "convolution")]["overlap_us"] == 1.0
+    assert by[("convolution", "activation")]["idle_us"] == pytest.approx(4.0)   # (3 + 5) / 2
+    assert t["transitions"][0]["to"] == "activation"          # most idle first
+    assert t["waited"][0] == {"name": act, "count": 2.0, "idle_us": 6.0}
+    lines = kernel_profile.format_timeline(t, "x")
+    assert "4 kernels" in lines[0] and "idle between kernels 6.0 us" in lines[0]
+    with pytest.raises(ValueError, match="do not split into 3 replays"):
+        kernel_profile.replay_timeline(one + two, runs=3)
+
+
 def test_variant_names():
     bench = _load("inductor_fp8_bench")
     vit, xception = load_family("timm_vit_base"), load_family("timm_xception")
