@@ -22,6 +22,12 @@ in the same form, yet the bundle ran 0.95-0.97x the peer at batch 32 on some H20
 (docs/measurements/h200-2026-12-04) while under torch.compile the bundle's module was as
 fast as the peer; the profiles say which kernels differ.
 
+``--timeline``: the device timeline of each engine's and the peer's CUDA graph replays
+(``kernel_profile.timeline_table``): how long a replay's kernels run, how long the device
+sits idle between them and after which kinds of kernel. Why: the fp8 graphs replay 50-85 us
+longer than their plain runs' kernel time, the fp16 bundles 11-35 us
+(docs/measurements/h200-2026-12-06-k), and a plain run cannot say where that goes.
+
 Without a GPU the bundles run on their CPU engine and the peer is the fp32 eager model,
 timed per ``infer`` call (boundary ``engine``): the script runs, its ratios say little.
 """
@@ -114,7 +120,8 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true",
                         help="also profile each engine and the peer by kernel (GPU)")
     parser.add_argument("--profile-sizes", type=positive_ints, default=None, metavar="SIZES",
-                        help="the batch sizes --profile profiles (default: every timed one; "
+                        help="the batch sizes --profile and --timeline look at (default: "
+                             "every timed one; "
                              "each must be one of --batch-sizes)")
     parser.add_argument("--timeline", action="store_true",
                         help="also the device timeline of each engine's and the peer's CUDA "
