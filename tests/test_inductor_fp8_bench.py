@@ -87,6 +87,43 @@ def test_the_replay_timeline_splits_idle_and_overlap_by_transition():
         kernel_profile.replay_timeline(one + two, runs=3)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs torch with a CUDA GPU (none visible)")
+def test_gpu_the_replay_timeline_reads_every_kernel_of_a_cuda_graph():
+    """The profiler must see the kernels inside a graph replay, each replay's together:
+    a graph of 12 matmuls and ReLUs is read as (at least) its 24 kernels."""
+    kernel_profile = _load("kernel_profile")
+    x = torch.randn(256, 256, device="cuda", dtype=torch.float16)
+    w = torch.randn(256, 256, device="cuda", dtype=torch.float16) / 16
+    stream = torch.cuda.Stream()
+
+    def forward():
+        y = x
+        for _ in range(12):
+            y = torch.relu(y @ w)
+        return y
+
+    with torch.cuda.stream(stream):
+        forward()
+        stream.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            forward()
+
+    def replay():
+        with torch.cuda.stream(stream):
+            graph.replay()
+        stream.synchronize()
+
+    lines = []
+    t = kernel_profile.timeline_table(replay, "toy", repeats=10, log=lines.append)
+    assert t, lines
+    assert t["kernels"] >= 24 and t["kernels"] % 12 == 0, lines   # (a GEMM may take two)
+    assert 0 < t["busy_us"] <= t["span_us"] and t["idle_us"] >= 0, t
+    assert sum(tr["count"] for tr in t["transitions"]) == pytest.approx(t["kernels"] - 1)
+    assert any(tr["from"] == "fp16 GEMM" for tr in t["transitions"]), t["transitions"]
+
+
 def test_variant_names():
     bench = _load("inductor_fp8_bench")
     vit, xception = load_family("timm_vit_base"), load_family("timm_xception")
