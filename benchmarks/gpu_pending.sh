@@ -179,12 +179,12 @@
 #       the Triton kernel per tile set, 20 calls a graph (vit_gemm_small_probe.py): whether
 #       any FP8 GEMM beats fp16's there before a batch-1 form is built on it
 #   benchmarks/gpu_pending.sh vit-b1 OUT_DIR   # ~6 min: issue 18, timm_vit_base's fp16 and fp8
-#       bundles as the family has them (fp8: a batch-1 graph with the Linear layers on the
-#       Triton kernel), the fp8 form before (one dynamic graph) and fp8 with a batch-2 graph
-#       too (static_batches fp8 [1, 2]: its GEMMs ran 1.21x fp16's there), the last two from
-#       copies of the family folder, built at once; the family's fp8 verified, the four
-#       timed with the peer at batches 1, 2 and 32 (VIT_BATCHES=) and profiled by kernel at
-#       batch 1 (forty-second session, H100: 0.950x fp16 against 0.845x at batch 1)
+#       bundles as the family has them (fp8: graphs for batch 1 and 2 with the Linear layers
+#       on the Triton kernel), fp8 without static graphs and fp8 with the batch-1 graph only,
+#       the last two from copies of the family folder, built at once; the family's fp8
+#       verified, the four timed with the peer at batches 1, 2 and 32 (VIT_BATCHES=) and
+#       profiled by kernel at batch 1 (forty-third session, H200: 0.866x fp16 at batch 1 and
+#       0.937x at batch 2, against 0.768x / 0.853x without static graphs, h200-2026-12-06-k)
 #   benchmarks/gpu_pending.sh r50-module-b1 OUT_DIR   # ~4 min, no bundles: issue 18, why
 #       timm_resnet50's fp8 batch-1 graph ran 0.371 ms as a package and 0.343 as a
 #       torch.compile module (h100-2026-12-06-i): fp16 and fp8-fused compiled for batch 1
