@@ -236,7 +236,10 @@ def timeline_table(step: Callable[[], object], label: str, rows: int = 10, repea
                    log: Callable[[str], None] = print) -> dict:
     """Profile ``repeats`` calls of ``step()``, each one CUDA graph replay that synchronizes
     before returning, and print ``replay_timeline``'s table. Memsets and copies inside the
-    graph count as kernels (they occupy the device in the same order)."""
+    graph count as kernels (they occupy the device in the same order); so do kernels that
+    ``replay()`` launches before the graph (torch fills the RNG offsets of the generators a
+    capture registered), whose wait for the graph's launch then shows as the transition
+    into the graph's first kernel."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
