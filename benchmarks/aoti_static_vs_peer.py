@@ -81,17 +81,22 @@ def profile_engine(runner, label: str, sizes: list[int], rows: int) -> None:
         runner.use_cuda_graphs = graphs
 
 
-def timeline_engine(runner, label: str, sizes: list[int], rows: int) -> None:
-    """Device timeline of the engine's CUDA graph replays (``kernel_profile.timeline_table``):
-    idle time between the graph's kernels, by transition."""
+def timelines(replay, label: str, sizes: list[int], rows: int) -> None:
+    """Device timeline of ``replay(b)``'s CUDA graph replay at each batch size
+    (``kernel_profile.timeline_table``): idle time between the graph's kernels, by
+    transition. ``replay``: a bundle runner's or the peer's, synchronized."""
     from kernel_profile import timeline_table
-
-    def replay(b: int) -> None:
-        runner.run_device(b)
-        runner.stream.synchronize()
 
     for b in sizes:
         timeline_table(lambda: replay(b), f"{label}, batch {b}", rows)
+
+
+def runner_replay(runner):
+    """``runner.run_device`` as one synchronized replay, for ``timelines``."""
+    def replay(b: int) -> None:
+        runner.run_device(b)
+        runner.stream.synchronize()
+    return replay
 
 
 def profile_peer(peer, shape: tuple[int, ...], sizes: list[int], rows: int) -> None:
@@ -168,7 +173,7 @@ def main() -> int:
         if args.profile and getattr(model.runner, "run_device", None) is not None:
             profile_engine(model.runner, label, profiled, args.rows)
         if args.timeline and getattr(model.runner, "run_device", None) is not None:
-            timeline_engine(model.runner, label, profiled, args.rows)
+            timelines(runner_replay(model.runner), label, profiled, args.rows)
         model.close()
     print(f"peer {args.peer}: compiling", flush=True)
     peer = make_peer(args.peer, peer_model(manifest), preprocess)   # pixels as the bundles
@@ -178,10 +183,7 @@ def main() -> int:
     if args.profile and hasattr(peer, "fn"):
         profile_peer(peer, shape, profiled, args.rows)
     if args.timeline and hasattr(peer, "replay"):
-        from kernel_profile import timeline_table
-
-        for b in profiled:
-            timeline_table(lambda: peer.replay(b, shape), f"peer, batch {b}", args.rows)
+        timelines(lambda b: peer.replay(b, shape), "peer", profiled, args.rows)
     first_ms = {(r["boundary"], r["batch"]): r["median_ms"] for r in rows
                 if r["bundle"] == labels[0]}
     print(f"\n{'bundle':<58} {'batch':>5} {'boundary':<13} {'static':>6} {'ms':>8} "

@@ -403,22 +403,22 @@ gaps)   # issue 18: ViT's and ResNet's fp16 and fp8 bundles as the families have
   # at once; ViT's fp8 verified; each family's two with the peer, timed, and the device
   # timeline of every graph replay (idle time between kernels, by transition).
   # GAPS_FAMILIES="r50" or "vit" for one family (less device time)
-  families=${GAPS_FAMILIES:-vit r50}
+  families=" ${GAPS_FAMILIES:-vit r50} "
   made=
-  if [[ " $families " == *" r50 "* ]]; then
+  if [[ $families == *" r50 "* ]]; then
     mkdir -p "$bundles/r50-small"
     FAMILY=timm_resnet50 bash -c '. benchmarks/gpu_common.sh; \
       make_parallel "$0" "fp16:--precision fp16" "fp8:--precision fp8"' "$bundles/r50-small" \
       >"$out/gaps-r50-make.log" 2>&1 &
     made=$!
   fi
-  if [[ " $families " == *" vit "* ]]; then
+  if [[ $families == *" vit "* ]]; then
     build_vit "${BUILD_LIMIT:-400}"
   fi
   if [ -n "$made" ]; then
     wait "$made"; echo "== r50 make: exit $?"; tail -6 "$out/gaps-r50-make.log"
   fi
-  if [[ " $families " == *" vit "* ]]; then
+  if [[ $families == *" vit "* ]]; then
     step gaps-vit-verify 90 python3 -m bundler.cli verify --numerics \
       "$bundles"/vit/timm_vit_base-fp8-*-torch-aoti.bundle
     step gaps-vit "${TIME_LIMIT:-200}" python3 benchmarks/aoti_static_vs_peer.py \
@@ -426,7 +426,7 @@ gaps)   # issue 18: ViT's and ResNet's fp16 and fp8 bundles as the families have
       "$bundles"/vit/timm_vit_base-fp8-*-torch-aoti.bundle \
       --batch-sizes 1,2,32 --timeline --profile-sizes 1,2 --rows 12
   fi
-  if [[ " $families " == *" r50 "* ]]; then
+  if [[ $families == *" r50 "* ]]; then
     step gaps-r50 "${TIME_LIMIT:-200}" python3 benchmarks/aoti_static_vs_peer.py \
       "$bundles"/r50-small/timm_resnet50-fp16-*-torch-aoti.bundle \
       "$bundles"/r50-small/timm_resnet50-fp8-*-torch-aoti.bundle \

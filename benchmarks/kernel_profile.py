@@ -186,19 +186,20 @@ def replay_timeline(kernels: list[tuple[str, float, float]], runs: int) -> dict:
         busy, idle, overlap = replay[0][2] - replay[0][1], 0.0, 0.0
         for (prev, _, _), (name, s, e) in zip(replay, replay[1:]):
             gap = s - last_end
-            key = (kernel_category(prev)[0], kernel_category(name)[0])
-            entry = transitions.setdefault(key, [0, 0.0, 0.0])
+            entry = transitions.setdefault(
+                (kernel_category(prev)[0], kernel_category(name)[0]), [0, 0.0, 0.0])
+            wait = waited.setdefault(name, [0, 0.0])
             entry[0] += 1
+            wait[0] += 1
             if gap >= 0:
                 idle += gap
                 entry[1] += gap
-                waited.setdefault(name, [0, 0.0])[1] += gap
+                wait[1] += gap
                 busy += e - s
             else:
                 overlap += min(-gap, e - s)
                 entry[2] += min(-gap, e - s)
                 busy += max(0.0, e - last_end)
-            waited.setdefault(name, [0, 0.0])[0] += 1
             last_end = max(last_end, e)
         spans.append(last_end - start)
         busies.append(busy)

@@ -137,7 +137,8 @@ def test_make_parallel_reuses_what_an_earlier_call_built(tmp_path):
 
 
 def _run_step(tmp_path: Path, card: str, what: str = "first",
-              built: bool | list[str] = True) -> tuple[subprocess.CompletedProcess, list[str]]:
+              built: bool | list[str] = True, extra_env: dict[str, str] | None = None
+              ) -> tuple[subprocess.CompletedProcess, list[str]]:
     """gpu_pending.sh step WHAT in a copy of benchmarks/, with `nvidia-smi` naming CARD and
     the bundle command and python3 replaced by loggers: which commands it starts. BUILT:
     whether the step should have built the two uint8 bundles (their make logs), or the
@@ -157,8 +158,9 @@ def _run_step(tmp_path: Path, card: str, what: str = "first",
         (bin_dir / name).chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
            "BUNDLE": str(bin_dir / "fake-bundle"), "PENDING_DIR": str(tmp_path / "pending")}
-    for name in ("WORKERS", "PROCS", "REPEATS", "GRAPH_SIZES"):
+    for name in ("WORKERS", "PROCS", "REPEATS", "GRAPH_SIZES", "GAPS_FAMILIES"):
         env.pop(name, None)
+    env.update(extra_env or {})
     done = subprocess.run(["timeout", "60", "bash", str(bench / "gpu_pending.sh"), what,
                            str(tmp_path / "out")], capture_output=True, text=True, env=env,
                           cwd=tmp_path)
@@ -193,6 +195,15 @@ def test_first_runs_the_gap_timelines_and_next_the_pair_on_an_h200(tmp_path):
         assert "timm_vit_base-fp16-" in timed[0] and "--batch-sizes 1,2,32" in timed[0], timed
         assert "timm_resnet50-fp8-" in timed[1] and "--profile-sizes 1,32" in timed[1], timed
         assert not [c for c in calls if "serve_pair_bench.py" in c], calls
+    # GAPS_FAMILIES=r50: ResNet's two bundles and their timing only
+    done, calls = _run_step(tmp_path / "r50-only", "NVIDIA H200", "gaps", built=["r50-small"],
+                            extra_env={"GAPS_FAMILIES": "r50"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [c for c in calls if c.startswith("bundle make")] and all(
+        "timm_resnet50" in c for c in calls if c.startswith("bundle make")), calls
+    timed = [c for c in calls if "aoti_static_vs_peer.py" in c]
+    assert len(timed) == 1 and "timm_resnet50-fp16-" in timed[0], timed
+    assert not [c for c in calls if "verify --numerics" in c], calls
 
     done, calls = _run_step(tmp_path / "h200", "NVIDIA H200", "next")
     assert done.returncode == 0, done.stdout + done.stderr
