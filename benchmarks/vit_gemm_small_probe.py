@@ -18,8 +18,20 @@ weighs each shape by its count in the model (12 blocks, one of each) and sums th
 Triton tile set's time per shape: the GEMM time of a whole batch-1 forward, fp16 against
 FP8, with the quantizes left out (they sit in the LayerNorm / GELU kernels).
 
+``--split-k S,...`` (default 2,3,4; 0 for none): the same FP8 operands with the reduction
+split S ways. Why: at 197 rows a 64-row tile leaves proj and fc2 (768 outputs) 48 programs
+on the H200's 132 SMs, each walking the whole reduction (fc2: 3,072 deep) alone; fc2 was
+the slowest shape in either precision (h200-2026-12-06-k). Each split writes fp32 partial
+sums ([S, rows, out]); a second kernel adds them and applies the scale and bias (fp16 out).
+Timed both ways: the two kernels ("split-k"), and the first alone ("split-k gemm only"),
+the cost if a model's next kernel (Inductor's residual add / LayerNorm / GELU, which reads
+the output anyway) did the sum.
+
+    TRITON_INTERPRET=1 python benchmarks/vit_gemm_small_probe.py --interpret-check
+checks on the CPU that the split form gives the fused kernel's fp16 output (JSON).
+
     PYTHONPATH=. python benchmarks/vit_gemm_small_probe.py [--batch-sizes 1,2]
-        [--per-graph 20] [--iters 50] [--budget-s 150] [--json PATH]
+        [--per-graph 20] [--iters 50] [--budget-s 150] [--split-k 2,3,4] [--json PATH]
 """
 
 from __future__ import annotations
@@ -40,7 +52,133 @@ TOKENS, BLOCKS = 197, 12
 #: (name, in, out) of ViT-B's Linear layers, one of each per block.
 SHAPES = (("qkv", 768, 2304), ("proj", 768, 768), ("fc1", 768, 3072), ("fc2", 3072, 768))
 
+#: Tile sets (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) tried with each split count: the
+#: Linear rule's two (``linear_small_batch_config``) and a 32-row one (more programs).
+SPLIT_TILES = ((64, 64, 128, 4, 3), (64, 64, 256, 4, 3), (32, 64, 128, 4, 3))
+
 STARTED = time.monotonic()
+_SPLIT_KERNELS: tuple = ()
+
+
+def split_k_kernels() -> tuple:
+    """(partial sums kernel, reduction kernel), made on first use: triton is imported only
+    where they run (a GPU, or the CPU under ``TRITON_INTERPRET=1``)."""
+    global _SPLIT_KERNELS
+    if _SPLIT_KERNELS:
+        return _SPLIT_KERNELS
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def partial_sums(x_ptr, w_ptr, ws_ptr, M, C, COUT, ldw, K_SPLIT,
+                     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr):
+        """One tile of one split: e4m3 rows [M, C] times the e4m3 weight rows [COUT, ldw]
+        over reduction elements [split * K_SPLIT, +K_SPLIT), fp32 into ws[split]."""
+        num_n = tl.cdiv(COUT, BLOCK_N)
+        pid_m = tl.program_id(0) // num_n
+        pid_n = tl.program_id(0) % num_n
+        split = tl.program_id(1)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        m_ok = offs_m < M
+        n_ok = offs_n < COUT
+        x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * C
+        w_cols = w_ptr + offs_n.to(tl.int64)[None, :] * ldw
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        k_lo = split * K_SPLIT
+        for k in range(k_lo, tl.minimum(k_lo + K_SPLIT, C), BLOCK_K):
+            c = k + offs_k
+            if EVEN_K:
+                a = tl.load(x_rows + c[None, :], mask=m_ok[:, None], other=0.0)
+                b = tl.load(w_cols + c[:, None], mask=n_ok[None, :], other=0.0)
+            else:
+                c_ok = c < C
+                a = tl.load(x_rows + c[None, :], mask=m_ok[:, None] & c_ok[None, :], other=0.0)
+                b = tl.load(w_cols + c[:, None], mask=n_ok[None, :] & c_ok[:, None], other=0.0)
+            acc = tl.dot(a, b, acc)
+        ws = ws_ptr + split.to(tl.int64) * M * COUT
+        tl.store(ws + offs_m.to(tl.int64)[:, None] * COUT + offs_n[None, :], acc,
+                 mask=m_ok[:, None] & n_ok[None, :])
+
+    @triton.jit
+    def reduce_splits(ws_ptr, scale_ptr, bias_ptr, out_ptr, MN, COUT, SPLITS: tl.constexpr,
+                      BLOCK: tl.constexpr):
+        """The splits' sum, times each column's scale, plus its bias: fp16 out (the fused
+        kernel's epilogue without residual or activation)."""
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        ok = offs < MN
+        acc = tl.load(ws_ptr + offs, mask=ok, other=0.0)
+        for s in tl.static_range(1, SPLITS):
+            acc += tl.load(ws_ptr + s * MN + offs, mask=ok, other=0.0)
+        n = offs % COUT
+        y = acc * tl.load(scale_ptr + n, mask=ok, other=0.0) + tl.load(bias_ptr + n, mask=ok,
+                                                                        other=0.0)
+        tl.store(out_ptr + offs, y.to(tl.float16), mask=ok)
+
+    _SPLIT_KERNELS = (partial_sums, reduce_splits)
+    return _SPLIT_KERNELS
+
+
+def fp8_linear_split_k(q, weight, scale, bias, cout: int, splits: int, tiles: tuple,
+                       reduce: bool = True):
+    """e4m3 rows ``q`` [rows, C] through the Linear (``weight``: e4m3 [>= cout, >= C],
+    ``scale``/``bias``: fp32 per output) with the reduction split ``splits`` ways (fewer if
+    C has fewer ``BLOCK_K`` tiles): (fp16 [rows, cout] or None without ``reduce``, the fp32
+    partial sums [splits, rows, cout])."""
+    import torch
+    import triton
+
+    partial_sums, reduce_splits = split_k_kernels()
+    bm, bn, bk, warps, stages = tiles[:5]
+    rows, c = q.shape
+    k_split = triton.cdiv(triton.cdiv(c, splits), bk) * bk
+    splits = triton.cdiv(c, k_split)
+    ws = torch.empty((splits, rows, cout), dtype=torch.float32, device=q.device)
+    grid = (triton.cdiv(rows, bm) * triton.cdiv(cout, bn), splits)
+    partial_sums[grid](q, weight, ws, rows, c, cout, weight.stride(0), k_split,
+                       EVEN_K=c % bk == 0 and k_split % bk == 0, BLOCK_M=bm, BLOCK_N=bn,
+                       BLOCK_K=bk, num_warps=warps, num_stages=stages)
+    if not reduce:
+        return None, ws
+    out = torch.empty((rows, cout), dtype=torch.float16, device=q.device)
+    block = 1024
+    reduce_splits[(triton.cdiv(rows * cout, block),)](ws, scale, bias, out, rows * cout, cout,
+                                                     SPLITS=splits, BLOCK=block)
+    return out, ws
+
+
+def interpret_check() -> dict:
+    """Under ``TRITON_INTERPRET=1`` on the CPU: the split form against the fused kernel
+    (``fp8_conv_fused`` as a 1x1 convolution over the rows, the model's batch-1 path) on
+    rows and outputs that leave edge tiles, a reduction that does and does not fill the
+    k tiles, 1 to 4 splits. The fp32 sums are added in another order, so the fp16 outputs
+    may differ by a rounding: reported as the largest difference over the largest value."""
+    import torch
+
+    from bundler.targets.torch_aoti.kernels.fp8_conv import Fp8ConvConfig, fp8_conv_fused
+
+    results = {}
+    for rows, c, cout in ((37, 96, 40), (20, 80, 24)):
+        g = torch.Generator().manual_seed(rows)
+        q = (torch.randn(rows, c, generator=g) * 40).to(torch.float8_e4m3fn)
+        weight = torch.zeros(cout + 8, c + 16).to(torch.float8_e4m3fn)
+        weight[:cout, :c] = (torch.randn(cout, c, generator=g) * 100).to(torch.float8_e4m3fn)
+        scale = (torch.rand(cout, generator=g) + 0.5) * 2e-4
+        bias = torch.randn(cout, generator=g) * 0.3
+        ref, _ = fp8_conv_fused(q.reshape(rows, 1, 1, c), weight, scale, bias, cout, (1, 1),
+                                (1, 1), (0, 0), config=Fp8ConvConfig(16, 16, 32, 4, 2, 1))
+        ref = ref.reshape(rows, cout).float()
+        exact = (q.float() @ weight[:cout, :c].float().T) * scale + bias
+        for splits in (1, 2, 3, 4):
+            y, ws = fp8_linear_split_k(q, weight, scale, bias, cout, splits, (16, 16, 32, 4, 2))
+            results[f"{rows}x{c}->{cout}:split{splits}"] = {
+                "splits_made": ws.shape[0],
+                "max_diff_over_max": float((y.float() - ref).abs().max() / ref.abs().max()),
+                "partials_vs_exact": float((ws.sum(0) * scale + bias - exact).abs().max()
+                                           / exact.abs().max())}
+    return results
 
 
 def log(msg: str) -> None:
@@ -55,8 +193,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=positive_int, default=50)
     p.add_argument("--budget-s", type=float, default=150,
                    help="no new tile set starts after this many seconds")
+    p.add_argument("--split-k", type=lambda v: [] if v == "0" else positive_ints(v),
+                   default=[2, 3, 4], metavar="S,...",
+                   help="split counts of the reduction to time (default 2,3,4; 0: none)")
+    p.add_argument("--interpret-check", action="store_true",
+                   help="CPU, TRITON_INTERPRET=1: the split form against the fused kernel, "
+                        "JSON out")
     p.add_argument("--json")
     args = p.parse_args(argv)
+    if args.interpret_check:
+        print(json.dumps(interpret_check()))
+        return 0
 
     import torch
     import torch.nn.functional as F
@@ -127,25 +274,62 @@ def main(argv: list[str] | None = None) -> int:
                 row[key] = ms
                 log(f"  {key}: {ms:.4f} ms (fp16/this {row['fp16'] / ms:.3f}x, "
                     f"rel err {err:.1e})")
+            for splits in args.split_k:
+                for tiles in SPLIT_TILES:
+                    if time.monotonic() - STARTED > args.budget_s:
+                        break
+                    tag = f"{splits}:" + ",".join(map(str, tiles))
+                    try:
+                        ms, (y, ws) = timed(lambda splits=splits, tiles=tiles: fp8_linear_split_k(
+                            q, lin.weight_fp8, scale, bias, cout, splits, tiles))
+                        gemm_ms, _ = timed(lambda splits=splits, tiles=tiles: fp8_linear_split_k(
+                            q, lin.weight_fp8, scale, bias, cout, splits, tiles, reduce=False))
+                    except Exception as e:
+                        log(f"  split-k {tag}: {type(e).__name__}: {str(e)[:120]}")
+                        continue
+                    err = float((y.float() - ref.float()).abs().max() / ref.float().abs().max())
+                    row[f"split-k {tag}"], row[f"split-k gemm only {tag}"] = ms, gemm_ms
+                    log(f"  split-k {tag} (made {ws.shape[0]}): {ms:.4f} ms with the "
+                        f"reduction, {gemm_ms:.4f} without (fp16/this {row['fp16'] / ms:.3f}x "
+                        f"/ {row['fp16'] / gemm_ms:.3f}x, rel err {err:.1e})")
             per_batch[name] = row
 
         print(f"\nbatch {batch}: a forward's GEMMs ({BLOCKS} blocks x one of each), ms")
-        print("| shape | fp16 | _scaled_mm | best Triton | its tiles |")
-        print("| --- | --- | --- | --- | --- |")
-        totals = {"fp16": 0.0, "scaled_mm": 0.0, "triton": 0.0}
+        print("| shape | fp16 | _scaled_mm | best Triton | its tiles | best split-k "
+              "(splits:tiles) | its GEMM alone |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        totals = {"fp16": 0.0, "scaled_mm": 0.0, "triton": 0.0, "split_k": 0.0,
+                  "split_k_gemm_only": 0.0}
+
+        def best_of(row: dict, prefix: str) -> tuple:
+            """(key suffix, ms) of the fastest entry named ``prefix`` + tiles, or (None, inf)."""
+            found = {k[len(prefix):]: v for k, v in row.items() if k.startswith(prefix)
+                     and k[len(prefix):][:1].isdigit()}
+            best = min(found, key=found.get) if found else None
+            return best, found.get(best, float("inf"))
+
+        def cell(ms: float) -> str:
+            return f"{ms:.4f}" if ms != float("inf") else "-"
+
         for name, row in per_batch.items():
-            tri = {k: v for k, v in row.items() if k.startswith("triton ")}
-            best = min(tri, key=tri.get) if tri else None
+            tiles, tri = best_of(row, "triton ")
+            split, split_ms = best_of(row, "split-k ")
+            split_gemm = row.get(f"split-k gemm only {split}", float("inf"))
+            direct = min(row["scaled_mm"], tri)
             totals["fp16"] += BLOCKS * row["fp16"]
             totals["scaled_mm"] += BLOCKS * row["scaled_mm"]
-            totals["triton"] += BLOCKS * min(row["scaled_mm"], tri.get(best, float("inf")))
-            print(f"| {name} | {row['fp16']:.4f} | {row['scaled_mm']:.4f} | "
-                  f"{tri[best]:.4f} | {best[7:]} |" if best else
-                  f"| {name} | {row['fp16']:.4f} | {row['scaled_mm']:.4f} | - | - |")
+            totals["triton"] += BLOCKS * direct
+            totals["split_k"] += BLOCKS * min(direct, split_ms)
+            totals["split_k_gemm_only"] += BLOCKS * min(direct, split_gemm)
+            print(f"| {name} | {row['fp16']:.4f} | {row['scaled_mm']:.4f} | {cell(tri)} | "
+                  f"{tiles or '-'} | {cell(split_ms)} ({split or '-'}) | {cell(split_gemm)} |")
         print(f"| sum x{BLOCKS} | {totals['fp16']:.3f} | {totals['scaled_mm']:.3f} | "
-              f"{totals['triton']:.3f} (best of both) | |")
+              f"{totals['triton']:.3f} (best of both) | | {totals['split_k']:.3f} (best of "
+              f"all) | {totals['split_k_gemm_only']:.3f} |")
         print(f"fp16 / FP8 GEMM time: _scaled_mm {totals['fp16'] / totals['scaled_mm']:.3f}x, "
-              f"best of _scaled_mm and Triton {totals['fp16'] / totals['triton']:.3f}x\n")
+              f"best of _scaled_mm and Triton {totals['fp16'] / totals['triton']:.3f}x, with "
+              f"split-k {totals['fp16'] / totals['split_k']:.3f}x (its sum left to the next "
+              f"kernel {totals['fp16'] / totals['split_k_gemm_only']:.3f}x)\n")
         per_batch["totals"] = totals
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

@@ -89,3 +89,24 @@ def test_the_layer_benchmarks_refuse_a_per_graph_count_below_one(script):
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 2, done.stderr[-2000:]
     assert "argument --per-graph: one positive integer, got '0'" in done.stderr
+
+
+@needs_triton
+def test_the_vit_probes_split_k_form_gives_the_fused_kernels_output_under_the_interpreter():
+    """benchmarks/vit_gemm_small_probe.py `--split-k`: the reduction split 1-4 ways (fewer
+    where the reduction has fewer k tiles), its fp32 partial sums added by a second kernel,
+    gives the fp16 output of the fused kernel the model's batch-1 graph runs, on rows and
+    outputs with edge tiles and a reduction that does not fill its last k tile."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "vit_gemm_small_probe.py"),
+                           "--interpret-check"], capture_output=True, text=True, env=env,
+                          timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout)
+    assert len(results) == 8
+    for name, r in results.items():
+        splits = int(name.rsplit("split", 1)[1])
+        # 96 channels are 3 k tiles of 32: a fourth split has nothing left to add
+        assert r["splits_made"] == min(splits, 3), name
+        assert r["max_diff_over_max"] <= 1e-3, name       # at most an fp16 rounding apart
+        assert r["partials_vs_exact"] < 1e-5, name
