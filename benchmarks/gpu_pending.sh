@@ -185,6 +185,11 @@
 #       verified, the four timed with the peer at batches 1, 2 and 32 (VIT_BATCHES=) and
 #       profiled by kernel at batch 1 (forty-third session, H200: 0.866x fp16 at batch 1 and
 #       0.937x at batch 2, against 0.768x / 0.853x without static graphs, h200-2026-12-06-k)
+#   benchmarks/gpu_pending.sh vit-split-k OUT_DIR   # ~4 min (fp16 and fp8 reused when
+#       PENDING_DIR has them): issue 18, timm_vit_base fp8 with proj and fc2 split in two in
+#       its batch-1 and batch-2 graphs (fp8_pointwise_small_batch triton-split-k, a copy of
+#       the family folder) against the family's fp8 and fp16 and the peer at batches 1 and
+#       2, with the replay timeline; the split bundle verified
 #   benchmarks/gpu_pending.sh r50-module-b1 OUT_DIR   # ~4 min, no bundles: issue 18, why
 #       timm_resnet50's fp8 batch-1 graph ran 0.371 ms as a package and 0.343 as a
 #       torch.compile module (h100-2026-12-06-i): fp16 and fp8-fused compiled for batch 1
@@ -199,7 +204,7 @@
 # Bundles: PENDING_DIR (/tmp/pending). Logs: OUT_DIR/<step>.log. Each step prints as it goes
 # and has its own timeout.
 set -u
-steps="dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-tiles-b1|r50-tma-small|r50-small|vit-gemm-b1|vit-b1|b1-next|r50-module-b1|pdl|gaps"
+steps="dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-tiles-b1|r50-tma-small|r50-small|vit-gemm-b1|vit-split-k|vit-b1|b1-next|r50-module-b1|pdl|gaps"
 usage="usage: $0 $steps OUT_DIR (--help: what each step does)"
 case "${1:-}" in
     -h|--help)   # the comment block above, without its leading '# '
@@ -524,6 +529,33 @@ print('== size', sys.argv[1].rsplit('/', 1)[-1], 'engine raw', e['raw_size'], 's
 vit-gemm-b1)   # issue 18: ViT-B's Linear shapes at batch 1 and 2, fp16 against FP8 GEMMs
   step vit-gemm-b1 "${VIT_GEMM_LIMIT:-200}" python3 benchmarks/vit_gemm_small_probe.py \
     --budget-s "${VIT_GEMM_BUDGET:-150}" --json "$out/vit-gemm-b1.json"
+  ;;
+vit-split-k)   # issue 18: timm_vit_base fp8 with proj and fc2 split in two in its batch-1
+  # and batch-2 graphs (fp8_pointwise_small_batch triton-split-k, a family copy) against
+  # the family's fp8 and fp16, timed with the peer and the replay timeline at 1 and 2
+  mkdir -p "$bundles/vit" "$bundles/vit-split/families"
+  rm -rf "$bundles/vit-split/families/timm_vit_base"
+  cp -r families/timm_vit_base "$bundles/vit-split/families/"
+  python3 -c "import json, sys; p = sys.argv[1]; f = json.load(open(p)); \
+f['torch_aoti']['fp8_pointwise_small_batch'] = 'triton-split-k'; json.dump(f, open(p, 'w'), indent=2)" \
+    "$bundles/vit-split/families/timm_vit_base/family.json"
+  FAMILY=timm_vit_base TRT_BUNDLE_FAMILIES_PATH="$bundles/vit-split/families" bash -c \
+    '. benchmarks/gpu_common.sh; make_parallel "$0" "fp8:--precision fp8"' "$bundles/vit-split" \
+    >"$out/vit-split-make.log" 2>&1 &
+  made=$!
+  if ls "$bundles"/vit/timm_vit_base-fp8-*-torch-aoti.bundle >/dev/null 2>&1; then
+    echo "== vit: fp16 and fp8 already built"
+  else
+    build_vit "${BUILD_LIMIT:-400}"
+  fi
+  wait "$made"; echo "== vit-split make: exit $?"; tail -4 "$out/vit-split-make.log"
+  step vit-split-verify 90 python3 -m bundler.cli verify --numerics \
+    "$bundles"/vit-split/timm_vit_base-fp8-*-torch-aoti.bundle
+  step vit-split-time "${TIME_LIMIT:-200}" python3 benchmarks/aoti_static_vs_peer.py \
+    "$bundles"/vit/timm_vit_base-fp16-*-torch-aoti.bundle \
+    "$bundles"/vit/timm_vit_base-fp8-*-torch-aoti.bundle \
+    "$bundles"/vit-split/timm_vit_base-fp8-*-torch-aoti.bundle \
+    --batch-sizes 1,2 --timeline --profile-sizes 1 --rows 12
   ;;
 vit-b1)   # issue 18: timm_vit_base fp8 as the family has it (Triton graphs for batch 1 and 2),
   # without static graphs, with the batch-1 graph only, and fp16 (the family folder copied

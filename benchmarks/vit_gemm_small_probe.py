@@ -57,56 +57,23 @@ SHAPES = (("qkv", 768, 2304), ("proj", 768, 768), ("fc1", 768, 3072), ("fc2", 30
 SPLIT_TILES = ((64, 64, 128, 4, 3), (64, 64, 256, 4, 3), (32, 64, 128, 4, 3))
 
 STARTED = time.monotonic()
-_SPLIT_KERNELS: tuple = ()
+_REDUCE_KERNEL = None
 
 
-def split_k_kernels() -> tuple:
-    """(partial sums kernel, reduction kernel), made on first use: triton is imported only
-    where they run (a GPU, or the CPU under ``TRITON_INTERPRET=1``)."""
-    global _SPLIT_KERNELS
-    if _SPLIT_KERNELS:
-        return _SPLIT_KERNELS
+def reduce_kernel():
+    """The probe's second kernel (the sum of the splits, scale, bias, fp16 out), made on
+    first use: triton is imported only where it runs (a GPU, or the CPU under
+    ``TRITON_INTERPRET=1``). The package leaves this step to the graph
+    (``Fp8Linear.split_k_gemm``); timed here as the cost of a kernel of its own."""
+    global _REDUCE_KERNEL
+    if _REDUCE_KERNEL is not None:
+        return _REDUCE_KERNEL
     import triton
     import triton.language as tl
 
     @triton.jit
-    def partial_sums(x_ptr, w_ptr, ws_ptr, M, C, COUT, ldw, K_SPLIT,
-                     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr):
-        """One tile of one split: e4m3 rows [M, C] times the e4m3 weight rows [COUT, ldw]
-        over reduction elements [split * K_SPLIT, +K_SPLIT), fp32 into ws[split]."""
-        num_n = tl.cdiv(COUT, BLOCK_N)
-        pid_m = tl.program_id(0) // num_n
-        pid_n = tl.program_id(0) % num_n
-        split = tl.program_id(1)
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_k = tl.arange(0, BLOCK_K)
-        m_ok = offs_m < M
-        n_ok = offs_n < COUT
-        x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * C
-        w_cols = w_ptr + offs_n.to(tl.int64)[None, :] * ldw
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        k_lo = split * K_SPLIT
-        for k in range(k_lo, tl.minimum(k_lo + K_SPLIT, C), BLOCK_K):
-            c = k + offs_k
-            if EVEN_K:
-                a = tl.load(x_rows + c[None, :], mask=m_ok[:, None], other=0.0)
-                b = tl.load(w_cols + c[:, None], mask=n_ok[None, :], other=0.0)
-            else:
-                c_ok = c < C
-                a = tl.load(x_rows + c[None, :], mask=m_ok[:, None] & c_ok[None, :], other=0.0)
-                b = tl.load(w_cols + c[:, None], mask=n_ok[None, :] & c_ok[:, None], other=0.0)
-            acc = tl.dot(a, b, acc)
-        ws = ws_ptr + split.to(tl.int64) * M * COUT
-        tl.store(ws + offs_m.to(tl.int64)[:, None] * COUT + offs_n[None, :], acc,
-                 mask=m_ok[:, None] & n_ok[None, :])
-
-    @triton.jit
     def reduce_splits(ws_ptr, scale_ptr, bias_ptr, out_ptr, MN, COUT, SPLITS: tl.constexpr,
                       BLOCK: tl.constexpr):
-        """The splits' sum, times each column's scale, plus its bias: fp16 out (the fused
-        kernel's epilogue without residual or activation)."""
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         ok = offs < MN
         acc = tl.load(ws_ptr + offs, mask=ok, other=0.0)
@@ -117,35 +84,29 @@ def split_k_kernels() -> tuple:
                                                                         other=0.0)
         tl.store(out_ptr + offs, y.to(tl.float16), mask=ok)
 
-    _SPLIT_KERNELS = (partial_sums, reduce_splits)
-    return _SPLIT_KERNELS
+    _REDUCE_KERNEL = reduce_splits
+    return _REDUCE_KERNEL
 
 
 def fp8_linear_split_k(q, weight, scale, bias, cout: int, splits: int, tiles: tuple,
                        reduce: bool = True):
     """e4m3 rows ``q`` [rows, C] through the Linear (``weight``: e4m3 [>= cout, >= C],
     ``scale``/``bias``: fp32 per output) with the reduction split ``splits`` ways (fewer if
-    C has fewer ``BLOCK_K`` tiles): (fp16 [rows, cout] or None without ``reduce``, the fp32
-    partial sums [splits, rows, cout])."""
+    C has fewer ``BLOCK_K`` tiles), the package's kernel (``kernels/fp8_split_k.py``):
+    (fp16 [rows, cout] or None without ``reduce``, the fp32 partial sums [S, rows, cout])."""
     import torch
     import triton
 
-    partial_sums, reduce_splits = split_k_kernels()
-    bm, bn, bk, warps, stages = tiles[:5]
-    rows, c = q.shape
-    k_split = triton.cdiv(triton.cdiv(c, splits), bk) * bk
-    splits = triton.cdiv(c, k_split)
-    ws = torch.empty((splits, rows, cout), dtype=torch.float32, device=q.device)
-    grid = (triton.cdiv(rows, bm) * triton.cdiv(cout, bn), splits)
-    partial_sums[grid](q, weight, ws, rows, c, cout, weight.stride(0), k_split,
-                       EVEN_K=c % bk == 0 and k_split % bk == 0, BLOCK_M=bm, BLOCK_N=bn,
-                       BLOCK_K=bk, num_warps=warps, num_stages=stages)
+    from bundler.targets.torch_aoti.kernels.fp8_split_k import SplitKConfig, fp8_rows_partials
+
+    ws = fp8_rows_partials(q, weight, cout, SplitKConfig(splits, *tiles[:5]))
     if not reduce:
         return None, ws
+    rows = q.shape[0]
     out = torch.empty((rows, cout), dtype=torch.float16, device=q.device)
     block = 1024
-    reduce_splits[(triton.cdiv(rows * cout, block),)](ws, scale, bias, out, rows * cout, cout,
-                                                     SPLITS=splits, BLOCK=block)
+    reduce_kernel()[(triton.cdiv(rows * cout, block),)](ws, scale, bias, out, rows * cout, cout,
+                                                        SPLITS=ws.shape[0], BLOCK=block)
     return out, ws
 
 

@@ -74,6 +74,56 @@ def test_the_small_batch_linear_kernel_equals_the_gemm_under_the_interpreter(int
 
 
 @needs_triton
+def test_the_split_k_linear_kernel_equals_the_gemm_under_the_interpreter(interpreted):
+    """``Fp8Linear(small_batch_kernel="triton-split-k")``: the reduction split in two, the
+    partial sums added, scaled and biased by the graph, gives the GEMM path's output."""
+    if interpreted["linear_split_k"] is None:
+        pytest.skip(f"this triton's interpreter does not run FP8 dots: "
+                    f"{interpreted['fp8_error']}")
+    assert interpreted["linear_split_k"] < 2e-3
+
+
+@needs_triton
+def test_the_split_k_form_splits_only_the_layers_whose_rows_leave_sms_idle():
+    """ViT-B at a static batch of 1 (197 tokens): proj (768 -> 768) and fc2 (3072 -> 768)
+    make 48 programs of 64x64 and are split in two (fc2 with 256-deep k tiles); qkv and fc1
+    fill the GPU and keep the fused kernel; so does a short reduction. Traced for batch 1 on
+    CUDA, a split layer's graph holds the split op and not the fused one."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from bundler.targets.torch_aoti.fp8_layers import Fp8Linear
+    from bundler.targets.torch_aoti.kernels.fp8_split_k import linear_split_k_config
+
+    assert linear_split_k_config(197, 768, 768) == (2, 64, 64, 128, 4, 3)
+    assert linear_split_k_config(197, 3072, 768) == (2, 64, 64, 256, 4, 3)
+    assert linear_split_k_config(197, 768, 2304) is None
+    assert linear_split_k_config(197, 768, 3072) is None
+    assert linear_split_k_config(197, 256, 768) is None
+    assert linear_split_k_config(8 * 197, 768, 768) is None
+
+    ops = []
+
+    class Recorder(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            ops.append(str(func.name()))
+            return func(*args, **(kwargs or {}))
+
+    for cin, cout in ((768, 768), (768, 2304)):
+        ops.clear()
+        layer = Fp8Linear(nn.Linear(cin, cout), 0.05, torch.full((cout,), 0.01).numpy(),
+                          torch.float16, small_batch_kernel="triton-split-k")
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            layer = layer.to("cuda")
+            with Recorder():
+                y = layer(mode.from_tensor(torch.empty(1, 197, cin, dtype=torch.float16,
+                                                       device="meta")).to("cuda"))
+        assert tuple(y.shape) == (1, 197, cout) and y.dtype == torch.float16
+        split = "trt_bundle::fp8_rows_partials" in ops
+        fused = "trt_bundle::fp8_conv_nhwc_fused" in ops
+        assert (split, fused) == ((True, False) if cout == 768 else (False, True)), ops
+
+
+@needs_triton
 def test_small_static_batches_trace_the_pointwise_kernel_and_others_the_gemm():
     """On CUDA inputs of a static batch of at most fp8_layers.SMALL_BATCH, the layer takes the
     Triton path (small tiles for its rows); a larger batch and a CPU input keep
@@ -376,6 +426,18 @@ def test_the_family_setting_of_small_batch_pointwise_is_checked_and_recorded(tmp
     spec_path.write_text(json.dumps(spec))
     with pytest.raises(FamilyError, match=r"torch_aoti.fp8_pointwise_small_batch: must be one of"):
         load_family("timm_xception", root=tmp_path)
+    # the split form is the Linear layers' (a tokens family's), not a convolution family's
+    spec["torch_aoti"]["fp8_pointwise_small_batch"] = "triton-split-k"
+    spec_path.write_text(json.dumps(spec))
+    with pytest.raises(FamilyError, match=r"triton-split-k is the Linear layers' form"):
+        load_family("timm_xception", root=tmp_path)
+    shutil.copytree(families_root() / "timm_vit_base", tmp_path / "timm_vit_base")
+    vit_path = tmp_path / "timm_vit_base" / "family.json"
+    vit = json.loads(vit_path.read_text())
+    vit["torch_aoti"]["fp8_pointwise_small_batch"] = "triton-split-k"
+    vit_path.write_text(json.dumps(vit))
+    assert load_family("timm_vit_base", root=tmp_path).target_settings(
+        "torch-aoti").fp8_pointwise_small_batch == "triton-split-k"
 
     host = {"torch_version": "2", "cuda_version": "13.0", "compute_capability": "9.0",
             "device_name": "H200", "device": "cuda"}
@@ -383,6 +445,8 @@ def test_the_family_setting_of_small_batch_pointwise_is_checked_and_recorded(tmp
                   static_batches=[1])
     with_triton = engine_details(host, "fp8", {}, small_batch_pointwise="triton", **common)
     assert "small tiles" in with_triton["compile_options"]["fp8_pointwise_small_batch"]
+    split = engine_details(host, "fp8", {}, small_batch_pointwise="triton-split-k", **common)
+    assert "split in two" in split["compile_options"]["fp8_pointwise_small_batch"]
     assert "fp8_pointwise_small_batch" not in engine_details(host, "fp8", {}, **common)[
         "compile_options"]
     # where it applies, for builds and for bundle study's reuse check alike

@@ -778,6 +778,10 @@ SMALL_BATCH_POINTWISE_DESCRIPTIONS = {
     "dequantized": "in the static graphs of batches up to 8: the operands of the FP8 1x1 "
                    "convolutions and Linear layers dequantized, fp16 GEMMs "
                    "(torch._scaled_mm elsewhere)",
+    "triton-split-k": "in the static graphs of batches up to 8: FP8 Linear layers on the "
+                      "implicit-GEMM Triton kernel with small tiles, those whose rows leave "
+                      "SMs idle with the reduction split in two (fp32 partial sums added, "
+                      "scaled and biased in the next kernel; torch._scaled_mm elsewhere)",
 }
 
 

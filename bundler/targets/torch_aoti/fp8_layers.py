@@ -40,7 +40,8 @@ from torch import nn
 from bundler.fp8 import E4M3_MAX, quantize as quantize_fp8, stored_scale
 from bundler.targets.torch_aoti.settings import (TORCH_AOTI_FP8_CONVS, TORCH_AOTI_FP8_GEMMS,
                                                  TORCH_AOTI_FUSED_FP8_CONVS,
-                                                 TORCH_AOTI_SMALL_BATCH_POINTWISE)
+                                                 TORCH_AOTI_SMALL_BATCH_POINTWISE,
+                                                 TORCH_AOTI_TRITON_SMALL_BATCH)
 from runtime_py.errors import UsageError
 
 
@@ -80,9 +81,12 @@ FP8_CONVS = TORCH_AOTI_FP8_CONVS
 FUSED_FP8_CONVS = TORCH_AOTI_FUSED_FP8_CONVS
 #: How ``Fp8Pointwise`` (and ``Fp8Linear``) runs in a graph traced for a small static
 #: batch: "gemm" (``torch._scaled_mm``, as at every batch), "triton" (the implicit-GEMM
-#: kernel with small tiles; 1x1 convolutions only) or "dequantized" (the FP8 operands
-#: dequantized, an fp16 GEMM); family.json ``torch_aoti.fp8_pointwise_small_batch``.
+#: kernel with small tiles), "dequantized" (the FP8 operands dequantized, an fp16 GEMM) or
+#: "triton-split-k" (``Fp8Linear`` only: "triton", with the reduction split where the rows
+#: leave SMs idle); family.json ``torch_aoti.fp8_pointwise_small_batch``.
 SMALL_BATCH_POINTWISE = TORCH_AOTI_SMALL_BATCH_POINTWISE
+#: The forms on the Triton kernels.
+TRITON_SMALL_BATCH = TORCH_AOTI_TRITON_SMALL_BATCH
 
 
 def padded(n: int, align: int = FP8_ALIGN) -> int:
@@ -367,7 +371,7 @@ class Fp8Pointwise(Fp8Gemm):
     weights are one more fp16 copy of the FP8 layers in the package."""
 
     LAYER = "1x1 convolution"
-    SMALL_BATCH_KERNELS = SMALL_BATCH_POINTWISE
+    SMALL_BATCH_KERNELS = tuple(k for k in SMALL_BATCH_POINTWISE if k != "triton-split-k")
     #: ``run_on_triton``'s tiles; None: ``torch._scaled_mm``
     triton_tiles: tuple[int, ...] | None = None
 
@@ -468,7 +472,13 @@ class Fp8Linear(Fp8Gemm):
     operands, fp32 accumulation, the scales and the fp16 graph's bias in the epilogue,
     fp16 out. Why: cuBLASLt's FP8 kernels are sized for many rows; on ViT-B's shapes at 197
     rows they ran 0.86x cuBLAS's fp16 GEMMs and this kernel 1.25x, and the model's batch-1
-    graph 0.950x fp16 against 0.845x (H100, docs/measurements/h100-2026-12-06-j)."""
+    graph 0.950x fp16 against 0.845x (H100, docs/measurements/h100-2026-12-06-j).
+
+    ``small_batch_kernel="triton-split-k"``: "triton", except that a layer whose rows make
+    too few programs to fill the GPU (``linear_split_k_config``: ViT-B's proj and fc2 at
+    batch 1) runs ``kernels/fp8_split_k.py``'s kernel, the reduction split in two, and the
+    graph adds the two fp32 partial sums, scales them and adds the bias, which Inductor
+    fuses into the kernel that reads the output (the residual add and LayerNorm)."""
 
     LAYER = "Linear layer"
     SMALL_BATCH_KERNELS = SMALL_BATCH_POINTWISE
@@ -476,23 +486,29 @@ class Fp8Linear(Fp8Gemm):
     def __init__(self, linear: nn.Linear, act_scale: float, weight_scale: Any,
                  dtype: torch.dtype, **options: Any) -> None:
         super().__init__(linear.weight, linear.bias, act_scale, weight_scale, dtype, **options)
-        if self.small_batch_kernel == "triton":
+        if self.small_batch_kernel in TRITON_SMALL_BATCH:
             self.implicit_gemm_scale()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         small = self.small_batch(x)
-        if small and self.small_batch_kernel == "triton" and x.is_cuda:
+        if small and self.small_batch_kernel in TRITON_SMALL_BATCH and x.is_cuda:
             return self.implicit_gemm(x)
         return self.rows_matmul(x, small).reshape(*x.shape[:-1], self.out)
 
     def implicit_gemm(self, x: torch.Tensor) -> torch.Tensor:
         """The small-batch path: the rows quantized (fused by Inductor into the producer's
-        kernel), then the Triton kernel over them as [rows, 1, 1, kpad]."""
+        kernel), then the Triton kernel over them as [rows, 1, 1, kpad], or their reduction
+        split (``split_k_gemm``)."""
         from bundler.targets.torch_aoti.kernels.fp8_conv import (fp8_conv_fused,
                                                                  linear_small_batch_config)
 
         q = self.quantized_rows(x)
         rows = q.shape[0]
+        if self.small_batch_kernel == "triton-split-k":
+            y = self.split_k_gemm(q)
+            if y is not None:
+                y = y.reshape(*x.shape[:-1], self.out)
+                return y if self.dtype == torch.float16 else y.to(self.dtype)
         # the fused op, not the plain one: AOTInductor's compile-time autotuning of a
         # package launching the plain op failed on an H100 ("launcher() missing 2 required
         # positional arguments: '_grid_1' and '_grid_2'", h100-2026-12-06-j), as a graph
@@ -502,6 +518,20 @@ class Fp8Linear(Fp8Gemm):
                               (0, 0), config=linear_small_batch_config(self.kpad))
         y = y.reshape(*x.shape[:-1], self.out)
         return y if self.dtype == torch.float16 else y.to(self.dtype)
+
+    def split_k_gemm(self, q: torch.Tensor) -> torch.Tensor | None:
+        """fp16 [rows, out] of the quantized rows ``q`` through the split kernel, or None
+        where the layer's rows fill the GPU without a split (``linear_split_k_config``).
+        The sum, scale and bias are plain ops for Inductor to fuse into the next kernel, in
+        the fused kernel's order: fp32 product times the scale plus the bias, then fp16."""
+        from bundler.targets.torch_aoti.kernels.fp8_split_k import (fp8_rows_partials,
+                                                                    linear_split_k_config)
+
+        config = linear_split_k_config(q.shape[0], self.kpad, self.out)
+        if config is None:
+            return None
+        partials = fp8_rows_partials(q, self.weight_fp8, self.out, config)
+        return (partials.sum(0) * self.conv_scale[:self.out] + self.bias_out).to(torch.float16)
 
 
 class Fp8ConvNHWC(Fp8Gemm):

@@ -80,7 +80,8 @@ from bundler.targets.torch_aoti.nhwc_modules import (ChannelsLastView, ConvNHWC,
                                                      GlobalAvgPoolNHWC, NCHWView, PatchGemm,
                                                      PointwiseNHWC, SkipAddBlock, is_patchify)
 from bundler.targets.torch_aoti.settings import (TORCH_AOTI_FP8_DEPTHWISE,
-                                                 TORCH_AOTI_TRITON_DEPTHWISE)
+                                                 TORCH_AOTI_TRITON_DEPTHWISE,
+                                                 TORCH_AOTI_TRITON_SMALL_BATCH)
 from runtime_py.errors import UsageError
 
 __all__ = ["map_nodes_to_modules", "rewrite_nhwc", "rewrite_channels_last", "feeds_fp8_gemm",
@@ -178,7 +179,7 @@ def _global_pool(module) -> Any:
 def _check_small_batch_kernel(small_batch_pointwise: str, fp8: bool, emulate: bool) -> None:
     """Refuse, by name and before any work, a Triton small-batch form where triton is
     missing (both rewrites' FP8 GEMM layers take it)."""
-    if small_batch_pointwise == "triton" and fp8 and not emulate:
+    if small_batch_pointwise in TORCH_AOTI_TRITON_SMALL_BATCH and fp8 and not emulate:
         fp8_conv_kernel("triton")
 
 

@@ -67,7 +67,11 @@ TORCH_AOTI_TMA_FP8_CONVS = ("triton-fused-tma", "triton-fused-tma-small")
 #: family's FP8 Linear layers: gemm or dequantized) run in a static-batch graph of at most 8
 #: images (``torch_aoti.static_batches``; the meaning of each:
 #: bundler.targets.torch_aoti.fp8_layers.SMALL_BATCH_POINTWISE); "gemm" unless named.
-TORCH_AOTI_SMALL_BATCH_POINTWISE = ("gemm", "triton", "dequantized")
+#: "triton-split-k": "triton", with the reduction of a Linear layer whose rows leave SMs idle
+#: split in two (``kernels/fp8_split_k.py``; Linear layers only: a layout "as_is" family's).
+TORCH_AOTI_SMALL_BATCH_POINTWISE = ("gemm", "triton", "dequantized", "triton-split-k")
+#: The forms that run the Triton kernels (triton must be importable where they are built).
+TORCH_AOTI_TRITON_SMALL_BATCH = ("triton", "triton-split-k")
 
 
 @dataclass(frozen=True)
@@ -178,6 +182,9 @@ def section_problems(aoti: Any, batch: Any) -> list[str]:
     if small_gemm not in TORCH_AOTI_SMALL_BATCH_POINTWISE:
         problems.append("torch_aoti.fp8_pointwise_small_batch: must be one of "
                         f"{list(TORCH_AOTI_SMALL_BATCH_POINTWISE)}")
+    elif small_gemm == "triton-split-k" and aoti.get("layout", "nhwc") != "as_is":
+        problems.append("torch_aoti.fp8_pointwise_small_batch: triton-split-k is the Linear "
+                        "layers' form (a layout as_is family); convolutions take triton")
     conv = aoti.get("fp8_conv", "im2col")
     if aoti.get("layout", "nhwc") == "as_is" and conv == "triton":
         problems.append("torch_aoti.fp8_conv: a layout as_is family has no convolutions; "
