@@ -189,7 +189,8 @@
 #       PENDING_DIR has them): issue 18, timm_vit_base fp8 with proj and fc2 split in two in
 #       its batch-1 and batch-2 graphs (fp8_pointwise_small_batch triton-split-k, a copy of
 #       the family folder) against the family's fp8 and fp16 and the peer at batches 1 and
-#       2, with the replay timeline; the split bundle verified
+#       2, with the replay timeline; the split bundle verified. VIT_SPLIT_BASE=fp16: fp16
+#       and the split form only (~3 min)
 #   benchmarks/gpu_pending.sh r50-module-b1 OUT_DIR   # ~4 min, no bundles: issue 18, why
 #       timm_resnet50's fp8 batch-1 graph ran 0.371 ms as a package and 0.343 as a
 #       torch.compile module (h100-2026-12-06-i): fp16 and fp8-fused compiled for batch 1
@@ -543,17 +544,26 @@ f['torch_aoti']['fp8_pointwise_small_batch'] = 'triton-split-k'; json.dump(f, op
     '. benchmarks/gpu_common.sh; make_parallel "$0" "fp8:--precision fp8"' "$bundles/vit-split" \
     >"$out/vit-split-make.log" 2>&1 &
   made=$!
-  if ls "$bundles"/vit/timm_vit_base-fp8-*-torch-aoti.bundle >/dev/null 2>&1; then
+  base=("$bundles"/vit/timm_vit_base-fp16-*-torch-aoti.bundle
+        "$bundles"/vit/timm_vit_base-fp8-*-torch-aoti.bundle)
+  if [ "${VIT_SPLIT_BASE:-}" = fp16 ]; then   # less device time: fp16 only, no family fp8
+    base=("$bundles"/vit/timm_vit_base-fp16-*-torch-aoti.bundle)
+    mkdir -p "$bundles/vit"
+    ls "${base[0]}" >/dev/null 2>&1 || step vit-build "${BUILD_LIMIT:-400}" env \
+      FAMILY=timm_vit_base bash -c '. benchmarks/gpu_common.sh; \
+      make_parallel "$0" "fp16:--precision fp16"' "$bundles/vit"
+    base=("$bundles"/vit/timm_vit_base-fp16-*-torch-aoti.bundle)
+  elif ls "$bundles"/vit/timm_vit_base-fp8-*-torch-aoti.bundle >/dev/null 2>&1; then
     echo "== vit: fp16 and fp8 already built"
   else
     build_vit "${BUILD_LIMIT:-400}"
+    base=("$bundles"/vit/timm_vit_base-fp16-*-torch-aoti.bundle
+          "$bundles"/vit/timm_vit_base-fp8-*-torch-aoti.bundle)
   fi
   wait "$made"; echo "== vit-split make: exit $?"; tail -4 "$out/vit-split-make.log"
   step vit-split-verify 90 python3 -m bundler.cli verify --numerics \
     "$bundles"/vit-split/timm_vit_base-fp8-*-torch-aoti.bundle
-  step vit-split-time "${TIME_LIMIT:-200}" python3 benchmarks/aoti_static_vs_peer.py \
-    "$bundles"/vit/timm_vit_base-fp16-*-torch-aoti.bundle \
-    "$bundles"/vit/timm_vit_base-fp8-*-torch-aoti.bundle \
+  step vit-split-time "${TIME_LIMIT:-200}" python3 benchmarks/aoti_static_vs_peer.py "${base[@]}" \
     "$bundles"/vit-split/timm_vit_base-fp8-*-torch-aoti.bundle \
     --batch-sizes 1,2 --timeline --profile-sizes 1 --rows 12
   ;;
