@@ -460,3 +460,32 @@ def test_the_family_setting_of_small_batch_pointwise_is_checked_and_recorded(tmp
     assert applies("dequantized", "fp8", [1], layout="as_is") == "dequantized"
     assert applies("dequantized", "fp8", [1], layout="as_is", fp8_conv="triton-fused") == \
         "dequantized"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs torch with a CUDA GPU (none visible)")
+@needs_triton
+def test_gpu_the_split_k_linear_compiles_at_a_static_batch_and_matches_the_unsplit_form():
+    """ViT-B's fc2 (3072 -> 768) at a static batch of 1 and 2, compiled as a package's
+    static graph is (``torch.compile(dynamic=False)``), residual add after it as in the
+    block: the split form (two fp32 partial sums, added by Inductor) against the fused
+    kernel on the same FP8 operands, to fp16 rounding."""
+    torch.manual_seed(0)
+    from bundler.targets.torch_aoti.fp8_layers import Fp8Linear
+
+    fc = nn.Linear(3072, 768)
+    ws = (fc.weight.detach().abs().amax(1) / 448).numpy()
+    forms = {k: Fp8Linear(fc, 0.01, ws, torch.float16, gemm="rowwise-fp16",
+                          small_batch_kernel=k).cuda().eval()
+             for k in ("triton", "triton-split-k")}
+
+    def block(layer):
+        return torch.compile(lambda x, r: r + layer(x), dynamic=False)
+
+    for n in (1, 2):
+        x = torch.randn(n, 197, 3072, device="cuda").half()
+        r = torch.randn(n, 197, 768, device="cuda").half()
+        with torch.no_grad():
+            got = block(forms["triton-split-k"])(x, r).float()
+            ref = block(forms["triton"])(x, r).float()
+        assert float((got - ref).abs().max() / ref.abs().max()) < 2e-3, n
