@@ -88,36 +88,20 @@ def pointwise_case() -> float:
     return float((got - ref).abs().max() / ref.abs().max())
 
 
-def linear_case() -> float:
-    """``Fp8Linear``'s small-batch Triton path (the tokens as a 1x1 convolution's pixels,
-    features padded to 16 as ``Fp8Gemm`` pads them) against its emulated GEMM."""
+def linear_case(form: str = "triton", cin: int = 40, cout: int = 24, seed: int = 2) -> float:
+    """``Fp8Linear``'s small-batch Triton path in ``form`` against its emulated GEMM: "triton"
+    (the tokens as a 1x1 convolution's pixels, features padded to 16 as ``Fp8Gemm`` pads
+    them: 40 -> 48, 24 -> 32) or "triton-split-k" (with 600 features, 608 padded, the
+    reduction is split: two fp32 partial sums added, scaled and biased by the graph)."""
     from bundler.targets.torch_aoti.fp8_layers import Fp8Linear
 
-    torch.manual_seed(2)
-    linear = nn.Linear(40, 24)                   # 40 -> 48 and 24 -> 32 padded
+    torch.manual_seed(seed)
+    linear = nn.Linear(cin, cout)
     ws = (linear.weight.detach().abs().amax(1) / 448).numpy()
-    triton_path = Fp8Linear(linear, 0.02, ws, torch.float16, small_batch_kernel="triton")
+    triton_path = Fp8Linear(linear, 0.02, ws, torch.float16, small_batch_kernel=form)
     gemm = Fp8Linear(linear, 0.02, ws, torch.float16, emulate=True)
-    x = torch.randn(2, 5, 40).half()
+    x = torch.randn(2, 5, cin).half()
     got, ref = triton_path.implicit_gemm(x).float(), gemm(x).float()
-    if got.shape != ref.shape:
-        raise AssertionError(f"shape {tuple(got.shape)} != {tuple(ref.shape)}")
-    return float((got - ref).abs().max() / ref.abs().max())
-
-
-def linear_split_k_case() -> float:
-    """``Fp8Linear(small_batch_kernel="triton-split-k")``'s split path (two fp32 partial
-    sums over a 600-deep reduction padded to 608, added, scaled and biased by the graph)
-    against its emulated GEMM."""
-    from bundler.targets.torch_aoti.fp8_layers import Fp8Linear
-
-    torch.manual_seed(3)
-    linear = nn.Linear(600, 40)                  # 600 -> 608 and 40 -> 48 padded
-    ws = (linear.weight.detach().abs().amax(1) / 448).numpy()
-    split = Fp8Linear(linear, 0.02, ws, torch.float16, small_batch_kernel="triton-split-k")
-    gemm = Fp8Linear(linear, 0.02, ws, torch.float16, emulate=True)
-    x = torch.randn(2, 5, 600).half()
-    got, ref = split.implicit_gemm(x).float(), gemm(x).float()
     if got.shape != ref.shape:
         raise AssertionError(f"shape {tuple(got.shape)} != {tuple(ref.shape)}")
     return float((got - ref).abs().max() / ref.abs().max())
@@ -139,7 +123,8 @@ def main() -> None:
     results["module"] = module_case() if fp8_error is None else None
     results["pointwise"] = pointwise_case() if fp8_error is None else None
     results["linear"] = linear_case() if fp8_error is None else None
-    results["linear_split_k"] = linear_split_k_case() if fp8_error is None else None
+    results["linear_split_k"] = (linear_case("triton-split-k", 600, 40, seed=3)
+                                 if fp8_error is None else None)
     json.dump(results, sys.stdout)
 
 
