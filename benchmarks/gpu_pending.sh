@@ -125,11 +125,13 @@
 #       one process (aoti_static_vs_peer.py, batches 1 and 32, or R50_BATCHES=1,2,4,...)
 #   benchmarks/gpu_pending.sh first OUT_DIR   # one call that does what a lent card is
 #       most needed for, when machines are scarce (thirty-second session: 16 calls got
-#       none that ran its command): `gaps` on any card. The forty-third session's H200 ran
-#       `pair` (issue 15's client ratio: 1.211 HTTP, 1.210 gRPC, met; `next` repeats it on
-#       an H200), `r50-small`, `vit-b1` and `pdl` (h200-2026-12-06-k). The GPU tests
-#       (`gputest`) passed on an H100 at c6a1394, all 25 (fortieth session,
-#       h100-2026-12-06-h); the TMA small-graph case at 70c1c88 (h100-2026-12-06-j)
+#       none that ran its command): `vit-split-k` on any card (~4 min). The forty-fourth
+#       session's H200 ran `gaps` and `vit-gemm-b1` with `--split-k` (h200-2026-12-06-l);
+#       the forty-third's `pair` (issue 15's client ratio: 1.211 HTTP, 1.210 gRPC, met;
+#       `next` repeats it on an H200), `r50-small`, `vit-b1` and `pdl` (h200-2026-12-06-k).
+#       The GPU tests (`gputest`) passed on an H100 at c6a1394, all 25 (fortieth session,
+#       h100-2026-12-06-h); the TMA small-graph case at 70c1c88 (h100-2026-12-06-j); the
+#       two added since (the replay timeline, the split-K Linear) have not run
 #   benchmarks/gpu_pending.sh gaps OUT_DIR   # ~8 min: issue 18, timm_vit_base's and
 #       timm_resnet50's fp16 and fp8 bundles as the families have them, four builds at once;
 #       ViT's fp8 (static graphs 1 and 2 since the forty-third session) verified; each
@@ -137,7 +139,9 @@
 #       timeline of each graph replay (aoti_static_vs_peer.py --timeline,
 #       kernel_profile.replay_timeline): the fp8 graphs' replays run 50-85 us longer than
 #       their kernels, against 11-35 us for the fp16 bundles (h200-2026-12-06-k); which
-#       transitions hold that idle time
+#       transitions hold that idle time. Forty-fourth session, H200 (h200-2026-12-06-l):
+#       our Triton kernels wait ~0.4 us each, cuBLAS/cuDNN/Inductor ones ~0.1 us; ResNet's
+#       fp8 batch 32 idles 25 us (fp16 36): its distance to 1.2x is kernel time
 #   benchmarks/gpu_pending.sh b1-next OUT_DIR   # ~6 min: `pdl`, then `vit-b1`: why the fp8
 #       batch-1 graphs stay near or under fp16
 #   benchmarks/gpu_pending.sh r50-tma-small OUT_DIR   # ~5 min: issue 18, timm_resnet50's fp16
@@ -402,8 +406,8 @@ load)   # `build`, then the fp16 bundle's activation by phase, the load check on
     --variant "check-off:TRT_BUNDLE_AOTI_LOAD_CHECK=0,$sizes" \
     --variant "check-on-again:TRT_BUNDLE_AOTI_LOAD_CHECK=1,$sizes"
   ;;
-first)   # on any card: `gaps` (where the fp8 graphs lose between their kernels)
-  bash "$here/gpu_pending.sh" gaps "$out" || exit 1
+first)   # on any card: `vit-split-k` (ViT's batch-1 graph with proj and fc2 split)
+  bash "$here/gpu_pending.sh" vit-split-k "$out" || exit 1
   ;;
 gaps)   # issue 18: ViT's and ResNet's fp16 and fp8 bundles as the families have them, built
   # at once; ViT's fp8 verified; each family's two with the peer, timed, and the device

@@ -171,16 +171,54 @@ def _run_step(tmp_path: Path, card: str, what: str = "first",
 
 
 @needs_bash
-def test_first_runs_the_gap_timelines_and_next_the_pair_on_an_h200(tmp_path):
-    """The one call a scarce machine may allow: `gaps` on any card (ViT's and ResNet's
-    fp16 and fp8 bundles as the families have them, four builds at once, ViT's fp8
-    verified, each family's pair timed with the peer and its graph replays' device
-    timelines taken). `next` on an H200 is issue 15's pair; `b1-next` the batch-1 leads:
-    the PDL probe first, on an idle GPU, then timm_vit_base's fp16 and fp8 bundles, the
-    fp8 form without static graphs and one with the batch-1 graph only, built at once,
-    the family's fp8 verified, the four timed in one process and profiled at batch 1."""
+def test_first_runs_the_split_k_form_and_next_the_pair_on_an_h200(tmp_path):
+    """The one call a scarce machine may allow: `vit-split-k` on any card (timm_vit_base
+    fp16 and fp8 as the family has them, and fp8 from a copy of the family folder with
+    `fp8_pointwise_small_batch: triton-split-k`, built at once; the split one verified; the
+    three timed with the peer at batches 1 and 2 with their replay timelines).
+    VIT_SPLIT_BASE=fp16: fp16 and the split form only."""
     for card in ("NVIDIA H200", "NVIDIA H100 80GB HBM3"):
-        done, calls = _run_step(tmp_path / card.split()[1], card, built=["r50-small", "vit"])
+        root = tmp_path / card.split()[1]
+        done, calls = _run_step(root, card, built=["vit", "vit-split"])
+        assert done.returncode == 0, done.stdout + done.stderr
+        pending = root / "pending"
+        builds = sorted(c.split(" --out ")[1] for c in calls if c.startswith("bundle make"))
+        assert builds == sorted([f"{pending}/vit --precision fp16 families=",
+                                 f"{pending}/vit --precision fp8 families=",
+                                 f"{pending}/vit-split --precision fp8 families="
+                                 f"{pending}/vit-split/families"]), calls
+        edits = [c for c in calls if c.startswith("python3 -c") and "triton-split-k" in c]
+        assert len(edits) == 1 and edits[0].endswith(
+            f"{pending}/vit-split/families/timm_vit_base/family.json"), calls
+        verified = [c for c in calls if "verify --numerics" in c]
+        assert len(verified) == 1 and "/vit-split/timm_vit_base-fp8-" in verified[0], calls
+        timed = [c for c in calls if "aoti_static_vs_peer.py" in c]
+        assert len(timed) == 1 and "--timeline" in timed[0] and "--batch-sizes 1,2" in timed[0]
+        assert [w for w in timed[0].split() if w.endswith(".bundle")] == [
+            f"{pending}/vit/timm_vit_base-fp16-*-torch-aoti.bundle",
+            f"{pending}/vit/timm_vit_base-fp8-*-torch-aoti.bundle",
+            f"{pending}/vit-split/timm_vit_base-fp8-*-torch-aoti.bundle"], timed
+    done, calls = _run_step(tmp_path / "fp16-base", "NVIDIA H200", "vit-split-k",
+                            built=["vit", "vit-split"], extra_env={"VIT_SPLIT_BASE": "fp16"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    builds = [c for c in calls if c.startswith("bundle make")]
+    assert len(builds) == 2 and not [c for c in builds if "/vit --precision fp8" in c], builds
+    timed = [c for c in calls if "aoti_static_vs_peer.py" in c]
+    assert len([w for w in timed[0].split() if w.endswith(".bundle")]) == 2, timed
+
+
+@needs_bash
+def test_gaps_runs_the_replay_timelines_and_next_the_pair_on_an_h200(tmp_path):
+    """`gaps` on any card (ViT's and ResNet's fp16 and fp8 bundles as the families have
+    them, four builds at once, ViT's fp8 verified, each family's pair timed with the peer
+    and its graph replays' device timelines taken). `next` on an H200 is issue 15's pair;
+    `b1-next` the batch-1 leads: the PDL probe first, on an idle GPU, then timm_vit_base's
+    fp16 and fp8 bundles, the fp8 form without static graphs and one with the batch-1 graph
+    only, built at once, the family's fp8 verified, the four timed in one process and
+    profiled at batch 1."""
+    for card in ("NVIDIA H200", "NVIDIA H100 80GB HBM3"):
+        done, calls = _run_step(tmp_path / card.split()[1], card, "gaps",
+                                built=["r50-small", "vit"])
         assert done.returncode == 0, done.stdout + done.stderr
         builds = sorted(c.split(" --out ")[1] for c in calls if c.startswith("bundle make"))
         pending = tmp_path / card.split()[1] / "pending"
