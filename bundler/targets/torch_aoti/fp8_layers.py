@@ -40,6 +40,7 @@ from torch import nn
 from bundler.fp8 import E4M3_MAX, quantize as quantize_fp8, stored_scale
 from bundler.targets.torch_aoti.settings import (TORCH_AOTI_FP8_CONVS, TORCH_AOTI_FP8_GEMMS,
                                                  TORCH_AOTI_FUSED_FP8_CONVS,
+                                                 TORCH_AOTI_LINEAR_ONLY_SMALL_BATCH,
                                                  TORCH_AOTI_SMALL_BATCH_POINTWISE,
                                                  TORCH_AOTI_TRITON_SMALL_BATCH)
 from runtime_py.errors import UsageError
@@ -87,6 +88,8 @@ FUSED_FP8_CONVS = TORCH_AOTI_FUSED_FP8_CONVS
 SMALL_BATCH_POINTWISE = TORCH_AOTI_SMALL_BATCH_POINTWISE
 #: The forms on the Triton kernels.
 TRITON_SMALL_BATCH = TORCH_AOTI_TRITON_SMALL_BATCH
+#: The forms of ``Fp8Linear`` only.
+LINEAR_ONLY_SMALL_BATCH = TORCH_AOTI_LINEAR_ONLY_SMALL_BATCH
 
 
 def padded(n: int, align: int = FP8_ALIGN) -> int:
@@ -371,7 +374,8 @@ class Fp8Pointwise(Fp8Gemm):
     weights are one more fp16 copy of the FP8 layers in the package."""
 
     LAYER = "1x1 convolution"
-    SMALL_BATCH_KERNELS = tuple(k for k in SMALL_BATCH_POINTWISE if k != "triton-split-k")
+    SMALL_BATCH_KERNELS = tuple(k for k in SMALL_BATCH_POINTWISE
+                                if k not in LINEAR_ONLY_SMALL_BATCH)
     #: ``run_on_triton``'s tiles; None: ``torch._scaled_mm``
     triton_tiles: tuple[int, ...] | None = None
 
@@ -504,18 +508,15 @@ class Fp8Linear(Fp8Gemm):
 
         q = self.quantized_rows(x)
         rows = q.shape[0]
-        if self.small_batch_kernel == "triton-split-k":
-            y = self.split_k_gemm(q)
-            if y is not None:
-                y = y.reshape(*x.shape[:-1], self.out)
-                return y if self.dtype == torch.float16 else y.to(self.dtype)
-        # the fused op, not the plain one: AOTInductor's compile-time autotuning of a
-        # package launching the plain op failed on an H100 ("launcher() missing 2 required
-        # positional arguments: '_grid_1' and '_grid_2'", h100-2026-12-06-j), as a graph
-        # with both did on the H200 (``Fp8Pointwise.triton_gemm``)
-        y, _ = fp8_conv_fused(q.reshape(rows, 1, 1, self.kpad), self.weight_fp8,
-                              self.conv_scale, self.bias_out, self.out, (1, 1), (1, 1),
-                              (0, 0), config=linear_small_batch_config(self.kpad))
+        y = self.split_k_gemm(q) if self.small_batch_kernel == "triton-split-k" else None
+        if y is None:
+            # the fused op, not the plain one: AOTInductor's compile-time autotuning of a
+            # package launching the plain op failed on an H100 ("launcher() missing 2
+            # required positional arguments: '_grid_1' and '_grid_2'", h100-2026-12-06-j),
+            # as a graph with both did on the H200 (``Fp8Pointwise.triton_gemm``)
+            y, _ = fp8_conv_fused(q.reshape(rows, 1, 1, self.kpad), self.weight_fp8,
+                                  self.conv_scale, self.bias_out, self.out, (1, 1), (1, 1),
+                                  (0, 0), config=linear_small_batch_config(self.kpad))
         y = y.reshape(*x.shape[:-1], self.out)
         return y if self.dtype == torch.float16 else y.to(self.dtype)
 

@@ -72,6 +72,8 @@ TORCH_AOTI_TMA_FP8_CONVS = ("triton-fused-tma", "triton-fused-tma-small")
 TORCH_AOTI_SMALL_BATCH_POINTWISE = ("gemm", "triton", "dequantized", "triton-split-k")
 #: The forms that run the Triton kernels (triton must be importable where they are built).
 TORCH_AOTI_TRITON_SMALL_BATCH = ("triton", "triton-split-k")
+#: The forms only Linear layers have (a layout "as_is" family's), not 1x1 convolutions.
+TORCH_AOTI_LINEAR_ONLY_SMALL_BATCH = ("triton-split-k",)
 
 
 @dataclass(frozen=True)
@@ -182,8 +184,9 @@ def section_problems(aoti: Any, batch: Any) -> list[str]:
     if small_gemm not in TORCH_AOTI_SMALL_BATCH_POINTWISE:
         problems.append("torch_aoti.fp8_pointwise_small_batch: must be one of "
                         f"{list(TORCH_AOTI_SMALL_BATCH_POINTWISE)}")
-    elif small_gemm == "triton-split-k" and aoti.get("layout", "nhwc") != "as_is":
-        problems.append("torch_aoti.fp8_pointwise_small_batch: triton-split-k is the Linear "
+    elif (small_gemm in TORCH_AOTI_LINEAR_ONLY_SMALL_BATCH
+          and aoti.get("layout", "nhwc") != "as_is"):
+        problems.append(f"torch_aoti.fp8_pointwise_small_batch: {small_gemm} is the Linear "
                         "layers' form (a layout as_is family); convolutions take triton")
     conv = aoti.get("fp8_conv", "im2col")
     if aoti.get("layout", "nhwc") == "as_is" and conv == "triton":
