@@ -200,6 +200,12 @@
 #       torch.compile module (h100-2026-12-06-i): fp16 and fp8-fused compiled for batch 1
 #       as the benchmark does and with a package's Inductor options (+pkg: no pointwise
 #       autotuning), the fp8 two profiled by kernel
+#   benchmarks/gpu_pending.sh tma3x3 OUT_DIR   # ~3 min, no bundles: issue 18, timm_resnet50's
+#       stride-1 3x3 FP8 layers at batch 32 on a kernel that loads each window tap as one 4-D
+#       TMA box of a rectangle of output pixels (fp8_tma3x3_probe.py), against the shipped
+#       kernel, best of its candidate boxes per layer, then a package on it (AOTInductor,
+#       4-D host descriptors). ResNet's fp8 b32 is 1.154x fp16 (target 1.2) and its distance
+#       is kernel time
 #   benchmarks/gpu_pending.sh pdl OUT_DIR   # ~1 min, no bundles: issue 18, a chain of small
 #       dependent Triton kernels in one CUDA graph with and without programmatic dependent
 #       launch (pdl_probe.py): the gap per launch that the fp8 batch-1 graphs show
@@ -209,7 +215,7 @@
 # Bundles: PENDING_DIR (/tmp/pending). Logs: OUT_DIR/<step>.log. Each step prints as it goes
 # and has its own timeout.
 set -u
-steps="dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-tiles-b1|r50-tma-small|r50-small|vit-gemm-b1|vit-split-k|vit-b1|b1-next|r50-module-b1|pdl|gaps"
+steps="dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-tiles-b1|r50-tma-small|r50-small|vit-gemm-b1|vit-split-k|vit-b1|b1-next|r50-module-b1|pdl|gaps|tma3x3"
 usage="usage: $0 $steps OUT_DIR (--help: what each step does)"
 case "${1:-}" in
     -h|--help)   # the comment block above, without its leading '# '
@@ -613,6 +619,9 @@ r50-module-b1)   # issue 18: the fp8 batch-1 module with and without a package's
   ;;
 pdl)   # issue 18: Triton launches in a CUDA graph with and without PDL
   step pdl "${PDL_LIMIT:-120}" python3 benchmarks/pdl_probe.py
+  ;;
+tma3x3)   # issue 18: timm_resnet50's stride-1 3x3 FP8 convolutions with 4-D TMA boxes
+  step tma3x3 "${TMA3X3_LIMIT:-300}" python3 benchmarks/fp8_tma3x3_probe.py --aoti
   ;;
 tma)   # issue 18: timm_resnet50's dense 1x1 FP8 convolutions with TMA against the shipped kernel
   step tma "${TMA_LIMIT:-420}" python3 benchmarks/fp8_tma_probe.py --aoti
