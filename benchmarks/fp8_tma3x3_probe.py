@@ -160,15 +160,13 @@ def pixel_boxes(n: int, h: int, w: int, rows: int, count: int = 3) -> list[tuple
 
 
 def candidates(n: int, h: int, w: int, c: int, cout: int) -> list[Tiles]:
-    """Tiles tried per layer: 64- and 128-pixel boxes, 64 or 128 channels a side."""
+    """Tiles tried per layer: the two least wasteful 64- and 128-pixel boxes, 64 or 128
+    channels a side, the widest channel block C allows (128 bytes: 3 stages; 64: 4)."""
+    bk, stages = (128, 3) if c % 128 == 0 else (64, 4)
     out = []
     for rows, bn, warps in ((64, 64, 4), (128, 64, 4), (128, 128, 8), (64, 128, 4)):
-        if bn > cout:
-            continue
-        for box in pixel_boxes(n, h, w, rows, 2):
-            for bk, stages in ((128, 3), (64, 4)):
-                if c % bk == 0:
-                    out.append((*box, bn, bk, warps, stages))
+        if bn <= cout:
+            out += [(*box, bn, bk, warps, stages) for box in pixel_boxes(n, h, w, rows, 2)]
     return out
 
 

@@ -125,7 +125,8 @@
 #       one process (aoti_static_vs_peer.py, batches 1 and 32, or R50_BATCHES=1,2,4,...)
 #   benchmarks/gpu_pending.sh first OUT_DIR   # one call that does what a lent card is
 #       most needed for, when machines are scarce (thirty-second session: 16 calls got
-#       none that ran its command): `vit-split-k` on any card (~4 min). The forty-fourth
+#       none that ran its command): on any card (~5 min) `vit-split-k` with
+#       VIT_SPLIT_BASE=fp16 in the background and `tma3x3` (170 s) while it builds. The forty-fourth
 #       session's H200 ran `gaps` and `vit-gemm-b1` with `--split-k` (h200-2026-12-06-l);
 #       the forty-third's `pair` (issue 15's client ratio: 1.211 HTTP, 1.210 gRPC, met;
 #       `next` repeats it on an H200), `r50-small`, `vit-b1` and `pdl` (h200-2026-12-06-k).
@@ -412,8 +413,14 @@ load)   # `build`, then the fp16 bundle's activation by phase, the load check on
     --variant "check-off:TRT_BUNDLE_AOTI_LOAD_CHECK=0,$sizes" \
     --variant "check-on-again:TRT_BUNDLE_AOTI_LOAD_CHECK=1,$sizes"
   ;;
-first)   # on any card: `vit-split-k` (ViT's batch-1 graph with proj and fc2 split)
-  bash "$here/gpu_pending.sh" vit-split-k "$out" || exit 1
+first)   # on any card: `vit-split-k` (fp16 base) in the background, `tma3x3` while it builds
+  VIT_SPLIT_BASE=${VIT_SPLIT_BASE:-fp16} bash "$here/gpu_pending.sh" vit-split-k "$out" \
+    >"$out/first-vit-split-k.log" 2>&1 &
+  split=$!
+  TMA3X3_LIMIT=${TMA3X3_LIMIT:-170} bash "$here/gpu_pending.sh" tma3x3 "$out"
+  wait "$split"; status=$?
+  cat "$out/first-vit-split-k.log"
+  exit "$status"
   ;;
 gaps)   # issue 18: ViT's and ResNet's fp16 and fp8 bundles as the families have them, built
   # at once; ViT's fp8 verified; each family's two with the peer, timed, and the device
