@@ -37,129 +37,16 @@ from pathlib import Path
 
 import torch
 import triton
-import triton.language as tl
 
 if str(Path(__file__).resolve().parents[1]) not in sys.path:   # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bundler.fp8 import E4M3_MAX  # noqa: E402
 from bundler.targets.torch_aoti.kernels.fp8_conv import (  # noqa: E402
-    Fp8ConvConfig, _grouped_tile, _quantize_e4m3, config_for, fp8_conv_fused)
+    Fp8ConvConfig, config_for, fp8_conv_fused)
+from bundler.targets.torch_aoti.kernels.fp8_conv_tma import (  # noqa: E402
+    MAX_BOX_ROW_BYTES, BoxTiles, fp8_conv_s1_tma, pixel_boxes, useful_share)
 
-#: (images, rows, columns) of a tile of output pixels, (block_n, block_k, warps, stages)
-Tiles = tuple[int, int, int, int, int, int, int]
-GROUP_M = 8
-#: The widest descriptor row AOTInductor encodes (``fp8_conv_tma.MAX_BOX_ROW_BYTES``).
-MAX_BOX_ROW_BYTES = 128
-
-
-@triton.jit
-def _tma_conv_s1_kernel(x_desc, w_desc, o_desc, q_desc, scale_ptr, bias_ptr, q_scale_ptr,
-                        N, H, W, C, COUT,
-                        KH: tl.constexpr, KW: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
-                        RELU: tl.constexpr, OUT_F16: tl.constexpr, OUT_F8: tl.constexpr,
-                        QMAX: tl.constexpr, BI: tl.constexpr, BH: tl.constexpr,
-                        BW: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        GROUP_M: tl.constexpr):
-    """One tile of BI x BH x BW output pixels by BLOCK_N channels of a stride-1 convolution:
-    the reduction over (tap, C) with one TMA box per tap and channel block."""
-    BLOCK_M: tl.constexpr = BI * BH * BW
-    tiles_h = tl.cdiv(H, BH)
-    tiles_w = tl.cdiv(W, BW)
-    num_m = tl.cdiv(N, BI) * tiles_h * tiles_w
-    pid_m, pid_n = _grouped_tile(tl.program_id(0), num_m * BLOCK_M, COUT, BLOCK_M, BLOCK_N,
-                                 GROUP_M)
-    n0 = (pid_m // (tiles_h * tiles_w)) * BI
-    h0 = ((pid_m // tiles_w) % tiles_h) * BH
-    w0 = (pid_m % tiles_w) * BW
-    off_n = pid_n * BLOCK_N
-
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    c_tiles = tl.cdiv(C, BLOCK_K)
-    for it in range(0, KH * KW * c_tiles):
-        tap = it // c_tiles
-        k0 = (it % c_tiles) * BLOCK_K
-        a = x_desc.load([n0, h0 + tap // KW - PH, w0 + tap % KW - PW, k0])
-        b = w_desc.load([off_n, tap * C + k0])
-        acc = tl.dot(a.reshape(BLOCK_M, BLOCK_K), b.T, acc)
-
-    offs_n = off_n + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < COUT
-    scale = tl.load(scale_ptr + offs_n, mask=n_ok, other=0.0)
-    bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0)
-    y = acc * scale[None, :] + bias[None, :]
-    if RELU:
-        y = tl.maximum(y, 0.0)
-    y16 = y.to(tl.float16)
-    if OUT_F16:
-        o_desc.store([n0, h0, w0, off_n], y16.reshape(BI, BH, BW, BLOCK_N))
-    if OUT_F8:
-        q_scale = tl.load(q_scale_ptr)
-        q_inv = tl.math.div_rn(tl.full([], 1.0, tl.float32), q_scale)
-        q = _quantize_e4m3(y16.to(tl.float32), q_scale, q_inv, QMAX)
-        q_desc.store([n0, h0, w0, off_n], q.reshape(BI, BH, BW, BLOCK_N))
-
-
-def tma_conv_s1(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor,
-                cout: int, kernel: tuple[int, int], padding: tuple[int, int], *,
-                relu: bool = False, out_f16: bool = True,
-                out_scale: torch.Tensor | None = None, tiles: Tiles = (1, 8, 8, 64, 64, 4, 3)
-                ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """``fp8_conv_fused`` for a stride-1, undilated layer whose output has the input's size
-    (padding = kernel // 2) on dense NHWC e4m3 ``x``; ``weight``: the shared e4m3
-    ``[>= cout, >= KH*KW*C]`` buffer. Needs C a multiple of BLOCK_K (a channel block never
-    straddles two taps) and 16-byte rows."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    n, h, w, c = x.shape
-    kh, kw = kernel
-    bi, bh, bw, bn, bk, warps, stages = tiles
-    if (kh - 1 != 2 * padding[0]) or (kw - 1 != 2 * padding[1]):
-        raise ValueError("tma_conv_s1: needs 'same' padding (kernel // 2)")
-    if c % bk or c % 16 or weight.stride(0) % 16 or cout % 16:
-        raise ValueError(f"tma_conv_s1: C {c} must be a multiple of BLOCK_K {bk} and 16, "
-                         f"cout {cout} of 16")
-    if bk > MAX_BOX_ROW_BYTES or bn > MAX_BOX_ROW_BYTES or (out_f16 and 2 * bn > MAX_BOX_ROW_BYTES):
-        raise ValueError(f"tma_conv_s1: tiles {tiles} have rows over {MAX_BOX_ROW_BYTES} bytes")
-    x = x.contiguous()
-    out = torch.empty((n, h, w, cout) if out_f16 else (0,), dtype=torch.float16,
-                      device=x.device)
-    q = torch.empty((n, h, w, cout) if out_scale is not None else (0,),
-                    dtype=torch.float8_e4m3fn, device=x.device)
-    a = TensorDescriptor.from_tensor(x, [bi, bh, bw, bk])
-    o = TensorDescriptor.from_tensor(out, [bi, bh, bw, bn]) if out_f16 else a
-    qd = TensorDescriptor.from_tensor(q, [bi, bh, bw, bn]) if out_scale is not None else a
-    num_m = triton.cdiv(n, bi) * triton.cdiv(h, bh) * triton.cdiv(w, bw)
-    grid = (num_m * triton.cdiv(cout, bn),)
-    _tma_conv_s1_kernel[grid](
-        a, TensorDescriptor.from_tensor(weight[:cout, :kh * kw * c], [bn, bk]), o, qd,
-        scale, bias, out_scale if out_scale is not None else scale, n, h, w, c, cout,
-        KH=kh, KW=kw, PH=padding[0], PW=padding[1], RELU=relu, OUT_F16=out_f16,
-        OUT_F8=out_scale is not None, QMAX=E4M3_MAX, BI=bi, BH=bh, BW=bw, BLOCK_N=bn,
-        BLOCK_K=bk, GROUP_M=GROUP_M, num_warps=warps, num_stages=stages)
-    return (out if out_f16 else None), (q if out_scale is not None else None)
-
-
-def useful_share(n: int, h: int, w: int, bi: int, bh: int, bw: int) -> float:
-    """Output pixels over the pixels the tiles compute (the rest lies past an edge)."""
-    return (n * h * w) / (triton.cdiv(n, bi) * bi * triton.cdiv(h, bh) * bh
-                          * triton.cdiv(w, bw) * bw)
-
-
-def pixel_boxes(n: int, h: int, w: int, rows: int, count: int = 3) -> list[tuple[int, int, int]]:
-    """The ``count`` (images, rows, columns) boxes of ``rows`` pixels that waste the least,
-    ties broken towards wider rows (longer contiguous runs for TMA)."""
-    found = []
-    for bw in (1, 2, 4, 8, 16, 32, 64):
-        for bh in (1, 2, 4, 8, 16, 32, 64):
-            bi = rows // (bw * bh)
-            if bi < 1 or bi * bh * bw != rows or bi > max(n, 1) or bh > 2 * h or bw > 2 * w:
-                continue
-            found.append((-useful_share(n, h, w, bi, bh, bw), -bw, (bi, bh, bw)))
-    return [box for *_key, box in sorted(found)[:count]]
-
-
-def candidates(n: int, h: int, w: int, c: int, cout: int) -> list[Tiles]:
+def candidates(n: int, h: int, w: int, c: int, cout: int) -> list[BoxTiles]:
     """Tiles tried per layer: the two least wasteful 64- and 128-pixel boxes, 64 or 128
     channels a side, the widest channel block C allows (128 bytes: 3 stages; 64: 4)."""
     bk, stages = (128, 3) if c % 128 == 0 else (64, 4)
@@ -191,7 +78,7 @@ def e4m3_steps(a: torch.Tensor, b: torch.Tensor) -> int:
     return int(same.max()) if same.numel() else 0
 
 
-def compare(case: tuple, cout: int, k: int, tiles: Tiles, shipped: Fp8ConvConfig,
+def compare(case: tuple, cout: int, k: int, tiles: BoxTiles, shipped: Fp8ConvConfig,
             out_f16: bool) -> dict:
     """Both kernels on one case (ReLU, e4m3 out, fp16 out if asked): the largest fp16
     difference and the e4m3 steps apart."""
@@ -200,8 +87,8 @@ def compare(case: tuple, cout: int, k: int, tiles: Tiles, shipped: Fp8ConvConfig
     kw = dict(relu=True, out_f16=out_f16, out_scale=out_scale)
     s16, s8 = fp8_conv_fused(x, weight, scale, bias, cout, (k, k), (1, 1), (k // 2, k // 2),
                              config=shipped, **kw)
-    t16, t8 = tma_conv_s1(x, weight, scale, bias, cout, (k, k), (k // 2, k // 2), tiles=tiles,
-                          **kw)
+    t16, t8 = fp8_conv_s1_tma(x, weight, scale, bias, cout, (k, k), (k // 2, k // 2),
+                              tiles=tiles, **kw)
     result = {"e4m3_steps": e4m3_steps(s8, t8), "e4m3_nonzero": int((s8.float() != 0).sum())}
     if out_f16:
         result["f16_max_diff"] = float((s16.float() - t16.float()).abs().max())
@@ -214,9 +101,9 @@ def interpret_check() -> dict:
     whose sides are not multiples of the box (edge tiles, padding at every border), with
     and without the fp16 output, a box over several images and a 1x1 layer."""
     shipped = Fp8ConvConfig(16, 16, 32, 4, 2, 2)
-    cases = {"3x3 6x6 box 1x4x4": (3, 6, (1, 4, 4, 16, 32, 4, 2), True),
+    cases = {"3x3 6x6 box 1x4x4": (3, 6, (1, 4, 4, 32, 32, 4, 2), True),
              "3x3 5x5 box 2x2x4 e4m3 only": (3, 5, (2, 2, 4, 32, 32, 4, 2), False),
-             "1x1 5x5 box 1x2x8": (1, 5, (1, 2, 8, 16, 32, 4, 2), True)}
+             "1x1 5x5 box 1x2x8": (1, 5, (1, 2, 8, 32, 32, 4, 2), True)}
     results = {}
     for name, (k, hw, tiles, out_f16) in cases.items():
         case = _case(3, hw, 64, 48, k, "cpu")
@@ -242,7 +129,7 @@ def aoti_check(batch: int) -> str:
             self.register_buffer("out_scale", torch.full((16,), 0.05, device="cuda"))
 
         def forward(self, x):
-            _y16, y8 = tma_conv_s1(x.to(torch.float8_e4m3fn), self.weight, self.scale,
+            _y16, y8 = fp8_conv_s1_tma(x.to(torch.float8_e4m3fn), self.weight, self.scale,
                                    self.bias, 64, (3, 3), (1, 1), relu=True, out_f16=False,
                                    out_scale=self.out_scale, tiles=(1, 8, 8, 64, 64, 4, 3))
             return y8.view(torch.uint8)
@@ -312,7 +199,7 @@ def main() -> int:
                 if out16 and 2 * tiles[3] > MAX_BOX_ROW_BYTES:
                     continue
                 try:
-                    ms, _ = graph_time(lambda t=tiles: tma_conv_s1(
+                    ms, _ = graph_time(lambda t=tiles: fp8_conv_s1_tma(
                         x, weight, scale, bias, cout, (3, 3), (1, 1), tiles=t, **kw),
                         args.iters, calls=args.per_graph)
                 except Exception as e:      # shared memory, or no support for the reshape

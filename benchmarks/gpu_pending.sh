@@ -207,6 +207,12 @@
 #       kernel, best of its candidate boxes per layer, then a package on it (AOTInductor,
 #       4-D host descriptors). ResNet's fp8 b32 is 1.154x fp16 (target 1.2) and its distance
 #       is kernel time
+#   benchmarks/gpu_pending.sh r50-tma3x3 OUT_DIR   # ~5 min: issue 18, timm_resnet50's fp16
+#       and fp8 as the family builds them (into /tmp/pending/r50-small) and an fp8 one with
+#       fp8_conv triton-fused-tma-3x3 (its stride-1 3x3 layers on fp8_conv_s1_tma outside
+#       the small static graphs; into /tmp/pending/r50-tma3x3), built at once, the new one
+#       verified, the three timed with the peer at batches 1, 8 and 32 (R50_BATCHES=) with
+#       replay timelines. After `tma3x3`, with its winners in MEASURED_BOX_TILES
 #   benchmarks/gpu_pending.sh pdl OUT_DIR   # ~1 min, no bundles: issue 18, a chain of small
 #       dependent Triton kernels in one CUDA graph with and without programmatic dependent
 #       launch (pdl_probe.py): the gap per launch that the fp8 batch-1 graphs show
@@ -216,7 +222,7 @@
 # Bundles: PENDING_DIR (/tmp/pending). Logs: OUT_DIR/<step>.log. Each step prints as it goes
 # and has its own timeout.
 set -u
-steps="dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-tiles-b1|r50-tma-small|r50-small|vit-gemm-b1|vit-split-k|vit-b1|b1-next|r50-module-b1|pdl|gaps|tma3x3"
+steps="dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-tiles-b1|r50-tma-small|r50-small|vit-gemm-b1|vit-split-k|vit-b1|b1-next|r50-module-b1|pdl|gaps|tma3x3|r50-tma3x3"
 usage="usage: $0 $steps OUT_DIR (--help: what each step does)"
 case "${1:-}" in
     -h|--help)   # the comment block above, without its leading '# '
@@ -471,6 +477,22 @@ r50-tma-small)   # issue 18: timm_resnet50 fp8 with TMA in its small static grap
     "$bundles"/r50-small/timm_resnet50-fp16-*-torch-aoti.bundle \
     "$bundles"/r50-small/timm_resnet50-fp8-*-torch-aoti.bundle "$tma_small" \
     --batch-sizes "${R50_BATCHES:-1,2,4,8,32}" --profile --profile-sizes 1 --rows 25
+  ;;
+r50-tma3x3)   # issue 18: timm_resnet50 fp8 with its stride-1 3x3 layers on 4-D TMA boxes
+  mkdir -p "$bundles/r50-tma3x3" "$bundles/r50-small"
+  FAMILY=timm_resnet50 TRT_BUNDLE_FP8_CONV=triton-fused-tma-3x3 bash -c '. benchmarks/gpu_common.sh; \
+    make_parallel "$0" "fp8:--precision fp8"' "$bundles/r50-tma3x3" >"$out/r50-tma3x3-make.log" 2>&1 &
+  made=$!
+  step r50-small-build "${BUILD_LIMIT:-330}" env FAMILY=timm_resnet50 bash -c '. benchmarks/gpu_common.sh; \
+    make_parallel "$0" "fp16:--precision fp16" "fp8:--precision fp8"' "$bundles/r50-small"
+  wait "$made"; echo "== r50-tma3x3-make: exit $?"; tail -4 "$out/r50-tma3x3-make.log"
+  cp "$bundles"/r50-tma3x3/make-*.log "$out/" 2>/dev/null
+  boxed=("$bundles"/r50-tma3x3/timm_resnet50-fp8-*-torch-aoti.bundle)
+  step r50-tma3x3-verify 60 python3 -m bundler.cli verify --numerics "${boxed[@]}"
+  step r50-tma3x3-time "${TIME_LIMIT:-200}" python3 benchmarks/aoti_static_vs_peer.py \
+    "$bundles"/r50-small/timm_resnet50-fp16-*-torch-aoti.bundle \
+    "$bundles"/r50-small/timm_resnet50-fp8-*-torch-aoti.bundle "${boxed[@]}" \
+    --batch-sizes "${R50_BATCHES:-1,8,32}" --timeline --profile-sizes 32 --rows 12
   ;;
 r50-tiles-b1)   # `r50-tiles-small` at batch 1 (the batch-1 table was picked one call a replay)
   SMALL_BATCHES=1 TILES_LIMIT=${TILES_LIMIT:-300} TILES_BUDGET=${TILES_BUDGET:-260} \

@@ -67,9 +67,10 @@ def layer_case(epilogue: tuple, nchw_strides: bool = False) -> dict:
 SMALL_MODEL_1X1 = ((32, 16), (16, 64), (32, 64), (64, 16))
 
 
-def small_resnet() -> nn.Module:
+def small_resnet(planes: int = 16) -> nn.Module:
     """Stem, max pool, two timm bottlenecks whose 1x1 layers have 16-multiple channels (one
-    with a stride-1 downsample), global pool, fc; BatchNorm folded."""
+    with a stride-1 downsample), global pool, fc; BatchNorm folded. ``planes`` 32: the 3x3
+    layers are ones the 4-D TMA kernel takes (``box_eligible``)."""
     from timm.models.resnet import Bottleneck
 
     from bundler.torch_model import fold_batchnorm
@@ -83,11 +84,11 @@ def small_resnet() -> nn.Module:
             self.act1 = nn.ReLU()
             self.maxpool = nn.MaxPool2d(2)
             self.layer1 = nn.Sequential(
-                Bottleneck(32, 16, downsample=nn.Sequential(nn.Conv2d(32, 64, 1, bias=False),
-                                                            nn.BatchNorm2d(64))),
-                Bottleneck(64, 16))
+                Bottleneck(32, planes, downsample=nn.Sequential(
+                    nn.Conv2d(32, 4 * planes, 1, bias=False), nn.BatchNorm2d(4 * planes))),
+                Bottleneck(4 * planes, planes))
             self.global_pool = nn.AdaptiveAvgPool2d(1)
-            self.fc = nn.Linear(64, 10)
+            self.fc = nn.Linear(4 * planes, 10)
 
         def forward(self, x):
             x = self.layer1(self.maxpool(self.act1(self.conv1(x))))
@@ -146,10 +147,50 @@ def model_case() -> dict:
     return out
 
 
+def box_model_case() -> dict:
+    """``small_resnet(32)`` fused with ``box_tma`` (fp8_conv triton-fused-tma-3x3's form):
+    its two 3x3 layers on ``fp8_conv_s1_tma`` in a dynamic-batch graph, none in a graph of
+    a small static batch; the outputs equal the model without TMA."""
+    import bundler.targets.torch_aoti.kernels.fp8_conv_tma as tma_module
+    from bundler.targets.torch_aoti.fp8_layers import exporting_batch
+    from bundler.targets.torch_aoti.fused import rewrite_fused, uses_tma
+    from bundler.targets.torch_aoti.nhwc_modules import EngineModule
+
+    model = small_resnet(32)
+    x = torch.randn(2, 3, 12, 12, generator=torch.Generator().manual_seed(1))
+    fp8 = {n: (0.05, np.full(m.out_channels, 2e-3, np.float32))
+           for n, m in model.named_modules() if isinstance(m, nn.Conv2d) and n != "conv1"}
+    plain = EngineModule(rewrite_fused(model, fp8), torch.float16, False, True)
+    boxed = EngineModule(rewrite_fused(model, fp8, box_tma=True), torch.float16, False, True)
+    launches = []
+    real = tma_module.fp8_conv_s1_tma
+
+    def counted(*args, **kwargs):           # this child process only
+        launches.append((tuple(args[0].shape[1:]), kwargs["tiles"]))
+        return real(*args, **kwargs)
+
+    tma_module.fp8_conv_s1_tma = counted
+    out = {}
+    with torch.no_grad():
+        ref = plain(x)
+        with exporting_batch(None):
+            got = boxed(x)
+        out["dynamic_launches"] = [[list(shape), list(tiles)] for shape, tiles in launches]
+        with exporting_batch(2):
+            small = boxed(x)
+        out["small_static_launches"] = len(launches) - len(out["dynamic_launches"])
+    out["box_layers"] = sum(bool(getattr(m, "box_tma", False)) for m in boxed.modules())
+    out["uses_tma"] = [uses_tma(plain), uses_tma(boxed)]
+    out["max_diff"] = float((got - ref).abs().max())
+    out["small_max_diff"] = float((small - ref).abs().max())
+    out["scale"] = float(ref.abs().max())
+    return out
+
+
 def main() -> None:
     results = {"layers": {name: layer_case(e) for name, e in EPILOGUES.items()},
                "nchw_strides": layer_case(EPILOGUES["res+relu>f16+f8"], nchw_strides=True),
-               "model": model_case()}
+               "model": model_case(), "box_model": box_model_case()}
     json.dump(results, sys.stdout)
 
 

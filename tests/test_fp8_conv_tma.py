@@ -55,6 +55,45 @@ def test_the_fused_model_takes_the_tma_kernel_only_outside_small_static_batches(
 
 
 @needs_triton
+def test_the_3x3_form_puts_stride1_3x3_layers_on_the_4d_tma_kernel_outside_small_batches(
+        interpreted):
+    """fp8_conv triton-fused-tma-3x3's layers: both 3x3 layers of a small ResNet (32
+    channels on 6x6 maps) launch the 4-D TMA kernel in a dynamic-batch graph, with the box
+    ``box_tiles_for`` gives 6x6 maps of 32 channels (8 images x 2 rows x 8 columns, 32
+    channels a side and a block); none in a graph of static batch 2; the outputs equal the
+    model without TMA."""
+    r = interpreted["box_model"]
+    assert r["box_layers"] == 2 and r["uses_tma"] == [False, True]
+    assert r["dynamic_launches"] == [[[6, 6, 32], [8, 2, 8, 32, 32, 4, 4]]] * 2
+    assert r["small_static_launches"] == 0
+    assert r["max_diff"] == 0.0 and r["small_max_diff"] == 0.0 and r["scale"] > 0.01
+
+
+@needs_triton
+def test_which_layers_the_4d_tma_kernel_takes_and_their_tiles():
+    from bundler.targets.torch_aoti.kernels.fp8_conv_tma import (
+        MAX_BOX_IMAGES, MEASURED_BOX_TILES, box_eligible, box_tiles_for, pixel_boxes,
+        useful_share)
+
+    assert box_eligible(64, 64, (3, 3), (1, 1), (1, 1), (1, 1))
+    assert not box_eligible(128, 128, (3, 3), (2, 2), (1, 1), (1, 1))     # strided
+    assert not box_eligible(64, 64, (3, 3), (1, 1), (0, 0), (1, 1))       # not "same"
+    assert not box_eligible(64, 256, (1, 1), (1, 1), (0, 0), (1, 1))      # the 1x1 kernel's
+    assert not box_eligible(16, 16, (3, 3), (1, 1), (1, 1), (1, 1))       # 16-byte blocks
+    assert not box_eligible(64, 64, (3, 3), (1, 1), (2, 2), (2, 2))       # dilated
+    # ResNet-50's maps at batch 32: no waste at 56 and 28, one row or column in eight at
+    # 14 and 7; never more than MAX_BOX_IMAGES images a box (a dynamic graph's batch 3)
+    for cin, hw, share in ((64, 56, 1.0), (128, 28, 1.0), (256, 14, 0.875), (512, 7, 0.875)):
+        bi, bh, bw, bn, bk, _w, _s = box_tiles_for(cin, cin, hw, hw, {})
+        assert useful_share(32, hw, hw, bi, bh, bw) == share, hw
+        assert bi * bh * bw in (64, 128) and bi <= MAX_BOX_IMAGES
+        assert cin % bk == 0 and bk <= 128 and bn == 64
+    assert all(b[0] <= 2 for b in pixel_boxes(2, 7, 7, 64, 5))       # a static batch of 2
+    for (cin, cout, h, w), tiles in MEASURED_BOX_TILES.items():
+        assert box_tiles_for(cin, cout, h, w) == tiles and cin % tiles[4] == 0
+
+
+@needs_triton
 def test_which_layers_tma_can_tile_and_the_tiles_they_take():
     from bundler.targets.torch_aoti.kernels.fp8_conv_tma import (
         DEFAULT_TMA_TILES, MEASURED_TMA_TILES, tiles_fit, tma_eligible, tma_tiles_for)
@@ -337,12 +376,13 @@ def test_a_token_family_is_refused_the_tma_form_by_name():
 @pytest.mark.gpu
 @needs_cuda
 @needs_triton
-@pytest.mark.parametrize("small_graph", ["shipped", "tma"])
+@pytest.mark.parametrize("small_graph", ["shipped", "tma", "box"])
 def test_gpu_the_tma_model_compiles_with_aotinductor_and_matches_eager(tmp_path, small_graph):
     """The bundle path on an sm_90 GPU: strict export with a dynamic batch and a static
     batch-1 graph, AOTInductor encoding the host descriptors, the package against eager.
     small_graph "tma": the batch-1 graph on TMA too, with tiles of its own (fp8_conv
-    triton-fused-tma-small's form)."""
+    triton-fused-tma-small's form); "box": a model whose 3x3 layers take the 4-D TMA kernel
+    in the dynamic graph (triton-fused-tma-3x3's form)."""
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("TMA needs an sm_90 GPU (Hopper) or newer")
     pytest.importorskip("timm")
@@ -354,12 +394,13 @@ def test_gpu_the_tma_model_compiles_with_aotinductor_and_matches_eager(tmp_path,
     from bundler.targets.torch_aoti.nhwc_modules import EngineModule
 
     script = __import__("triton_interpret").load_script("fp8_conv_tma_interpret.py")
-    model = script.small_resnet()
+    model = script.small_resnet(32 if small_graph == "box" else 16)
     fp8 = {n: (0.05, np.full(m.out_channels, 2e-3, np.float32))
            for n, m in model.named_modules() if isinstance(m, torch.nn.Conv2d) and n != "conv1"}
     small = ({1: dict.fromkeys(script.SMALL_MODEL_1X1, (64, 32, 128, 4, 3))}
              if small_graph == "tma" else None)
-    module = EngineModule(rewrite_fused(model, fp8, tma=True, tma_batch_tiles=small),
+    module = EngineModule(rewrite_fused(model, fp8, tma=True, tma_batch_tiles=small,
+                                        box_tma=small_graph == "box"),
                           torch.float16, False, True).cuda().eval()
     path, _ = compile_package(module, (3, 12, 12), {"min": 1, "max": 16}, "cuda",
                               {"max_autotune": False}, tmp_path / "tma.pt2", static_batches=(1,))

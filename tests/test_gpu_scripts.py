@@ -280,6 +280,17 @@ def test_gaps_runs_the_replay_timelines_and_next_the_pair_on_an_h200(tmp_path):
     assert len(builds) == 3 and sum("--precision fp8" in c for c in builds) == 2, calls
     timed = [c for c in calls if "aoti_static_vs_peer.py" in c]
     assert len(timed) == 1 and "--batch-sizes 1,2,4,8,32" in timed[0], calls
+    # r50-tma3x3: the same with the 3x3 TMA form, its three bundles timed with timelines
+    done, calls = _run_step(tmp_path / "r50-3x3", "NVIDIA H100 80GB HBM3", "r50-tma3x3",
+                            built=["r50-small", "r50-tma3x3"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    builds = sorted(c for c in calls if c.startswith("bundle make timm_resnet50"))
+    assert len(builds) == 3 and sum("r50-tma3x3 --precision fp8" in c for c in builds) == 1
+    verified = [c for c in calls if "verify --numerics" in c]
+    assert len(verified) == 1 and "/r50-tma3x3/timm_resnet50-fp8-" in verified[0], calls
+    timed = [c for c in calls if "aoti_static_vs_peer.py" in c]
+    assert len(timed) == 1 and "--batch-sizes 1,8,32" in timed[0] and "--timeline" in timed[0]
+    assert len([w for w in timed[0].split() if w.endswith(".bundle")]) == 3, timed
     # r50-tiles-b1: batch 1's tiles, 20 calls of a layer a graph (the default at batch 1)
     done, calls = _run_step(tmp_path / "tiles-b1", "NVIDIA H100 80GB HBM3", "r50-tiles-b1",
                             built=[])

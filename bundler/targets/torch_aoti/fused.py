@@ -88,6 +88,10 @@ class FusedConv(nn.Module):
     graph takes TMA too where its batch has TMA tiles for the layer (fp8_conv
     "triton-fused-tma-small" passes ``MEASURED_TMA_TILES_BY_BATCH``: per layer 1.22-1.39x
     the shipped kernel at batch 1-4 with its tables of the time).
+    ``box_tma``: a stride-1 k x k FP8 layer with "same" padding and no residual
+    (``fp8_conv_tma.box_eligible``: ResNet's unstrided 3x3 ones) runs on
+    ``fp8_conv_s1_tma`` (each window tap one 4-D TMA box, the same numerics) outside the
+    graphs of a small static batch, with ``box_tiles_for``'s tiles for its feature map.
     Such a model is exported with Dynamo (``uses_tma``)."""
 
     def __init__(self, conv: nn.Conv2d, scales: tuple[float, Any] | None, *, relu: bool,
@@ -95,10 +99,11 @@ class FusedConv(nn.Module):
                  tiles: Mapping[tuple, Any] | None = None,
                  batch_tiles: Mapping[int, Mapping[tuple, Any]] | None = None,
                  tma: bool = False,
-                 tma_batch_tiles: Mapping[int, Mapping[tuple[int, int], tuple]] | None = None
-                 ) -> None:
+                 tma_batch_tiles: Mapping[int, Mapping[tuple[int, int], tuple]] | None = None,
+                 box_tma: bool = False) -> None:
         super().__init__()
         self.tma_tiles = None
+        self.box_tma = False
         self.tma_tiles_by_batch: dict[int, tuple] = {}
         if not out16 and out_scale is None:
             raise UsageError(f"{conv}: a fused convolution must write fp16 or e4m3")
@@ -137,6 +142,11 @@ class FusedConv(nn.Module):
                     n: tma_tiles_for(self.cin, self.cout, table)
                     for n, table in (tma_batch_tiles or {}).items()
                     if (self.cin, self.cout) in table}
+        if box_tma:
+            from bundler.targets.torch_aoti.kernels.fp8_conv_tma import box_eligible
+
+            self.box_tma = box_eligible(self.cin, self.cout, self.kernel, self.stride,
+                                        self.padding, self.dilation)
 
     def tiles_for(self, x: torch.Tensor):
         """The tiles of a launch on ``x``: its static batch's, else the dynamic graph's."""
@@ -174,6 +184,15 @@ class FusedConv(nn.Module):
 
         if x8 is None:           # no producer wrote it: the one quantize pass
             x8 = quantize(x16, self.act_scale)
+        if self.box_tma and residual is None and not small_static_batch(x8):
+            from bundler.targets.torch_aoti.kernels.fp8_conv_tma import (box_tiles_for,
+                                                                         fp8_conv_s1_tma)
+
+            return fp8_conv_s1_tma(x8, self.weight_fp8, self.conv_scale, self.bias, self.cout,
+                                   self.kernel, self.padding, relu=self.relu,
+                                   out_f16=self.out16, out_scale=self.out_scale,
+                                   tiles=box_tiles_for(self.cin, self.cout,
+                                                       int(x8.shape[1]), int(x8.shape[2])))
         tma_tiles = self.tma_tiles_at(x8)
         if tma_tiles is not None:
             from bundler.targets.torch_aoti.kernels.fp8_conv_tma import fp8_conv_1x1_tma
@@ -236,12 +255,12 @@ class FusedBottleneck(nn.Module):
                  tiles: Mapping[tuple, Any] | None = None,
                  batch_tiles: Mapping[int, Mapping[tuple, Any]] | None = None,
                  tma: bool = False,
-                 tma_batch_tiles: Mapping[int, Mapping[tuple[int, int], tuple]] | None = None
-                 ) -> None:
+                 tma_batch_tiles: Mapping[int, Mapping[tuple[int, int], tuple]] | None = None,
+                 box_tma: bool = False) -> None:
         super().__init__()
         c1, c2, c3, down = parts
         kinds = dict(tiles=tiles, batch_tiles=batch_tiles, tma=tma,
-                     tma_batch_tiles=tma_batch_tiles)
+                     tma_batch_tiles=tma_batch_tiles, box_tma=box_tma)
         s1, s2, s3, sd = (fp8.get(n) for n in names)
 
         def act(scales):
@@ -294,8 +313,8 @@ def rewrite_fused(model: nn.Module, fp8: Mapping[str, tuple[float, Any]],
                   tiles: Mapping[tuple, Any] | None = None,
                   batch_tiles: Mapping[int, Mapping[tuple, Any]] | None = None,
                   drop_unread_f16: bool = True, tma: bool = False,
-                  tma_batch_tiles: Mapping[int, Mapping[tuple[int, int], tuple]] | None = None
-                  ) -> nn.Module:
+                  tma_batch_tiles: Mapping[int, Mapping[tuple[int, int], tuple]] | None = None,
+                  box_tma: bool = False) -> nn.Module:
     """A copy of ``model`` (BN-folded, eval) in fp16 channels_last with its bottlenecks
     fused (module docstring). ``fp8``: module path -> (activation scale, weight scales) of
     the FP8 convolutions, every one of which must sit in a fusable bottleneck. ``tiles``:
@@ -308,7 +327,8 @@ def rewrite_fused(model: nn.Module, fp8: Mapping[str, tuple[float, Any]],
     e4m3 (for benchmarks: the form before it was dropped). ``tma``: the dense 1x1
     stride-1 FP8 layers on the TMA kernel (``FusedConv``), and with ``tma_batch_tiles``
     (batch -> (in, out channels) -> tiles) in the graphs of those small static batches too;
-    export the result with ``uses_tma`` in mind.
+    ``box_tma``: the stride-1 3x3 ones on the 4-D TMA kernel outside small static graphs
+    (``FusedConv``); export the result with ``uses_tma`` in mind.
 
     The e4m3 hand-over between consecutive blocks (in module order: ResNet's stages are
     sequential) assumes the next block reads this block's output; a module in between
@@ -344,7 +364,8 @@ def rewrite_fused(model: nn.Module, fp8: Mapping[str, tuple[float, Any]],
         nxt = named[i + 1][0] if i + 1 < len(blocks) else None
         next_scale = float(stored_scale(fp8[nxt][0])) if nxt in fp8 else None
         replaced[name] = FusedBottleneck(parts, fp8, names, in_scale, next_scale, tiles,
-                                         batch_tiles, tma=tma, tma_batch_tiles=tma_batch_tiles)
+                                         batch_tiles, tma=tma, tma_batch_tiles=tma_batch_tiles,
+                                         box_tma=box_tma)
         in_scale = next_scale
     # a block whose successor reads only e4m3 (a stage's first block: conv1 and the
     # downsample share the handed-over tensor) writes no fp16 output: ~90 MB less to write
@@ -372,4 +393,5 @@ def uses_tma(module: nn.Module) -> bool:
     """Whether ``module`` has a layer on the TMA kernel: a plain Triton launch with host
     descriptors, which torch records only when Dynamo traces it (``torch.export(...,
     strict=True)``; ``kernels/fp8_conv_tma.py``)."""
-    return any(getattr(m, "tma_tiles", None) is not None for m in module.modules())
+    return any(getattr(m, "tma_tiles", None) is not None or getattr(m, "box_tma", False)
+               for m in module.modules())

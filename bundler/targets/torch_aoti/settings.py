@@ -55,14 +55,17 @@ TORCH_AOTI_FP8_GEMMS = ("rowwise", "tensorwise", "rowwise-fp16", "dequantized")
 #: run fc1 on the same Triton kernel with GELU and fc2's quantize fused
 #: (bundler.targets.torch_aoti.fused_mlp).
 TORCH_AOTI_FP8_CONVS = ("im2col", "triton", "triton-fused", "triton-fused-tma",
-                        "triton-fused-tma-small")
+                        "triton-fused-tma-small", "triton-fused-tma-3x3")
 #: The fused-bottleneck forms: "triton-fused-tma" is "triton-fused" with the dense 1x1
 #: stride-1 layers on the TMA kernel (``kernels/fp8_conv_tma.py``; image families only),
 #: except in the graphs of a small static batch; "triton-fused-tma-small" puts them on it
-#: there too, with the tiles measured at that batch (``MEASURED_TMA_TILES_BY_BATCH``).
-TORCH_AOTI_FUSED_FP8_CONVS = ("triton-fused", "triton-fused-tma", "triton-fused-tma-small")
+#: there too, with the tiles measured at that batch (``MEASURED_TMA_TILES_BY_BATCH``);
+#: "triton-fused-tma-3x3" is "triton-fused-tma-small" with the stride-1 3x3 layers on the
+#: 4-D TMA kernel too (``fp8_conv_s1_tma``) outside the small static graphs.
+TORCH_AOTI_FUSED_FP8_CONVS = ("triton-fused", "triton-fused-tma", "triton-fused-tma-small",
+                              "triton-fused-tma-3x3")
 #: The forms with TMA layers (Hopper or newer; exported with Dynamo).
-TORCH_AOTI_TMA_FP8_CONVS = ("triton-fused-tma", "triton-fused-tma-small")
+TORCH_AOTI_TMA_FP8_CONVS = ("triton-fused-tma", "triton-fused-tma-small", "triton-fused-tma-3x3")
 #: ``torch_aoti.fp8_pointwise_small_batch``: how the FP8 1x1 convolutions (a layout "as_is"
 #: family's FP8 Linear layers: gemm or dequantized) run in a static-batch graph of at most 8
 #: images (``torch_aoti.static_batches``; the meaning of each:

@@ -25,6 +25,17 @@ reduction over C in fp32, and its epilogue (scale and bias, the fp16 rounding, r
 ReLU, fp16 and/or e4m3 out). Tiles past the edges read zeros and are not written (the
 descriptors clip).
 
+The stride-1 k x k layers with "same" padding (ResNet-50's 3x3 ones but the three strided)
+take ``fp8_conv_s1_tma``: a window tap of a flat row tile is no rectangle of memory, but it
+is one for a tile of output pixels that is itself a box, ``BI`` images x ``BH`` rows x
+``BW`` columns. For tap (r, s) its inputs are the box that starts at (image, row + r - PH,
+column + s - PW) of the NHWC input seen as a 4-D tensor; TMA fills what lies outside it
+with zeros (negative coordinates too), which is the convolution's zero padding, and clips
+the output box's stores at the edges. Triton's blocks are powers of two, so a side that is
+not a multiple of the box side computes pixels that are thrown away (``pixel_boxes`` picks
+boxes that waste least, of at most ``MAX_BOX_IMAGES`` images: none at 56 and 28, one row
+or column in eight at 14 and 7).
+
 Imports triton at module level: import this module only where triton may be used
 (``kernels.available``).
 """
@@ -43,7 +54,8 @@ from bundler.targets.torch_aoti.kernels.fp8_conv import _grouped_tile, _quantize
 __all__ = ["TmaTiles", "MEASURED_TMA_TILES", "MEASURED_TMA_TILES_BY_BATCH",
            "DEFAULT_TMA_TILES", "GROUP_M",
            "MAX_BOX_ROW_BYTES", "MIN_BOX_ROW_BYTES", "tiles_fit", "tma_eligible",
-           "tma_tiles_for", "fp8_conv_1x1_tma"]
+           "tma_tiles_for", "fp8_conv_1x1_tma", "BoxTiles", "MEASURED_BOX_TILES",
+           "box_eligible", "pixel_boxes", "useful_share", "box_tiles_for", "fp8_conv_s1_tma"]
 
 #: (block_m, block_n, block_k, num_warps, num_stages)
 TmaTiles = tuple[int, int, int, int, int]
@@ -216,4 +228,164 @@ def fp8_conv_1x1_tma(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         RELU=relu, RESIDUAL=res is not None, OUT_F16=out_f16, OUT_F8=out_scale is not None,
         QMAX=E4M3_MAX, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M,
         num_warps=warps, num_stages=stages)
+    return (out if out_f16 else None), (q if out_scale is not None else None)
+
+
+#: The stride-1 k x k kernel's tiles: (images, rows, columns) of a box of output pixels,
+#: then (block_n, block_k, num_warps, num_stages).
+BoxTiles = tuple[int, int, int, int, int, int, int]
+#: (in channels, out channels, height, width) -> tiles for timm_resnet50's stride-1 3x3
+#: layers at batch 32 (``benchmarks/fp8_tma3x3_probe.py``); a layer without an entry takes
+#: ``box_tiles_for``'s rule.
+MEASURED_BOX_TILES: Mapping[tuple[int, int, int, int], BoxTiles] = {}
+
+
+def box_eligible(cin: int, cout: int, kernel: tuple, stride: tuple, padding: tuple,
+                 dilation: tuple) -> bool:
+    """Whether a layer is one ``fp8_conv_s1_tma`` runs: stride 1, undilated, "same" padding
+    (odd kernel, padding kernel // 2), more than one tap (a 1x1 layer is
+    ``fp8_conv_1x1_tma``'s), C a multiple of 32 (a channel block of 32 bytes or more never
+    straddles two taps) and ``cout`` of 16 (TMA's 16-byte rows)."""
+    kh, kw = tuple(kernel)
+    return (tuple(stride) == (1, 1) and tuple(dilation) == (1, 1) and kh * kw > 1
+            and kh % 2 == 1 and kw % 2 == 1 and tuple(padding) == (kh // 2, kw // 2)
+            and cin % 32 == 0 and cout % 16 == 0)
+
+
+def useful_share(n: int, h: int, w: int, bi: int, bh: int, bw: int) -> float:
+    """Output pixels over the pixels the boxes compute (the rest lies past an edge)."""
+    return (n * h * w) / (triton.cdiv(n, bi) * bi * triton.cdiv(h, bh) * bh
+                          * triton.cdiv(w, bw) * bw)
+
+
+#: The most images one box spans: a box of BI images computes BI images' pixels whatever
+#: the batch, so in a dynamic-batch graph a batch below BI wastes the rest (batch 3 on
+#: 32-image boxes: 90%).
+MAX_BOX_IMAGES = 8
+
+
+def pixel_boxes(n: int | None, h: int, w: int, rows: int, count: int = 3,
+                max_images: int = MAX_BOX_IMAGES) -> list[tuple[int, int, int]]:
+    """The ``count`` (images, rows, columns) boxes of ``rows`` pixels that waste least on
+    ``n`` images of h x w (None: a dynamic batch, taken as a multiple of every box), ties
+    broken towards wider rows."""
+    found = []
+    for bw in (1, 2, 4, 8, 16, 32, 64):
+        for bh in (1, 2, 4, 8, 16, 32, 64):
+            bi = rows // (bw * bh)
+            if (bi < 1 or bi * bh * bw != rows or bi > max_images
+                    or (n is not None and bi > n) or bh > 2 * h or bw > 2 * w):
+                continue
+            found.append((-useful_share(n or 256, h, w, bi, bh, bw), -bw, (bi, bh, bw)))
+    return [box for *_key, box in sorted(found)[:count]]
+
+
+def box_tiles_for(cin: int, cout: int, h: int, w: int,
+                  table: Mapping[tuple[int, int, int, int], BoxTiles] | None = None) -> BoxTiles:
+    """The tiles of a stride-1 k x k layer on h x w maps: ``table``'s (default
+    ``MEASURED_BOX_TILES``), else the least wasteful box of 128 pixels (of 64 where that
+    wastes less) by 64 channels, the widest channel block C allows (128 bytes: 3 stages,
+    64 or 32: 4)."""
+    found = (MEASURED_BOX_TILES if table is None else table).get((cin, cout, h, w))
+    if found is not None:
+        return tuple(found)
+    box = max((pixel_boxes(None, h, w, rows, 1)[0] for rows in (128, 64)),
+              key=lambda b: useful_share(256, h, w, *b))      # the first of equals: 128
+    bk = 128 if cin % 128 == 0 else 64 if cin % 64 == 0 else 32
+    return (*box, 64 if cout >= 64 else 32, bk, 4, 3 if bk == 128 else 4)
+
+
+@triton.jit
+def _tma_conv_s1_kernel(x_desc, w_desc, o_desc, q_desc, scale_ptr, bias_ptr, q_scale_ptr,
+                        N, H, W, C, COUT,
+                        KH: tl.constexpr, KW: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
+                        RELU: tl.constexpr, OUT_F16: tl.constexpr, OUT_F8: tl.constexpr,
+                        QMAX: tl.constexpr, BI: tl.constexpr, BH: tl.constexpr,
+                        BW: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        GROUP_M: tl.constexpr):
+    """One box of BI x BH x BW output pixels by BLOCK_N channels of a stride-1 convolution:
+    the reduction over (tap, C) with one TMA box per tap and channel block, the epilogue
+    as ``_tma_1x1_tile``'s without a residual."""
+    BLOCK_M: tl.constexpr = BI * BH * BW
+    tiles_h = tl.cdiv(H, BH)
+    tiles_w = tl.cdiv(W, BW)
+    num_m = tl.cdiv(N, BI) * tiles_h * tiles_w
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), num_m * BLOCK_M, COUT, BLOCK_M, BLOCK_N,
+                                 GROUP_M)
+    n0 = (pid_m // (tiles_h * tiles_w)) * BI
+    h0 = ((pid_m // tiles_w) % tiles_h) * BH
+    w0 = (pid_m % tiles_w) * BW
+    off_n = pid_n * BLOCK_N
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    c_tiles = tl.cdiv(C, BLOCK_K)
+    for it in range(0, KH * KW * c_tiles):
+        tap = it // c_tiles
+        k0 = (it % c_tiles) * BLOCK_K
+        a = x_desc.load([n0, h0 + tap // KW - PH, w0 + tap % KW - PW, k0])
+        b = w_desc.load([off_n, tap * C + k0])
+        acc = tl.dot(a.reshape(BLOCK_M, BLOCK_K), b.T, acc)
+
+    offs_n = off_n + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < COUT
+    scale = tl.load(scale_ptr + offs_n, mask=n_ok, other=0.0)
+    bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0)
+    y = acc * scale[None, :] + bias[None, :]
+    if RELU:
+        y = tl.maximum(y, 0.0)
+    y16 = y.to(tl.float16)
+    if OUT_F16:
+        o_desc.store([n0, h0, w0, off_n], y16.reshape(BI, BH, BW, BLOCK_N))
+    if OUT_F8:
+        q_scale = tl.load(q_scale_ptr)
+        q_inv = tl.math.div_rn(tl.full([], 1.0, tl.float32), q_scale)
+        q = _quantize_e4m3(y16.to(tl.float32), q_scale, q_inv, QMAX)
+        q_desc.store([n0, h0, w0, off_n], q.reshape(BI, BH, BW, BLOCK_N))
+
+
+def fp8_conv_s1_tma(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                    bias: torch.Tensor, cout: int, kernel: tuple[int, int],
+                    padding: tuple[int, int], *, relu: bool = False, out_f16: bool = True,
+                    out_scale: torch.Tensor | None = None,
+                    tiles: BoxTiles = (2, 8, 8, 64, 64, 4, 4)
+                    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``fp8_conv_fused`` without a residual for a stride-1, undilated layer with "same"
+    padding on NHWC e4m3 ``x`` (``weight``: the shared e4m3 ``[>= cout, >= KH*KW*C]``
+    buffer, (kh, kw, C) order). C must be a multiple of BLOCK_K (a channel block never
+    straddles two taps). Returns (fp16 or None, e4m3 or None), NHWC ``[N, H, W, cout]``.
+
+    A plain launch, not a torch op: export it with Dynamo (module docstring)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    n, h, w, c = x.shape
+    kh, kw = kernel
+    bi, bh, bw, bn, bk, warps, stages = tiles
+    if kh % 2 == 0 or kw % 2 == 0 or tuple(padding) != (kh // 2, kw // 2):
+        raise ValueError("fp8_conv_s1_tma: needs an odd kernel with 'same' padding "
+                         "(kernel // 2)")
+    if c % bk or c % 16 or weight.stride(0) % 16 or cout % 16:
+        raise ValueError(f"fp8_conv_s1_tma: C {c} must be a multiple of BLOCK_K {bk} and "
+                         f"of 16, cout {cout} of 16, weight rows of 16 bytes")
+    row_bytes = [bk] + ([2 * bn] if out_f16 else []) + ([bn] if out_scale is not None else [])
+    if not all(MIN_BOX_ROW_BYTES <= r <= MAX_BOX_ROW_BYTES for r in row_bytes):
+        raise ValueError(f"fp8_conv_s1_tma: tiles {tiles} have rows outside "
+                         f"{MIN_BOX_ROW_BYTES}..{MAX_BOX_ROW_BYTES} bytes, which AOTInductor "
+                         "cannot encode")
+    if not out_f16 and out_scale is None:
+        raise ValueError("fp8_conv_s1_tma: asked for neither output")
+    x = x.contiguous()
+    out = torch.empty((n, h, w, cout) if out_f16 else (0,), dtype=torch.float16,
+                      device=x.device)
+    q = torch.empty((n, h, w, cout) if out_scale is not None else (0,),
+                    dtype=torch.float8_e4m3fn, device=x.device)
+    a = TensorDescriptor.from_tensor(x, [bi, bh, bw, bk])
+    o = TensorDescriptor.from_tensor(out, [bi, bh, bw, bn]) if out_f16 else a
+    qd = TensorDescriptor.from_tensor(q, [bi, bh, bw, bn]) if out_scale is not None else a
+    num_m = triton.cdiv(n, bi) * triton.cdiv(h, bh) * triton.cdiv(w, bw)
+    _tma_conv_s1_kernel[(num_m * triton.cdiv(cout, bn),)](
+        a, TensorDescriptor.from_tensor(weight[:cout, :kh * kw * c], [bn, bk]), o, qd,
+        scale, bias, out_scale if out_scale is not None else scale, n, h, w, c, cout,
+        KH=kh, KW=kw, PH=padding[0], PW=padding[1], RELU=relu, OUT_F16=out_f16,
+        OUT_F8=out_scale is not None, QMAX=E4M3_MAX, BI=bi, BH=bh, BW=bw, BLOCK_N=bn,
+        BLOCK_K=bk, GROUP_M=GROUP_M, num_warps=warps, num_stages=stages)
     return (out if out_f16 else None), (q if out_scale is not None else None)
