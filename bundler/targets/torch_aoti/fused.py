@@ -91,7 +91,8 @@ class FusedConv(nn.Module):
     ``box_tma``: a stride-1 k x k FP8 layer with "same" padding and no residual
     (``fp8_conv_tma.box_eligible``: ResNet's unstrided 3x3 ones) runs on
     ``fp8_conv_s1_tma`` (each window tap one 4-D TMA box, the same numerics) outside the
-    graphs of a small static batch, with ``box_tiles_for``'s tiles for its feature map.
+    graphs of a small static batch, with ``box_tiles_for``'s tiles for its feature map
+    (none: the layer's map was faster on the shipped kernel).
     Such a model is exported with Dynamo (``uses_tma``)."""
 
     def __init__(self, conv: nn.Conv2d, scales: tuple[float, Any] | None, *, relu: bool,
@@ -162,6 +163,16 @@ class FusedConv(nn.Module):
             return self.tma_tiles_by_batch.get(static_batch(x))
         return self.tma_tiles
 
+    def box_tiles_at(self, x: torch.Tensor) -> tuple | None:
+        """The 4-D TMA kernel's tiles for a launch on ``x`` (NHWC), or None for another
+        kernel: only with ``box_tma``, outside small static graphs, where the feature map's
+        tiles are not None (``box_tiles_for``)."""
+        if not self.box_tma or small_static_batch(x):
+            return None
+        from bundler.targets.torch_aoti.kernels.fp8_conv_tma import box_tiles_for
+
+        return box_tiles_for(self.cin, self.cout, int(x.shape[1]), int(x.shape[2]))
+
     @property
     def in_scale(self) -> float | None:
         """The activation scale its FP8 input must have (None: it reads fp16)."""
@@ -184,15 +195,14 @@ class FusedConv(nn.Module):
 
         if x8 is None:           # no producer wrote it: the one quantize pass
             x8 = quantize(x16, self.act_scale)
-        if self.box_tma and residual is None and not small_static_batch(x8):
-            from bundler.targets.torch_aoti.kernels.fp8_conv_tma import (box_tiles_for,
-                                                                         fp8_conv_s1_tma)
+        box_tiles = self.box_tiles_at(x8) if residual is None else None
+        if box_tiles is not None:
+            from bundler.targets.torch_aoti.kernels.fp8_conv_tma import fp8_conv_s1_tma
 
             return fp8_conv_s1_tma(x8, self.weight_fp8, self.conv_scale, self.bias, self.cout,
                                    self.kernel, self.padding, relu=self.relu,
                                    out_f16=self.out16, out_scale=self.out_scale,
-                                   tiles=box_tiles_for(self.cin, self.cout,
-                                                       int(x8.shape[1]), int(x8.shape[2])))
+                                   tiles=box_tiles)
         tma_tiles = self.tma_tiles_at(x8)
         if tma_tiles is not None:
             from bundler.targets.torch_aoti.kernels.fp8_conv_tma import fp8_conv_1x1_tma

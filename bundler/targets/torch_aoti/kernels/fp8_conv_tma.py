@@ -235,9 +235,17 @@ def fp8_conv_1x1_tma(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
 #: then (block_n, block_k, num_warps, num_stages).
 BoxTiles = tuple[int, int, int, int, int, int, int]
 #: (in channels, out channels, height, width) -> tiles for timm_resnet50's stride-1 3x3
-#: layers at batch 32 (``benchmarks/fp8_tma3x3_probe.py``); a layer without an entry takes
-#: ``box_tiles_for``'s rule.
-MEASURED_BOX_TILES: Mapping[tuple[int, int, int, int], BoxTiles] = {}
+#: layers at batch 32, the fastest of ``benchmarks/fp8_tma3x3_probe.py``'s candidates on an
+#: H100 (torch 2.11, Triton 3.6, docs/measurements/h100-2026-12-07-a/tma3x3.log: 0.256 ms
+#: over those layers against the shipped kernel's 0.308, the same e4m3 codes), or None
+#: where the shipped kernel was the faster (64 channels on 56x56: 0.0305 against 0.0273
+#: ms). A layer without an entry takes ``box_tiles_for``'s rule.
+MEASURED_BOX_TILES: Mapping[tuple[int, int, int, int], BoxTiles | None] = {
+    (64, 64, 56, 56): None,
+    (128, 128, 28, 28): (8, 4, 4, 64, 128, 4, 3),       # 0.0164 ms, shipped 0.0192
+    (256, 256, 14, 14): (8, 1, 16, 128, 128, 8, 3),     # 0.0150 ms, shipped 0.0242
+    (512, 512, 7, 7): (8, 8, 1, 128, 128, 4, 3),        # 0.0199 ms, shipped 0.0236
+}
 
 
 def box_eligible(cin: int, cout: int, kernel: tuple, stride: tuple, padding: tuple,
@@ -281,14 +289,16 @@ def pixel_boxes(n: int | None, h: int, w: int, rows: int, count: int = 3,
 
 
 def box_tiles_for(cin: int, cout: int, h: int, w: int,
-                  table: Mapping[tuple[int, int, int, int], BoxTiles] | None = None) -> BoxTiles:
+                  table: Mapping[tuple[int, int, int, int], BoxTiles | None] | None = None
+                  ) -> BoxTiles | None:
     """The tiles of a stride-1 k x k layer on h x w maps: ``table``'s (default
-    ``MEASURED_BOX_TILES``), else the least wasteful box of 128 pixels (of 64 where that
+    ``MEASURED_BOX_TILES``; None there: the layer stays on the shipped kernel), else the least wasteful box of 128 pixels (of 64 where that
     wastes less) by 64 channels, the widest channel block C allows (128 bytes: 3 stages,
     64 or 32: 4)."""
-    found = (MEASURED_BOX_TILES if table is None else table).get((cin, cout, h, w))
-    if found is not None:
-        return tuple(found)
+    table = MEASURED_BOX_TILES if table is None else table
+    if (cin, cout, h, w) in table:
+        found = table[(cin, cout, h, w)]
+        return None if found is None else tuple(found)
     box = max((pixel_boxes(None, h, w, rows, 1)[0] for rows in (128, 64)),
               key=lambda b: useful_share(256, h, w, *b))      # the first of equals: 128
     bk = 128 if cin % 128 == 0 else 64 if cin % 64 == 0 else 32
