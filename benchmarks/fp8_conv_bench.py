@@ -809,7 +809,8 @@ def ptxas_report(arch: int = 90) -> int:
 #: its eager forward CUDA-graph replayed (no Inductor: for the fused variants, the kernel
 #: launches as the per-layer measurements launch it).
 MODEL_VARIANTS = ("fp16", "fp8-triton", "fp8-pointwise", "fp8-im2col", "fp16-nhwc",
-                  "fp8-fused", "fp8-fused-pointwise", "fp8-fused-tuned", "fp8-fused-allf16")
+                  "fp8-fused", "fp8-fused-pointwise", "fp8-fused-tuned", "fp8-fused-allf16",
+                  "fp8-fused-tma", "fp8-fused-tma3x3")
 
 
 def run_model(args, budget: Budget, results: dict, tiles: dict | None = None) -> dict:
@@ -884,6 +885,10 @@ def run_model(args, budget: Budget, results: dict, tiles: dict | None = None) ->
 
                 module = EngineModule(rewrite_fused(model, fp8, drop_unread_f16=False),
                                       torch.float16, False, True)
+            elif variant in ("fp8-fused-tma", "fp8-fused-tma3x3"):   # the TMA forms
+                form = {"fp8-fused-tma": "triton-fused-tma-small",
+                        "fp8-fused-tma3x3": "triton-fused-tma-3x3"}[variant]
+                module, _ = engine_model(model, "fp8", fp8, fp8_conv=form)
             elif variant.startswith("fp8-fused"):   # channels_last, bottlenecks fused
                 layers = pointwise if variant.endswith("-pointwise") else fp8
                 module, _ = engine_model(model, "fp8", layers, fp8_conv="triton-fused")

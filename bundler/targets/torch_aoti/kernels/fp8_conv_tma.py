@@ -299,8 +299,12 @@ def box_tiles_for(cin: int, cout: int, h: int, w: int,
     if (cin, cout, h, w) in table:
         found = table[(cin, cout, h, w)]
         return None if found is None else tuple(found)
-    box = max((pixel_boxes(None, h, w, rows, 1)[0] for rows in (128, 64)),
-              key=lambda b: useful_share(256, h, w, *b))      # the first of equals: 128
+    # (plain loops: Dynamo traces this at export, and refuses max() with a key)
+    box, share = None, -1.0
+    for rows in (128, 64):                               # the first of equals: 128
+        candidate = pixel_boxes(None, h, w, rows, 1)[0]
+        if useful_share(256, h, w, *candidate) > share:
+            box, share = candidate, useful_share(256, h, w, *candidate)
     bk = 128 if cin % 128 == 0 else 64 if cin % 64 == 0 else 32
     return (*box, 64 if cout >= 64 else 32, bk, 4, 3 if bk == 128 else 4)
 
