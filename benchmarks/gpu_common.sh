@@ -35,6 +35,11 @@ make_parallel() {
   for log in "$out"/make-"$FAMILY"-*.log; do
     [ -e "$log" ] || continue
     echo "== $log"; grep -v '^[EW][0-9]' "$log" | tail -3
+    # a failed build's error lines too (forty-fifth session: a C++ compile error showed
+    # only its last three lines, and the device's copy of the log was gone with it)
+    if [ "$failed" != 0 ] && ! tail -1 "$log" | grep -q '^[0-9a-f]\{64\}$'; then
+      grep -iE 'error|exception|failed' "$log" | grep -v '^[EW][0-9]' | tail -20
+    fi
   done
   [ "$failed" = 0 ] || { echo "a build failed (logs above)"; return 1; }
 }

@@ -486,7 +486,11 @@ r50-tma3x3)   # issue 18: timm_resnet50 fp8 with its stride-1 3x3 layers on 4-D 
   step r50-small-build "${BUILD_LIMIT:-330}" env FAMILY=timm_resnet50 bash -c '. benchmarks/gpu_common.sh; \
     make_parallel "$0" "fp16:--precision fp16" "fp8:--precision fp8"' "$bundles/r50-small"
   wait "$made"; echo "== r50-tma3x3-make: exit $?"; tail -4 "$out/r50-tma3x3-make.log"
-  cp "$bundles"/r50-tma3x3/make-*.log "$out/" 2>/dev/null
+  for dir in r50-small r50-tma3x3; do    # whole logs, each under its own name
+    for log in "$bundles/$dir"/make-*.log; do
+      [ -e "$log" ] && cp "$log" "$out/$dir-$(basename "$log")"
+    done
+  done
   boxed=("$bundles"/r50-tma3x3/timm_resnet50-fp8-*-torch-aoti.bundle)
   step r50-tma3x3-verify 60 python3 -m bundler.cli verify --numerics "${boxed[@]}"
   step r50-tma3x3-time "${TIME_LIMIT:-200}" python3 benchmarks/aoti_static_vs_peer.py \

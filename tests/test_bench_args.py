@@ -52,3 +52,19 @@ def test_the_bundle_timing_profiles_only_sizes_it_times(tmp_path):
     done = subprocess.run([sys.executable, str(script), str(tmp_path / "none.bundle"),
                            "--batch-sizes", "1,0"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "positive integers" in done.stderr
+
+
+def test_the_bundle_timing_names_bundles_a_failed_build_did_not_write(tmp_path):
+    """aoti_static_vs_peer.py leaves out a bundle that does not exist (a failed build of a
+    GPU step), saying so, and times the rest; with none at all it stops with that."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "aoti_static_vs_peer.py"
+    missing = [tmp_path / "fp16.bundle", tmp_path / "fp8-*.bundle"]
+    done = subprocess.run([sys.executable, str(script), *map(str, missing),
+                           "--batch-sizes", "1"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "none of the bundles exists" in done.stderr
+    for path in missing:
+        assert f"{path}: no such bundle (its build failed?), not timed" in done.stdout
