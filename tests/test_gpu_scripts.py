@@ -171,42 +171,40 @@ def _run_step(tmp_path: Path, card: str, what: str = "first",
 
 
 @needs_bash
-def test_first_probes_the_3x3_tma_kernel_while_the_split_k_form_builds(tmp_path):
-    """The one call a scarce machine may allow, on any card: `vit-split-k` with the fp16
-    base (timm_vit_base fp16, and fp8 from a copy of the family folder with
-    `fp8_pointwise_small_batch: triton-split-k`, built at once; the split one verified; the
-    two timed with the peer at batches 1 and 2 with their replay timelines) in the
-    background, and `tma3x3` (the 3x3 TMA probe with its package check) while they build.
-    `vit-split-k` alone builds the family's fp8 too, unless VIT_SPLIT_BASE=fp16."""
+def test_first_builds_and_times_the_3x3_tma_form_and_split_k_builds_its_base(tmp_path):
+    """The one call a scarce machine may allow, on any card: `r50-tma3x3` (timm_resnet50's
+    fp16 and fp8 as the family has them, and fp8 with fp8_conv triton-fused-tma-3x3, built
+    at once; the new one verified; the three timed with the peer and their replay
+    timelines). `vit-split-k` builds the family's ViT fp16 and fp8 and the split form,
+    or with VIT_SPLIT_BASE=fp16 fp16 and the split form only."""
     for card in ("NVIDIA H200", "NVIDIA H100 80GB HBM3"):
         root = tmp_path / card.split()[1]
-        done, calls = _run_step(root, card, built=["vit", "vit-split"])
+        done, calls = _run_step(root, card, built=["r50-small", "r50-tma3x3"])
         assert done.returncode == 0, done.stdout + done.stderr
-        pending = root / "pending"
-        assert "python3 benchmarks/fp8_tma3x3_probe.py --aoti" in calls, calls
-        builds = sorted(c.split(" --out ")[1] for c in calls if c.startswith("bundle make"))
-        assert builds == sorted([f"{pending}/vit --precision fp16 families=",
-                                 f"{pending}/vit-split --precision fp8 families="
-                                 f"{pending}/vit-split/families"]), calls
+        builds = sorted(c for c in calls if c.startswith("bundle make timm_resnet50"))
+        assert len(builds) == 3, calls
+        verified = [c for c in calls if "verify --numerics" in c]
+        assert len(verified) == 1 and "/r50-tma3x3/timm_resnet50-fp8-" in verified[0], calls
+        timed = [c for c in calls if "aoti_static_vs_peer.py" in c]
+        assert len(timed) == 1 and "--timeline" in timed[0], calls
+    for base, count in (("", 3), ("fp16", 2)):
+        done, calls = _run_step(tmp_path / f"split-{base or 'family'}", "NVIDIA H200",
+                                "vit-split-k", built=["vit", "vit-split"],
+                                extra_env={"VIT_SPLIT_BASE": base})
+        assert done.returncode == 0, done.stdout + done.stderr
+        pending = tmp_path / f"split-{base or 'family'}" / "pending"
+        builds = [c for c in calls if c.startswith("bundle make")]
+        assert len(builds) == count, builds
+        assert (f"{pending}/vit-split --precision fp8 families={pending}/vit-split/families"
+                in [c.split(" --out ")[1] for c in builds]), builds
         edits = [c for c in calls if c.startswith("python3 -c") and "triton-split-k" in c]
         assert len(edits) == 1 and edits[0].endswith(
             f"{pending}/vit-split/families/timm_vit_base/family.json"), calls
         verified = [c for c in calls if "verify --numerics" in c]
         assert len(verified) == 1 and "/vit-split/timm_vit_base-fp8-" in verified[0], calls
         timed = [c for c in calls if "aoti_static_vs_peer.py" in c]
-        assert len(timed) == 1 and "--timeline" in timed[0] and "--batch-sizes 1,2" in timed[0]
-        assert [w for w in timed[0].split() if w.endswith(".bundle")] == [
-            f"{pending}/vit/timm_vit_base-fp16-*-torch-aoti.bundle",
-            f"{pending}/vit-split/timm_vit_base-fp8-*-torch-aoti.bundle"], timed
-        assert (root / "out" / "first-vit-split-k.log").exists()
-    done, calls = _run_step(tmp_path / "family-base", "NVIDIA H200", "vit-split-k",
-                            built=["vit", "vit-split"])
-    assert done.returncode == 0, done.stdout + done.stderr
-    builds = [c for c in calls if c.startswith("bundle make")]
-    assert len(builds) == 3 and [c for c in builds if "/vit --precision fp8" in c], builds
-    timed = [c for c in calls if "aoti_static_vs_peer.py" in c]
-    assert len([w for w in timed[0].split() if w.endswith(".bundle")]) == 3, timed
-    assert not [c for c in calls if "fp8_tma3x3_probe" in c]
+        assert len(timed) == 1 and "--batch-sizes 1,2" in timed[0], calls
+        assert len([w for w in timed[0].split() if w.endswith(".bundle")]) == count, timed
 
 
 @needs_bash
