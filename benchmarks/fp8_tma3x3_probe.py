@@ -46,6 +46,9 @@ from bundler.targets.torch_aoti.kernels.fp8_conv import (  # noqa: E402
 from bundler.targets.torch_aoti.kernels.fp8_conv_tma import (  # noqa: E402
     MAX_BOX_ROW_BYTES, BoxTiles, fp8_conv_s1_tma, pixel_boxes, useful_share)
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # the benchmarks' own modules
+from fp8_tma_probe import e4m3_steps  # noqa: E402
+
 def candidates(n: int, h: int, w: int, c: int, cout: int) -> list[BoxTiles]:
     """Tiles tried per layer: the two least wasteful 64- and 128-pixel boxes, 64 or 128
     channels a side, the widest channel block C allows (128 bytes: 3 stages; 64: 4)."""
@@ -68,14 +71,6 @@ def _case(n: int, hw: int, c: int, cout: int, k: int, device: str, seed: int = 0
     scale = (torch.rand(cout, generator=g) + 0.5) * 2e-4 / k
     bias = torch.randn(cout, generator=g) * 0.3
     return tuple(t.to(device) for t in (x, weight, scale, bias))
-
-
-def e4m3_steps(a: torch.Tensor, b: torch.Tensor) -> int:
-    """Largest distance in e4m3 codes between two e4m3 tensors."""
-    ia, ib = a.view(torch.uint8).int(), b.view(torch.uint8).int()
-    same = torch.where((ia >> 7) == (ib >> 7), ((ia & 0x7F) - (ib & 0x7F)).abs(),
-                       (ia & 0x7F) + (ib & 0x7F))
-    return int(same.max()) if same.numel() else 0
 
 
 def compare(case: tuple, cout: int, k: int, tiles: BoxTiles, shipped: Fp8ConvConfig,
@@ -172,7 +167,6 @@ def main() -> int:
               "TRITON_INTERPRET=1 python3 benchmarks/fp8_tma3x3_probe.py --interpret-check",
               file=sys.stderr)
         return 2
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from fp8_conv_bench import fused_layer_epilogues, graph_time
 
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton "

@@ -134,6 +134,25 @@ def tma_tiles_for(cin: int, cout: int,
 
 
 @triton.jit
+def _scaled_columns(acc, scale_ptr, bias_ptr, off_n, COUT, BLOCK_N: tl.constexpr):
+    """The epilogue's start, shared by both TMA kernels: ``acc * scale[n] + bias[n]`` over
+    the tile's columns (columns past COUT read 0)."""
+    offs_n = off_n + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < COUT
+    scale = tl.load(scale_ptr + offs_n, mask=n_ok, other=0.0)
+    bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0)
+    return acc * scale[None, :] + bias[None, :]
+
+
+@triton.jit
+def _e4m3_out(y16, q_scale_ptr, QMAX: tl.constexpr):
+    """The e4m3 output: the fp16 result quantized with the scale at ``q_scale_ptr``."""
+    q_scale = tl.load(q_scale_ptr)
+    q_inv = tl.math.div_rn(tl.full([], 1.0, tl.float32), q_scale)
+    return _quantize_e4m3(y16.to(tl.float32), q_scale, q_inv, QMAX)
+
+
+@triton.jit
 def _tma_1x1_tile(a_desc, b_desc, r_desc, o_desc, q_desc, scale_ptr, bias_ptr, q_scale_ptr,
                   M, C, COUT,
                   RELU: tl.constexpr, RESIDUAL: tl.constexpr, OUT_F16: tl.constexpr,
@@ -151,11 +170,7 @@ def _tma_1x1_tile(a_desc, b_desc, r_desc, o_desc, q_desc, scale_ptr, bias_ptr, q
         b = b_desc.load([off_n, k * BLOCK_K])
         acc = tl.dot(a, b.T, acc)
 
-    offs_n = off_n + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < COUT
-    scale = tl.load(scale_ptr + offs_n, mask=n_ok, other=0.0)
-    bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0)
-    y = acc * scale[None, :] + bias[None, :]
+    y = _scaled_columns(acc, scale_ptr, bias_ptr, off_n, COUT, BLOCK_N)
     if RESIDUAL:
         y = y.to(tl.float16).to(tl.float32) + r_desc.load([off_m, off_n]).to(tl.float32)
     if RELU:
@@ -164,9 +179,7 @@ def _tma_1x1_tile(a_desc, b_desc, r_desc, o_desc, q_desc, scale_ptr, bias_ptr, q
     if OUT_F16:
         o_desc.store([off_m, off_n], y16)
     if OUT_F8:
-        q_scale = tl.load(q_scale_ptr)
-        q_inv = tl.math.div_rn(tl.full([], 1.0, tl.float32), q_scale)
-        q_desc.store([off_m, off_n], _quantize_e4m3(y16.to(tl.float32), q_scale, q_inv, QMAX))
+        q_desc.store([off_m, off_n], _e4m3_out(y16, q_scale_ptr, QMAX))
 
 
 @triton.jit
@@ -340,21 +353,15 @@ def _tma_conv_s1_kernel(x_desc, w_desc, o_desc, q_desc, scale_ptr, bias_ptr, q_s
         b = w_desc.load([off_n, tap * C + k0])
         acc = tl.dot(a.reshape(BLOCK_M, BLOCK_K), b.T, acc)
 
-    offs_n = off_n + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < COUT
-    scale = tl.load(scale_ptr + offs_n, mask=n_ok, other=0.0)
-    bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0)
-    y = acc * scale[None, :] + bias[None, :]
+    y = _scaled_columns(acc, scale_ptr, bias_ptr, off_n, COUT, BLOCK_N)
     if RELU:
         y = tl.maximum(y, 0.0)
     y16 = y.to(tl.float16)
     if OUT_F16:
         o_desc.store([n0, h0, w0, off_n], y16.reshape(BI, BH, BW, BLOCK_N))
     if OUT_F8:
-        q_scale = tl.load(q_scale_ptr)
-        q_inv = tl.math.div_rn(tl.full([], 1.0, tl.float32), q_scale)
-        q = _quantize_e4m3(y16.to(tl.float32), q_scale, q_inv, QMAX)
-        q_desc.store([n0, h0, w0, off_n], q.reshape(BI, BH, BW, BLOCK_N))
+        q_desc.store([n0, h0, w0, off_n], _e4m3_out(y16, q_scale_ptr, QMAX).reshape(
+            BI, BH, BW, BLOCK_N))
 
 
 def fp8_conv_s1_tma(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
