@@ -6,7 +6,6 @@ different computation."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,17 +14,14 @@ import sys
 import pytest
 
 torch = pytest.importorskip("torch")
-from triton_interpret import ROOT, needs_triton  # noqa: E402
+from triton_interpret import ROOT, load_benchmark, needs_triton  # noqa: E402
 
 PROBE = ROOT / "benchmarks" / "fp8_tma3x3_probe.py"
 
 
 def _probe():
-    """The probe script as a module (a script in benchmarks/, not a package)."""
-    spec = importlib.util.spec_from_file_location("fp8_tma3x3_probe", PROBE)
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
-    return probe
+    """The probe script as a module."""
+    return load_benchmark("fp8_tma3x3_probe.py")
 
 
 @needs_triton

@@ -13,19 +13,14 @@ import sys
 import pytest
 
 torch = pytest.importorskip("torch")
-from triton_interpret import ROOT, needs_triton  # noqa: E402
+from triton_interpret import ROOT, load_benchmark, needs_triton  # noqa: E402
 
 PROBE = ROOT / "benchmarks" / "fp8_tma_probe.py"
 
 
 def _probe():
-    """The probe script as a module (it is a script in benchmarks/, not a package)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("fp8_tma_probe", PROBE)
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
-    return probe
+    """The probe script as a module."""
+    return load_benchmark("fp8_tma_probe.py")
 
 
 @needs_triton
