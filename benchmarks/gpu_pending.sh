@@ -215,8 +215,9 @@
 #       and fp8 as the family builds them (into /tmp/pending/r50-small) and an fp8 one with
 #       fp8_conv triton-fused-tma-3x3 (its stride-1 3x3 layers on fp8_conv_s1_tma outside
 #       the small static graphs; into /tmp/pending/r50-tma3x3), built at once, the new one
-#       verified, the three timed with the peer at batches 1, 8 and 32 (R50_BATCHES=) with
-#       replay timelines. After `tma3x3`, with its winners in MEASURED_BOX_TILES
+#       verified, the three timed with the peer at batches 1, 3, 8 and 32 (R50_BATCHES=;
+#       3: the dynamic graph's worst case for boxes of 8 images) with replay timelines.
+#       After `tma3x3`, with its winners in MEASURED_BOX_TILES
 #   benchmarks/gpu_pending.sh pdl OUT_DIR   # ~1 min, no bundles: issue 18, a chain of small
 #       dependent Triton kernels in one CUDA graph with and without programmatic dependent
 #       launch (pdl_probe.py): the gap per launch that the fp8 batch-1 graphs show
@@ -494,7 +495,7 @@ r50-tma3x3)   # issue 18: timm_resnet50 fp8 with its stride-1 3x3 layers on 4-D 
   step r50-tma3x3-time "${TIME_LIMIT:-200}" python3 benchmarks/aoti_static_vs_peer.py \
     "$bundles"/r50-small/timm_resnet50-fp16-*-torch-aoti.bundle \
     "$bundles"/r50-small/timm_resnet50-fp8-*-torch-aoti.bundle "${boxed[@]}" \
-    --batch-sizes "${R50_BATCHES:-1,8,32}" --timeline --profile-sizes 32 --rows 12
+    --batch-sizes "${R50_BATCHES:-1,3,8,32}" --timeline --profile-sizes 32 --rows 12
   ;;
 r50-tiles-b1)   # `r50-tiles-small` at batch 1 (the batch-1 table was picked one call a replay)
   SMALL_BATCHES=1 TILES_LIMIT=${TILES_LIMIT:-300} TILES_BUDGET=${TILES_BUDGET:-260} \

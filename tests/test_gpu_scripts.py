@@ -287,7 +287,7 @@ def test_gaps_runs_the_replay_timelines_and_next_the_pair_on_an_h200(tmp_path):
     verified = [c for c in calls if "verify --numerics" in c]
     assert len(verified) == 1 and "/r50-tma3x3/timm_resnet50-fp8-" in verified[0], calls
     timed = [c for c in calls if "aoti_static_vs_peer.py" in c]
-    assert len(timed) == 1 and "--batch-sizes 1,8,32" in timed[0] and "--timeline" in timed[0]
+    assert len(timed) == 1 and "--batch-sizes 1,3,8,32" in timed[0] and "--timeline" in timed[0]
     assert len([w for w in timed[0].split() if w.endswith(".bundle")]) == 3, timed
     # r50-tiles-b1: batch 1's tiles, 20 calls of a layer a graph (the default at batch 1)
     done, calls = _run_step(tmp_path / "tiles-b1", "NVIDIA H100 80GB HBM3", "r50-tiles-b1",
