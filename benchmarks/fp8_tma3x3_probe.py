@@ -202,12 +202,12 @@ def main() -> int:
                 except Exception as e:      # shared memory, or no support for the reshape
                     print(f"  {tiles} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
                     continue
-                print(f"  {tiles} {ms:.4f} ms (useful {useful_share(args.batch, hw, hw, *tiles[:3]):.3f})",
-                      flush=True)
+                share = useful_share(args.batch, hw, hw, *tiles[:3])
+                print(f"  {tiles} {ms:.4f} ms (useful {share:.3f})", flush=True)
                 best = min(best or (ms, tiles), (ms, tiles))
             if best is None:
-                print(f"3x3 {cin}->{cout} @{hw} x{count}: shipped {ms_shipped:.4f} ms | no tile ran",
-                      flush=True)
+                print(f"3x3 {cin}->{cout} @{hw} x{count}: shipped {ms_shipped:.4f} ms | "
+                      "no tile ran", flush=True)
                 total["tma"] = float("nan")
                 continue
             diff = compare(case, cout, 3, best[1], shipped, out16)

@@ -49,7 +49,8 @@ def test_the_probe_refuses_what_its_boxes_cannot_hold():
                               tiles=(1, 4, 4, 32, 64, 4, 2))
     with pytest.raises(ValueError, match="'same' padding"):
         probe.fp8_conv_s1_tma(x, weight, scale, bias, 32, (3, 3), (0, 0))
-    with pytest.raises(ValueError, match="rows outside 32..128 bytes"):     # fp16 rows of 128 columns
+    # fp16 rows of 128 columns: 256 bytes
+    with pytest.raises(ValueError, match="rows outside 32..128 bytes"):
         probe.fp8_conv_s1_tma(x, weight, scale, bias, 32, (3, 3), (1, 1),
                               tiles=(1, 4, 4, 128, 32, 4, 2))
 

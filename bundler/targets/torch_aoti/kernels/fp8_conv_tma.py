@@ -305,9 +305,9 @@ def box_tiles_for(cin: int, cout: int, h: int, w: int,
                   table: Mapping[tuple[int, int, int, int], BoxTiles | None] | None = None
                   ) -> BoxTiles | None:
     """The tiles of a stride-1 k x k layer on h x w maps: ``table``'s (default
-    ``MEASURED_BOX_TILES``; None there: the layer stays on the shipped kernel), else the least wasteful box of 128 pixels (of 64 where that
-    wastes less) by 64 channels, the widest channel block C allows (128 bytes: 3 stages,
-    64 or 32: 4)."""
+    ``MEASURED_BOX_TILES``; None there: the layer stays on the shipped kernel), else the
+    least wasteful box of 128 pixels (of 64 where that wastes less) by 64 channels, the
+    widest channel block C allows (128 bytes: 3 stages, 64 or 32: 4)."""
     table = MEASURED_BOX_TILES if table is None else table
     if (cin, cout, h, w) in table:
         found = table[(cin, cout, h, w)]
