@@ -51,13 +51,13 @@ from fp8_tma_probe import e4m3_steps  # noqa: E402
 
 
 def candidates(n: int, h: int, w: int, c: int, cout: int) -> list[BoxTiles]:
-    """Tiles tried per layer: the two least wasteful 64- and 128-pixel boxes, 64 or 128
-    channels a side (128 x 64 with 4 and 8 warps), the widest channel block C allows (128
-    bytes: 3 stages; 64: 4)."""
+    """Tiles tried per layer: the two least wasteful 64-, 128- and 256-pixel boxes, 64 or
+    128 channels a side (128 x 64 with 4 and 8 warps), the widest channel block C allows
+    (128 bytes: 3 stages; 64: 4)."""
     bk, stages = (128, 3) if c % 128 == 0 else (64, 4)
     out = []
     for rows, bn, warps in ((64, 64, 4), (128, 64, 4), (128, 64, 8), (128, 128, 8),
-                            (64, 128, 4)):
+                            (64, 128, 4), (256, 64, 8)):
         if bn <= cout:
             out += [(*box, bn, bk, warps, stages) for box in pixel_boxes(n, h, w, rows, 2)]
     return out

@@ -67,4 +67,4 @@ def test_the_boxes_cover_resnets_feature_maps_with_little_waste():
         best = max(probe.useful_share(32, hw, hw, *t[:3]) for t in tiles)
         assert best == (0.875 if hw in (14, 7) else 1.0), hw
         for bi, bh, bw, bn, bk, _w, _s in tiles:
-            assert bi * bh * bw in (64, 128) and bi <= 8 and c % bk == 0 and bn <= c
+            assert bi * bh * bw in (64, 128, 256) and bi <= 8 and c % bk == 0 and bn <= c
