@@ -44,10 +44,12 @@ if str(Path(__file__).resolve().parents[1]) not in sys.path:   # run as a script
 from bundler.targets.torch_aoti.kernels.fp8_conv import (  # noqa: E402
     Fp8ConvConfig, config_for, fp8_conv_fused)
 from bundler.targets.torch_aoti.kernels.fp8_conv_tma import (  # noqa: E402
-    MAX_BOX_ROW_BYTES, BoxTiles, fp8_conv_s1_tma, pixel_boxes, useful_share)
+    MAX_BOX_ROW_BYTES, BoxTiles, box_eligible, fp8_conv_box_tma, pixel_boxes, useful_share)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # the benchmarks' own modules
 from fp8_tma_probe import e4m3_steps  # noqa: E402
+
+from bundler.targets.torch_aoti.build import TMA_COMPILE_OPTIONS  # noqa: E402
 
 
 def candidates(n: int, h: int, w: int, c: int, cout: int) -> list[BoxTiles]:
@@ -76,36 +78,55 @@ def _case(n: int, hw: int, c: int, cout: int, k: int, device: str, seed: int = 0
     return tuple(t.to(device) for t in (x, weight, scale, bias))
 
 
-def compare(case: tuple, cout: int, k: int, tiles: BoxTiles, shipped: Fp8ConvConfig,
-            out_f16: bool) -> dict:
-    """Both kernels on one case (ReLU, e4m3 out, fp16 out if asked): the largest fp16
-    difference and the e4m3 steps apart."""
+def epilogue_kwargs(epilogue: tuple, device: str) -> dict:
+    """The fused op's keywords for an epilogue (relu, residual, fp16 out, e4m3 out); the
+    box kernel has no residual."""
+    relu, residual, out16, out8 = epilogue
+    if residual:
+        raise ValueError("the box kernel has no residual")
+    return dict(relu=relu, out_f16=out16,
+                out_scale=torch.tensor(0.05, device=device) if out8 else None)
+
+
+def compare(case: tuple, cout: int, k: int, stride: int, tiles: BoxTiles,
+            shipped: Fp8ConvConfig, epilogue: tuple) -> dict:
+    """Both kernels on one case: the e4m3 steps apart and the largest fp16 difference, for
+    the outputs the epilogue writes."""
     x, weight, scale, bias = case
-    out_scale = torch.tensor(0.05, device=x.device)
-    kw = dict(relu=True, out_f16=out_f16, out_scale=out_scale)
-    s16, s8 = fp8_conv_fused(x, weight, scale, bias, cout, (k, k), (1, 1), (k // 2, k // 2),
-                             config=shipped, **kw)
-    t16, t8 = fp8_conv_s1_tma(x, weight, scale, bias, cout, (k, k), (k // 2, k // 2),
-                              tiles=tiles, **kw)
-    result = {"e4m3_steps": e4m3_steps(s8, t8), "e4m3_nonzero": int((s8.float() != 0).sum())}
-    if out_f16:
+    kw = epilogue_kwargs(epilogue, x.device)
+    s16, s8 = fp8_conv_fused(x, weight, scale, bias, cout, (k, k), (stride, stride),
+                             (k // 2, k // 2), config=shipped, **kw)
+    t16, t8 = fp8_conv_box_tma(x, weight, scale, bias, cout, (k, k), (k // 2, k // 2),
+                               stride=stride, tiles=tiles, **kw)
+    result = {}
+    if s8 is not None:
+        result["e4m3_steps"] = e4m3_steps(s8, t8)
+        result["e4m3_nonzero"] = int((s8.float() != 0).sum())
+    if s16 is not None:
         result["f16_max_diff"] = float((s16.float() - t16.float()).abs().max())
         result["f16_scale"] = float(s16.float().abs().max())
+        result["f16_nonzero"] = int((s16.float() != 0).sum())
     return result
 
 
 def interpret_check() -> dict:
     """Under ``TRITON_INTERPRET=1`` on the CPU: against the shipped kernel on small cases
     whose sides are not multiples of the box (edge tiles, padding at every border), with
-    and without the fp16 output, a box over several images and a 1x1 layer."""
+    and without the fp16 output, a box over several images, a 1x1 layer, and at stride 2
+    a 3x3 layer (both parities of rows and columns) and a 1x1 downsample (fp16 out, no
+    ReLU)."""
     shipped = Fp8ConvConfig(16, 16, 32, 4, 2, 2)
-    cases = {"3x3 6x6 box 1x4x4": (3, 6, (1, 4, 4, 32, 32, 4, 2), True),
-             "3x3 5x5 box 2x2x4 e4m3 only": (3, 5, (2, 2, 4, 32, 32, 4, 2), False),
-             "1x1 5x5 box 1x2x8": (1, 5, (1, 2, 8, 32, 32, 4, 2), True)}
+    both, e4m3, f16 = (True, False, True, True), (True, False, False, True), \
+        (False, False, True, False)
+    cases = {"3x3 6x6 box 1x4x4": (3, 1, 6, (1, 4, 4, 32, 32, 4, 2), both),
+             "3x3 5x5 box 2x2x4 e4m3 only": (3, 1, 5, (2, 2, 4, 32, 32, 4, 2), e4m3),
+             "1x1 5x5 box 1x2x8": (1, 1, 5, (1, 2, 8, 32, 32, 4, 2), both),
+             "3x3 s2 10x10 box 1x4x4": (3, 2, 10, (1, 4, 4, 32, 32, 4, 2), both),
+             "1x1 s2 6x6 box 2x2x4 fp16 only": (1, 2, 6, (2, 2, 4, 32, 32, 4, 2), f16)}
     results = {}
-    for name, (k, hw, tiles, out_f16) in cases.items():
+    for name, (k, stride, hw, tiles, epilogue) in cases.items():
         case = _case(3, hw, 64, 48, k, "cpu")
-        results[name] = compare(case, 48, k, tiles, shipped, out_f16)
+        results[name] = compare(case, 48, k, stride, tiles, shipped, epilogue)
     return results
 
 
@@ -127,9 +148,10 @@ def aoti_check(batch: int) -> str:
             self.register_buffer("out_scale", torch.full((16,), 0.05, device="cuda"))
 
         def forward(self, x):
-            _y16, y8 = fp8_conv_s1_tma(x.to(torch.float8_e4m3fn), self.weight, self.scale,
-                                   self.bias, 64, (3, 3), (1, 1), relu=True, out_f16=False,
-                                   out_scale=self.out_scale, tiles=(1, 8, 8, 64, 64, 4, 3))
+            _y16, y8 = fp8_conv_box_tma(x.to(torch.float8_e4m3fn), self.weight, self.scale,
+                                        self.bias, 64, (3, 3), (1, 1), relu=True,
+                                        out_f16=False, out_scale=self.out_scale,
+                                        tiles=(1, 8, 8, 64, 64, 4, 3))
             return y8.view(torch.uint8)
 
     module = Layer().eval()
@@ -139,7 +161,8 @@ def aoti_check(batch: int) -> str:
             dim = torch.export.Dim("batch", min=1, max=32)
             program = torch.export.export(module, (x,), dynamic_shapes=({0: dim},), strict=True)
             path = torch._inductor.aoti_compile_and_package(
-                program, package_path=str(Path(tmp) / "tma3x3.pt2"))
+                program, package_path=str(Path(tmp) / "tma3x3.pt2"),
+                inductor_configs=dict(TMA_COMPILE_OPTIONS))   # as a bundle build does
             loaded = torch._inductor.aoti_load_package(path)
             results = []
             for b in (1, batch):
@@ -174,50 +197,56 @@ def main() -> int:
 
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
           f"{triton.__version__}, batch {args.batch}", flush=True)
-    total = {"shipped": 0.0, "tma": 0.0}
+    totals: dict[int, dict[str, float]] = {}
     for shape, by_epilogue in fused_layer_epilogues().items():
         cin, cout, hw, k, stride, _pad = shape
-        if k != 3 or stride != 1:
-            continue
-        shipped = config_for(cin, cout, (3, 3), (1, 1), batch=args.batch)
+        if not box_eligible(cin, cout, (k, k), (stride, stride), (k // 2, k // 2), (1, 1)):
+            continue                 # the dense 1x1 layers: fp8_tma_probe.py's
+        total = totals.setdefault(stride, {"shipped": 0.0, "tma": 0.0})
+        shipped = config_for(cin, cout, (k, k), (stride, stride), batch=args.batch)
+        out_hw = hw // stride
         for epilogue, count in by_epilogue.items():
-            relu, residual, out16, out8 = epilogue
-            if residual or not relu or not out8:
-                print(f"3x3 {cin}->{cout} @{hw} {epilogue}: not a form this probe has", flush=True)
+            name = f"{k}x{k} s{stride} {cin}->{cout} @{hw} {epilogue} x{count}"
+            if epilogue[1]:
+                print(f"{name}: a residual, which the box kernel has not", flush=True)
                 continue
-            case = _case(args.batch, hw, cin, cout, 3, "cuda")
+            case = _case(args.batch, hw, cin, cout, k, "cuda")
             x, weight, scale, bias = case
-            kw = dict(relu=True, out_f16=out16, out_scale=torch.tensor(0.05, device="cuda"))
+            kw = epilogue_kwargs(epilogue, "cuda")
+            geometry = ((k, k), (stride, stride), (k // 2, k // 2))
             ms_shipped, _ = graph_time(lambda: fp8_conv_fused(
-                x, weight, scale, bias, cout, (3, 3), (1, 1), (1, 1), config=shipped, **kw),
+                x, weight, scale, bias, cout, *geometry, config=shipped, **kw),
                 args.iters, calls=args.per_graph)
             best = None
-            for tiles in candidates(args.batch, hw, hw, cin, cout):
-                if out16 and 2 * tiles[3] > MAX_BOX_ROW_BYTES:
+            for tiles in candidates(args.batch, out_hw, out_hw, cin, cout):
+                if epilogue[2] and 2 * tiles[3] > MAX_BOX_ROW_BYTES:
                     continue
                 try:
-                    ms, _ = graph_time(lambda t=tiles: fp8_conv_s1_tma(
-                        x, weight, scale, bias, cout, (3, 3), (1, 1), tiles=t, **kw),
-                        args.iters, calls=args.per_graph)
+                    ms, _ = graph_time(lambda t=tiles: fp8_conv_box_tma(
+                        x, weight, scale, bias, cout, (k, k), (k // 2, k // 2), stride=stride,
+                        tiles=t, **kw), args.iters, calls=args.per_graph)
                 except Exception as e:      # shared memory, or no support for the reshape
                     print(f"  {tiles} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
                     continue
-                share = useful_share(args.batch, hw, hw, *tiles[:3])
+                share = useful_share(args.batch, out_hw, out_hw, *tiles[:3])
                 print(f"  {tiles} {ms:.4f} ms (useful {share:.3f})", flush=True)
                 best = min(best or (ms, tiles), (ms, tiles))
             if best is None:
-                print(f"3x3 {cin}->{cout} @{hw} x{count}: shipped {ms_shipped:.4f} ms | "
-                      "no tile ran", flush=True)
+                print(f"{name}: shipped {ms_shipped:.4f} ms | no tile ran", flush=True)
                 total["tma"] = float("nan")
                 continue
-            diff = compare(case, cout, 3, best[1], shipped, out16)
-            print(f"3x3 {cin}->{cout} @{hw} {epilogue} x{count}: shipped {ms_shipped:.4f} ms "
-                  f"{tuple(shipped)} | tma {best[0]:.4f} ms {best[1]} "
-                  f"({ms_shipped / best[0]:.2f}x) {diff}", flush=True)
+            diff = compare(case, cout, k, stride, best[1], shipped, epilogue)
+            print(f"{name}: shipped {ms_shipped:.4f} ms {tuple(shipped)} | tma "
+                  f"{best[0]:.4f} ms {best[1]} ({ms_shipped / best[0]:.2f}x) {diff}",
+                  flush=True)
+            print(f"   MEASURED_BOX_TILES[{(cin, cout, k, stride, hw, hw)}] = "
+                  f"{best[1] if best[0] < ms_shipped else None}", flush=True)
             total["shipped"] += count * ms_shipped
             total["tma"] += count * best[0]
-    print(f"== stride-1 3x3 layers, count-weighted: shipped {total['shipped']:.3f} ms; TMA "
-          f"{total['tma']:.3f} ms ({total['shipped'] / total['tma']:.2f}x)", flush=True)
+    for stride, total in totals.items():
+        print(f"== stride-{stride} box layers, count-weighted: shipped {total['shipped']:.3f} "
+              f"ms; TMA {total['tma']:.3f} ms ({total['shipped'] / total['tma']:.2f}x)",
+              flush=True)
     if args.aoti:
         print("== AOTInductor, 4-D host descriptors:", aoti_check(args.batch), flush=True)
     return 0

@@ -213,7 +213,7 @@
 #       is kernel time
 #   benchmarks/gpu_pending.sh r50-tma3x3 OUT_DIR   # ~5 min: issue 18, timm_resnet50's fp16
 #       and fp8 as the family builds them (into /tmp/pending/r50-small) and an fp8 one with
-#       fp8_conv triton-fused-tma-3x3 (its stride-1 3x3 layers on fp8_conv_s1_tma outside
+#       fp8_conv triton-fused-tma-3x3 (its stride-1 3x3 layers on fp8_conv_box_tma outside
 #       the small static graphs; into /tmp/pending/r50-tma3x3), built at once, the new one
 #       verified, the three timed with the peer at batches 1, 3, 8 and 32 (R50_BATCHES=;
 #       3: the dynamic graph's worst case for boxes of 8 images) with replay timelines.

@@ -67,10 +67,11 @@ def layer_case(epilogue: tuple, nchw_strides: bool = False) -> dict:
 SMALL_MODEL_1X1 = ((32, 16), (16, 64), (32, 64), (64, 16))
 
 
-def small_resnet(planes: int = 16) -> nn.Module:
+def small_resnet(planes: int = 16, stride: int = 1) -> nn.Module:
     """Stem, max pool, two timm bottlenecks whose 1x1 layers have 16-multiple channels (one
-    with a stride-1 downsample), global pool, fc; BatchNorm folded. ``planes`` 32: the 3x3
-    layers are ones the 4-D TMA kernel takes (``box_eligible``)."""
+    with a downsample), global pool, fc; BatchNorm folded. ``planes`` 32: the 3x3 layers
+    are ones the box TMA kernel takes (``box_eligible``); ``stride`` 2: the first block's
+    3x3 layer and downsample are strided."""
     from timm.models.resnet import Bottleneck
 
     from bundler.torch_model import fold_batchnorm
@@ -84,8 +85,9 @@ def small_resnet(planes: int = 16) -> nn.Module:
             self.act1 = nn.ReLU()
             self.maxpool = nn.MaxPool2d(2)
             self.layer1 = nn.Sequential(
-                Bottleneck(32, planes, downsample=nn.Sequential(
-                    nn.Conv2d(32, 4 * planes, 1, bias=False), nn.BatchNorm2d(4 * planes))),
+                Bottleneck(32, planes, stride=stride, downsample=nn.Sequential(
+                    nn.Conv2d(32, 4 * planes, 1, stride=stride, bias=False),
+                    nn.BatchNorm2d(4 * planes))),
                 Bottleneck(4 * planes, planes))
             self.global_pool = nn.AdaptiveAvgPool2d(1)
             self.fc = nn.Linear(4 * planes, 10)
@@ -147,35 +149,42 @@ def model_case() -> dict:
     return out
 
 
-def box_model_case() -> dict:
-    """``small_resnet(32)`` fused with ``box_tma`` (fp8_conv triton-fused-tma-3x3's form):
-    its two 3x3 layers on ``fp8_conv_s1_tma`` in a dynamic-batch graph, none in a graph of
-    a small static batch; the outputs equal the model without TMA."""
+def box_model_case(stride: int = 1) -> dict:
+    """``small_resnet(32, stride)`` fused with ``box_tma`` (fp8_conv triton-fused-tma-3x3's
+    form): its box-eligible layers on ``fp8_conv_box_tma`` in a dynamic-batch graph, none in
+    a graph of a small static batch; the outputs equal the model without TMA. At stride 2
+    the strided layers have tiles only once measured: this child's table gets them."""
     import bundler.targets.torch_aoti.kernels.fp8_conv_tma as tma_module
     from bundler.targets.torch_aoti.fp8_layers import exporting_batch
     from bundler.targets.torch_aoti.fused import rewrite_fused, uses_tma
     from bundler.targets.torch_aoti.nhwc_modules import EngineModule
 
-    model = small_resnet(32)
+    model = small_resnet(32, stride)
+    if stride == 2:      # "measured": the strided 3x3 and 1x1 layers on 6x6 input maps
+        tma_module.MEASURED_BOX_TILES = {
+            **tma_module.MEASURED_BOX_TILES,
+            (32, 32, 3, 2, 6, 6): (8, 1, 4, 32, 32, 4, 4),
+            (32, 128, 1, 2, 6, 6): (8, 2, 4, 64, 32, 4, 4)}
     x = torch.randn(2, 3, 12, 12, generator=torch.Generator().manual_seed(1))
     fp8 = {n: (0.05, np.full(m.out_channels, 2e-3, np.float32))
            for n, m in model.named_modules() if isinstance(m, nn.Conv2d) and n != "conv1"}
     plain = EngineModule(rewrite_fused(model, fp8), torch.float16, False, True)
     boxed = EngineModule(rewrite_fused(model, fp8, box_tma=True), torch.float16, False, True)
     launches = []
-    real = tma_module.fp8_conv_s1_tma
+    real = tma_module.fp8_conv_box_tma
 
     def counted(*args, **kwargs):           # this child process only
-        launches.append((tuple(args[0].shape[1:]), kwargs["tiles"]))
+        launches.append((tuple(args[0].shape[1:]), kwargs["stride"], kwargs["tiles"]))
         return real(*args, **kwargs)
 
-    tma_module.fp8_conv_s1_tma = counted
+    tma_module.fp8_conv_box_tma = counted
     out = {}
     with torch.no_grad():
         ref = plain(x)
         with exporting_batch(None):
             got = boxed(x)
-        out["dynamic_launches"] = [[list(shape), list(tiles)] for shape, tiles in launches]
+        out["dynamic_launches"] = [[list(shape), stride, list(tiles)]
+                                   for shape, stride, tiles in launches]
         with exporting_batch(2):
             small = boxed(x)
         out["small_static_launches"] = len(launches) - len(out["dynamic_launches"])
@@ -190,7 +199,8 @@ def box_model_case() -> dict:
 def main() -> None:
     results = {"layers": {name: layer_case(e) for name, e in EPILOGUES.items()},
                "nchw_strides": layer_case(EPILOGUES["res+relu>f16+f8"], nchw_strides=True),
-               "model": model_case(), "box_model": box_model_case()}
+               "model": model_case(), "box_model": box_model_case(),
+               "strided_box_model": box_model_case(2)}
     json.dump(results, sys.stdout)
 
 

@@ -64,7 +64,21 @@ def test_the_3x3_form_puts_stride1_3x3_layers_on_the_4d_tma_kernel_outside_small
     model without TMA."""
     r = interpreted["box_model"]
     assert r["box_layers"] == 2 and r["uses_tma"] == [False, True]
-    assert r["dynamic_launches"] == [[[6, 6, 32], [8, 2, 8, 32, 32, 4, 4]]] * 2
+    assert r["dynamic_launches"] == [[[6, 6, 32], 1, [8, 2, 8, 32, 32, 4, 4]]] * 2
+    assert r["small_static_launches"] == 0
+    assert r["max_diff"] == 0.0 and r["small_max_diff"] == 0.0 and r["scale"] > 0.01
+
+
+@needs_triton
+def test_strided_layers_take_the_box_kernel_once_their_maps_are_measured(interpreted):
+    """At stride 2 (the first block's 3x3 layer and its 1x1 downsample, on 6x6 maps) the
+    box kernel reads the input's parity view; with tiles in MEASURED_BOX_TILES for them,
+    the three box layers launch it at their strides and the outputs equal the model
+    without TMA. Unmeasured, a strided layer stays on the shipped kernel (below)."""
+    r = interpreted["strided_box_model"]
+    assert r["box_layers"] == 3 and r["uses_tma"] == [False, True]
+    assert [(shape, stride) for shape, stride, _t in r["dynamic_launches"]] == [
+        ([6, 6, 32], 2), ([6, 6, 32], 2), ([3, 3, 32], 1)]
     assert r["small_static_launches"] == 0
     assert r["max_diff"] == 0.0 and r["small_max_diff"] == 0.0 and r["scale"] > 0.01
 
@@ -76,7 +90,10 @@ def test_which_layers_the_4d_tma_kernel_takes_and_their_tiles():
         useful_share)
 
     assert box_eligible(64, 64, (3, 3), (1, 1), (1, 1), (1, 1))
-    assert not box_eligible(128, 128, (3, 3), (2, 2), (1, 1), (1, 1))     # strided
+    assert box_eligible(128, 128, (3, 3), (2, 2), (1, 1), (1, 1))         # strided
+    assert box_eligible(256, 512, (1, 1), (2, 2), (0, 0), (1, 1))         # a downsample
+    assert not box_eligible(64, 64, (3, 3), (3, 3), (1, 1), (1, 1))       # stride 3
+    assert not box_eligible(64, 64, (1, 3), (1, 1), (0, 1), (1, 1))       # not square
     assert not box_eligible(64, 64, (3, 3), (1, 1), (0, 0), (1, 1))       # not "same"
     assert not box_eligible(64, 256, (1, 1), (1, 1), (0, 0), (1, 1))      # the 1x1 kernel's
     assert not box_eligible(16, 16, (3, 3), (1, 1), (1, 1), (1, 1))       # 16-byte blocks
@@ -84,16 +101,20 @@ def test_which_layers_the_4d_tma_kernel_takes_and_their_tiles():
     # ResNet-50's maps at batch 32: no waste at 56 and 28, one row or column in eight at
     # 14 and 7; never more than MAX_BOX_IMAGES images a box (a dynamic graph's batch 3)
     for cin, hw, share in ((64, 56, 1.0), (128, 28, 1.0), (256, 14, 0.875), (512, 7, 0.875)):
-        bi, bh, bw, bn, bk, _w, _s = box_tiles_for(cin, cin, hw, hw, {})
+        bi, bh, bw, bn, bk, _w, _s = box_tiles_for(cin, cin, 3, 1, hw, hw, {})
         assert useful_share(32, hw, hw, bi, bh, bw) == share, hw
         assert bi * bh * bw in (64, 128) and bi <= MAX_BOX_IMAGES
         assert cin % bk == 0 and bk <= 128 and bn == 64
     assert all(b[0] <= 2 for b in pixel_boxes(2, 7, 7, 64, 5))       # a static batch of 2
-    for (cin, cout, h, w), tiles in MEASURED_BOX_TILES.items():
-        assert box_tiles_for(cin, cout, h, w) == tiles
+    for (cin, cout, k, stride, h, w), tiles in MEASURED_BOX_TILES.items():
+        assert box_tiles_for(cin, cout, k, stride, h, w) == tiles
         assert tiles is None or cin % tiles[4] == 0
-    assert box_tiles_for(64, 64, 56, 56) is None      # measured slower than the shipped kernel
-    assert box_tiles_for(64, 64, 56, 56, {}) is not None
+    assert box_tiles_for(64, 64, 3, 1, 56, 56) is None   # measured slower than the shipped one
+    assert box_tiles_for(64, 64, 3, 1, 56, 56, {}) is not None
+    # a strided layer takes the box kernel only once measured
+    assert box_tiles_for(128, 128, 3, 2, 56, 56, {}) is None
+    assert box_tiles_for(128, 128, 3, 2, 56, 56, {(128, 128, 3, 2, 56, 56): (
+        8, 4, 4, 64, 128, 4, 3)}) == (8, 4, 4, 64, 128, 4, 3)
 
 
 @needs_triton
@@ -150,6 +171,39 @@ def test_timm_resnet50_puts_its_33_dense_1x1_layers_on_the_tma_kernel():
     # 52 FP8 layers: 16 3x3 and 3 strided downsamples stay on the implicit GEMM
     assert len(on_tma) == 33 and uses_tma(fused) and export_strict(fused)
     assert not export_strict(rewrite_fused(model, fp8))
+
+
+def test_timm_resnet50s_3x3_form_puts_the_measured_maps_on_the_box_kernel():
+    """fp8_conv triton-fused-tma-3x3 on timm_resnet50: the 16 3x3 layers and 3 strided
+    downsamples may take the box kernel (box_eligible); at batch 32's input maps the 10
+    stride-1 3x3 layers on 28, 14 and 7 take it with their measured tiles, while the three
+    on 56x56 (measured slower) and the six strided layers (not measured) keep the shipped
+    kernel."""
+    pytest.importorskip("timm")
+    import numpy as np
+
+    from bundler.families import load_family
+    from bundler.targets.torch_aoti.fp8_layers import exporting_batch
+    from bundler.targets.torch_aoti.fused import rewrite_fused
+    from bundler.torch_model import build_torch_model
+
+    model = build_torch_model(load_family("timm_resnet50"), seed=0)
+    fp8 = {n: (0.01, np.full(m.out_channels, 1e-3, np.float32)) for n, m in model.named_modules()
+           if isinstance(m, torch.nn.Conv2d) and n != "conv1"}
+    fused = rewrite_fused(model, fp8, tma=True, box_tma=True)
+    boxed = {n: m for n, m in fused.named_modules() if getattr(m, "box_tma", False)}
+    assert len(boxed) == 19
+    sides = {"layer1": 56, "layer2": 28, "layer3": 14, "layer4": 7}   # each stage's output
+    taken = []
+    with exporting_batch(None):
+        for name, m in boxed.items():
+            stage = name.split(".")[0]
+            side = sides[stage] * m.stride[0]           # the layer's input map
+            x = torch.empty(32, side, side, m.cin, dtype=torch.float8_e4m3fn)
+            if m.box_tiles_at(x) is not None:
+                taken.append((stage, m.stride[0]))
+    assert sorted(taken) == sorted([("layer2", 1)] * 3 + [("layer3", 1)] * 5
+                                   + [("layer4", 1)] * 2), taken
 
 
 @needs_triton

@@ -31,13 +31,19 @@ def test_the_tma_3x3_kernel_equals_the_shipped_one_under_the_interpreter():
                           text=True, env=env, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(done.stdout)
-    assert len(results) == 3
+    assert len(results) == 5
     for name, r in results.items():
-        assert r["e4m3_steps"] == 0, name
-        assert r["e4m3_nonzero"] > 100, name          # not a comparison of two empty outputs
+        if "e4m3_steps" in r:
+            assert r["e4m3_steps"] == 0, name
+            assert r["e4m3_nonzero"] > 100, name      # not a comparison of two empty outputs
         if "f16_max_diff" in r:
             assert r["f16_max_diff"] == 0.0 and r["f16_scale"] > 1.0, name
+            assert r["f16_nonzero"] > 100, name
     assert "f16_max_diff" not in results["3x3 5x5 box 2x2x4 e4m3 only"]
+    # stride 2: a 3x3 layer over both parities, a 1x1 downsample (fp16 only, no ReLU)
+    assert set(results["3x3 s2 10x10 box 1x4x4"]) >= {"e4m3_steps", "f16_max_diff"}
+    only16 = results["1x1 s2 6x6 box 2x2x4 fp16 only"]
+    assert "e4m3_steps" not in only16 and only16["f16_nonzero"] == 3 * 3 * 3 * 48
 
 
 @needs_triton
@@ -45,13 +51,17 @@ def test_the_probe_refuses_what_its_boxes_cannot_hold():
     probe = _probe()
     x, weight, scale, bias = probe._case(1, 6, 32, 32, 3, "cpu")
     with pytest.raises(ValueError, match="multiple of BLOCK_K"):       # a block over two taps
-        probe.fp8_conv_s1_tma(x, weight, scale, bias, 32, (3, 3), (1, 1),
+        probe.fp8_conv_box_tma(x, weight, scale, bias, 32, (3, 3), (1, 1),
                               tiles=(1, 4, 4, 32, 64, 4, 2))
+    with pytest.raises(ValueError, match="stride 2 on 5x5: stride 1, or 2 on even sides"):
+        odd = probe._case(1, 5, 32, 32, 3, "cpu")
+        probe.fp8_conv_box_tma(*odd, 32, (3, 3), (1, 1), stride=2,
+                               tiles=(1, 4, 4, 32, 32, 4, 2))
     with pytest.raises(ValueError, match="'same' padding"):
-        probe.fp8_conv_s1_tma(x, weight, scale, bias, 32, (3, 3), (0, 0))
+        probe.fp8_conv_box_tma(x, weight, scale, bias, 32, (3, 3), (0, 0))
     # fp16 rows of 128 columns: 256 bytes
     with pytest.raises(ValueError, match="rows outside 32..128 bytes"):
-        probe.fp8_conv_s1_tma(x, weight, scale, bias, 32, (3, 3), (1, 1),
+        probe.fp8_conv_box_tma(x, weight, scale, bias, 32, (3, 3), (1, 1),
                               tiles=(1, 4, 4, 128, 32, 4, 2))
 
 

@@ -88,11 +88,11 @@ class FusedConv(nn.Module):
     graph takes TMA too where its batch has TMA tiles for the layer (fp8_conv
     "triton-fused-tma-small" passes ``MEASURED_TMA_TILES_BY_BATCH``: per layer 1.22-1.39x
     the shipped kernel at batch 1-4 with its tables of the time).
-    ``box_tma``: a stride-1 k x k FP8 layer with "same" padding and no residual
-    (``fp8_conv_tma.box_eligible``: ResNet's unstrided 3x3 ones) runs on
-    ``fp8_conv_s1_tma`` (each window tap one 4-D TMA box, the same numerics) outside the
+    ``box_tma``: a k x k FP8 layer of stride 1 or 2 with "same" padding and no residual
+    (``fp8_conv_tma.box_eligible``: ResNet's 3x3 ones, its strided 1x1 downsamples) runs on
+    ``fp8_conv_box_tma`` (each window tap one TMA box, the same numerics) outside the
     graphs of a small static batch, with ``box_tiles_for``'s tiles for its feature map
-    (none: the layer's map was faster on the shipped kernel).
+    (none: the shipped kernel was faster there, or a strided layer is not measured).
     Such a model is exported with Dynamo (``uses_tma``)."""
 
     def __init__(self, conv: nn.Conv2d, scales: tuple[float, Any] | None, *, relu: bool,
@@ -164,14 +164,16 @@ class FusedConv(nn.Module):
         return self.tma_tiles
 
     def box_tiles_at(self, x: torch.Tensor) -> tuple | None:
-        """The 4-D TMA kernel's tiles for a launch on ``x`` (NHWC), or None for another
-        kernel: only with ``box_tma``, outside small static graphs, where the feature map's
-        tiles are not None (``box_tiles_for``)."""
-        if not self.box_tma or small_static_batch(x):
+        """The box kernel's tiles for a launch on ``x`` (NHWC), or None for another kernel:
+        only with ``box_tma``, outside small static graphs, on even sides at stride 2,
+        where the feature map's tiles are not None (``box_tiles_for``)."""
+        h, w = int(x.shape[1]), int(x.shape[2])
+        if (not self.box_tma or small_static_batch(x)
+                or (self.stride[0] == 2 and (h % 2 or w % 2))):
             return None
         from bundler.targets.torch_aoti.kernels.fp8_conv_tma import box_tiles_for
 
-        return box_tiles_for(self.cin, self.cout, int(x.shape[1]), int(x.shape[2]))
+        return box_tiles_for(self.cin, self.cout, self.kernel[0], self.stride[0], h, w)
 
     @property
     def in_scale(self) -> float | None:
@@ -197,12 +199,13 @@ class FusedConv(nn.Module):
             x8 = quantize(x16, self.act_scale)
         box_tiles = self.box_tiles_at(x8) if residual is None else None
         if box_tiles is not None:
-            from bundler.targets.torch_aoti.kernels.fp8_conv_tma import fp8_conv_s1_tma
+            from bundler.targets.torch_aoti.kernels.fp8_conv_tma import fp8_conv_box_tma
 
-            return fp8_conv_s1_tma(x8, self.weight_fp8, self.conv_scale, self.bias, self.cout,
-                                   self.kernel, self.padding, relu=self.relu,
-                                   out_f16=self.out16, out_scale=self.out_scale,
-                                   tiles=box_tiles)
+            return fp8_conv_box_tma(x8, self.weight_fp8, self.conv_scale, self.bias,
+                                    self.cout, self.kernel, self.padding,
+                                    stride=self.stride[0], relu=self.relu,
+                                    out_f16=self.out16, out_scale=self.out_scale,
+                                    tiles=box_tiles)
         tma_tiles = self.tma_tiles_at(x8)
         if tma_tiles is not None:
             from bundler.targets.torch_aoti.kernels.fp8_conv_tma import fp8_conv_1x1_tma
@@ -337,8 +340,9 @@ def rewrite_fused(model: nn.Module, fp8: Mapping[str, tuple[float, Any]],
     e4m3 (for benchmarks: the form before it was dropped). ``tma``: the dense 1x1
     stride-1 FP8 layers on the TMA kernel (``FusedConv``), and with ``tma_batch_tiles``
     (batch -> (in, out channels) -> tiles) in the graphs of those small static batches too;
-    ``box_tma``: the stride-1 3x3 ones on the 4-D TMA kernel outside small static graphs
-    (``FusedConv``); export the result with ``uses_tma`` in mind.
+    ``box_tma``: the 3x3 ones (and strided 1x1 ones) on the box TMA kernel outside small
+    static graphs, where their maps have tiles (``FusedConv``); export the result with
+    ``uses_tma`` in mind.
 
     The e4m3 hand-over between consecutive blocks (in module order: ResNet's stages are
     sequential) assumes the next block reads this block's output; a module in between

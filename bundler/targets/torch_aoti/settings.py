@@ -60,8 +60,9 @@ TORCH_AOTI_FP8_CONVS = ("im2col", "triton", "triton-fused", "triton-fused-tma",
 #: stride-1 layers on the TMA kernel (``kernels/fp8_conv_tma.py``; image families only),
 #: except in the graphs of a small static batch; "triton-fused-tma-small" puts them on it
 #: there too, with the tiles measured at that batch (``MEASURED_TMA_TILES_BY_BATCH``);
-#: "triton-fused-tma-3x3" is "triton-fused-tma-small" with the stride-1 3x3 layers on the
-#: 4-D TMA kernel too (``fp8_conv_s1_tma``) outside the small static graphs.
+#: "triton-fused-tma-3x3" is "triton-fused-tma-small" with the 3x3 layers (and strided 1x1
+#: ones) on the box TMA kernel too (``fp8_conv_box_tma``) outside the small static graphs,
+#: where their feature maps have measured tiles (``MEASURED_BOX_TILES``).
 TORCH_AOTI_FUSED_FP8_CONVS = ("triton-fused", "triton-fused-tma", "triton-fused-tma-small",
                               "triton-fused-tma-3x3")
 #: The forms with TMA layers (Hopper or newer; exported with Dynamo).

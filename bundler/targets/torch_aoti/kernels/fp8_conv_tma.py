@@ -25,13 +25,16 @@ reduction over C in fp32, and its epilogue (scale and bias, the fp16 rounding, r
 ReLU, fp16 and/or e4m3 out). Tiles past the edges read zeros and are not written (the
 descriptors clip).
 
-The stride-1 k x k layers with "same" padding (ResNet-50's 3x3 ones but the three strided)
-take ``fp8_conv_s1_tma``: a window tap of a flat row tile is no rectangle of memory, but it
-is one for a tile of output pixels that is itself a box, ``BI`` images x ``BH`` rows x
-``BW`` columns. For tap (r, s) its inputs are the box that starts at (image, row + r - PH,
-column + s - PW) of the NHWC input seen as a 4-D tensor; TMA fills what lies outside it
-with zeros (negative coordinates too), which is the convolution's zero padding, and clips
-the output box's stores at the edges. Triton's blocks are powers of two, so a side that is
+The k x k layers with "same" padding take ``fp8_conv_box_tma``: a window tap of a flat row
+tile is no rectangle of memory, but it is one for a tile of output pixels that is itself a
+box, ``BI`` images x ``BH`` rows x ``BW`` columns. At stride 1, for tap (r, s) its inputs
+are the box that starts at (image, row + r - PH, column + s - PW) of the NHWC input seen
+as a 4-D tensor; TMA fills what lies outside it with zeros (negative coordinates too),
+which is the convolution's zero padding, and clips the output box's stores at the edges.
+At stride 2 (even sides) the input is seen as a 5-D tensor [N, H/2, 2, W/2, 2C]: the
+row's parity is a dimension of its own, and the column's parity joins the channels, so
+the taps of one parity are again one box (row 2i + d is parity d mod 2, row
+i + floor(d / 2)). Triton's blocks are powers of two, so a side that is
 not a multiple of the box side computes pixels that are thrown away (``pixel_boxes`` picks
 boxes that waste least, of at most ``MAX_BOX_IMAGES`` images: none at 56 and 28, one row
 or column in eight at 14 and 7).
@@ -55,7 +58,7 @@ __all__ = ["TmaTiles", "MEASURED_TMA_TILES", "MEASURED_TMA_TILES_BY_BATCH",
            "DEFAULT_TMA_TILES", "GROUP_M",
            "MAX_BOX_ROW_BYTES", "MIN_BOX_ROW_BYTES", "tiles_fit", "tma_eligible",
            "tma_tiles_for", "fp8_conv_1x1_tma", "BoxTiles", "MEASURED_BOX_TILES",
-           "box_eligible", "pixel_boxes", "useful_share", "box_tiles_for", "fp8_conv_s1_tma"]
+           "box_eligible", "pixel_boxes", "useful_share", "box_tiles_for", "fp8_conv_box_tma"]
 
 #: (block_m, block_n, block_k, num_warps, num_stages)
 TmaTiles = tuple[int, int, int, int, int]
@@ -247,30 +250,34 @@ def fp8_conv_1x1_tma(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
 #: The stride-1 k x k kernel's tiles: (images, rows, columns) of a box of output pixels,
 #: then (block_n, block_k, num_warps, num_stages).
 BoxTiles = tuple[int, int, int, int, int, int, int]
-#: (in channels, out channels, height, width) -> tiles for timm_resnet50's stride-1 3x3
-#: layers at batch 32, the fastest of ``benchmarks/fp8_tma3x3_probe.py``'s candidates on an
-#: H100 (torch 2.11, Triton 3.6, docs/measurements/h100-2026-12-07-a/tma3x3.log: 0.256 ms
-#: over those layers against the shipped kernel's 0.308, the same e4m3 codes), or None
-#: where the shipped kernel was the faster (64 channels on 56x56: 0.0305 against 0.0273
-#: ms). A layer without an entry takes ``box_tiles_for``'s rule.
-MEASURED_BOX_TILES: Mapping[tuple[int, int, int, int], BoxTiles | None] = {
-    (64, 64, 56, 56): None,
-    (128, 128, 28, 28): (8, 4, 4, 64, 128, 4, 3),       # 0.0164 ms, shipped 0.0192
-    (256, 256, 14, 14): (8, 1, 16, 128, 128, 8, 3),     # 0.0150 ms, shipped 0.0242
-    (512, 512, 7, 7): (8, 8, 1, 128, 128, 4, 3),        # 0.0199 ms, shipped 0.0236
+#: (in channels, out channels, kernel side, stride, input height, input width) -> tiles
+#: for timm_resnet50's stride-1 3x3 layers at batch 32, the fastest of
+#: ``benchmarks/fp8_tma3x3_probe.py``'s candidates on an H100 (torch 2.11, Triton 3.6,
+#: docs/measurements/h100-2026-12-07-a/tma3x3.log: 0.256 ms over those layers against the
+#: shipped kernel's 0.308, the same e4m3 codes), or None where the shipped kernel was the
+#: faster (64 channels on 56x56: 0.0305 against 0.0273 ms). A stride-1 layer without an
+#: entry takes ``box_tiles_for``'s rule; a stride-2 one stays on the shipped kernel until
+#: the probe has timed it.
+MEASURED_BOX_TILES: Mapping[tuple[int, int, int, int, int, int], BoxTiles | None] = {
+    (64, 64, 3, 1, 56, 56): None,
+    (128, 128, 3, 1, 28, 28): (8, 4, 4, 64, 128, 4, 3),       # 0.0164 ms, shipped 0.0192
+    (256, 256, 3, 1, 14, 14): (8, 1, 16, 128, 128, 8, 3),     # 0.0150 ms, shipped 0.0242
+    (512, 512, 3, 1, 7, 7): (8, 8, 1, 128, 128, 4, 3),        # 0.0199 ms, shipped 0.0236
 }
 
 
 def box_eligible(cin: int, cout: int, kernel: tuple, stride: tuple, padding: tuple,
                  dilation: tuple) -> bool:
-    """Whether a layer is one ``fp8_conv_s1_tma`` runs: stride 1, undilated, "same" padding
-    (odd kernel, padding kernel // 2), more than one tap (a 1x1 layer is
-    ``fp8_conv_1x1_tma``'s), C a multiple of 32 (a channel block of 32 bytes or more never
-    straddles two taps) and ``cout`` of 16 (TMA's 16-byte rows)."""
+    """Whether a layer is one ``fp8_conv_box_tma`` runs: undilated, "same" padding (a
+    square odd kernel, padding kernel // 2); stride 1 with more than one tap (a dense 1x1 layer is
+    ``fp8_conv_1x1_tma``'s) or stride 2 (its input sides must be even, which the launch
+    checks); C a multiple of 32 (a channel block of 32 bytes or more never straddles two
+    taps) and ``cout`` of 16 (TMA's 16-byte rows)."""
     kh, kw = tuple(kernel)
-    return (tuple(stride) == (1, 1) and tuple(dilation) == (1, 1) and kh * kw > 1
-            and kh % 2 == 1 and kw % 2 == 1 and tuple(padding) == (kh // 2, kw // 2)
-            and cin % 32 == 0 and cout % 16 == 0)
+    strided = tuple(stride) == (2, 2)
+    return ((tuple(stride) == (1, 1) and kh * kw > 1 or strided)
+            and tuple(dilation) == (1, 1) and kh == kw and kh % 2 == 1
+            and tuple(padding) == (kh // 2, kw // 2) and cin % 32 == 0 and cout % 16 == 0)
 
 
 def useful_share(n: int, h: int, w: int, bi: int, bh: int, bw: int) -> float:
@@ -301,17 +308,20 @@ def pixel_boxes(n: int | None, h: int, w: int, rows: int, count: int = 3,
     return [box for *_key, box in sorted(found)[:count]]
 
 
-def box_tiles_for(cin: int, cout: int, h: int, w: int,
-                  table: Mapping[tuple[int, int, int, int], BoxTiles | None] | None = None
-                  ) -> BoxTiles | None:
-    """The tiles of a stride-1 k x k layer on h x w maps: ``table``'s (default
-    ``MEASURED_BOX_TILES``; None there: the layer stays on the shipped kernel), else the
-    least wasteful box of 128 pixels (of 64 where that wastes less) by 64 channels, the
-    widest channel block C allows (128 bytes: 3 stages, 64 or 32: 4)."""
+def box_tiles_for(cin: int, cout: int, k: int, stride: int, h: int, w: int,
+                  table: Mapping[tuple[int, int, int, int, int, int], BoxTiles | None]
+                  | None = None) -> BoxTiles | None:
+    """The tiles of a k x k layer of ``stride`` on h x w input maps, None for the shipped
+    kernel: ``table``'s (default ``MEASURED_BOX_TILES``; None there: the shipped kernel
+    was faster), else at stride 1 the least wasteful box of 128 output pixels (of 64 where
+    that wastes less) by 64 channels, the widest channel block C allows (128 bytes: 3
+    stages, 64 or 32: 4), and at stride 2 None (not measured)."""
     table = MEASURED_BOX_TILES if table is None else table
-    if (cin, cout, h, w) in table:
-        found = table[(cin, cout, h, w)]
-        return None if found is None else tuple(found)
+    key = (cin, cout, k, stride, h, w)
+    if key in table:
+        return None if table[key] is None else tuple(table[key])
+    if stride != 1:
+        return None
     # (plain loops: Dynamo traces this at export, and refuses max() with a key)
     box, share = None, -1.0
     for rows in (128, 64):                               # the first of equals: 128
@@ -323,16 +333,18 @@ def box_tiles_for(cin: int, cout: int, h: int, w: int,
 
 
 @triton.jit
-def _tma_conv_s1_kernel(x_desc, w_desc, o_desc, q_desc, scale_ptr, bias_ptr, q_scale_ptr,
-                        N, H, W, C, COUT,
-                        KH: tl.constexpr, KW: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
-                        RELU: tl.constexpr, OUT_F16: tl.constexpr, OUT_F8: tl.constexpr,
-                        QMAX: tl.constexpr, BI: tl.constexpr, BH: tl.constexpr,
-                        BW: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        GROUP_M: tl.constexpr):
-    """One box of BI x BH x BW output pixels by BLOCK_N channels of a stride-1 convolution:
-    the reduction over (tap, C) with one TMA box per tap and channel block, the epilogue
-    as ``_tma_1x1_tile``'s without a residual."""
+def _tma_conv_box_kernel(x_desc, w_desc, o_desc, q_desc, scale_ptr, bias_ptr, q_scale_ptr,
+                         N, H, W, C, COUT,
+                         KH: tl.constexpr, KW: tl.constexpr, PH: tl.constexpr,
+                         PW: tl.constexpr, STRIDE: tl.constexpr,
+                         RELU: tl.constexpr, OUT_F16: tl.constexpr, OUT_F8: tl.constexpr,
+                         QMAX: tl.constexpr, BI: tl.constexpr, BH: tl.constexpr,
+                         BW: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         GROUP_M: tl.constexpr):
+    """One box of BI x BH x BW output pixels by BLOCK_N channels (H, W: the output's
+    sides): the reduction over (tap, C) with one TMA box per tap and channel block (at
+    STRIDE 2 of the 5-D parity view, module docstring), the epilogue as
+    ``_tma_1x1_tile``'s without a residual."""
     BLOCK_M: tl.constexpr = BI * BH * BW
     tiles_h = tl.cdiv(H, BH)
     tiles_w = tl.cdiv(W, BW)
@@ -349,7 +361,13 @@ def _tma_conv_s1_kernel(x_desc, w_desc, o_desc, q_desc, scale_ptr, bias_ptr, q_s
     for it in range(0, KH * KW * c_tiles):
         tap = it // c_tiles
         k0 = (it % c_tiles) * BLOCK_K
-        a = x_desc.load([n0, h0 + tap // KW - PH, w0 + tap % KW - PW, k0])
+        if STRIDE == 1:
+            a = x_desc.load([n0, h0 + tap // KW - PH, w0 + tap % KW - PW, k0])
+        else:   # input row 2 * (h0 + i) + dr: parity dr mod 2, row h0 + i + floor(dr / 2)
+            dr = tap // KW - PH + 2 * KH           # + 2 KH: >= 0, the same parity
+            dc = tap % KW - PW + 2 * KW
+            a = x_desc.load([n0, h0 + dr // 2 - KH, dr % 2, w0 + dc // 2 - KW,
+                             (dc % 2) * C + k0])
         b = w_desc.load([off_n, tap * C + k0])
         acc = tl.dot(a.reshape(BLOCK_M, BLOCK_K), b.T, acc)
 
@@ -364,16 +382,17 @@ def _tma_conv_s1_kernel(x_desc, w_desc, o_desc, q_desc, scale_ptr, bias_ptr, q_s
             BI, BH, BW, BLOCK_N))
 
 
-def fp8_conv_s1_tma(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-                    bias: torch.Tensor, cout: int, kernel: tuple[int, int],
-                    padding: tuple[int, int], *, relu: bool = False, out_f16: bool = True,
-                    out_scale: torch.Tensor | None = None,
-                    tiles: BoxTiles = (2, 8, 8, 64, 64, 4, 4)
-                    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """``fp8_conv_fused`` without a residual for a stride-1, undilated layer with "same"
-    padding on NHWC e4m3 ``x`` (``weight``: the shared e4m3 ``[>= cout, >= KH*KW*C]``
-    buffer, (kh, kw, C) order). C must be a multiple of BLOCK_K (a channel block never
-    straddles two taps). Returns (fp16 or None, e4m3 or None), NHWC ``[N, H, W, cout]``.
+def fp8_conv_box_tma(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                     bias: torch.Tensor, cout: int, kernel: tuple[int, int],
+                     padding: tuple[int, int], *, stride: int = 1, relu: bool = False,
+                     out_f16: bool = True, out_scale: torch.Tensor | None = None,
+                     tiles: BoxTiles = (2, 8, 8, 64, 64, 4, 4)
+                     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``fp8_conv_fused`` without a residual for an undilated layer of ``stride`` 1 or 2
+    with "same" padding on NHWC e4m3 ``x`` (``weight``: the shared e4m3
+    ``[>= cout, >= KH*KW*C]`` buffer, (kh, kw, C) order). C must be a multiple of BLOCK_K
+    (a channel block never straddles two taps); at stride 2 the input's sides must be even.
+    Returns (fp16 or None, e4m3 or None), NHWC ``[N, H / stride, W / stride, cout]``.
 
     A plain launch, not a torch op: export it with Dynamo (module docstring)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -382,31 +401,38 @@ def fp8_conv_s1_tma(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     kh, kw = kernel
     bi, bh, bw, bn, bk, warps, stages = tiles
     if kh % 2 == 0 or kw % 2 == 0 or tuple(padding) != (kh // 2, kw // 2):
-        raise ValueError("fp8_conv_s1_tma: needs an odd kernel with 'same' padding "
+        raise ValueError("fp8_conv_box_tma: needs an odd kernel with 'same' padding "
                          "(kernel // 2)")
+    if stride not in (1, 2) or (stride == 2 and (h % 2 or w % 2)):
+        raise ValueError(f"fp8_conv_box_tma: stride {stride} on {h}x{w}: stride 1, or 2 "
+                         "on even sides")
     if c % bk or c % 16 or weight.stride(0) % 16 or cout % 16:
-        raise ValueError(f"fp8_conv_s1_tma: C {c} must be a multiple of BLOCK_K {bk} and "
+        raise ValueError(f"fp8_conv_box_tma: C {c} must be a multiple of BLOCK_K {bk} and "
                          f"of 16, cout {cout} of 16, weight rows of 16 bytes")
     row_bytes = [bk] + ([2 * bn] if out_f16 else []) + ([bn] if out_scale is not None else [])
     if not all(MIN_BOX_ROW_BYTES <= r <= MAX_BOX_ROW_BYTES for r in row_bytes):
-        raise ValueError(f"fp8_conv_s1_tma: tiles {tiles} have rows outside "
+        raise ValueError(f"fp8_conv_box_tma: tiles {tiles} have rows outside "
                          f"{MIN_BOX_ROW_BYTES}..{MAX_BOX_ROW_BYTES} bytes, which AOTInductor "
                          "cannot encode")
     if not out_f16 and out_scale is None:
-        raise ValueError("fp8_conv_s1_tma: asked for neither output")
+        raise ValueError("fp8_conv_box_tma: asked for neither output")
     x = x.contiguous()
-    out = torch.empty((n, h, w, cout) if out_f16 else (0,), dtype=torch.float16,
+    ho, wo = h // stride, w // stride
+    out = torch.empty((n, ho, wo, cout) if out_f16 else (0,), dtype=torch.float16,
                       device=x.device)
-    q = torch.empty((n, h, w, cout) if out_scale is not None else (0,),
+    q = torch.empty((n, ho, wo, cout) if out_scale is not None else (0,),
                     dtype=torch.float8_e4m3fn, device=x.device)
-    a = TensorDescriptor.from_tensor(x, [bi, bh, bw, bk])
+    if stride == 1:
+        a = TensorDescriptor.from_tensor(x, [bi, bh, bw, bk])
+    else:       # the parity view (module docstring)
+        a = TensorDescriptor.from_tensor(x.view(n, ho, 2, wo, 2 * c), [bi, bh, 1, bw, bk])
     o = TensorDescriptor.from_tensor(out, [bi, bh, bw, bn]) if out_f16 else a
     qd = TensorDescriptor.from_tensor(q, [bi, bh, bw, bn]) if out_scale is not None else a
-    num_m = triton.cdiv(n, bi) * triton.cdiv(h, bh) * triton.cdiv(w, bw)
-    _tma_conv_s1_kernel[(num_m * triton.cdiv(cout, bn),)](
+    num_m = triton.cdiv(n, bi) * triton.cdiv(ho, bh) * triton.cdiv(wo, bw)
+    _tma_conv_box_kernel[(num_m * triton.cdiv(cout, bn),)](
         a, TensorDescriptor.from_tensor(weight[:cout, :kh * kw * c], [bn, bk]), o, qd,
-        scale, bias, out_scale if out_scale is not None else scale, n, h, w, c, cout,
-        KH=kh, KW=kw, PH=padding[0], PW=padding[1], RELU=relu, OUT_F16=out_f16,
+        scale, bias, out_scale if out_scale is not None else scale, n, ho, wo, c, cout,
+        KH=kh, KW=kw, PH=padding[0], PW=padding[1], STRIDE=stride, RELU=relu, OUT_F16=out_f16,
         OUT_F8=out_scale is not None, QMAX=E4M3_MAX, BI=bi, BH=bh, BW=bw, BLOCK_N=bn,
         BLOCK_K=bk, GROUP_M=GROUP_M, num_warps=warps, num_stages=stages)
     return (out if out_f16 else None), (q if out_scale is not None else None)
