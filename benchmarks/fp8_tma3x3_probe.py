@@ -1,30 +1,28 @@
-"""Issue 18, timm_resnet50: would TMA loads make the stride-1 3x3 FP8 convolutions faster
-than the shipped implicit-GEMM kernel? One GPU call, ~3 minutes.
+"""Issue 18, timm_resnet50: do TMA loads make the 3x3 FP8 convolutions (and the strided 1x1
+downsamples) faster than the shipped implicit-GEMM kernel? One GPU call, ~4 minutes.
 
 Why: at batch 32 on the H200, timm_resnet50's fp8 engine is 1.154x its fp16 one against the
 1.2x target, and its replay timeline says the distance is kernel time, not gaps between
 kernels (docs/measurements/h200-2026-12-06-l). The dense 1x1 layers already load with TMA
 (``kernels/fp8_conv_tma.py``: 1.22x the shipped kernel over those layers). The 3x3 layers
-(13 of the 16 have stride 1, about 0.29 of 0.35 ms over the 3x3 layers on an H100,
-h100-2026-12-06-d) still gather their rows with each thread's 16-byte ``cp.async``: a
-window tap of a flat row tile is not one rectangle of memory.
+gather their rows with each thread's 16-byte ``cp.async``: a window tap of a flat row tile
+is not one rectangle of memory.
 
-It is one for a tile of output pixels that is itself a rectangle: ``BI`` images x ``BH``
-rows x ``BW`` columns. For tap (r, s) its inputs are the box that starts at
-(image, row + r - PH, column + s - PW) of the NHWC input seen as a 4-D tensor, and TMA fills
-what lies outside the image with zeros (negative coordinates included), which is the
-convolution's zero padding. So each tap is one TMA box ``[BI, BH, BW, BLOCK_K]``, reshaped to
-the GEMM's ``[BLOCK_M, BLOCK_K]`` rows; the weight tile is ``[BLOCK_N, BLOCK_K]`` of the
-``[Cout, KH*KW*C]`` buffer both kernels share; the output tile is stored as one box, which TMA
-clips at the image edges. The cost: Triton's blocks are powers of two, so an image side
-that is not a multiple of the box side computes rows that are thrown away (28, 14 and 7:
-87.5% useful with the candidates here; 56: all).
+It is one for a tile of output pixels that is itself a box, ``BI`` images x ``BH`` rows x
+``BW`` columns (``fp8_conv_tma.fp8_conv_box_tma``): each tap is one TMA box of the input
+(at stride 2, of its parity view), TMA's zero fill is the padding, and the output box is
+stored whole, clipped at the edges. The cost: Triton's blocks are powers of two, so a side
+that is not a multiple of the box side computes pixels that are thrown away
+(``useful_share``). The epilogue is the shipped kernel's, so the outputs are the same bits
+(``--interpret-check`` on the CPU, e4m3 steps on the GPU).
 
-The epilogue is the shipped kernel's for these layers (scale and bias, the fp16 rounding,
-ReLU, e4m3 out with the next layer's scale, and optionally fp16 out), so the outputs are
-the same bits (``--interpret-check`` on the CPU, e4m3 steps on the GPU).
+For each box-eligible layer of the fused model with its epilogue it prints the shipped
+op's time, each candidate's (``candidates``), the best with its distance from the shipped
+outputs, and the ``MEASURED_BOX_TILES`` entry to record (None where the shipped kernel
+stays faster). Measured on an H100 at stride 1 (docs/measurements/h100-2026-12-07-a):
+0.256 ms against 0.308 over those layers, 56x56 the one map where TMA lost.
 
-    python3 benchmarks/fp8_tma3x3_probe.py [--batch 32] [--iters 50] [--aoti]
+    python3 benchmarks/fp8_tma3x3_probe.py [--batch 32] [--iters 50] [--strides 1,2] [--aoti]
     TRITON_INTERPRET=1 python3 benchmarks/fp8_tma3x3_probe.py --interpret-check   # CPU: JSON
 """
 
@@ -175,11 +173,15 @@ def aoti_check(batch: int) -> str:
 
 
 def main() -> int:
+    from bench_args import positive_ints
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--per-graph", type=int, default=20, metavar="N",
                    help="calls of a layer captured in one CUDA graph (its time / N)")
+    p.add_argument("--strides", type=positive_ints, default=[1, 2], metavar="S[,S]",
+                   help="the layers' strides to time (default 1,2)")
     p.add_argument("--aoti", action="store_true",
                    help="also build a package on the kernel (4-D host descriptors)")
     p.add_argument("--interpret-check", action="store_true",
@@ -200,8 +202,10 @@ def main() -> int:
     totals: dict[int, dict[str, float]] = {}
     for shape, by_epilogue in fused_layer_epilogues().items():
         cin, cout, hw, k, stride, _pad = shape
-        if not box_eligible(cin, cout, (k, k), (stride, stride), (k // 2, k // 2), (1, 1)):
-            continue                 # the dense 1x1 layers: fp8_tma_probe.py's
+        if (stride not in args.strides
+                or not box_eligible(cin, cout, (k, k), (stride, stride), (k // 2, k // 2),
+                                    (1, 1))):
+            continue                 # (the dense 1x1 layers: fp8_tma_probe.py's)
         total = totals.setdefault(stride, {"shipped": 0.0, "tma": 0.0})
         shipped = config_for(cin, cout, (k, k), (stride, stride), batch=args.batch)
         out_hw = hw // stride

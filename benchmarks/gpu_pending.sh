@@ -205,12 +205,14 @@
 #       torch.compile module (h100-2026-12-06-i): fp16 and fp8-fused compiled for batch 1
 #       as the benchmark does and with a package's Inductor options (+pkg: no pointwise
 #       autotuning), the fp8 two profiled by kernel
-#   benchmarks/gpu_pending.sh tma3x3 OUT_DIR   # ~3 min, no bundles: issue 18, timm_resnet50's
-#       stride-1 3x3 FP8 layers at batch 32 on a kernel that loads each window tap as one 4-D
-#       TMA box of a rectangle of output pixels (fp8_tma3x3_probe.py), against the shipped
-#       kernel, best of its candidate boxes per layer, then a package on it (AOTInductor,
-#       4-D host descriptors). ResNet's fp8 b32 is 1.154x fp16 (target 1.2) and its distance
-#       is kernel time
+#   benchmarks/gpu_pending.sh tma3x3 OUT_DIR   # ~4 min, no bundles: issue 18, timm_resnet50's
+#       3x3 FP8 layers and strided 1x1 downsamples at batch 32 on the box kernel (each window
+#       tap one TMA box of a box of output pixels; stride 2 through the input's parity view;
+#       fp8_tma3x3_probe.py) against the shipped kernel, best of its candidate boxes per
+#       layer, each printed as its MEASURED_BOX_TILES entry, then a package on it
+#       (AOTInductor, 4-D host descriptors). Stride 1 ran 1.20x on an H100
+#       (h100-2026-12-07-a); the strided layers and the 56x56 layer's new 8-warp and
+#       256-pixel candidates have not run
 #   benchmarks/gpu_pending.sh r50-tma3x3 OUT_DIR   # ~5 min: issue 18, timm_resnet50's fp16
 #       and fp8 as the family builds them (into /tmp/pending/r50-small) and an fp8 one with
 #       fp8_conv triton-fused-tma-3x3 (its stride-1 3x3 layers on fp8_conv_box_tma outside
@@ -653,7 +655,7 @@ pdl)   # issue 18: Triton launches in a CUDA graph with and without PDL
   step pdl "${PDL_LIMIT:-120}" python3 benchmarks/pdl_probe.py
   ;;
 tma3x3)   # issue 18: timm_resnet50's stride-1 3x3 FP8 convolutions with 4-D TMA boxes
-  step tma3x3 "${TMA3X3_LIMIT:-300}" python3 benchmarks/fp8_tma3x3_probe.py --aoti
+  step tma3x3 "${TMA3X3_LIMIT:-360}" python3 benchmarks/fp8_tma3x3_probe.py --aoti
   ;;
 tma)   # issue 18: timm_resnet50's dense 1x1 FP8 convolutions with TMA against the shipped kernel
   step tma "${TMA_LIMIT:-420}" python3 benchmarks/fp8_tma_probe.py --aoti
