@@ -247,8 +247,8 @@ def fp8_conv_1x1_tma(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     return (out if out_f16 else None), (q if out_scale is not None else None)
 
 
-#: The stride-1 k x k kernel's tiles: (images, rows, columns) of a box of output pixels,
-#: then (block_n, block_k, num_warps, num_stages).
+#: The box kernel's tiles: (images, rows, columns) of a box of output pixels, then
+#: (block_n, block_k, num_warps, num_stages).
 BoxTiles = tuple[int, int, int, int, int, int, int]
 #: (in channels, out channels, kernel side, stride, input height, input width) -> tiles
 #: for timm_resnet50's stride-1 3x3 layers at batch 32, the fastest of
@@ -269,13 +269,13 @@ MEASURED_BOX_TILES: Mapping[tuple[int, int, int, int, int, int], BoxTiles | None
 def box_eligible(cin: int, cout: int, kernel: tuple, stride: tuple, padding: tuple,
                  dilation: tuple) -> bool:
     """Whether a layer is one ``fp8_conv_box_tma`` runs: undilated, "same" padding (a
-    square odd kernel, padding kernel // 2); stride 1 with more than one tap (a dense 1x1 layer is
-    ``fp8_conv_1x1_tma``'s) or stride 2 (its input sides must be even, which the launch
-    checks); C a multiple of 32 (a channel block of 32 bytes or more never straddles two
-    taps) and ``cout`` of 16 (TMA's 16-byte rows)."""
+    square odd kernel, padding kernel // 2); stride 1 with more than one tap (a dense 1x1
+    layer is ``fp8_conv_1x1_tma``'s) or stride 2 (its input sides must be even, which the
+    launch checks); C a multiple of 32 (a channel block of 32 bytes or more never
+    straddles two taps) and ``cout`` of 16 (TMA's 16-byte rows)."""
     kh, kw = tuple(kernel)
-    strided = tuple(stride) == (2, 2)
-    return ((tuple(stride) == (1, 1) and kh * kw > 1 or strided)
+    unstrided, strided = tuple(stride) == (1, 1), tuple(stride) == (2, 2)
+    return ((unstrided and kh * kw > 1 or strided)
             and tuple(dilation) == (1, 1) and kh == kw and kh % 2 == 1
             and tuple(padding) == (kh // 2, kw // 2) and cin % 32 == 0 and cout % 16 == 0)
 
