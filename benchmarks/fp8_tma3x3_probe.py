@@ -29,7 +29,6 @@ stays faster). Measured on an H100 at stride 1 (docs/measurements/h100-2026-12-0
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -45,7 +44,7 @@ from bundler.targets.torch_aoti.kernels.fp8_conv_tma import (  # noqa: E402
     MAX_BOX_ROW_BYTES, BoxTiles, box_eligible, fp8_conv_box_tma, pixel_boxes, useful_share)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # the benchmarks' own modules
-from fp8_tma_probe import e4m3_steps  # noqa: E402
+from fp8_tma_probe import cpu_or_no_gpu, e4m3_steps  # noqa: E402
 
 from bundler.targets.torch_aoti.build import TMA_COMPILE_OPTIONS  # noqa: E402
 
@@ -187,14 +186,9 @@ def main() -> int:
     p.add_argument("--interpret-check", action="store_true",
                    help="CPU, TRITON_INTERPRET=1: compare with the shipped kernel, print JSON")
     args = p.parse_args()
-    if args.interpret_check:
-        print(json.dumps(interpret_check()))
-        return 0
-    if not torch.cuda.is_available():
-        print("fp8_tma3x3_probe.py times a GPU, and none is visible; on the CPU run "
-              "TRITON_INTERPRET=1 python3 benchmarks/fp8_tma3x3_probe.py --interpret-check",
-              file=sys.stderr)
-        return 2
+    early = cpu_or_no_gpu(args.interpret_check, interpret_check, "fp8_tma3x3_probe.py")
+    if early is not None:
+        return early
     from fp8_conv_bench import fused_layer_epilogues, graph_time
 
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton "

@@ -229,14 +229,9 @@ def main() -> int:
     p.add_argument("--interpret-check", action="store_true",
                    help="CPU, TRITON_INTERPRET=1: compare with the shipped kernel, print JSON")
     args = p.parse_args()
-    if args.interpret_check:
-        print(json.dumps(interpret_check()))
-        return 0
-    if not torch.cuda.is_available():
-        print("fp8_tma_probe.py times a GPU, and none is visible; on the CPU run "
-              "TRITON_INTERPRET=1 python3 benchmarks/fp8_tma_probe.py --interpret-check",
-              file=sys.stderr)
-        return 2
+    early = cpu_or_no_gpu(args.interpret_check, interpret_check, "fp8_tma_probe.py")
+    if early is not None:
+        return early
     if args.aoti_only:
         for kind in args.aoti_only.split(","):
             print(f"== AOTInductor, {kind}:", aoti_check(kind), flush=True)
@@ -283,6 +278,21 @@ def main() -> int:
         for kind in kinds:
             print(f"== AOTInductor, {kind}-side descriptors:", aoti_check(kind), flush=True)
     return 0
+
+
+def cpu_or_no_gpu(interpret: bool, check, script: str) -> int | None:
+    """A probe's CPU paths, shared by the TMA probes: ``--interpret-check`` prints
+    ``check()``'s JSON (exit 0); without a visible GPU it says how to run on the CPU
+    (exit 2); None: time the GPU."""
+    if interpret:
+        print(json.dumps(check()))
+        return 0
+    if not torch.cuda.is_available():
+        print(f"{script} times a GPU, and none is visible; on the CPU run "
+              f"TRITON_INTERPRET=1 python3 benchmarks/{script} --interpret-check",
+              file=sys.stderr)
+        return 2
+    return None
 
 
 def fit_candidates(batch: int) -> tuple:

@@ -6,17 +6,10 @@ different computation."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
 torch = pytest.importorskip("torch")
-from triton_interpret import ROOT, load_benchmark, needs_triton  # noqa: E402
-
-PROBE = ROOT / "benchmarks" / "fp8_tma3x3_probe.py"
+from triton_interpret import load_benchmark, needs_triton, run_interpreted  # noqa: E402
 
 
 def _probe():
@@ -26,11 +19,7 @@ def _probe():
 
 @needs_triton
 def test_the_tma_3x3_kernel_equals_the_shipped_one_under_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, str(PROBE), "--interpret-check"], capture_output=True,
-                          text=True, env=env, timeout=300, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(done.stdout)
+    results = run_interpreted("fp8_tma3x3_probe.py", "--interpret-check", folder="benchmarks")
     assert len(results) == 5
     for name, r in results.items():
         if "e4m3_steps" in r:

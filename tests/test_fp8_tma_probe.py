@@ -13,9 +13,7 @@ import sys
 import pytest
 
 torch = pytest.importorskip("torch")
-from triton_interpret import ROOT, load_benchmark, needs_triton  # noqa: E402
-
-PROBE = ROOT / "benchmarks" / "fp8_tma_probe.py"
+from triton_interpret import ROOT, load_benchmark, needs_triton, run_interpreted  # noqa: E402
 
 
 def _probe():
@@ -28,11 +26,7 @@ def test_the_tma_kernel_equals_the_shipped_one_under_the_interpreter():
     """Every epilogue the fused model gives a 1x1 layer (residual, ReLU, fp16 and/or e4m3
     out), on 50 rows and 48 channels (edge tiles of 16), with the descriptors made in the
     kernel and on the host: the same fp16 bits and e4m3 codes."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, str(PROBE), "--interpret-check"], capture_output=True,
-                          text=True, env=env, timeout=300, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(done.stdout)
+    results = run_interpreted("fp8_tma_probe.py", "--interpret-check", folder="benchmarks")
     assert set(results) == {f"{kind}:{name}" for kind in ("device", "host") for name in
                             ("res+relu>f16+f8", "relu>f8", ">f16", "res+relu>f16")}
     for name, r in results.items():

@@ -34,13 +34,14 @@ needs_triton = pytest.mark.skipif(TRITON_MISSING is not None,
                                   reason=f"needs triton: {TRITON_MISSING}")
 
 
-def run_interpreted(script: str) -> dict:
-    """The JSON that ``tests/<script>`` prints under the interpreter (fails the test with
-    the child's stderr if it exits non-zero)."""
+def run_interpreted(script: str, *args: str, folder: str = "tests") -> dict:
+    """The JSON that ``<folder>/<script> ARGS`` prints under the interpreter (fails the test
+    with the child's stderr if it exits non-zero); a benchmark probe takes
+    ``folder="benchmarks"`` and its ``--interpret-check``."""
     env = {**os.environ, "TRITON_INTERPRET": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / script)],
-                          capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run([sys.executable, str(ROOT / folder / script), *args],
+                          capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
     if proc.returncode != 0:
         pytest.fail(f"the interpreter run of {script} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout)

@@ -51,6 +51,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from bundler.targets.torch_aoti.settings import (TORCH_AOTI_FUSED_FP8_CONVS as FUSED_FP8_CONVS,
                                                  TORCH_AOTI_TMA_FP8_CONVS as TMA_FP8_CONVS,
+                                                 TORCH_AOTI_BOX_TMA_FP8_CONVS,
+                                                 TORCH_AOTI_SMALL_TMA_FP8_CONVS,
                                                  TORCH_AOTI_SMALL_BATCH_LAYOUTS,
                                                  TORCH_AOTI_TRITON_DEPTHWISE, settings_of)
 from bundler.targets import TargetBuild
@@ -255,12 +257,12 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
                              f"{torch.cuda.get_device_name()}: build with "
                              "TRT_BUNDLE_FP8_CONV=triton-fused")
         small_tma = None          # the small static graphs' TMA tiles, where the form has them
-        if fp8_conv in ("triton-fused-tma-small", "triton-fused-tma-3x3"):
+        if fp8_conv in TORCH_AOTI_SMALL_TMA_FP8_CONVS:
             from bundler.targets.torch_aoti.kernels.fp8_conv_tma import (
                 MEASURED_TMA_TILES_BY_BATCH as small_tma)
         return EngineModule(rewrite_fused(torch_model, fp8 or {}, tma=fp8_conv in TMA_FP8_CONVS,
                                           tma_batch_tiles=small_tma,
-                                          box_tma=fp8_conv == "triton-fused-tma-3x3"),
+                                          box_tma=fp8_conv in TORCH_AOTI_BOX_TMA_FP8_CONVS),
                             dtype, False, True), {}
     if channels_last and nhwc:
         raise UsageError("channels_last and the NHWC rewrite are two forms: ask for one")
@@ -810,9 +812,10 @@ FP8_CONV_DESCRIPTIONS = {
     "triton-fused-tma-3x3": "channels_last model, ResNet bottlenecks fused: every FP8 "
                             "convolution on a Triton kernel, the dense 1x1 stride-1 ones "
                             "with TMA loads and stores in every graph, small static "
-                            "batches with their own TMA tiles, the stride-1 3x3 ones with "
-                            "one 4-D TMA box per window tap outside small static batches "
-                            "(the rest on the implicit-GEMM kernel), ReLU and residual add "
+                            "batches with their own TMA tiles, the 3x3 and strided 1x1 ones "
+                            "with one TMA box per window tap outside small static batches "
+                            "where their maps have measured tiles (the rest on the "
+                            "implicit-GEMM kernel), ReLU and residual add "
                             "in its epilogue, e4m3 written with the next layer's "
                             "activation scale (no quantize pass between FP8 layers)",
 }

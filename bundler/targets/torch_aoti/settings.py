@@ -67,6 +67,10 @@ TORCH_AOTI_FUSED_FP8_CONVS = ("triton-fused", "triton-fused-tma", "triton-fused-
                               "triton-fused-tma-3x3")
 #: The forms with TMA layers (Hopper or newer; exported with Dynamo).
 TORCH_AOTI_TMA_FP8_CONVS = ("triton-fused-tma", "triton-fused-tma-small", "triton-fused-tma-3x3")
+#: Of those, the forms whose small static graphs take TMA with their own tiles.
+TORCH_AOTI_SMALL_TMA_FP8_CONVS = ("triton-fused-tma-small", "triton-fused-tma-3x3")
+#: Of those, the forms whose k x k layers take the box kernel (``fp8_conv_box_tma``).
+TORCH_AOTI_BOX_TMA_FP8_CONVS = ("triton-fused-tma-3x3",)
 #: ``torch_aoti.fp8_pointwise_small_batch``: how the FP8 1x1 convolutions (a layout "as_is"
 #: family's FP8 Linear layers: gemm or dequantized) run in a static-batch graph of at most 8
 #: images (``torch_aoti.static_batches``; the meaning of each:

@@ -117,7 +117,7 @@ def fp8_rows_partials_op(x: torch.Tensor, weight: torch.Tensor, cout: int, split
     grid = (triton.cdiv(rows, block_m) * triton.cdiv(cout, block_n), made)
     wrap_triton(_fp8_rows_partials_kernel)[grid](
         x, weight, ws, rows, c, cout, weight.stride(0), k_split,
-        EVEN_K=c % block_k == 0 and k_split % block_k == 0, BLOCK_M=block_m,
+        EVEN_K=c % block_k == 0, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages)
     return ws
 
