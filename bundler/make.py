@@ -337,6 +337,9 @@ def make_bundle(req: MakeRequest, progress: Progress | None = None) -> MakeResul
     builder = targets.target_builder(target)
     if hasattr(builder, "check_host"):                # refuse a target this host lacks, early
         builder.check_host(**{"precision": req.precision, **req.target_options})
+    from runtime_py.engines.onnxruntime import require_build_version
+
+    require_build_version()       # every make runs ONNX Runtime: refuse an old one, early
     out_dir = prepare_out_dir(req.out_dir)
     difference = None  # why the bundle already there (if any) is not reused
     if req.reuse_existing:

@@ -1,13 +1,19 @@
 """ONNX Runtime as the bundler's reference engine: a graph it cannot load is a
-compatibility problem with the upgrade that fixes it, not a traceback."""
+compatibility problem with the upgrade that fixes it, not a traceback; `bundle make`
+refuses an ONNX Runtime older than the one it needs before it does any work."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 from onnx import TensorProto, helper
 
-from runtime_py.engines.onnxruntime import UPGRADE_HINT, cpu_session
-from runtime_py.errors import CompatibilityError
+from runtime_py.engines.onnxruntime import (MIN_VERSION, UPGRADE_HINT, cpu_session,
+                                            require_build_version)
+from runtime_py.errors import CompatibilityError, EngineUnavailableError
 
 
 def _unloadable_graph() -> bytes:
@@ -32,3 +38,41 @@ def test_a_graph_it_can_load_gives_a_session():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
     session = cpu_session(model.SerializeToString())
     assert [o.name for o in session.get_outputs()] == ["y"]
+
+
+@pytest.mark.parametrize("version", ["1.30.0", "1.31.1", "0.99"])
+def test_make_refuses_an_onnxruntime_older_than_the_minimum(version):
+    with pytest.raises(EngineUnavailableError) as info:
+        require_build_version(version)
+    assert f"onnxruntime {version} is installed" in str(info.value)
+    assert UPGRADE_HINT in str(info.value)
+
+
+@pytest.mark.parametrize("version", [".".join(map(str, MIN_VERSION)) + ".0", "1.33.0.dev20261201",
+                                     "2.0", "custom-build"])
+def test_make_takes_the_minimum_newer_ones_and_unparsable_builds(version):
+    require_build_version(version)          # no error
+
+
+def test_the_installed_onnxruntime_passes():
+    require_build_version()                 # the tests' own environment meets pyproject's bound
+
+
+def test_bundle_make_refuses_an_old_onnxruntime_before_any_work(tmp_path):
+    # a stand-in package first on the path of a child process: the installed one is not
+    # touched and nothing of this process changes
+    shim = tmp_path / "shim" / "onnxruntime"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text('__version__ = "1.30.0"\n')
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(tmp_path / "shim"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        "TRT_BUNDLE_CACHE": str(tmp_path / "cache")}
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "bundler.cli", "make", "timm_xception",
+                           "--precision", "fp32", "--random-weights", "--backend", "onnxruntime",
+                           "--out", str(out)], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == EngineUnavailableError.exit_code, done.stderr
+    assert "onnxruntime 1.30.0 is installed" in done.stderr and UPGRADE_HINT in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not out.exists() and not (tmp_path / "cache").exists()

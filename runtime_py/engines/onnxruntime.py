@@ -32,8 +32,33 @@ def import_onnxruntime():
 
 
 #: ONNX Runtime 1.30 refuses timm_vit_base's fp8 graph (FP8 Q/DQ on MatMul) at every
-#: optimization level but BASIC, 1.31 at ENABLE_ALL; 1.32 runs every family's graphs.
-UPGRADE_HINT = "trt-bundle needs onnxruntime>=1.32: pip install -U 'onnxruntime>=1.32'"
+#: optimization level but BASIC, 1.31 at ENABLE_ALL; 1.32 runs every family's graphs
+#: (pyproject.toml's lower bound).
+MIN_VERSION = (1, 32)
+_MIN_TEXT = ".".join(map(str, MIN_VERSION))
+UPGRADE_HINT = (f"trt-bundle needs onnxruntime>={_MIN_TEXT}: "
+                f"pip install -U 'onnxruntime>={_MIN_TEXT}'")
+
+
+def require_build_version(version: str | None = None) -> None:
+    """Refuse an ONNX Runtime older than ``MIN_VERSION`` before `bundle make` does any work.
+
+    Every make runs ONNX Runtime (calibration, reference outputs), and an older one fails
+    only where it first loads a graph it cannot type: timm_vit_base's fp8 graph on 1.30,
+    after the export, the calibration and, on a GPU, minutes of engine build beside it
+    (forty-sixth session: a device call's ViT builds lost that way, the image's own 1.30).
+    Serving stays lenient: a runner refuses only a graph its ONNX Runtime cannot load.
+    ``version``: the installed one where None."""
+    from runtime_py.compat import parse_version
+
+    if version is None:
+        version = import_onnxruntime().__version__
+    try:
+        too_old = parse_version(version)[:2] < MIN_VERSION
+    except ValueError:
+        return                  # a build of its own naming: let the graphs decide
+    if too_old:
+        raise EngineUnavailableError(f"onnxruntime {version} is installed. {UPGRADE_HINT}")
 
 
 def optimization_level(ort, precision: str):
