@@ -125,18 +125,23 @@
 #       one process (aoti_static_vs_peer.py, batches 1 and 32, or R50_BATCHES=1,2,4,...)
 #   benchmarks/gpu_pending.sh first OUT_DIR   # one call that does what a lent card is
 #       most needed for, when machines are scarce (thirty-second session: 16 calls got
-#       none that ran its command): `r50-tma3x3` on any card (~5 min): timm_resnet50's fp8
-#       with its stride-1 3x3 layers on the 4-D TMA kernel as a bundle, against the
-#       family's fp8 and fp16. The forty-fifth session's H100 (h100-2026-12-07-a) ran
-#       `vit-split-k` with the fp16 base and `tma3x3` at once (the 3x3 TMA kernel 1.20x the
-#       shipped one over those layers), then `r50-tma3x3`, whose family fp8 build failed
-#       (a C++ compile error, only its last lines kept) and so timed nothing; the 3x3 TMA
-#       bundle built and verified. The forty-fourth's H200 ran `gaps` and `vit-gemm-b1`
+#       none that ran its command): `vit-split-k` on any card (~4 min, three ViT builds at
+#       once): whether the split-K batch-1/2 form beats the family's fp8 in one run. The
+#       forty-sixth session's H100 (h100-2026-12-07-b) ran `r50-tma3x3`: the 3x3 TMA form
+#       as a bundle no faster than the family's fp8 at batch 32 (1.195 against 1.190 ms)
+#       and slower at 3 and 8, so the family keeps triton-fused-tma-small; then
+#       `vit-split-k`, whose fp8 builds failed on the image's onnxruntime 1.30 (the wheels
+#       of benchmarks/device_wheels.sh were not all carried; the preflight now stops such
+#       a call at once). The forty-fifth's H100 (h100-2026-12-07-a) ran `vit-split-k`
+#       with the fp16 base and `tma3x3` (the 3x3 TMA kernel 1.20x the shipped one over
+#       those layers in the probe). The forty-fourth's H200 ran `gaps` and `vit-gemm-b1`
 #       (h200-2026-12-06-l); the forty-third's `pair` (issue 15's client ratio: 1.211 HTTP,
 #       1.210 gRPC, met; `next` repeats it on an H200). The GPU tests (`gputest`) passed on
 #       an H100 at c6a1394, all 25 (h100-2026-12-06-h); the replay timeline's and the
 #       split-K Linear's at 519d47a (h100-2026-12-07-a); the 3x3 TMA package case
-#       (test_fp8_conv_tma.py -k box) failed there at export (fixed at 0e060cb, not rerun)
+#       (test_fp8_conv_tma.py -k box) failed there at export (fixed at 0e060cb, not rerun
+#       as a test; the forty-sixth's r50-tma3x3 bundle, built through the same export,
+#       passed `verify --numerics`)
 #   benchmarks/gpu_pending.sh gaps OUT_DIR   # ~8 min: issue 18, timm_vit_base's and
 #       timm_resnet50's fp16 and fp8 bundles as the families have them, four builds at once;
 #       ViT's fp8 (static graphs 1 and 2 since the forty-third session) verified; each
@@ -219,7 +224,9 @@
 #       the small static graphs; into /tmp/pending/r50-tma3x3), built at once, the new one
 #       verified, the three timed with the peer at batches 1, 3, 8 and 32 (R50_BATCHES=;
 #       3: the dynamic graph's worst case for boxes of 8 images) with replay timelines.
-#       After `tma3x3`, with its winners in MEASURED_BOX_TILES
+#       Forty-sixth session, H100 (h100-2026-12-07-b): fp8/fp16 1.190x family, 1.185x 3x3
+#       form at 32; 0.829x / 0.802x at 3; 0.952x / 0.931x at 8: busy time 1097.6 against
+#       1094.9 us at 32, where the probe's per-layer times promised ~60 us less
 #   benchmarks/gpu_pending.sh pdl OUT_DIR   # ~1 min, no bundles: issue 18, a chain of small
 #       dependent Triton kernels in one CUDA graph with and without programmatic dependent
 #       launch (pdl_probe.py): the gap per launch that the fp8 batch-1 graphs show
@@ -227,7 +234,8 @@
 #       an H200 `pair` (as `first`), on any other card `xception-time`
 #
 # Bundles: PENDING_DIR (/tmp/pending). Logs: OUT_DIR/<step>.log. Each step prints as it goes
-# and has its own timeout.
+# and has its own timeout. Exit 3: the packages the steps need are missing
+# there (`preflight`, below; benchmarks/device_wheels.sh).
 set -u
 steps="dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-tiles-b1|r50-tma-small|r50-small|vit-gemm-b1|vit-split-k|vit-b1|b1-next|r50-module-b1|pdl|gaps|tma3x3|r50-tma3x3"
 usage="usage: $0 $steps OUT_DIR (--help: what each step does)"
@@ -246,6 +254,32 @@ mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
 export PYTHONPATH=${PYTHONPATH:-}:$PWD PYTHONUNBUFFERED=1
+# Before any step (PREFLIGHT=0 skips it; a step that runs another passes it on as done): the
+# packages the steps need there. The image lacks some and has onnxruntime 1.30, which
+# `bundle make` refuses; the forty-sixth session's ViT builds failed on it minutes into a
+# call. benchmarks/device_wheels.sh makes the wheel folder a call carries.
+if [ "${PREFLIGHT:-1}" != 0 ]; then
+  python3 -c '
+import importlib, sys
+missing = []
+for name in ("zstandard", "jsonschema", "onnx_graphsurgeon", "onnxruntime", "msgpack",
+             "safetensors"):
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        missing.append(name)
+if missing:
+    sys.exit("missing " + ", ".join(missing))
+from runtime_py.engines.onnxruntime import require_build_version
+from runtime_py.errors import BundleError
+try:
+    require_build_version()
+except BundleError as exc:
+    sys.exit(str(exc))
+' || { echo "preflight failed (above): carry the wheels of benchmarks/device_wheels.sh" \
+              "(its header says how); PREFLIGHT=0 runs the step anyway" >&2; exit 3; }
+  export PREFLIGHT=0
+fi
 bundles=${PENDING_DIR:-/tmp/pending}   # the bundles the steps build and reuse
 mkdir -p "$bundles"
 start=$(date +%s)
@@ -426,8 +460,8 @@ load)   # `build`, then the fp16 bundle's activation by phase, the load check on
     --variant "check-off:TRT_BUNDLE_AOTI_LOAD_CHECK=0,$sizes" \
     --variant "check-on-again:TRT_BUNDLE_AOTI_LOAD_CHECK=1,$sizes"
   ;;
-first)   # on any card: `r50-tma3x3` (ResNet's 3x3 TMA form as a bundle, timed)
-  bash "$here/gpu_pending.sh" r50-tma3x3 "$out" || exit 1
+first)   # on any card: `vit-split-k` (ViT's split-K batch-1/2 form against the family's)
+  bash "$here/gpu_pending.sh" vit-split-k "$out" || exit 1
   ;;
 gaps)   # issue 18: ViT's and ResNet's fp16 and fp8 bundles as the families have them, built
   # at once; ViT's fp8 verified; each family's two with the peer, timed, and the device

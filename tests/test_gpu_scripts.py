@@ -109,6 +109,32 @@ def test_a_limit_that_ends_gpu_pending_ends_its_running_step(tmp_path):
 
 
 @needs_bash
+@pytest.mark.parametrize("shim, said", [
+    ('__version__ = "1.30.0"\n', "onnxruntime 1.30.0 is installed"),   # the image's own
+    (None, "missing zstandard"),
+])
+def test_gpu_pending_stops_before_any_step_without_the_packages_it_needs(tmp_path, shim, said):
+    """The device image has onnxruntime 1.30, which `bundle make` refuses, and lacks the
+    bundler's zstandard: a call that did not carry the wheels (forty-sixth session: its
+    ViT builds failed minutes in) stops at once with exit 3, naming the wheels script,
+    before it makes a folder or starts a step. Stand-in packages first on the path of the
+    script's python3 say what that machine has."""
+    site = tmp_path / "site"
+    name, body = ("zstandard", "raise ImportError('not on this machine')\n") if shim is None \
+        else ("onnxruntime", shim)
+    (site / name).mkdir(parents=True)
+    (site / name / "__init__.py").write_text(body)
+    pending = tmp_path / "pending"
+    done = subprocess.run(
+        ["timeout", "60", "bash", str(BENCHMARKS / "gpu_pending.sh"), "pdl", str(tmp_path / "out")],
+        capture_output=True, text=True, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(site), "PENDING_DIR": str(pending)})
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert said in done.stderr and "device_wheels.sh" in done.stderr, done.stderr
+    assert not pending.exists() and "==" not in done.stdout      # no step started
+
+
+@needs_bash
 def test_make_parallel_reuses_what_an_earlier_call_built(tmp_path):
     """Every build of make_parallel passes --reuse (a re-run after an interrupted call, or
     bundles copied in, are kept instead of compiled again: twenty-first session, a call
@@ -157,7 +183,8 @@ def _run_step(tmp_path: Path, card: str, what: str = "first",
         (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
         (bin_dir / name).chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
-           "BUNDLE": str(bin_dir / "fake-bundle"), "PENDING_DIR": str(tmp_path / "pending")}
+           "BUNDLE": str(bin_dir / "fake-bundle"), "PENDING_DIR": str(tmp_path / "pending"),
+           "PREFLIGHT": "0"}     # its python3 is the logger (the preflight's own test above)
     for name in ("WORKERS", "PROCS", "REPEATS", "GRAPH_SIZES", "GAPS_FAMILIES"):
         env.pop(name, None)
     env.update(extra_env or {})
@@ -170,41 +197,56 @@ def _run_step(tmp_path: Path, card: str, what: str = "first",
     return done, calls.read_text().splitlines() if calls.exists() else []
 
 
+def _check_split_k(root: Path, calls: list[str], count: int) -> None:
+    """`vit-split-k`'s calls: COUNT builds (the split form from an edited family copy), the
+    split bundle verified, COUNT bundles timed at batches 1 and 2."""
+    pending = root / "pending"
+    builds = [c for c in calls if c.startswith("bundle make")]
+    assert len(builds) == count, builds
+    assert (f"{pending}/vit-split --precision fp8 families={pending}/vit-split/families"
+            in [c.split(" --out ")[1] for c in builds]), builds
+    edits = [c for c in calls if c.startswith("python3 -c") and "triton-split-k" in c]
+    assert len(edits) == 1 and edits[0].endswith(
+        f"{pending}/vit-split/families/timm_vit_base/family.json"), calls
+    verified = [c for c in calls if "verify --numerics" in c]
+    assert len(verified) == 1 and "/vit-split/timm_vit_base-fp8-" in verified[0], calls
+    timed = [c for c in calls if "aoti_static_vs_peer.py" in c]
+    assert len(timed) == 1 and "--batch-sizes 1,2" in timed[0], calls
+    assert len([w for w in timed[0].split() if w.endswith(".bundle")]) == count, timed
+
+
 @needs_bash
-def test_first_builds_and_times_the_3x3_tma_form_and_split_k_builds_its_base(tmp_path):
-    """The one call a scarce machine may allow, on any card: `r50-tma3x3` (timm_resnet50's
-    fp16 and fp8 as the family has them, and fp8 with fp8_conv triton-fused-tma-3x3, built
-    at once; the new one verified; the three timed with the peer and their replay
-    timelines). `vit-split-k` builds the family's ViT fp16 and fp8 and the split form,
-    or with VIT_SPLIT_BASE=fp16 fp16 and the split form only."""
+def test_first_times_the_split_k_form_against_the_family_on_any_card(tmp_path):
+    """The one call a scarce machine may allow, on any card: `vit-split-k` with the
+    family's ViT fp16 and fp8 and the split form, built at once (the 3x3 TMA form it
+    followed was timed in the forty-sixth session). VIT_SPLIT_BASE=fp16: fp16 and the
+    split form only."""
     for card in ("NVIDIA H200", "NVIDIA H100 80GB HBM3"):
         root = tmp_path / card.split()[1]
-        done, calls = _run_step(root, card, built=["r50-small", "r50-tma3x3"])
+        done, calls = _run_step(root, card, built=["vit", "vit-split"])
         assert done.returncode == 0, done.stdout + done.stderr
-        builds = sorted(c for c in calls if c.startswith("bundle make timm_resnet50"))
-        assert len(builds) == 3, calls
-        verified = [c for c in calls if "verify --numerics" in c]
-        assert len(verified) == 1 and "/r50-tma3x3/timm_resnet50-fp8-" in verified[0], calls
-        timed = [c for c in calls if "aoti_static_vs_peer.py" in c]
-        assert len(timed) == 1 and "--timeline" in timed[0], calls
-    for base, count in (("", 3), ("fp16", 2)):
-        done, calls = _run_step(tmp_path / f"split-{base or 'family'}", "NVIDIA H200",
-                                "vit-split-k", built=["vit", "vit-split"],
-                                extra_env={"VIT_SPLIT_BASE": base})
-        assert done.returncode == 0, done.stdout + done.stderr
-        pending = tmp_path / f"split-{base or 'family'}" / "pending"
-        builds = [c for c in calls if c.startswith("bundle make")]
-        assert len(builds) == count, builds
-        assert (f"{pending}/vit-split --precision fp8 families={pending}/vit-split/families"
-                in [c.split(" --out ")[1] for c in builds]), builds
-        edits = [c for c in calls if c.startswith("python3 -c") and "triton-split-k" in c]
-        assert len(edits) == 1 and edits[0].endswith(
-            f"{pending}/vit-split/families/timm_vit_base/family.json"), calls
-        verified = [c for c in calls if "verify --numerics" in c]
-        assert len(verified) == 1 and "/vit-split/timm_vit_base-fp8-" in verified[0], calls
-        timed = [c for c in calls if "aoti_static_vs_peer.py" in c]
-        assert len(timed) == 1 and "--batch-sizes 1,2" in timed[0], calls
-        assert len([w for w in timed[0].split() if w.endswith(".bundle")]) == count, timed
+        _check_split_k(root, calls, 3)
+    root = tmp_path / "split-fp16"
+    done, calls = _run_step(root, "NVIDIA H200", "vit-split-k", built=["vit", "vit-split"],
+                            extra_env={"VIT_SPLIT_BASE": "fp16"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    _check_split_k(root, calls, 2)
+
+
+@needs_bash
+def test_r50_tma3x3_builds_and_times_the_3x3_tma_form_beside_the_family(tmp_path):
+    """`r50-tma3x3`: timm_resnet50's fp16 and fp8 as the family has them, and fp8 with
+    fp8_conv triton-fused-tma-3x3, built at once; the new one verified; the three timed
+    with the peer and their replay timelines."""
+    done, calls = _run_step(tmp_path, "NVIDIA H100 80GB HBM3", "r50-tma3x3",
+                            built=["r50-small", "r50-tma3x3"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    builds = sorted(c for c in calls if c.startswith("bundle make timm_resnet50"))
+    assert len(builds) == 3, calls
+    verified = [c for c in calls if "verify --numerics" in c]
+    assert len(verified) == 1 and "/r50-tma3x3/timm_resnet50-fp8-" in verified[0], calls
+    timed = [c for c in calls if "aoti_static_vs_peer.py" in c]
+    assert len(timed) == 1 and "--timeline" in timed[0], calls
 
 
 @needs_bash
