@@ -3,7 +3,7 @@
 # (gpu_pending.sh and the studies), as cp312 x86-64 wheels in one folder that a device
 # call carries (the folder is in .gitignore):
 #
-#   bash benchmarks/device_wheels.sh [DIR]    # DIR: .whl (default), ~41 MB
+#   bash benchmarks/device_wheels.sh [DIR]    # DIR: .whl (default), ~40 MB
 #
 # and each device call names DIR in `carry` and starts with
 #
@@ -31,6 +31,6 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   --implementation cp "${platforms[@]}" -d "$dir" \
   'onnxruntime>=1.32' zstandard jsonschema jsonschema-specifications referencing rpds-py \
   onnx-graphsurgeon starlette uvicorn tritonclient python-rapidjson geventhttpclient gevent \
-  greenlet zope.event zope.interface brotli 2>&1 | grep -v '^WARNING: Location' || true
+  greenlet zope.event zope.interface brotli 2> >(grep -v '^WARNING: Location' >&2)
 ls "$dir"/*.whl | sed 's|.*/||'
 du -sh "$dir"
