@@ -226,7 +226,9 @@
 #       3: the dynamic graph's worst case for boxes of 8 images) with replay timelines.
 #       Forty-sixth session, H100 (h100-2026-12-07-b): fp8/fp16 1.190x family, 1.185x 3x3
 #       form at 32; 0.829x / 0.802x at 3; 0.952x / 0.931x at 8: busy time 1097.6 against
-#       1094.9 us at 32, where the probe's per-layer times promised ~60 us less
+#       1094.9 us at 32, where the probe's per-layer times promised ~60 us less. The
+#       timing now profiles each package by kernel at 32 too (--profile): where the box
+#       kernels' time goes in the package, against the probe's
 #   benchmarks/gpu_pending.sh pdl OUT_DIR   # ~1 min, no bundles: issue 18, a chain of small
 #       dependent Triton kernels in one CUDA graph with and without programmatic dependent
 #       launch (pdl_probe.py): the gap per launch that the fp8 batch-1 graphs show
@@ -531,7 +533,7 @@ r50-tma3x3)   # issue 18: timm_resnet50 fp8 with its stride-1 3x3 layers on 4-D 
   step r50-tma3x3-time "${TIME_LIMIT:-200}" python3 benchmarks/aoti_static_vs_peer.py \
     "$bundles"/r50-small/timm_resnet50-fp16-*-torch-aoti.bundle \
     "$bundles"/r50-small/timm_resnet50-fp8-*-torch-aoti.bundle "${boxed[@]}" \
-    --batch-sizes "${R50_BATCHES:-1,3,8,32}" --timeline --profile-sizes 32 --rows 12
+    --batch-sizes "${R50_BATCHES:-1,3,8,32}" --timeline --profile --profile-sizes 32 --rows 16
   ;;
 r50-tiles-b1)   # `r50-tiles-small` at batch 1 (the batch-1 table was picked one call a replay)
   SMALL_BATCHES=1 TILES_LIMIT=${TILES_LIMIT:-300} TILES_BUDGET=${TILES_BUDGET:-260} \

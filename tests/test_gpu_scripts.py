@@ -237,7 +237,7 @@ def test_first_times_the_split_k_form_against_the_family_on_any_card(tmp_path):
 def test_r50_tma3x3_builds_and_times_the_3x3_tma_form_beside_the_family(tmp_path):
     """`r50-tma3x3`: timm_resnet50's fp16 and fp8 as the family has them, and fp8 with
     fp8_conv triton-fused-tma-3x3, built at once; the new one verified; the three timed
-    with the peer and their replay timelines."""
+    with the peer, their replay timelines and their kernels by time at batch 32."""
     done, calls = _run_step(tmp_path, "NVIDIA H100 80GB HBM3", "r50-tma3x3",
                             built=["r50-small", "r50-tma3x3"])
     assert done.returncode == 0, done.stdout + done.stderr
@@ -246,7 +246,7 @@ def test_r50_tma3x3_builds_and_times_the_3x3_tma_form_beside_the_family(tmp_path
     verified = [c for c in calls if "verify --numerics" in c]
     assert len(verified) == 1 and "/r50-tma3x3/timm_resnet50-fp8-" in verified[0], calls
     timed = [c for c in calls if "aoti_static_vs_peer.py" in c]
-    assert len(timed) == 1 and "--timeline" in timed[0], calls
+    assert len(timed) == 1 and "--timeline" in timed[0] and "--profile " in timed[0], calls
 
 
 @needs_bash
