@@ -41,7 +41,7 @@ if str(Path(__file__).resolve().parents[1]) not in sys.path:   # run as a script
 from bundler.targets.torch_aoti.kernels.fp8_conv import (  # noqa: E402
     Fp8ConvConfig, config_for, fp8_conv_fused)
 from bundler.targets.torch_aoti.kernels.fp8_conv_tma import (  # noqa: E402
-    MAX_BOX_ROW_BYTES, BoxTiles, box_eligible, fp8_conv_box_tma, pixel_boxes, useful_share)
+    BoxTiles, box_eligible, fp8_conv_box_tma, pixel_boxes, rows_fit, useful_share)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # the benchmarks' own modules
 from fp8_tma_probe import cpu_or_no_gpu, e4m3_steps  # noqa: E402
@@ -217,8 +217,9 @@ def main() -> int:
                 args.iters, calls=args.per_graph)
             best = None
             for tiles in candidates(args.batch, out_hw, out_hw, cin, cout):
-                if epilogue[2] and 2 * tiles[3] > MAX_BOX_ROW_BYTES:
-                    continue
+                if not rows_fit(tiles[3], tiles[4], fp16_rows=epilogue[2],
+                                e4m3_rows=epilogue[3]):
+                    continue        # rows the launch would refuse for this epilogue
                 try:
                     ms, _ = graph_time(lambda t=tiles: fp8_conv_box_tma(
                         x, weight, scale, bias, cout, (k, k), (k // 2, k // 2), stride=stride,

@@ -56,7 +56,7 @@ from bundler.targets.torch_aoti.kernels.fp8_conv import _grouped_tile, _quantize
 
 __all__ = ["TmaTiles", "MEASURED_TMA_TILES", "MEASURED_TMA_TILES_BY_BATCH",
            "DEFAULT_TMA_TILES", "GROUP_M",
-           "MAX_BOX_ROW_BYTES", "MIN_BOX_ROW_BYTES", "tiles_fit", "tma_eligible",
+           "MAX_BOX_ROW_BYTES", "MIN_BOX_ROW_BYTES", "rows_fit", "tiles_fit", "tma_eligible",
            "tma_tiles_for", "fp8_conv_1x1_tma", "BoxTiles", "MEASURED_BOX_TILES",
            "box_eligible", "pixel_boxes", "useful_share", "box_tiles_for", "fp8_conv_box_tma"]
 
@@ -112,13 +112,23 @@ MEASURED_TMA_TILES_BY_BATCH: Mapping[int, Mapping[tuple[int, int], TmaTiles]] = 
 }
 
 
+def rows_fit(block_n: int, block_k: int, *, fp16_rows: bool = True,
+             e4m3_rows: bool = True) -> bool:
+    """Whether a launch's descriptors have rows AOTInductor can encode
+    (``MIN_BOX_ROW_BYTES`` to ``MAX_BOX_ROW_BYTES``): its e4m3 operand rows of BLOCK_K,
+    and of BLOCK_N its fp16 rows (an fp16 output or residual) and e4m3 output rows where
+    it has them. The one rule of both TMA kernels' launches (the 1x1 one asks it for
+    every row kind, ``tiles_fit``: its tables serve every epilogue)."""
+    rows = ([block_k] + ([2 * block_n] if fp16_rows else [])
+            + ([block_n] if e4m3_rows else []))
+    return all(MIN_BOX_ROW_BYTES <= r <= MAX_BOX_ROW_BYTES for r in rows)
+
+
 def tiles_fit(tiles: TmaTiles) -> bool:
-    """Whether every descriptor of ``tiles`` has rows AOTInductor can encode
-    (``MIN_BOX_ROW_BYTES`` to ``MAX_BOX_ROW_BYTES``: fp16 rows of BLOCK_N, e4m3 rows of
-    BLOCK_K and BLOCK_N)."""
+    """Whether ``tiles`` suit every launch of the 1x1 kernel (fp16 and e4m3 rows of
+    BLOCK_N both: ``rows_fit``)."""
     _bm, bn, bk, _w, _s = tiles
-    return (2 * bn <= MAX_BOX_ROW_BYTES and bk <= MAX_BOX_ROW_BYTES
-            and min(bn, bk) >= MIN_BOX_ROW_BYTES)
+    return rows_fit(bn, bk)
 
 
 def tma_eligible(cin: int, cout: int, kernel: tuple, stride: tuple, padding: tuple,
@@ -326,8 +336,9 @@ def box_tiles_for(cin: int, cout: int, k: int, stride: int, h: int, w: int,
     box, share = None, -1.0
     for rows in (128, 64):                               # the first of equals: 128
         candidate = pixel_boxes(None, h, w, rows, 1)[0]
-        if useful_share(256, h, w, *candidate) > share:
-            box, share = candidate, useful_share(256, h, w, *candidate)
+        candidate_share = useful_share(256, h, w, *candidate)
+        if candidate_share > share:
+            box, share = candidate, candidate_share
     bk = 128 if cin % 128 == 0 else 64 if cin % 64 == 0 else 32
     return (*box, 64 if cout >= 64 else 32, bk, 4, 3 if bk == 128 else 4)
 
@@ -409,8 +420,7 @@ def fp8_conv_box_tma(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     if c % bk or c % 16 or weight.stride(0) % 16 or cout % 16:
         raise ValueError(f"fp8_conv_box_tma: C {c} must be a multiple of BLOCK_K {bk} and "
                          f"of 16, cout {cout} of 16, weight rows of 16 bytes")
-    row_bytes = [bk] + ([2 * bn] if out_f16 else []) + ([bn] if out_scale is not None else [])
-    if not all(MIN_BOX_ROW_BYTES <= r <= MAX_BOX_ROW_BYTES for r in row_bytes):
+    if not rows_fit(bn, bk, fp16_rows=out_f16, e4m3_rows=out_scale is not None):
         raise ValueError(f"fp8_conv_box_tma: tiles {tiles} have rows outside "
                          f"{MIN_BOX_ROW_BYTES}..{MAX_BOX_ROW_BYTES} bytes, which AOTInductor "
                          "cannot encode")
