@@ -12,6 +12,7 @@ import os
 import numpy as np
 
 from runtime_py.engines.base import Runner
+from runtime_py.engines.onnxruntime_compat import require_onnxruntime, upgrade_hint
 from runtime_py.errors import CompatibilityError, EngineUnavailableError, UsageError
 
 #: Intra-op threads of every ONNX Runtime session trt-bundle opens where the caller gives
@@ -36,8 +37,7 @@ def import_onnxruntime():
 #: (pyproject.toml's lower bound).
 MIN_VERSION = (1, 32)
 _MIN_TEXT = ".".join(map(str, MIN_VERSION))
-UPGRADE_HINT = (f"trt-bundle needs onnxruntime>={_MIN_TEXT}: "
-                f"pip install -U 'onnxruntime>={_MIN_TEXT}'")
+UPGRADE_HINT = upgrade_hint(_MIN_TEXT)
 
 
 def require_build_version(version: str | None = None) -> None:
@@ -49,16 +49,9 @@ def require_build_version(version: str | None = None) -> None:
     (forty-sixth session: a device call's ViT builds lost that way, the image's own 1.30).
     Serving stays lenient: a runner refuses only a graph its ONNX Runtime cannot load.
     ``version``: the installed one where None."""
-    from runtime_py.compat import parse_version
-
     if version is None:
         version = import_onnxruntime().__version__
-    try:
-        too_old = parse_version(version)[:2] < MIN_VERSION
-    except ValueError:
-        return                  # a build of its own naming: let the graphs decide
-    if too_old:
-        raise EngineUnavailableError(f"onnxruntime {version} is installed. {UPGRADE_HINT}")
+    require_onnxruntime(version, _MIN_TEXT, "trt-bundle")
 
 
 def optimization_level(ort, precision: str):
