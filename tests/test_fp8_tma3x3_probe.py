@@ -9,12 +9,13 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
-from triton_interpret import load_benchmark, needs_triton, run_interpreted  # noqa: E402
+from benchmark_modules import load_benchmark  # noqa: E402
+from triton_interpret import needs_triton, run_interpreted  # noqa: E402
 
 
 def _probe():
     """The probe script as a module."""
-    return load_benchmark("fp8_tma3x3_probe.py")
+    return load_benchmark("fp8_tma3x3_probe")
 
 
 @needs_triton

@@ -13,12 +13,13 @@ import sys
 import pytest
 
 torch = pytest.importorskip("torch")
-from triton_interpret import ROOT, load_benchmark, needs_triton, run_interpreted  # noqa: E402
+from benchmark_modules import load_benchmark  # noqa: E402
+from triton_interpret import ROOT, needs_triton, run_interpreted  # noqa: E402
 
 
 def _probe():
     """The probe script as a module."""
-    return load_benchmark("fp8_tma_probe.py")
+    return load_benchmark("fp8_tma_probe")
 
 
 @needs_triton

@@ -53,13 +53,3 @@ def load_script(script: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def load_benchmark(script: str) -> ModuleType:
-    """``benchmarks/<script>`` as a module (a script there, not a package), without running
-    its main."""
-    spec = importlib.util.spec_from_file_location(Path(script).stem,
-                                                  ROOT / "benchmarks" / script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
