@@ -116,8 +116,8 @@ def tma_1x1(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: to
     """``fp8_conv_fused`` for a 1x1 stride-1 layer on dense NHWC e4m3 ``x``, on the TMA
     kernel, its descriptors made on the device or the host (``DESCRIPTORS``). TMA needs
     16-byte row strides: C and ``weight``'s row a multiple of 16 bytes, ``cout`` of 16
-    elements. ``wrap``: launch through ``torch.library.wrap_triton`` (inside a
-    ``triton_op``, so that export and AOTInductor see the kernel)."""
+    elements. ``wrap``: launch through ``torch.library.wrap_triton`` (``kernels.launch``;
+    inside a ``triton_op``, so that export and AOTInductor see the kernel)."""
     if descriptors not in DESCRIPTORS:
         raise ValueError(f"descriptors {descriptors!r}: choose one of {', '.join(DESCRIPTORS)}")
     n, h, w, c = x.shape
@@ -135,9 +135,9 @@ def tma_1x1(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: to
     switches = dict(RELU=relu, RESIDUAL=residual is not None, OUT_F16=out_f16,
                     OUT_F8=out_scale is not None, QMAX=E4M3_MAX, BLOCK_M=bm, BLOCK_N=bn,
                     BLOCK_K=bk, GROUP_M=GROUP_M, num_warps=warps, num_stages=stages)
-    from torch.library import wrap_triton
+    from bundler.targets.torch_aoti.kernels.launch import traceable
 
-    launch = wrap_triton if wrap else (lambda kernel: kernel)
+    launch = traceable if wrap else (lambda kernel: kernel)
     if descriptors == "device":
         triton.set_allocator(_scratch)
         launch(_tma_1x1_kernel)[grid](x, weight, scale, bias, out, res, q, q_scale, m, c, cout,

@@ -82,7 +82,8 @@ Before the variants, a probe says which ``torch._scaled_mm`` forms this torch/GP
 --budget-s: no variant starts when the time spent plus the slowest variant so far (60 s
 before the first) would pass it; skipped variants are listed. ViT-B on an H200: about
 30-60 s per variant (two compiles). --eager: no torch.compile (a dry run; with
---device cpu it runs on any host: torch._scaled_mm has a CPU kernel).
+--device cpu it runs on any host whose torch._scaled_mm CPU kernel takes rowwise scales:
+torch >= 2.14; on older ones the probe says "refused" and the rowwise variants fail).
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 from runtime_py.errors import UsageError  # noqa: E402
+import cpu_fp8_gemm  # noqa: E402
 from triton_interpret import load_script, needs_triton, run_interpreted  # noqa: E402
 
 
@@ -152,13 +153,17 @@ def _separable_model():
     return model, fp8
 
 
-@pytest.mark.parametrize("emulate", [True, False], ids=["emulated", "scaled_mm"])
+@pytest.mark.parametrize("emulate", [
+    pytest.param(True, id="emulated"),
+    pytest.param(False, id="scaled_mm", marks=pytest.mark.skipif(
+        not cpu_fp8_gemm.rowwise_runs(), reason=cpu_fp8_gemm.ROWWISE_REASON))])
 def test_the_rule_fuses_separable_convolutions_into_their_fp8_gemm_and_keeps_the_rest(emulate):
     """Each ``conv_dw`` whose ``conv_pw`` is an FP8 layer becomes ``DepthwiseE4m3`` (a ReLU
     between them moves into it); one with a BatchNorm left between stays cuDNN's. A ReLU
     of the Sequential right before such a layer moves into its load (``relu_in``), and a
     separable convolution before that ReLU hands its GEMM's raw bf16 output over
-    (``raw_out``; with ``torch._scaled_mm``, which runs on the CPU too). The model computes
+    (``raw_out``; with ``torch._scaled_mm``, whose CPU kernel takes rowwise scales from
+    torch 2.14). The model computes
     what the cuDNN form computes (same codes, fp16 layers aside)."""
     from bundler.targets.torch_aoti.fp8_layers import Fp8Pointwise
     from bundler.targets.torch_aoti.model import rewrite_channels_last

@@ -5,8 +5,6 @@ reports is speed, not a different computation."""
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 
@@ -87,12 +85,8 @@ def test_the_vit_probes_split_k_form_gives_the_fused_kernels_output_under_the_in
     where the reduction has fewer k tiles), its fp32 partial sums added by a second kernel,
     gives the fp16 output of the fused kernel the model's batch-1 graph runs, on rows and
     outputs with edge tiles and a reduction that does not fill its last k tile."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "vit_gemm_small_probe.py"),
-                           "--interpret-check"], capture_output=True, text=True, env=env,
-                          timeout=300, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(done.stdout)
+    results = run_interpreted("vit_gemm_small_probe.py", "--interpret-check",
+                              folder="benchmarks")
     assert len(results) == 8
     for name, r in results.items():
         splits = int(name.rsplit("split", 1)[1])

@@ -15,6 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("timm")
 
+import cpu_fp8_gemm  # noqa: E402
 from benchmark_modules import load_benchmark  # noqa: E402
 from bundler.families import families_path, load_family  # noqa: E402
 
@@ -249,6 +250,8 @@ def _tiny_vit_family(root: Path) -> str:
     return "test_vit_tiny"
 
 
+@pytest.mark.skipif(not cpu_fp8_gemm.rowwise_runs(), reason=cpu_fp8_gemm.ROWWISE_REASON
+                    + ": the dry run's fp8 variants take rowwise scales")
 def test_the_benchmark_runs_end_to_end_on_the_cpu(tmp_path, capsys):
     """The dry run of the H200 command (seconds): the GEMM modes of a ViT, profiled,
     summarized, one JSON line per variant; an unknown variant is a usage error (exit 2)."""

@@ -26,6 +26,7 @@ from runtime_py.errors import (BundleError, CompatibilityError, EngineUnavailabl
                                InferenceInputError, UsageError)
 
 torch = pytest.importorskip("torch")
+import cpu_fp8_gemm  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 needs_gpu = pytest.mark.skipif(not CUDA, reason="needs torch with a CUDA GPU (none visible)")
@@ -266,18 +267,7 @@ def test_fp8_pointwise_is_dequantized_fp8_math(cin, cout, stride):
     assert float((got - ref).abs().max()) <= 2e-3 * float(ref.abs().max())
 
 
-def _cpu_scaled_mm_runs() -> bool:
-    try:
-        a = torch.zeros(16, 16).to(torch.float8_e4m3fn)
-        torch._scaled_mm(a, a.t(), scale_a=torch.ones(16, 1), scale_b=torch.ones(1, 16),
-                         out_dtype=torch.bfloat16)
-        return True
-    except (RuntimeError, NotImplementedError):
-        return False
-
-
-@pytest.mark.skipif(not _cpu_scaled_mm_runs(),
-                    reason="this torch has no CPU torch._scaled_mm with rowwise scales")
+@pytest.mark.skipif(not cpu_fp8_gemm.rowwise_runs(), reason=cpu_fp8_gemm.ROWWISE_REASON)
 @pytest.mark.parametrize("gemm", ["rowwise", "rowwise-shared-ones", "tensorwise", "rowwise-fp16",
                                   "rowwise-fp16-shared-ones", "dequantized"])
 def test_fp8_pointwise_real_scaled_mm_matches_the_reference(gemm):
@@ -321,8 +311,9 @@ def test_small_static_batches_run_the_pointwise_dequantized_and_others_the_fp8_g
     conv = torch.nn.Conv2d(40, 24, 1, stride=2)
     w_scale = conv.weight.detach().reshape(24, -1).abs().amax(1).numpy() / 448
     make = lambda **kw: tam.Fp8Pointwise(conv, 0.05, w_scale, torch.float16, **kw)  # noqa: E731
-    small = make(gemm="rowwise-fp16", small_batch_kernel="dequantized")
-    dequantized, fp8 = make(gemm="dequantized"), make(gemm="rowwise-fp16")
+    gemm = cpu_fp8_gemm.gemm_mode_that_runs_here()
+    small = make(gemm=gemm, small_batch_kernel="dequantized")
+    dequantized, fp8 = make(gemm="dequantized"), make(gemm=gemm)
     for n in (1, tam.SMALL_BATCH, tam.SMALL_BATCH + 1):
         x = torch.randn(n, 9, 9, 40, generator=gen).half()
         want = dequantized(x) if n <= tam.SMALL_BATCH else fp8(x)
@@ -388,8 +379,7 @@ def test_fp8_gemm_rows_is_the_largest_gemm_for_the_largest_batch():
         fp8_gemm_rows(model, ["9"], (3, 33, 33), 1)
 
 
-@pytest.mark.skipif(not _cpu_scaled_mm_runs(),
-                    reason="this torch has no CPU torch._scaled_mm with rowwise scales")
+@pytest.mark.skipif(not cpu_fp8_gemm.rowwise_runs(), reason=cpu_fp8_gemm.ROWWISE_REASON)
 def test_fp8_gemms_share_one_ones_column_through_to_export_and_aoti(tmp_path):
     """One column for all GEMMs: the same tensor in every module, still one after
     ``module.to``, lifted once by torch.export, compiled into a package that runs at the

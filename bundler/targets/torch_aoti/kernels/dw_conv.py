@@ -46,10 +46,11 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
 from bundler.fp8 import E4M3_MAX
 from bundler.targets.torch_aoti.kernels.fp8_conv import _quantize_e4m3, _window_origins
+from bundler.targets.torch_aoti.kernels.launch import traceable
 from bundler.targets.torch_aoti.fp8_layers import conv_output_hw
 
 __all__ = ["DwConvConfig", "DW_CONFIGS", "default_dw_config", "dw_conv_e4m3",
@@ -304,7 +305,7 @@ def dw_conv_nhwc_e4m3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
     align = element_alignment(c, *x.stride()[:3], x.storage_offset(), weight.storage_offset())
     if rows > 0 and rows_kernel_applies((kh, kw), (sh, sw), (dh, dw)):
         grid = (triton.cdiv(n * wo, block_p), triton.cdiv(ho, rows), triton.cdiv(cpad, block_c))
-        wrap_triton(_dw_rows_kernel)[grid](
+        traceable(_dw_rows_kernel)[grid](
             x, weight, bias, out, q_scale, n * wo, h, w, c, ho, wo, cpad,
             x.stride(0), x.stride(1), x.stride(2),
             KW=kw, PH=ph, PW=pw, DW=dw, RELU=relu, RELU_IN=relu_in, QMAX=E4M3_MAX,
@@ -313,7 +314,7 @@ def dw_conv_nhwc_e4m3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
         return out
     p = n * ho * wo
     grid = (triton.cdiv(p, block_p), triton.cdiv(cpad, block_c))
-    wrap_triton(_dw_conv_nhwc_e4m3_kernel)[grid](
+    traceable(_dw_conv_nhwc_e4m3_kernel)[grid](
         x, weight, bias, out, q_scale, p, h, w, c, ho, wo, cpad,
         x.stride(0), x.stride(1), x.stride(2),
         KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, RELU=relu, RELU_IN=relu_in,

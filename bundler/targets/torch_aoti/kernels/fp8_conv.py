@@ -50,10 +50,11 @@ from typing import NamedTuple, Optional
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
 from bundler.fp8 import E4M3_MAX
 from bundler.targets.torch_aoti.fp8_layers import conv_output_hw
+from bundler.targets.torch_aoti.kernels.launch import traceable
 
 __all__ = ["GELU_FORMS", "Fp8ConvConfig", "CANDIDATE_CONFIGS", "FEW_STAGE_CONFIGS",
            "SMALL_BATCH_CONFIGS", "MEASURED_TILES",
@@ -468,7 +469,7 @@ def fp8_conv_nhwc(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     out = torch.empty((n, ho, wo, cout), dtype=torch.float16, device=x.device)
     m = n * ho * wo
     grid = (triton.cdiv(m, block_m) * triton.cdiv(cout, block_n),)
-    wrap_triton(_fp8_conv_nhwc_kernel)[grid](
+    traceable(_fp8_conv_nhwc_kernel)[grid](
         x, weight, scale, bias, out, scale, scale, scale, m, h, w, c, ho, wo, cout,
         x.stride(0), x.stride(1), x.stride(2), weight.stride(0), 0, 0, 0,
         KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, RELU=relu,
@@ -516,7 +517,7 @@ def fp8_conv_nhwc_fused(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
     rs = residual.stride()[:3] if residual is not None else (0, 0, 0)
     m = n * ho * wo
     grid = (triton.cdiv(m, block_m) * triton.cdiv(cout, block_n),)
-    wrap_triton(_fp8_conv_nhwc_kernel)[grid](
+    traceable(_fp8_conv_nhwc_kernel)[grid](
         x, weight, scale, bias, out, res, q, out_scale if out_scale is not None else scale,
         m, h, w, c, ho, wo, cout,
         x.stride(0), x.stride(1), x.stride(2), weight.stride(0), rs[0], rs[1], rs[2],

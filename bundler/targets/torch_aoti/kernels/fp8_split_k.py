@@ -32,8 +32,9 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
+from bundler.targets.torch_aoti.kernels.launch import traceable
 __all__ = ["OP", "SplitKConfig", "fp8_rows_partials", "linear_split_k_config"]
 
 OP = "trt_bundle::fp8_rows_partials"
@@ -115,7 +116,7 @@ def fp8_rows_partials_op(x: torch.Tensor, weight: torch.Tensor, cout: int, split
     made = triton.cdiv(c, k_split)
     ws = torch.empty((made, rows, cout), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(rows, block_m) * triton.cdiv(cout, block_n), made)
-    wrap_triton(_fp8_rows_partials_kernel)[grid](
+    traceable(_fp8_rows_partials_kernel)[grid](
         x, weight, ws, rows, c, cout, weight.stride(0), k_split,
         EVEN_K=c % block_k == 0, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages)
