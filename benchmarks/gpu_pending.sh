@@ -86,7 +86,8 @@
 #   benchmarks/gpu_pending.sh gputest OUT_DIR   # every GPU test (pytest -m gpu tests), the
 #       two that build whole bundles last (~400 s for the other 22 on an H100, thirty-fourth
 #       session, each compiling its packages; those two ~3 min each: more than one call
-#       holds, GPUTEST_LIMIT= and GPUTEST_BUNDLES_LIMIT= set the two steps' limits)
+#       holds, GPUTEST_LIMIT= and GPUTEST_BUNDLES_LIMIT= set the two steps' limits;
+#       GPUTEST_BUNDLES=0 leaves the two out)
 #   benchmarks/gpu_pending.sh pair OUT_DIR   # `build`, then serve_pair_bench.py: the fp8
 #       and fp16 bundles served side by side in one process, HTTP and gRPC (PATHS=), 64
 #       clients in 8 and 32 processes (PROCS=), REPEATS=3 rounds, each round measuring
@@ -125,14 +126,21 @@
 #       one process (aoti_static_vs_peer.py, batches 1 and 32, or R50_BATCHES=1,2,4,...)
 #   benchmarks/gpu_pending.sh first OUT_DIR   # one call that does what a lent card is
 #       most needed for, when machines are scarce (thirty-second session: 16 calls got
-#       none that ran its command): `vit-split-k` on any card (~4 min, three ViT builds at
-#       once): whether the split-K batch-1/2 form beats the family's fp8 in one run. The
-#       forty-sixth session's H100 (h100-2026-12-07-b) ran `r50-tma3x3`: the 3x3 TMA form
+#       none that ran its command): the GPU tests without the two whole-bundle ones
+#       (`GPUTEST_BUNDLES=0 gputest`, ~400 s on an H100), on the card's own torch. The
+#       forty-seventh session moved every Triton launch of the kernels onto
+#       kernels/launch.py's `traceable` (torch 2.11's wrap_triton refuses an interpreted
+#       kernel), and only 5 GPU tests ran on it before that call's limit (all passed, H200).
+#       The same session's H200 (h200-2026-12-07-a) ran `vit-split-k`: the split-K form at
+#       0.974x fp16 at batch 1 and 0.993x at 2 against the family's 0.878x / 0.943x, so
+#       the family now ships it; and `r50-tma3x3` with the kernel profile: in the package
+#       the box kernel takes its 10 layers in 0.159 ms, the shipped kernel with its tuned
+#       tiles ~0.157 ms (the probe's 1.20x was against untuned tiles), and the FP8 1x1
+#       layers take 0.52 ms against fp16's cuBLAS 0.37 ms (the next lever for 1.2x).
+#       The forty-sixth session's H100 (h100-2026-12-07-b) ran `r50-tma3x3`: the 3x3 TMA form
 #       as a bundle no faster than the family's fp8 at batch 32 (1.195 against 1.190 ms)
-#       and slower at 3 and 8, so the family keeps triton-fused-tma-small; then
-#       `vit-split-k`, whose fp8 builds failed on the image's onnxruntime 1.30 (the wheels
-#       of benchmarks/device_wheels.sh were not all carried; the preflight now stops such
-#       a call at once). The forty-fifth's H100 (h100-2026-12-07-a) ran `vit-split-k`
+#       and slower at 3 and 8, so the family keeps triton-fused-tma-small. The forty-fifth's
+#       H100 (h100-2026-12-07-a) ran `vit-split-k`
 #       with the fp16 base and `tma3x3` (the 3x3 TMA kernel 1.20x the shipped one over
 #       those layers in the probe). The forty-fourth's H200 ran `gaps` and `vit-gemm-b1`
 #       (h200-2026-12-06-l); the forty-third's `pair` (issue 15's client ratio: 1.211 HTTP,
@@ -204,7 +212,9 @@
 #       its batch-1 and batch-2 graphs (fp8_pointwise_small_batch triton-split-k, a copy of
 #       the family folder) against the family's fp8 and fp16 and the peer at batches 1 and
 #       2, with the replay timeline; the split bundle verified. VIT_SPLIT_BASE=fp16: fp16
-#       and the split form only (~3 min)
+#       and the split form only (~3 min). Forty-seventh session, H200 (h200-2026-12-07-a):
+#       0.974x / 0.993x fp16 at batch 1 / 2 against the family's 0.878x / 0.943x; the family
+#       has shipped the split form since, so both fp8 bundles are now the same form
 #   benchmarks/gpu_pending.sh r50-module-b1 OUT_DIR   # ~4 min, no bundles: issue 18, why
 #       timm_resnet50's fp8 batch-1 graph ran 0.371 ms as a package and 0.343 as a
 #       torch.compile module (h100-2026-12-06-i): fp16 and fp8-fused compiled for batch 1
@@ -448,10 +458,10 @@ prepare)   # where the fp16 bundle's 73 s of preparation goes, under cuDNN setti
     --variant heuristicB:TORCH_CUDNN_USE_HEURISTIC_MODE_B=1 \
     --variant buckets:graph_sizes=1+2+4+8+16+24
   ;;
-gputest)   # every GPU test; the two that build whole bundles after the rest
+gputest)   # every GPU test; the two that build whole bundles after the rest (GPUTEST_BUNDLES=0: not)
   step gputest "${GPUTEST_LIMIT:-450}" python3 -m pytest -q -p no:cacheprovider -rs -m gpu \
     tests -k 'not bundle_matches'
-  bundle_tests "${GPUTEST_BUNDLES_LIMIT:-280}"
+  [ "${GPUTEST_BUNDLES:-1}" = 0 ] || bundle_tests "${GPUTEST_BUNDLES_LIMIT:-280}"
   ;;
 load)   # `build`, then the fp16 bundle's activation by phase, the load check on, off, on
   bash "$here/gpu_pending.sh" build "$out" || exit 1
@@ -462,8 +472,8 @@ load)   # `build`, then the fp16 bundle's activation by phase, the load check on
     --variant "check-off:TRT_BUNDLE_AOTI_LOAD_CHECK=0,$sizes" \
     --variant "check-on-again:TRT_BUNDLE_AOTI_LOAD_CHECK=1,$sizes"
   ;;
-first)   # on any card: `vit-split-k` (ViT's split-K batch-1/2 form against the family's)
-  bash "$here/gpu_pending.sh" vit-split-k "$out" || exit 1
+first)   # on any card: the GPU tests but the two whole-bundle ones (the kernels' launches)
+  GPUTEST_BUNDLES=0 bash "$here/gpu_pending.sh" gputest "$out" || exit 1
   ;;
 gaps)   # issue 18: ViT's and ResNet's fp16 and fp8 bundles as the families have them, built
   # at once; ViT's fp8 verified; each family's two with the peer, timed, and the device

@@ -216,16 +216,34 @@ def _check_split_k(root: Path, calls: list[str], count: int) -> None:
 
 
 @needs_bash
-def test_first_times_the_split_k_form_against_the_family_on_any_card(tmp_path):
-    """The one call a scarce machine may allow, on any card: `vit-split-k` with the
-    family's ViT fp16 and fp8 and the split form, built at once (the 3x3 TMA form it
-    followed was timed in the forty-sixth session). VIT_SPLIT_BASE=fp16: fp16 and the
-    split form only."""
+def test_first_runs_the_gpu_tests_but_the_whole_bundle_ones_on_any_card(tmp_path):
+    """The one call a scarce machine may allow, on any card: every GPU test but the two
+    that build whole bundles (the kernels' launches moved onto kernels.launch.traceable;
+    the split-K ViT form it followed was timed in the forty-seventh session). `gputest`
+    alone still runs those two after the rest."""
     for card in ("NVIDIA H200", "NVIDIA H100 80GB HBM3"):
         root = tmp_path / card.split()[1]
-        done, calls = _run_step(root, card, built=["vit", "vit-split"])
+        done, calls = _run_step(root, card, built=[])
         assert done.returncode == 0, done.stdout + done.stderr
-        _check_split_k(root, calls, 3)
+        tests = [c for c in calls if "-m pytest" in c]
+        assert len(tests) == 1 and "-m gpu tests -k not bundle_matches" in tests[0], calls
+        assert "== gputest: exit 0" in done.stdout
+        assert "gputest-bundles" not in done.stdout
+    done, calls = _run_step(tmp_path / "all", "NVIDIA H200", "gputest", built=[])
+    assert done.returncode == 0, done.stdout + done.stderr
+    tests = [c for c in calls if "-m pytest" in c]
+    assert len(tests) == 2 and "-k bundle_matches" in tests[1], calls
+
+
+@needs_bash
+def test_vit_split_k_times_the_split_form_against_the_family(tmp_path):
+    """`vit-split-k`: the family's ViT fp16 and fp8 and the split form (from an edited copy
+    of the family folder), built at once, timed together. VIT_SPLIT_BASE=fp16: fp16 and
+    the split form only."""
+    done, calls = _run_step(tmp_path / "both", "NVIDIA H200", "vit-split-k",
+                            built=["vit", "vit-split"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    _check_split_k(tmp_path / "both", calls, 3)
     root = tmp_path / "split-fp16"
     done, calls = _run_step(root, "NVIDIA H200", "vit-split-k", built=["vit", "vit-split"],
                             extra_env={"VIT_SPLIT_BASE": "fp16"})
