@@ -163,8 +163,8 @@ def test_the_rule_fuses_separable_convolutions_into_their_fp8_gemm_and_keeps_the
     of the Sequential right before such a layer moves into its load (``relu_in``), and a
     separable convolution before that ReLU hands its GEMM's raw bf16 output over
     (``raw_out``; with ``torch._scaled_mm``, whose CPU kernel takes rowwise scales from
-    torch 2.14). The model computes
-    what the cuDNN form computes (same codes, fp16 layers aside)."""
+    torch 2.14). The model computes what the cuDNN form computes (same codes, fp16 layers
+    aside)."""
     from bundler.targets.torch_aoti.fp8_layers import Fp8Pointwise
     from bundler.targets.torch_aoti.model import rewrite_channels_last
     from bundler.targets.torch_aoti.nhwc_modules import (ChannelsLastView, DepthwiseE4m3,

@@ -267,9 +267,15 @@ def test_fp8_pointwise_is_dequantized_fp8_math(cin, cout, stride):
     assert float((got - ref).abs().max()) <= 2e-3 * float(ref.abs().max())
 
 
-@pytest.mark.skipif(not cpu_fp8_gemm.rowwise_runs(), reason=cpu_fp8_gemm.ROWWISE_REASON)
-@pytest.mark.parametrize("gemm", ["rowwise", "rowwise-shared-ones", "tensorwise", "rowwise-fp16",
-                                  "rowwise-fp16-shared-ones", "dequantized"])
+def _rowwise(gemm: str):
+    """A GEMM-mode parameter that needs a CPU _scaled_mm with rowwise scales."""
+    return pytest.param(gemm, marks=pytest.mark.skipif(not cpu_fp8_gemm.rowwise_runs(),
+                                                       reason=cpu_fp8_gemm.ROWWISE_REASON))
+
+
+@pytest.mark.parametrize("gemm", [_rowwise("rowwise"), _rowwise("rowwise-shared-ones"),
+                                  "tensorwise", _rowwise("rowwise-fp16"),
+                                  _rowwise("rowwise-fp16-shared-ones"), "dequantized"])
 def test_fp8_pointwise_real_scaled_mm_matches_the_reference(gemm):
     """Every GEMM mode through torch._scaled_mm itself (the CPU kernel here, cuBLASLt on a
     GPU), or the fp16 GEMM of the dequantized operands: scales and bias in the epilogue or

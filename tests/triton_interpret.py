@@ -36,6 +36,7 @@ needs_triton = pytest.mark.skipif(TRITON_MISSING is not None,
 
 
 def interpreter_env() -> dict:
+    """A child's environment with the interpreter on and the checkout importable."""
     return {**os.environ, "TRITON_INTERPRET": "1",
             "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
 

@@ -35,6 +35,7 @@ import triton.language as tl
 from torch.library import triton_op
 
 from bundler.targets.torch_aoti.kernels.launch import traceable
+
 __all__ = ["OP", "SplitKConfig", "fp8_rows_partials", "linear_split_k_config"]
 
 OP = "trt_bundle::fp8_rows_partials"
