@@ -136,7 +136,8 @@
 #       the family now ships it; and `r50-tma3x3` with the kernel profile: in the package
 #       the box kernel takes its 10 layers in 0.159 ms, the shipped kernel with its tuned
 #       tiles ~0.157 ms (the probe's 1.20x was against untuned tiles), and the FP8 1x1
-#       layers take 0.52 ms against fp16's cuBLAS 0.37 ms (the next lever for 1.2x).
+#       layers take 0.52 ms against fp16's bare cuBLAS GEMMs' 0.37 (they also move the
+#       residual and both outputs): their bandwidth is the next lever for 1.2x.
 #       The forty-sixth session's H100 (h100-2026-12-07-b) ran `r50-tma3x3`: the 3x3 TMA form
 #       as a bundle no faster than the family's fp8 at batch 32 (1.195 against 1.190 ms)
 #       and slower at 3 and 8, so the family keeps triton-fused-tma-small. The forty-fifth's
