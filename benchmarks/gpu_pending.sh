@@ -130,7 +130,8 @@
 #       (`GPUTEST_BUNDLES=0 gputest`, ~400 s on an H100), on the card's own torch. The
 #       forty-seventh session moved every Triton launch of the kernels onto
 #       kernels/launch.py's `traceable` (torch 2.11's wrap_triton refuses an interpreted
-#       kernel), and only 5 GPU tests ran on it before that call's limit (all passed, H200).
+#       kernel): on the H200 its ViT and ResNet fp8 builds ran on it (verified) and 5 GPU
+#       tests passed before that call's limit; xception's depthwise kernel has not run on it.
 #       The same session's H200 (h200-2026-12-07-a) ran `vit-split-k`: the split-K form at
 #       0.974x fp16 at batch 1 and 0.993x at 2 against the family's 0.878x / 0.943x, so
 #       the family now ships it; and `r50-tma3x3` with the kernel profile: in the package
