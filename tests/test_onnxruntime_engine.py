@@ -48,10 +48,25 @@ def test_make_refuses_an_onnxruntime_older_than_the_minimum(version):
     assert UPGRADE_HINT in str(info.value)
 
 
-@pytest.mark.parametrize("version", [".".join(map(str, MIN_VERSION)) + ".0", "1.33.0.dev20261201",
-                                     "2.0", "custom-build"])
+@pytest.mark.parametrize("version", [MIN_VERSION + ".0", "1.33.0.dev20261201", "2.0",
+                                     "custom-build"])
 def test_make_takes_the_minimum_newer_ones_and_unparsable_builds(version):
     require_build_version(version)          # no error
+
+
+def test_the_minimum_is_pyprojects_lower_bound():
+    """`bundle make`'s minimum and what pip installs are one number: a bound raised in
+    pyproject.toml alone would let make accept what the package refuses, or the reverse."""
+    import tomllib
+    from pathlib import Path
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml")
+                            .read_text())["project"]
+    bounds = {str(r.specifier) for extra in project["optional-dependencies"].values()
+              for r in map(Requirement, extra) if r.name == "onnxruntime"}
+    assert bounds == {f">={MIN_VERSION}"}
 
 
 def test_the_installed_onnxruntime_passes():

@@ -35,9 +35,8 @@ def import_onnxruntime():
 #: ONNX Runtime 1.30 refuses timm_vit_base's fp8 graph (FP8 Q/DQ on MatMul) at every
 #: optimization level but BASIC, 1.31 at ENABLE_ALL; 1.32 runs every family's graphs
 #: (pyproject.toml's lower bound).
-MIN_VERSION = (1, 32)
-_MIN_TEXT = ".".join(map(str, MIN_VERSION))
-UPGRADE_HINT = upgrade_hint(_MIN_TEXT)
+MIN_VERSION = "1.32"
+UPGRADE_HINT = upgrade_hint(MIN_VERSION)
 
 
 def require_build_version(version: str | None = None) -> None:
@@ -51,7 +50,7 @@ def require_build_version(version: str | None = None) -> None:
     ``version``: the installed one where None."""
     if version is None:
         version = import_onnxruntime().__version__
-    require_onnxruntime(version, _MIN_TEXT, "trt-bundle")
+    require_onnxruntime(version, MIN_VERSION, "trt-bundle")
 
 
 def optimization_level(ort, precision: str):

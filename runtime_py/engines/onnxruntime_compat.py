@@ -32,7 +32,7 @@ def require_onnxruntime(installed: str | None, wanted: str | None, needed_by: st
         return
     if have < parse_version(wanted):
         raise EngineUnavailableError(f"onnxruntime {installed} is installed; "
-                                 f"{upgrade_hint(wanted, needed_by)}")
+                                     f"{upgrade_hint(wanted, needed_by)}")
 
 
 def check_onnxruntime_target(details: dict, host: HostInfo, device: int = 0) -> None:
