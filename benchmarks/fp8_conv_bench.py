@@ -759,8 +759,7 @@ def ptxas_report(arch: int = 90) -> int:
 
     kernel = kernels._fp8_conv_nhwc_kernel
     names = kernel.arg_names
-    pointers = ["*fp8e4nv", "*fp8e4nv", "*fp32", "*fp32", "*fp16", "*fp16", "*fp8e4nv", "*fp32",
-                "*fp32", "*i32"]
+    pointers = ["*fp8e4nv", "*fp8e4nv", "*fp32", "*fp32", "*fp16", "*fp16", "*fp8e4nv", "*fp32"]
     configs = list(dict.fromkeys([kernels.Fp8ConvConfig(128, 64, 64, 4, 4),
                                   kernels.Fp8ConvConfig(128, 128, 64, 8, 4),
                                   kernels.Fp8ConvConfig(128, 128, 128, 8, 3),
@@ -780,8 +779,7 @@ def ptxas_report(arch: int = 90) -> int:
                                   BLOCK_K=cfg[2], GROUP_M=cfg[5])
                     loose = [n for n in names if n not in consts]
                     sig = {n: "constexpr" if n in consts else
-                           (pointers[loose.index(n)] if loose.index(n) < len(pointers)
-                            else "i32")
+                           (pointers[loose.index(n)] if loose.index(n) < 8 else "i32")
                            for n in names}
                     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
                              if n in loose and n not in ("M", "H", "W", "HO", "WO")}

@@ -97,8 +97,8 @@ def _tma_1x1_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, res_ptr, q_ptr, 
         q_desc = tl.make_tensor_descriptor(q_ptr, shape=[M, COUT], strides=[COUT, 1],
                                            block_shape=[BLOCK_M, BLOCK_N])
     _tma_1x1_tile(a_desc, b_desc, r_desc, o_desc, q_desc, scale_ptr, bias_ptr, q_scale_ptr,
-                  scale_ptr, scale_ptr, M, C, COUT, RELU, RESIDUAL, OUT_F16, OUT_F8, QMAX,
-                  BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)       # (no split: no workspace)
+                  M, C, COUT, RELU, RESIDUAL, OUT_F16, OUT_F8, QMAX, BLOCK_M, BLOCK_N,
+                  BLOCK_K, GROUP_M)
 
 
 def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
@@ -153,7 +153,7 @@ def tma_1x1(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: to
         launch(_tma_1x1_host_kernel)[grid](
             a, TensorDescriptor.from_tensor(weight[:cout, :c], [bn, bk]),
             rows(res, residual is not None), rows(out, out_f16), rows(q, out_scale is not None),
-            scale, bias, q_scale, scale, scale, m, c, cout, **switches)   # (no split)
+            scale, bias, q_scale, m, c, cout, **switches)
     return (out if out_f16 else None), (q if out_scale is not None else None)
 
 

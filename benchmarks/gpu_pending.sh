@@ -241,13 +241,6 @@
 #       1094.9 us at 32, where the probe's per-layer times promised ~60 us less. The
 #       timing now profiles each package by kernel at 32 too (--profile): where the box
 #       kernels' time goes in the package, against the probe's
-#   benchmarks/gpu_pending.sh r50-split-k OUT_DIR   # ~7 min: issue 18, timm_resnet50's fp16
-#       and fp8 as the family builds them (into /tmp/pending/r50-small) and an fp8 one with
-#       fp8_conv triton-fused-tma-split-k (the layers that leave SMs idle at batch 32 split
-#       their reductions, summed in the kernel; into /tmp/pending/r50-split-k), built at
-#       once while fp8_split_k_probe.py times each fused layer with 1-4 splits on the GPU
-#       (its MEASURED_CONV_SPLITS table); the new bundle verified, the three timed with
-#       the peer at batches 1, 8 and 32 (R50_BATCHES=), profiled by kernel at 32
 #   benchmarks/gpu_pending.sh pdl OUT_DIR   # ~1 min, no bundles: issue 18, a chain of small
 #       dependent Triton kernels in one CUDA graph with and without programmatic dependent
 #       launch (pdl_probe.py): the gap per launch that the fp8 batch-1 graphs show
@@ -258,7 +251,7 @@
 # and has its own timeout. Exit 3: the packages the steps need are missing
 # there (`preflight`, below; benchmarks/device_wheels.sh).
 set -u
-steps="dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-tiles-b1|r50-tma-small|r50-small|vit-gemm-b1|vit-split-k|vit-b1|b1-next|r50-module-b1|pdl|gaps|tma3x3|r50-tma3x3|r50-split-k"
+steps="dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-tiles-b1|r50-tma-small|r50-small|vit-gemm-b1|vit-split-k|vit-b1|b1-next|r50-module-b1|pdl|gaps|tma3x3|r50-tma3x3"
 usage="usage: $0 $steps OUT_DIR (--help: what each step does)"
 case "${1:-}" in
     -h|--help)   # the comment block above, without its leading '# '
@@ -553,30 +546,6 @@ r50-tma3x3)   # issue 18: timm_resnet50 fp8 with its stride-1 3x3 layers on 4-D 
     "$bundles"/r50-small/timm_resnet50-fp16-*-torch-aoti.bundle \
     "$bundles"/r50-small/timm_resnet50-fp8-*-torch-aoti.bundle "${boxed[@]}" \
     --batch-sizes "${R50_BATCHES:-1,3,8,32}" --timeline --profile --profile-sizes 32 --rows 16
-  ;;
-r50-split-k)   # issue 18: timm_resnet50 fp8 with split reductions, per layer and as a bundle
-  mkdir -p "$bundles/r50-split-k" "$bundles/r50-small"
-  FAMILY=timm_resnet50 TRT_BUNDLE_FP8_CONV=triton-fused-tma-split-k bash -c '. benchmarks/gpu_common.sh; \
-    make_parallel "$0" "fp8:--precision fp8"' "$bundles/r50-split-k" >"$out/r50-split-k-make.log" 2>&1 &
-  made=$!
-  FAMILY=timm_resnet50 bash -c '. benchmarks/gpu_common.sh; make_parallel "$0" \
-    "fp16:--precision fp16" "fp8:--precision fp8"' "$bundles/r50-small" >"$out/r50-small-make.log" 2>&1 &
-  made_small=$!
-  # the layers on the GPU while the three builds compile on the CPU
-  step split-k-probe "${PROBE_LIMIT:-240}" python3 benchmarks/fp8_split_k_probe.py
-  wait "$made"; echo "== r50-split-k-make: exit $?"; tail -4 "$out/r50-split-k-make.log"
-  wait "$made_small"; echo "== r50-small-make: exit $?"; tail -4 "$out/r50-small-make.log"
-  for dir in r50-small r50-split-k; do    # whole logs, each under its own name
-    for log in "$bundles/$dir"/make-*.log; do
-      [ -e "$log" ] && cp "$log" "$out/$dir-$(basename "$log")"
-    done
-  done
-  split=("$bundles"/r50-split-k/timm_resnet50-fp8-*-torch-aoti.bundle)
-  step r50-split-k-verify 60 python3 -m bundler.cli verify --numerics "${split[@]}"
-  step r50-split-k-time "${TIME_LIMIT:-200}" python3 benchmarks/aoti_static_vs_peer.py \
-    "$bundles"/r50-small/timm_resnet50-fp16-*-torch-aoti.bundle \
-    "$bundles"/r50-small/timm_resnet50-fp8-*-torch-aoti.bundle "${split[@]}" \
-    --batch-sizes "${R50_BATCHES:-1,8,32}" --timeline --profile --profile-sizes 32 --rows 16
   ;;
 r50-tiles-b1)   # `r50-tiles-small` at batch 1 (the batch-1 table was picked one call a replay)
   SMALL_BATCHES=1 TILES_LIMIT=${TILES_LIMIT:-300} TILES_BUDGET=${TILES_BUDGET:-260} \

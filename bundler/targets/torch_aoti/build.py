@@ -53,7 +53,6 @@ from bundler.targets.torch_aoti.settings import (TORCH_AOTI_FUSED_FP8_CONVS as F
                                                  TORCH_AOTI_TMA_FP8_CONVS as TMA_FP8_CONVS,
                                                  TORCH_AOTI_BOX_TMA_FP8_CONVS,
                                                  TORCH_AOTI_SMALL_TMA_FP8_CONVS,
-                                                 TORCH_AOTI_SPLIT_K_FP8_CONVS,
                                                  TORCH_AOTI_SMALL_BATCH_LAYOUTS,
                                                  TORCH_AOTI_TRITON_DEPTHWISE, settings_of)
 from bundler.targets import TargetBuild
@@ -263,8 +262,7 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
                 MEASURED_TMA_TILES_BY_BATCH as small_tma)
         return EngineModule(rewrite_fused(torch_model, fp8 or {}, tma=fp8_conv in TMA_FP8_CONVS,
                                           tma_batch_tiles=small_tma,
-                                          box_tma=fp8_conv in TORCH_AOTI_BOX_TMA_FP8_CONVS,
-                                          split_k=fp8_conv in TORCH_AOTI_SPLIT_K_FP8_CONVS),
+                                          box_tma=fp8_conv in TORCH_AOTI_BOX_TMA_FP8_CONVS),
                             dtype, False, True), {}
     if channels_last and nhwc:
         raise UsageError("channels_last and the NHWC rewrite are two forms: ask for one")

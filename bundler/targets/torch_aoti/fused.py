@@ -93,9 +93,7 @@ class FusedConv(nn.Module):
     ``fp8_conv_box_tma`` (each window tap one TMA box, the same numerics) outside the
     graphs of a small static batch, with ``box_tiles_for``'s tiles for its feature map
     (none: the shipped kernel was faster there, or a strided layer is not measured).
-    ``split_k``: outside the small static graphs, a layer whose launch at batch 32 leaves
-    SMs idle splits its reduction (``splits_at``; the splits add up in the kernel, which
-    then runs the epilogue). Such a model is exported with Dynamo (``uses_tma``)."""
+    Such a model is exported with Dynamo (``uses_tma``)."""
 
     def __init__(self, conv: nn.Conv2d, scales: tuple[float, Any] | None, *, relu: bool,
                  out16: bool, out_scale: float | None,
@@ -103,11 +101,10 @@ class FusedConv(nn.Module):
                  batch_tiles: Mapping[int, Mapping[tuple, Any]] | None = None,
                  tma: bool = False,
                  tma_batch_tiles: Mapping[int, Mapping[tuple[int, int], tuple]] | None = None,
-                 box_tma: bool = False, split_k: bool = False) -> None:
+                 box_tma: bool = False) -> None:
         super().__init__()
         self.tma_tiles = None
         self.box_tma = False
-        self.split_k = split_k and scales is not None
         self.tma_tiles_by_batch: dict[int, tuple] = {}
         if not out16 and out_scale is None:
             raise UsageError(f"{conv}: a fused convolution must write fp16 or e4m3")
@@ -178,25 +175,6 @@ class FusedConv(nn.Module):
 
         return box_tiles_for(self.cin, self.cout, self.kernel[0], self.stride[0], h, w)
 
-    def splits_at(self, x: torch.Tensor, block_m: int, block_n: int, block_k: int) -> int:
-        """How many ways a launch on ``x`` (NHWC) with those tiles splits its reduction:
-        1 without ``split_k`` and in the small static graphs, else
-        ``fp8_split_k.conv_splits_for`` of the layer's programs at batch 32."""
-        if not self.split_k or small_static_batch(x):
-            return 1
-        from bundler.targets.torch_aoti.fp8_layers import conv_output_hw
-        from bundler.targets.torch_aoti.kernels.fp8_conv import tile_key
-        from bundler.targets.torch_aoti.kernels.fp8_split_k import (SPLIT_PLAN_BATCH,
-                                                                    conv_splits_for)
-
-        ho, wo = conv_output_hw(int(x.shape[1]), int(x.shape[2]), self.kernel, self.stride,
-                                self.padding, self.dilation)
-        rows = SPLIT_PLAN_BATCH * ho * wo
-        programs = -(-rows // block_m) * -(-self.cout // block_n)
-        steps = self.kernel[0] * self.kernel[1] * -(-self.cin // block_k)
-        return conv_splits_for(tile_key(self.cin, self.cout, self.kernel, self.stride),
-                               programs, steps)
-
     @property
     def in_scale(self) -> float | None:
         """The activation scale its FP8 input must have (None: it reads fp16)."""
@@ -234,14 +212,11 @@ class FusedConv(nn.Module):
 
             return fp8_conv_1x1_tma(x8, self.weight_fp8, self.conv_scale, self.bias, self.cout,
                                     residual=residual, relu=self.relu, out_f16=self.out16,
-                                    out_scale=self.out_scale, tiles=tma_tiles,
-                                    splits=self.splits_at(x8, *tma_tiles[:3]))
-        config = self.tiles_for(x8)
+                                    out_scale=self.out_scale, tiles=tma_tiles)
         return fp8_conv_fused(x8, self.weight_fp8, self.conv_scale, self.bias, self.cout,
                               self.kernel, self.stride, self.padding, self.dilation,
                               residual=residual, relu=self.relu, out_f16=self.out16,
-                              out_scale=self.out_scale, config=config,
-                              splits=self.splits_at(x8, *config[:3]))
+                              out_scale=self.out_scale, config=self.tiles_for(x8))
 
 
 def bottleneck_parts(block: nn.Module) -> tuple[nn.Conv2d, nn.Conv2d, nn.Conv2d,
@@ -294,11 +269,11 @@ class FusedBottleneck(nn.Module):
                  batch_tiles: Mapping[int, Mapping[tuple, Any]] | None = None,
                  tma: bool = False,
                  tma_batch_tiles: Mapping[int, Mapping[tuple[int, int], tuple]] | None = None,
-                 box_tma: bool = False, split_k: bool = False) -> None:
+                 box_tma: bool = False) -> None:
         super().__init__()
         c1, c2, c3, down = parts
         kinds = dict(tiles=tiles, batch_tiles=batch_tiles, tma=tma,
-                     tma_batch_tiles=tma_batch_tiles, box_tma=box_tma, split_k=split_k)
+                     tma_batch_tiles=tma_batch_tiles, box_tma=box_tma)
         s1, s2, s3, sd = (fp8.get(n) for n in names)
 
         def act(scales):
@@ -352,7 +327,7 @@ def rewrite_fused(model: nn.Module, fp8: Mapping[str, tuple[float, Any]],
                   batch_tiles: Mapping[int, Mapping[tuple, Any]] | None = None,
                   drop_unread_f16: bool = True, tma: bool = False,
                   tma_batch_tiles: Mapping[int, Mapping[tuple[int, int], tuple]] | None = None,
-                  box_tma: bool = False, split_k: bool = False) -> nn.Module:
+                  box_tma: bool = False) -> nn.Module:
     """A copy of ``model`` (BN-folded, eval) in fp16 channels_last with its bottlenecks
     fused (module docstring). ``fp8``: module path -> (activation scale, weight scales) of
     the FP8 convolutions, every one of which must sit in a fusable bottleneck. ``tiles``:
@@ -366,9 +341,8 @@ def rewrite_fused(model: nn.Module, fp8: Mapping[str, tuple[float, Any]],
     stride-1 FP8 layers on the TMA kernel (``FusedConv``), and with ``tma_batch_tiles``
     (batch -> (in, out channels) -> tiles) in the graphs of those small static batches too;
     ``box_tma``: the 3x3 ones (and strided 1x1 ones) on the box TMA kernel outside small
-    static graphs, where their maps have tiles (``FusedConv``); ``split_k``: layers that
-    leave SMs idle at batch 32 split their reductions outside the small static graphs
-    (``FusedConv.splits_at``); export the result with ``uses_tma`` in mind.
+    static graphs, where their maps have tiles (``FusedConv``); export the result with
+    ``uses_tma`` in mind.
 
     The e4m3 hand-over between consecutive blocks (in module order: ResNet's stages are
     sequential) assumes the next block reads this block's output; a module in between
@@ -405,7 +379,7 @@ def rewrite_fused(model: nn.Module, fp8: Mapping[str, tuple[float, Any]],
         next_scale = float(stored_scale(fp8[nxt][0])) if nxt in fp8 else None
         replaced[name] = FusedBottleneck(parts, fp8, names, in_scale, next_scale, tiles,
                                          batch_tiles, tma=tma, tma_batch_tiles=tma_batch_tiles,
-                                         box_tma=box_tma, split_k=split_k)
+                                         box_tma=box_tma)
         in_scale = next_scale
     # a block whose successor reads only e4m3 (a stage's first block: conv1 and the
     # downsample share the handed-over tensor) writes no fp16 output: ~90 MB less to write

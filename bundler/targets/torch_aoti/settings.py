@@ -55,30 +55,22 @@ TORCH_AOTI_FP8_GEMMS = ("rowwise", "tensorwise", "rowwise-fp16", "dequantized")
 #: run fc1 on the same Triton kernel with GELU and fc2's quantize fused
 #: (bundler.targets.torch_aoti.fused_mlp).
 TORCH_AOTI_FP8_CONVS = ("im2col", "triton", "triton-fused", "triton-fused-tma",
-                        "triton-fused-tma-small", "triton-fused-tma-3x3",
-                        "triton-fused-tma-split-k")
+                        "triton-fused-tma-small", "triton-fused-tma-3x3")
 #: The fused-bottleneck forms: "triton-fused-tma" is "triton-fused" with the dense 1x1
 #: stride-1 layers on the TMA kernel (``kernels/fp8_conv_tma.py``; image families only),
 #: except in the graphs of a small static batch; "triton-fused-tma-small" puts them on it
 #: there too, with the tiles measured at that batch (``MEASURED_TMA_TILES_BY_BATCH``);
 #: "triton-fused-tma-3x3" is "triton-fused-tma-small" with the 3x3 layers (and strided 1x1
 #: ones) on the box TMA kernel too (``fp8_conv_box_tma``) outside the small static graphs,
-#: where their feature maps have measured tiles (``MEASURED_BOX_TILES``);
-#: "triton-fused-tma-split-k" is "triton-fused-tma-small" with the reduction of the layers
-#: that leave SMs idle at batch 32 split, outside the small static graphs
-#: (``kernels.fp8_split_k.conv_splits_for``: the splits add up in the kernel).
+#: where their feature maps have measured tiles (``MEASURED_BOX_TILES``).
 TORCH_AOTI_FUSED_FP8_CONVS = ("triton-fused", "triton-fused-tma", "triton-fused-tma-small",
-                              "triton-fused-tma-3x3", "triton-fused-tma-split-k")
+                              "triton-fused-tma-3x3")
 #: The forms with TMA layers (Hopper or newer; exported with Dynamo).
-TORCH_AOTI_TMA_FP8_CONVS = ("triton-fused-tma", "triton-fused-tma-small", "triton-fused-tma-3x3",
-                            "triton-fused-tma-split-k")
+TORCH_AOTI_TMA_FP8_CONVS = ("triton-fused-tma", "triton-fused-tma-small", "triton-fused-tma-3x3")
 #: Of those, the forms whose small static graphs take TMA with their own tiles.
-TORCH_AOTI_SMALL_TMA_FP8_CONVS = ("triton-fused-tma-small", "triton-fused-tma-3x3",
-                                  "triton-fused-tma-split-k")
+TORCH_AOTI_SMALL_TMA_FP8_CONVS = ("triton-fused-tma-small", "triton-fused-tma-3x3")
 #: Of those, the forms whose k x k layers take the box kernel (``fp8_conv_box_tma``).
 TORCH_AOTI_BOX_TMA_FP8_CONVS = ("triton-fused-tma-3x3",)
-#: Of those, the forms that split the reductions of layers with too few programs.
-TORCH_AOTI_SPLIT_K_FP8_CONVS = ("triton-fused-tma-split-k",)
 #: ``torch_aoti.fp8_pointwise_small_batch``: how the FP8 1x1 convolutions (a layout "as_is"
 #: family's FP8 Linear layers: gemm or dequantized) run in a static-batch graph of at most 8
 #: images (``torch_aoti.static_batches``; the meaning of each:

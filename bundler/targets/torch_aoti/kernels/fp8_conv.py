@@ -54,8 +54,6 @@ from torch.library import triton_op
 
 from bundler.fp8 import E4M3_MAX
 from bundler.targets.torch_aoti.fp8_layers import conv_output_hw
-from bundler.targets.torch_aoti.kernels.fp8_split_k import (split_range, split_workspace,
-                                                            sum_of_splits)
 from bundler.targets.torch_aoti.kernels.launch import traceable
 
 __all__ = ["GELU_FORMS", "Fp8ConvConfig", "CANDIDATE_CONFIGS", "FEW_STAGE_CONFIGS",
@@ -383,18 +381,15 @@ def _grouped_tile(pid, M, COUT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 
 @triton.jit
 def _fp8_conv_nhwc_kernel(
-        x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, res_ptr, q_ptr, q_scale_ptr, ws_ptr,
-        cnt_ptr, M, H, W, C, HO, WO, COUT,
+        x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, res_ptr, q_ptr, q_scale_ptr,
+        M, H, W, C, HO, WO, COUT,
         stride_xn, stride_xh, stride_xw, ldw, stride_rn, stride_rh, stride_rw,
         KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
         PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
         RELU: tl.constexpr, EVEN_C: tl.constexpr, RESIDUAL: tl.constexpr,
         RES_CONTIG: tl.constexpr, OUT_F16: tl.constexpr, OUT_F8: tl.constexpr, QMAX: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        GROUP_M: tl.constexpr, GELU: tl.constexpr = 0, IMPRECISE_ACC: tl.constexpr = None,
-        SPLITS: tl.constexpr = 1):
-    """One output tile; with SPLITS > 1 one split of its reduction, the epilogue run by
-    the tile's last split (``fp8_split_k.sum_of_splits``; program_id(1) is the split)."""
+        GROUP_M: tl.constexpr, GELU: tl.constexpr = 0, IMPRECISE_ACC: tl.constexpr = None):
     pid_m, pid_n = _grouped_tile(tl.program_id(0), M, COUT, BLOCK_M, BLOCK_N, GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -408,8 +403,7 @@ def _fp8_conv_nhwc_kernel(
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     c_tiles = tl.cdiv(C, BLOCK_K)
-    it_lo, it_hi = split_range(KH * KW * c_tiles, tl.program_id(1), SPLITS)
-    for it in range(it_lo, it_hi):
+    for it in range(0, KH * KW * c_tiles):
         tap = it // c_tiles
         c = (it % c_tiles) * BLOCK_K + offs_k
         ih = ih0 + (tap // KW) * DH
@@ -426,23 +420,6 @@ def _fp8_conv_nhwc_kernel(
             b = tl.load(b_ptrs, mask=n_ok[None, :] & c_ok[:, None], other=0.0)
         acc = tl.dot(a, b, acc, max_num_imprecise_acc=IMPRECISE_ACC)
 
-    last = True
-    if SPLITS > 1:
-        acc, last = sum_of_splits(acc, ws_ptr, cnt_ptr, tl.program_id(0), tl.num_programs(0),
-                                  tl.program_id(1), SPLITS, BLOCK_M, BLOCK_N)
-    if last:
-        _conv_epilogue(acc, offs_m, offs_n, m_ok, n_ok, img, ho, wo, scale_ptr, bias_ptr,
-                       out_ptr, res_ptr, q_ptr, q_scale_ptr, COUT, stride_rn, stride_rh,
-                       stride_rw, RELU, RESIDUAL, RES_CONTIG, OUT_F16, OUT_F8, QMAX, GELU)
-
-
-@triton.jit
-def _conv_epilogue(acc, offs_m, offs_n, m_ok, n_ok, img, ho, wo, scale_ptr, bias_ptr,
-                   out_ptr, res_ptr, q_ptr, q_scale_ptr, COUT, stride_rn, stride_rh,
-                   stride_rw, RELU: tl.constexpr, RESIDUAL: tl.constexpr,
-                   RES_CONTIG: tl.constexpr, OUT_F16: tl.constexpr, OUT_F8: tl.constexpr,
-                   QMAX: tl.constexpr, GELU: tl.constexpr):
-    """The fused epilogue of ``_fp8_conv_nhwc_kernel``'s tile ``acc`` (module docstring)."""
     # (loaded after the K loop: loaded before it, they stay live in registers through it,
     # +20-40 registers per thread on sm_90, fewer resident programs for the small tiles)
     scale = tl.load(scale_ptr + offs_n, mask=n_ok, other=0.0)
@@ -493,8 +470,7 @@ def fp8_conv_nhwc(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     m = n * ho * wo
     grid = (triton.cdiv(m, block_m) * triton.cdiv(cout, block_n),)
     traceable(_fp8_conv_nhwc_kernel)[grid](
-        x, weight, scale, bias, out, scale, scale, scale, scale, scale, m, h, w, c, ho, wo,
-        cout,
+        x, weight, scale, bias, out, scale, scale, scale, m, h, w, c, ho, wo, cout,
         x.stride(0), x.stride(1), x.stride(2), weight.stride(0), 0, 0, 0,
         KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, RELU=relu,
         EVEN_C=c % block_k == 0, RESIDUAL=False, RES_CONTIG=False, OUT_F16=True, OUT_F8=False, QMAX=E4M3_MAX,
@@ -510,8 +486,7 @@ def fp8_conv_nhwc_fused(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
                         kw: int, sh: int, sw: int, ph: int, pw: int, dh: int, dw: int,
                         relu: bool, block_m: int, block_n: int, block_k: int, num_warps: int,
                         num_stages: int, group_m: int, gelu: int,
-                        imprecise_acc: int, splits: int = 1
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
+                        imprecise_acc: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``fp8_conv_nhwc`` with the fused epilogues: ``residual`` fp16 [N, Ho, Wo, cout] (any
     strides, channels contiguous) added before the ReLU; ``gelu``: GELU of the fp16
     result instead (a transformer MLP's fc1; ``GELU_FORMS``: 1 libdevice's erf, 2
@@ -520,8 +495,6 @@ def fp8_conv_nhwc_fused(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
     ``imprecise_acc``: 0 leaves the accumulation to Triton's default (on sm_90 the whole
     reduction in the tensor cores' FP8 accumulator, what cuBLAS calls fast accumulation); n > 0
     adds the tensor cores' partial sums into the fp32 accumulator every n reduction elements.
-    ``splits`` > 1: the reduction split that many ways, summed in the kernel
-    (``fp8_split_k.sum_of_splits``).
     Returns (fp16 [N, Ho, Wo, cout], e4m3 [N, Ho, Wo, cout]); an output not asked for is an
     empty tensor (shape [0])."""
     if not out_f16 and out_scale is None:
@@ -543,21 +516,17 @@ def fp8_conv_nhwc_fused(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
     res = residual if residual is not None else scale     # unread without RESIDUAL
     rs = residual.stride()[:3] if residual is not None else (0, 0, 0)
     m = n * ho * wo
-    if splits < 1:
-        raise ValueError(f"fp8_conv_nhwc_fused: splits {splits} must be 1 or more")
-    tiles = triton.cdiv(m, block_m) * triton.cdiv(cout, block_n)
-    ws, counters = (split_workspace(splits, tiles, block_m, block_n, x.device) if splits > 1
-                    else (scale, scale))                   # unread with one split
-    traceable(_fp8_conv_nhwc_kernel)[(tiles, splits)](
+    grid = (triton.cdiv(m, block_m) * triton.cdiv(cout, block_n),)
+    traceable(_fp8_conv_nhwc_kernel)[grid](
         x, weight, scale, bias, out, res, q, out_scale if out_scale is not None else scale,
-        ws, counters, m, h, w, c, ho, wo, cout,
+        m, h, w, c, ho, wo, cout,
         x.stride(0), x.stride(1), x.stride(2), weight.stride(0), rs[0], rs[1], rs[2],
         KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, RELU=relu,
         EVEN_C=c % block_k == 0, RESIDUAL=residual is not None,
         RES_CONTIG=residual is not None and residual.is_contiguous(), OUT_F16=out_f16,
         OUT_F8=out_scale is not None, QMAX=E4M3_MAX, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         GROUP_M=group_m, GELU=gelu, IMPRECISE_ACC=imprecise_acc if imprecise_acc > 0 else None,
-        SPLITS=splits, num_warps=num_warps, num_stages=num_stages)
+        num_warps=num_warps, num_stages=num_stages)
     return out, q
 
 
@@ -578,16 +547,15 @@ def fp8_conv_fused(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                    dilation: tuple[int, int] = (1, 1), *, residual: torch.Tensor | None = None,
                    relu: bool = False, gelu: str | None = None, out_f16: bool = True,
                    out_scale: torch.Tensor | None = None,
-                   config: Fp8ConvConfig | None = None, imprecise_acc: int = 0,
-                   splits: int = 1
+                   config: Fp8ConvConfig | None = None, imprecise_acc: int = 0
                    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The fused op in the callers' form: (fp16 out or None, e4m3 out or None);
-    ``gelu``: None or a ``GELU_FORMS`` name; ``splits``: of the reduction."""
+    ``gelu``: None or a ``GELU_FORMS`` name."""
     cfg = config or default_config(x.shape[-1], cout, kernel)
     if gelu is not None and gelu not in GELU_FORMS:
         raise ValueError(f"GELU form {gelu!r}: choose {' or '.join(GELU_FORMS)}")
     y16, y8 = torch.ops.trt_bundle.fp8_conv_nhwc_fused(
         x, weight, scale, bias, residual, out_scale, bool(out_f16), int(cout),
         *map(int, kernel), *map(int, stride), *map(int, padding), *map(int, dilation),
-        bool(relu), *map(int, cfg), GELU_FORMS.get(gelu, 0), int(imprecise_acc), int(splits))
+        bool(relu), *map(int, cfg), GELU_FORMS.get(gelu, 0), int(imprecise_acc))
     return (y16 if out_f16 else None), (y8 if out_scale is not None else None)

@@ -53,8 +53,6 @@ import triton.language as tl
 
 from bundler.fp8 import E4M3_MAX
 from bundler.targets.torch_aoti.kernels.fp8_conv import _grouped_tile, _quantize_e4m3
-from bundler.targets.torch_aoti.kernels.fp8_split_k import (split_range, split_workspace,
-                                                            sum_of_splits)
 
 __all__ = ["TmaTiles", "MEASURED_TMA_TILES", "MEASURED_TMA_TILES_BY_BATCH",
            "DEFAULT_TMA_TILES", "GROUP_M",
@@ -169,41 +167,22 @@ def _e4m3_out(y16, q_scale_ptr, QMAX: tl.constexpr):
 
 @triton.jit
 def _tma_1x1_tile(a_desc, b_desc, r_desc, o_desc, q_desc, scale_ptr, bias_ptr, q_scale_ptr,
-                  ws_ptr, cnt_ptr, M, C, COUT,
+                  M, C, COUT,
                   RELU: tl.constexpr, RESIDUAL: tl.constexpr, OUT_F16: tl.constexpr,
                   OUT_F8: tl.constexpr, QMAX: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                  SPLITS: tl.constexpr = 1):
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """One output tile: rows = output pixels, the reduction over C, the epilogue as
-    ``_fp8_conv_nhwc_kernel``'s. A descriptor whose switch is off is not touched. With
-    SPLITS > 1 one split of the reduction (program_id(1)), the epilogue run by the tile's
-    last split (``fp8_split_k.sum_of_splits``)."""
+    ``_fp8_conv_nhwc_kernel``'s. A descriptor whose switch is off is not touched."""
     pid_m, pid_n = _grouped_tile(tl.program_id(0), M, COUT, BLOCK_M, BLOCK_N, GROUP_M)
     off_m = pid_m * BLOCK_M
     off_n = pid_n * BLOCK_N
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k_lo, k_hi = split_range(tl.cdiv(C, BLOCK_K), tl.program_id(1), SPLITS)
-    for k in range(k_lo, k_hi):
+    for k in range(0, tl.cdiv(C, BLOCK_K)):
         a = a_desc.load([off_m, k * BLOCK_K])
         b = b_desc.load([off_n, k * BLOCK_K])
         acc = tl.dot(a, b.T, acc)
 
-    last = True
-    if SPLITS > 1:
-        acc, last = sum_of_splits(acc, ws_ptr, cnt_ptr, tl.program_id(0), tl.num_programs(0),
-                                  tl.program_id(1), SPLITS, BLOCK_M, BLOCK_N)
-    if last:
-        _tma_1x1_epilogue(acc, r_desc, o_desc, q_desc, scale_ptr, bias_ptr, q_scale_ptr,
-                          off_m, off_n, COUT, RELU, RESIDUAL, OUT_F16, OUT_F8, QMAX, BLOCK_N)
-
-
-@triton.jit
-def _tma_1x1_epilogue(acc, r_desc, o_desc, q_desc, scale_ptr, bias_ptr, q_scale_ptr, off_m,
-                      off_n, COUT, RELU: tl.constexpr, RESIDUAL: tl.constexpr,
-                      OUT_F16: tl.constexpr, OUT_F8: tl.constexpr, QMAX: tl.constexpr,
-                      BLOCK_N: tl.constexpr):
-    """``_tma_1x1_tile``'s epilogue of the tile at (off_m, off_n)."""
     y = _scaled_columns(acc, scale_ptr, bias_ptr, off_n, COUT, BLOCK_N)
     if RESIDUAL:
         y = y.to(tl.float16).to(tl.float32) + r_desc.load([off_m, off_n]).to(tl.float32)
@@ -218,28 +197,26 @@ def _tma_1x1_epilogue(acc, r_desc, o_desc, q_desc, scale_ptr, bias_ptr, q_scale_
 
 @triton.jit
 def _tma_1x1_host_kernel(a_desc, b_desc, r_desc, o_desc, q_desc, scale_ptr, bias_ptr,
-                         q_scale_ptr, ws_ptr, cnt_ptr, M, C, COUT,
+                         q_scale_ptr, M, C, COUT,
                          RELU: tl.constexpr, RESIDUAL: tl.constexpr, OUT_F16: tl.constexpr,
                          OUT_F8: tl.constexpr, QMAX: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                         SPLITS: tl.constexpr = 1):
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """``_tma_1x1_tile`` with host-side descriptors (``TensorDescriptor`` arguments)."""
     _tma_1x1_tile(a_desc, b_desc, r_desc, o_desc, q_desc, scale_ptr, bias_ptr, q_scale_ptr,
-                  ws_ptr, cnt_ptr, M, C, COUT, RELU, RESIDUAL, OUT_F16, OUT_F8, QMAX, BLOCK_M,
-                  BLOCK_N, BLOCK_K, GROUP_M, SPLITS)
+                  M, C, COUT, RELU, RESIDUAL, OUT_F16, OUT_F8, QMAX, BLOCK_M, BLOCK_N,
+                  BLOCK_K, GROUP_M)
 
 
 def fp8_conv_1x1_tma(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                      bias: torch.Tensor, cout: int, *, residual: torch.Tensor | None = None,
                      relu: bool = False, out_f16: bool = True,
                      out_scale: torch.Tensor | None = None,
-                     tiles: TmaTiles = DEFAULT_TMA_TILES, splits: int = 1
+                     tiles: TmaTiles = DEFAULT_TMA_TILES
                      ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """``fp8_conv_fused`` for a 1x1 stride-1 layer on dense NHWC e4m3 ``x`` (``weight``:
     the layer's e4m3 ``[>= cout, >= C]`` buffer, rows of 16-byte multiples; ``scale``,
     ``bias``: fp32 per output channel; ``out_scale``: its first element quantizes the e4m3
-    output; ``splits``: of the reduction, summed in the kernel, ``fp8_split_k``). Returns
-    (fp16 or None, e4m3 or None), NHWC ``[N, H, W, cout]``.
+    output). Returns (fp16 or None, e4m3 or None), NHWC ``[N, H, W, cout]``.
 
     A plain launch, not a torch op: export it with Dynamo (module docstring)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -269,17 +246,13 @@ def fp8_conv_1x1_tma(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         """An output or the residual as [m, cout] tiles; absent: the input's, never used."""
         return TensorDescriptor.from_tensor(t.view(m, cout), [bm, bn]) if t is not None else a
 
-    if splits < 1:
-        raise ValueError(f"fp8_conv_1x1_tma: splits {splits} must be 1 or more")
-    grid = (triton.cdiv(m, bm) * triton.cdiv(cout, bn), splits)
-    ws, counters = (split_workspace(splits, grid[0], bm, bn, x.device) if splits > 1
-                    else (scale, scale))                   # unread with one split
+    grid = (triton.cdiv(m, bm) * triton.cdiv(cout, bn),)
     _tma_1x1_host_kernel[grid](
         a, TensorDescriptor.from_tensor(weight[:cout, :c], [bn, bk]), rows(res),
         rows(out if out_f16 else None), rows(q if out_scale is not None else None),
-        scale, bias, out_scale if out_scale is not None else scale, ws, counters, m, c, cout,
+        scale, bias, out_scale if out_scale is not None else scale, m, c, cout,
         RELU=relu, RESIDUAL=res is not None, OUT_F16=out_f16, OUT_F8=out_scale is not None,
-        QMAX=E4M3_MAX, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M, SPLITS=splits,
+        QMAX=E4M3_MAX, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M,
         num_warps=warps, num_stages=stages)
     return (out if out_f16 else None), (q if out_scale is not None else None)
 

@@ -21,17 +21,6 @@ scale), the layer's e4m3 weight buffer [>= cout, ldw] (rows padded), fp32 accumu
 Triton does FP8 dots on sm_90. Each split's sum is written, not accumulated with atomics:
 the outputs do not depend on the order the programs run in.
 
-The convolutions' form (``sum_of_splits``, for ``fp8_conv``'s and ``fp8_conv_tma``'s
-kernels): the split programs of one output tile end in the same kernel. Each writes its
-fp32 tile to a workspace and counts itself in on the tile's counter; the one that arrives
-last adds the tiles in split order and runs the layer's fused epilogue (scale, bias,
-residual, ReLU, fp16 and e4m3 outputs). Why not the graph's sum, as above: a ResNet
-layer's output is read by the next convolution, our own kernel, so Inductor would add the
-partials in a pass of its own, a launch and the partials' bytes more per layer. The sum
-is taken in split order whichever program arrives last, so the outputs do not depend on
-the order the programs run in either. The counters start at zero at each launch (the
-launch allocates them).
-
 Imports triton at module level: import this module only where triton may be used
 (``kernels.available``).
 """
@@ -47,9 +36,7 @@ from torch.library import triton_op
 
 from bundler.targets.torch_aoti.kernels.launch import traceable
 
-__all__ = ["OP", "SplitKConfig", "fp8_rows_partials", "linear_split_k_config",
-           "sum_of_splits", "split_range", "split_workspace", "SPLIT_PLAN_BATCH",
-           "MEASURED_CONV_SPLITS", "conv_splits_for"]
+__all__ = ["OP", "SplitKConfig", "fp8_rows_partials", "linear_split_k_config"]
 
 OP = "trt_bundle::fp8_rows_partials"
 
@@ -57,34 +44,6 @@ OP = "trt_bundle::fp8_rows_partials"
 #: H200's 132 SMs less a margin. ViT-B at 197 rows: proj and fc2 make 48 (split), qkv 144
 #: and fc1 192 (not).
 SPLIT_BELOW_PROGRAMS = 100
-
-
-#: The batch a dynamic-batch graph's convolution splits are chosen for (its tiles'
-#: ``fp8_conv.MEASURED_TILES`` and ``fp8_conv_tma.MEASURED_TMA_TILES`` are batch 32's).
-SPLIT_PLAN_BATCH = 32
-#: ``conv_splits_for``'s rule: split until about this many programs (four resident on each
-#: of the H200's 132 SMs), at most ``MAX_CONV_SPLITS`` ways, each split keeping at least
-#: ``MIN_SPLIT_STEPS`` reduction steps for the pipeline to fill.
-SPLIT_TARGET_PROGRAMS = 528
-MAX_CONV_SPLITS = 4
-MIN_SPLIT_STEPS = 4
-#: (cin, cout, kh, kw, sh, sw) -> splits for timm_resnet50's fused layers at batch 32, as
-#: ``benchmarks/fp8_split_k_probe.py`` measures them on an H200; a layer not in it takes
-#: ``conv_splits_for``'s rule. Empty until measured.
-MEASURED_CONV_SPLITS: dict[tuple[int, int, int, int, int, int], int] = {}
-
-
-def conv_splits_for(key: tuple[int, int, int, int, int, int], programs: int, steps: int,
-                    table: dict | None = None) -> int:
-    """How many ways to split the reduction of a fused convolution ``key`` (``fp8_conv.
-    tile_key``) whose launch at ``SPLIT_PLAN_BATCH`` has ``programs`` output tiles of
-    ``steps`` reduction steps each: ``table``'s (default ``MEASURED_CONV_SPLITS``), else
-    the rule (``SPLIT_TARGET_PROGRAMS``); 1: no split."""
-    table = MEASURED_CONV_SPLITS if table is None else table
-    if key in table:
-        return int(table[key])
-    return max(1, min(MAX_CONV_SPLITS, SPLIT_TARGET_PROGRAMS // max(programs, 1),
-                      steps // MIN_SPLIT_STEPS))
 
 
 class SplitKConfig(NamedTuple):
@@ -143,47 +102,6 @@ def _fp8_rows_partials_kernel(x_ptr, w_ptr, ws_ptr, M, C, COUT, ldw, K_SPLIT,
     ws = ws_ptr + split.to(tl.int64) * M * COUT
     tl.store(ws + offs_m.to(tl.int64)[:, None] * COUT + offs_n[None, :], acc,
              mask=m_ok[:, None] & n_ok[None, :])
-
-
-@triton.jit
-def split_range(total, split, SPLITS: tl.constexpr):
-    """The reduction steps [lo, hi) of ``split`` of SPLITS over ``total`` steps: ceil(total /
-    SPLITS) each, the rest to the last (a split past the end has none and adds zeros)."""
-    per = tl.cdiv(total, SPLITS)
-    lo = split * per
-    return lo, tl.minimum(lo + per, total)
-
-
-@triton.jit
-def sum_of_splits(acc, ws_ptr, cnt_ptr, tile, num_tiles, split, SPLITS: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """(the tile's sum over its SPLITS splits, whether this program arrived last): this
-    program's fp32 tile ``acc`` goes to the workspace ``ws`` [SPLITS, num_tiles, BLOCK_M *
-    BLOCK_N], then onto the tile's counter; the last of the tile's programs adds the
-    SPLITS tiles in split order (module docstring). The sum is meaningful only where the
-    flag is set. Workspace traffic bypasses L1 (``.cg``): another SM wrote it."""
-    size: tl.constexpr = BLOCK_M * BLOCK_N
-    offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    tl.store(ws_ptr + (split * num_tiles + tile).to(tl.int64) * size + offs, acc,
-             cache_modifier=".cg")
-    tl.debug_barrier()          # every thread's part written before the count (release)
-    arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-    last = arrived == SPLITS - 1
-    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if last:
-        for s in tl.static_range(SPLITS):
-            total += tl.load(ws_ptr + (s * num_tiles + tile).to(tl.int64) * size + offs,
-                             cache_modifier=".cg")
-    return total, last
-
-
-def split_workspace(splits: int, tiles: int, block_m: int, block_n: int,
-                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(fp32 workspace, int32 counters at zero) of a launch of ``tiles`` output tiles in
-    ``splits`` splits (``sum_of_splits``)."""
-    return (torch.empty((splits * tiles * block_m * block_n,), dtype=torch.float32,
-                        device=device),
-            torch.zeros((tiles,), dtype=torch.int32, device=device))
 
 
 @triton_op(OP, mutates_args={})
