@@ -234,8 +234,10 @@ def resnet50() -> nn.Module:
     return build_torch_model(load_family("timm_resnet50"), seed=0)
 
 
-def block_case(select: str, own_downsample_scale: bool = False, model: str = "tiny") -> dict:
-    """Fused model vs unfused fp8 model (rewrite_nhwc, emulated GEMMs), same scales."""
+def block_case(select: str, own_downsample_scale: bool = False, model: str = "tiny",
+               fuse_stem: bool = False) -> dict:
+    """Fused model vs unfused fp8 model (rewrite_nhwc, emulated GEMMs), same scales; the
+    stem as the unfused model has it unless ``fuse_stem`` (``stem_case``)."""
     from bundler.targets.torch_aoti.fused import FusedBottleneck, rewrite_fused
     from bundler.targets.torch_aoti.model import rewrite_nhwc
     from bundler.targets.torch_aoti.nhwc_modules import EngineModule
@@ -247,20 +249,12 @@ def block_case(select: str, own_downsample_scale: bool = False, model: str = "ti
     if select == "pointwise":
         paths = [p for p in paths if dict(model.named_modules())[p].kernel_size == (1, 1)]
     fp8 = calibrate(model, x, paths)
-    tiles = None
-    if size == 32:
-        # Large tiles for ResNet-50: the interpreter's time goes with the programs and the
-        # k steps it runs (33 s with the family's tiles, 14 s with these on the CI host);
-        # what is checked here is the fusion, not a tile set.
-        from bundler.targets.torch_aoti.kernels.fp8_conv import tile_key
-        modules = dict(model.named_modules())
-        tiles = {tile_key(modules[p].in_channels, modules[p].out_channels,
-                          modules[p].kernel_size, modules[p].stride): RESNET50_TILES
-                 for p in paths}
+    tiles = _resnet50_tiles(model, paths) if size == 32 else None
     if own_downsample_scale:     # the downsample's scale differs from conv1's: own quantize
         act, ws = fp8["layer2.0.downsample.0"]
         fp8["layer2.0.downsample.0"] = (act * 1.37, ws)
-    fused = EngineModule(rewrite_fused(model, fp8, tiles=tiles), torch.float16, False, True)
+    fused = EngineModule(rewrite_fused(model, fp8, tiles=tiles, fuse_stem=fuse_stem),
+                         torch.float16, False, True)
     unfused = EngineModule(rewrite_nhwc(model, torch.float16, fp8=fp8, emulate=True),
                            torch.float16, True)
     with torch.no_grad():
@@ -269,6 +263,7 @@ def block_case(select: str, own_downsample_scale: bool = False, model: str = "ti
     return {
         "err": float((got - ref).abs().max() / ref.abs().max()),
         "err_vs_fp32": float((ref - exact).abs().max() / exact.abs().max()),
+        "fused_vs_fp32": float((got - exact).abs().max() / exact.abs().max()),
         "fp8_layers": sum(int(c.fp8) for b in blocks for c in b.modules()
                           if type(c).__name__ == "FusedConv"),
         "reads_fp8": [[b.conv1_reads_fp8, b.down_reads_fp8] for b in blocks],
@@ -278,13 +273,83 @@ def block_case(select: str, own_downsample_scale: bool = False, model: str = "ti
     }
 
 
+def stem_op_case(c: int, nchw_strides: bool, out16: bool) -> dict:
+    """``relu_maxpool_e4m3`` against torch on odd sides: the raw stem output plus the bias
+    in fp32, fp16, ReLU, ``MaxPool2d(3, 2, 1)``, QuantizeLinear; fp16 bits and e4m3 codes
+    apart. ``nchw_strides``: the input handed over with NCHW strides (the op copies it)."""
+    from bundler.targets.torch_aoti.fp8_layers import quantize
+    from bundler.targets.torch_aoti.kernels.stem_pool import relu_maxpool_e4m3
+
+    g = torch.Generator().manual_seed(c)
+    raw = (torch.randn(2, c, 9, 11, generator=g) * 3).half()
+    bias = torch.randn(c, generator=g).half().float()
+    scale = torch.full((16,), 0.02)
+    ref16 = F.max_pool2d(torch.relu((raw.float() + bias[None, :, None, None]).half()), 3, 2, 1)
+    ref8 = quantize(ref16.permute(0, 2, 3, 1), scale[:1])
+    x = raw if nchw_strides else raw.to(memory_format=torch.channels_last)
+    y16, y8 = relu_maxpool_e4m3(x.permute(0, 2, 3, 1), bias, scale, out_f16=out16)
+    out = {"shape": list(y8.shape), "e4m3_codes_differing": int(
+        (y8.view(torch.uint8) != ref8.view(torch.uint8)).sum()),
+        "e4m3_nonzero": int((ref8.float() != 0).sum()), "f16_out": y16 is not None}
+    if y16 is not None:
+        out["f16_bits_differing"] = int((y16.view(torch.int16) != ref16.permute(
+            0, 2, 3, 1).view(torch.int16)).sum())
+    return out
+
+
+def stem_case() -> dict:
+    """timm_resnet50 (32x32) fused with its stem (``rewrite_fused``'s default): which
+    modules the stem became, what the first block reads, the e4m3 it is handed against
+    the unfused stem's computation (the convolution without its bias, then the bias, ReLU,
+    pool and quantize), and ``block_case`` with the stem fused (its distance from fp32,
+    against the unfused stem's in ``blocks.resnet50``)."""
+    from bundler.targets.torch_aoti.fp8_layers import quantize
+    from bundler.targets.torch_aoti.fused import rewrite_fused
+
+    model = resnet50()
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    paths = [n for n, m in model.named_modules() if isinstance(m, nn.Conv2d) and n != "conv1"]
+    fp8 = calibrate(model, x, paths)
+    body = rewrite_fused(model, fp8, tiles=_resnet50_tiles(model, paths))
+    xh = x.half().to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        y16, y8 = body.maxpool(body.act1(body.conv1(xh)))
+        raw = F.conv2d(xh, model.conv1.weight.half(), None, 2, 3)
+        ref = F.max_pool2d(torch.relu((raw.float() + model.conv1.bias.half().float()[
+            None, :, None, None]).half()), 3, 2, 1)
+        ref8 = quantize(ref.permute(0, 2, 3, 1), body.layer1[0].conv1.act_scale)
+    first = body.layer1[0]
+    return {"modules": [type(body.conv1).__name__, type(body.act1).__name__,
+                        type(body.maxpool).__name__],
+            "first_reads_fp8": [first.conv1_reads_fp8, first.down_reads_fp8],
+            "hands_f16": y16 is not None,
+            "e4m3_codes_differing": int((y8.view(torch.uint8) != ref8.view(torch.uint8)).sum()),
+            "e4m3_nonzero": int((ref8.float() != 0).sum()),
+            "fused": block_case("all", model="resnet50", fuse_stem=True)}
+
+
+def _resnet50_tiles(model: nn.Module, paths: list[str]) -> dict:
+    """Large tiles for ResNet-50's FP8 layers: the interpreter's time goes with the
+    programs and the k steps it runs (33 s with the family's tiles, 14 s with these on the
+    CI host); what is checked is the fusion, not a tile set."""
+    from bundler.targets.torch_aoti.kernels.fp8_conv import tile_key
+    modules = dict(model.named_modules())
+    return {tile_key(modules[p].in_channels, modules[p].out_channels, modules[p].kernel_size,
+                     modules[p].stride): RESNET50_TILES for p in paths}
+
+
 def main() -> None:
     exact_e4m3_conversion()
     results = {"quantizer": quantizer_ties(),
                "cases": {name: run_case(case) for name, case in CASES.items()},
                "blocks": {"all": block_case("all"), "pointwise": block_case("pointwise"),
                           "own-downsample-scale": block_case("all", True),
-                          "resnet50": block_case("all", model="resnet50")}}
+                          "resnet50": block_case("all", model="resnet50")},
+               "stem_ops": {f"c{c}{'-nchw' if nchw else ''}{'-f16' if out16 else ''}":
+                            stem_op_case(c, nchw, out16)
+                            for c, nchw, out16 in ((40, False, True), (80, True, False),
+                                                   (64, False, False))},
+               "stem": stem_case()}
     json.dump(results, sys.stdout)
 
 

@@ -99,6 +99,54 @@ def test_timm_resnet50_fused_equals_its_unfused_fp8_model(interpreted):
     assert r["top1_agree"] == 1.0
 
 
+@needs_triton
+@pytest.mark.parametrize("name", ["c40-f16", "c80-nchw", "c64"])
+def test_the_stem_op_equals_bias_relu_max_pool_and_quantize_in_torch(interpreted, name):
+    """kernels/stem_pool.py on odd sides (9x11 -> 5x6), one channel block and two (40, 80
+    channels), an input with NCHW strides: the fp16 bits and e4m3 codes of torch's
+    computation; the fp16 map only where asked."""
+    r = interpreted["stem_ops"][name]
+    assert r["shape"][1:3] == [5, 6] and r["e4m3_nonzero"] > 100
+    assert r["e4m3_codes_differing"] == 0
+    assert r["f16_out"] == name.endswith("-f16")
+    if r["f16_out"]:
+        assert r["f16_bits_differing"] == 0
+
+
+@needs_triton
+def test_timm_resnet50s_stem_hands_the_first_block_its_e4m3_input(interpreted):
+    """The fused model's stem: the convolution without its bias, then one kernel for the
+    bias, ReLU, max pool and quantize; the first block's conv1 and downsample both read
+    that e4m3 (no fp16 map: nothing reads it), which equals the unfused stem's computation
+    code for code; the model stays as close to fp32 as with the stem unfused (the stem's
+    fp16 rounds the bias separately, as Inductor's unfused graph does)."""
+    r = interpreted["stem"]
+    assert r["modules"] == ["StemConv", "Identity", "StemPool"]
+    assert r["first_reads_fp8"] == [True, True] and r["hands_f16"] is False
+    assert r["e4m3_codes_differing"] == 0 and r["e4m3_nonzero"] > 1000
+    fused, unfused = r["fused"], interpreted["blocks"]["resnet50"]
+    assert [c1 for c1, _ in fused["reads_fp8"]] == [True] * 16
+    assert fused["fused_vs_fp32"] < 1.5 * unfused["err_vs_fp32"]
+    assert fused["top1_agree"] == 1.0
+
+
+@needs_triton
+def test_only_timm_resnets_plain_stem_is_fused():
+    """``stem_parts``: timm's ResNet with a folded 7x7 stem, ReLU and MaxPool2d(3, 2, 1);
+    not another pool, an unfolded BatchNorm, or a model that is not timm's ResNet."""
+    timm = pytest.importorskip("timm")
+    from bundler.targets.torch_aoti.fused import stem_parts
+    from bundler.torch_model import fold_batchnorm
+
+    model = timm.create_model("resnet18", pretrained=False).eval()
+    assert stem_parts(model) is None                        # bn1 not folded
+    fold_batchnorm(model)
+    assert stem_parts(model) is not None
+    model.maxpool = nn.MaxPool2d(2)
+    assert stem_parts(model) is None
+    assert stem_parts(_script().tiny_resnet()) is None        # not timm's ResNet
+
+
 def _tiny_and_scales(select=None):
     script = _script()
     model = script.tiny_resnet()
@@ -427,3 +475,48 @@ def test_no_fused_op_takes_a_0d_buffer():
     assert len(read) >= 11 * 3                      # weight, scale, bias of each of the 11
     assert [r for r in read if state[r[1]].dim() == 0] == []
     assert any(name.endswith("out_scale") for _, name in read)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@needs_triton
+def test_gpu_the_stem_compiles_with_aotinductor_and_matches_eager(tmp_path):
+    """The fused stem (``StemConv`` then ``StemPool``: cuDNN's convolution, then the one
+    kernel for bias, ReLU, max pool and e4m3) through torch.export with a dynamic batch
+    and AOTInductor, against the eager module; and against the unfused fp16 stem (the
+    convolution with its bias, ReLU, max pool, then QuantizeLinear): e4m3 codes at most
+    one step apart (the bias is added after the convolution's rounding)."""
+    import torch.nn.functional as F
+
+    from bundler.targets.torch_aoti.build import compile_package, smoke_check
+    from bundler.targets.torch_aoti.fp8_layers import quantize
+    from bundler.targets.torch_aoti.fused import StemConv, StemPool
+    from bundler.targets.torch_aoti.nhwc_modules import EngineModule
+
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 64, 7, 2, 3)
+
+    class Stem(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.pool = StemConv(conv), StemPool(conv, 0.01, out16=True)
+
+        def forward(self, x):
+            y16, y8 = self.pool(self.conv(x))
+            return torch.cat([y16.permute(0, 2, 3, 1).float(), y8.float()], -1)
+
+    module = EngineModule(Stem(), torch.float16, False, True).cuda().eval()
+    path, _ = compile_package(module, (3, 64, 64), {"min": 1, "max": 8}, "cuda",
+                              {"max_autotune": False}, tmp_path / "stem.pt2")
+    diffs = smoke_check(path, module, (3, 64, 64), [1, 3, 8], "cuda")
+    x = torch.randn(4, 3, 64, 64, device="cuda")
+    with torch.no_grad():
+        got = module(x)
+        ref16 = F.max_pool2d(torch.relu(F.conv2d(x.half(), conv.weight.half().cuda(),
+                                                 conv.bias.half().cuda(), 2, 3)), 3, 2, 1)
+        ref8 = quantize(ref16.permute(0, 2, 3, 1), torch.tensor(0.01, device="cuda"))
+    scale = float(got.abs().max())
+    assert max(diffs.values()) <= 1e-2 * scale, diffs
+    steps = got[..., 64:].to(torch.float8_e4m3fn).view(torch.uint8).int() \
+        - ref8.view(torch.uint8).int()
+    assert int(steps.abs().max()) <= 1 and float(got[..., 64:].abs().max()) > 10

@@ -48,8 +48,8 @@ from bundler.targets.torch_aoti.fp8_layers import (SMALL_BATCH, Fp8ConvNHWC, qua
                                                    static_batch)
 from runtime_py.errors import UsageError
 
-__all__ = ["FusedConv", "FusedBottleneck", "bottleneck_parts", "rewrite_fused",
-           "scale_tensor", "uses_tma"]
+__all__ = ["FusedConv", "FusedBottleneck", "StemConv", "StemPool", "bottleneck_parts",
+           "rewrite_fused", "scale_tensor", "stem_parts", "uses_tma"]
 
 #: The submodules of a timm Bottleneck that must be no-ops once BatchNorm is folded.
 _IDENTITIES = ("bn1", "bn2", "bn3", "drop_block", "aa")
@@ -327,7 +327,7 @@ def rewrite_fused(model: nn.Module, fp8: Mapping[str, tuple[float, Any]],
                   batch_tiles: Mapping[int, Mapping[tuple, Any]] | None = None,
                   drop_unread_f16: bool = True, tma: bool = False,
                   tma_batch_tiles: Mapping[int, Mapping[tuple[int, int], tuple]] | None = None,
-                  box_tma: bool = False) -> nn.Module:
+                  box_tma: bool = False, fuse_stem: bool = True) -> nn.Module:
     """A copy of ``model`` (BN-folded, eval) in fp16 channels_last with its bottlenecks
     fused (module docstring). ``fp8``: module path -> (activation scale, weight scales) of
     the FP8 convolutions, every one of which must sit in a fusable bottleneck. ``tiles``:
@@ -342,7 +342,8 @@ def rewrite_fused(model: nn.Module, fp8: Mapping[str, tuple[float, Any]],
     (batch -> (in, out channels) -> tiles) in the graphs of those small static batches too;
     ``box_tma``: the 3x3 ones (and strided 1x1 ones) on the box TMA kernel outside small
     static graphs, where their maps have tiles (``FusedConv``); export the result with
-    ``uses_tma`` in mind.
+    ``uses_tma`` in mind. ``fuse_stem``: a timm ResNet's plain stem (``stem_parts``) hands
+    the first block its input in e4m3 (``StemConv``, ``StemPool``).
 
     The e4m3 hand-over between consecutive blocks (in module order: ResNet's stages are
     sequential) assumes the next block reads this block's output; a module in between
@@ -373,7 +374,13 @@ def rewrite_fused(model: nn.Module, fp8: Mapping[str, tuple[float, Any]],
     if not blocks:
         raise UsageError("the fused FP8 model needs ResNet bottlenecks; this model has none")
     replaced = {}
-    in_scale = None
+    # the stem's bias, ReLU and max pool write the first block's e4m3 input in one kernel
+    # where the model is timm's plain-stem ResNet and that block's FP8 layers share a scale
+    stem = stem_parts(body) if fuse_stem and blocks[0][0] == "layer1.0" else None
+    first_scale = fp8.get(named[0][0])
+    stem_scale = (float(stored_scale(first_scale[0]))
+                  if stem is not None and first_scale is not None else None)
+    in_scale = stem_scale
     for i, ((name, _m, parts), names) in enumerate(zip(blocks, named)):
         nxt = named[i + 1][0] if i + 1 < len(blocks) else None
         next_scale = float(stored_scale(fp8[nxt][0])) if nxt in fp8 else None
@@ -388,6 +395,14 @@ def rewrite_fused(model: nn.Module, fp8: Mapping[str, tuple[float, Any]],
     for block, successor in zip(chain, chain[1:]):
         if drop_unread_f16 and block.emits_fp8 and successor.reads_e4m3_only:
             block.conv3.out16 = False
+    first = chain[0]
+    if stem_scale is not None and (first.conv1_reads_fp8 or first.down_reads_fp8):
+        conv, _act, _pool = stem
+        replaced["conv1"] = StemConv(conv)
+        replaced["act1"] = nn.Identity()
+        replaced["maxpool"] = StemPool(conv, stem_scale, out16=not first.reads_e4m3_only)
+    else:                    # no e4m3 handed over: the first block quantizes its input
+        first.conv1_reads_fp8 = first.down_reads_fp8 = False
     for name, new in replaced.items():
         body.set_submodule(name, new)
     for name, m in body.named_modules():          # the rest: fp16, channels_last
@@ -395,6 +410,67 @@ def rewrite_fused(model: nn.Module, fp8: Mapping[str, tuple[float, Any]],
                                                  for r in replaced):
             m.half()
     return body.to(memory_format=torch.channels_last).requires_grad_(False)
+
+
+def stem_parts(body: nn.Module) -> tuple[nn.Conv2d, nn.ReLU, nn.MaxPool2d] | None:
+    """(conv1, act1, maxpool) of a timm ``ResNet`` (whose ``forward_features`` runs them in
+    that order) whose stem ``StemConv`` and ``StemPool`` can take: one dense convolution,
+    its BatchNorm folded (``bn1`` Identity), ReLU, and ``MaxPool2d(3, 2, 1)``; None for any
+    other model or stem (a deep stem, anti-aliasing, ...), which then runs as it is."""
+    from bundler.targets.torch_aoti.kernels.stem_pool import POOL
+
+    if type(body).__name__ != "ResNet" or not type(body).__module__.startswith("timm."):
+        return None
+    conv, bn = getattr(body, "conv1", None), getattr(body, "bn1", None)
+    act, pool = getattr(body, "act1", None), getattr(body, "maxpool", None)
+    if not (isinstance(conv, nn.Conv2d) and conv.groups == 1 and isinstance(bn, nn.Identity)
+            and type(act) is nn.ReLU and type(pool) is nn.MaxPool2d):
+        return None
+
+    def pair(v):
+        return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
+
+    k, s, p = POOL
+    if (pair(pool.kernel_size), pair(pool.stride), pair(pool.padding), pair(pool.dilation),
+            pool.ceil_mode) != ((k, k), (s, s), (p, p), (1, 1), False):
+        return None
+    return conv, act, pool
+
+
+class StemConv(nn.Module):
+    """The stem's convolution without its bias (fp16, cuDNN): ``StemPool`` adds it."""
+
+    def __init__(self, conv: nn.Conv2d) -> None:
+        super().__init__()
+        self.conv = copy.deepcopy(conv).half()
+        self.conv.bias = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x)
+
+
+class StemPool(nn.Module):
+    """The stem's bias, ReLU and 3x3 max pool in one kernel (``kernels/stem_pool.py``),
+    writing the first block's input in e4m3 with its activation scale ``scale``, and in
+    fp16 only with ``out16`` (a reader of the fp16 map: an identity shortcut). Returns
+    (fp16 in NCHW shape with NHWC strides or None, e4m3 NHWC): the hand-over a block
+    takes from its predecessor."""
+
+    def __init__(self, conv: nn.Conv2d, scale: float, *, out16: bool) -> None:
+        super().__init__()
+        bias = (conv.bias.detach() if conv.bias is not None
+                else torch.zeros(conv.out_channels))
+        # the fp16 parameter's value, as the unfused fp16 stem adds it
+        self.register_buffer("bias", bias.half().float())
+        self.register_buffer("out_scale", scale_tensor(scale))
+        self.out16 = out16
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        from bundler.targets.torch_aoti.kernels.stem_pool import relu_maxpool_e4m3
+
+        y16, y8 = relu_maxpool_e4m3(x.permute(0, 2, 3, 1), self.bias, self.out_scale,
+                                    out_f16=self.out16)
+        return (y16.permute(0, 3, 1, 2) if y16 is not None else None), y8
 
 
 def small_static_batch(x: torch.Tensor) -> bool:
