@@ -34,9 +34,9 @@ torch-aoti fp8 engine module (``build.engine_model``) with its 3x3 layers on the
 kernel, on im2col, or in fp16 (fp8-pointwise), and the fused form (fp8-fused: the
 channels_last model, bottlenecks fused, ``fp8_conv="triton-fused"``; fp8-fused-allf16: the
 same with every block writing its fp16 output, also where the next block reads only e4m3,
-as before 2026-12-01's seventh session; fp8-fused-tma: the family's form; fp8-fused-tma-nostem:
-the same with the stem's bias, ReLU and max pool left to Inductor, as before
-2026-12-07's forty-eighth session); ``--model-variants``,
+as before 2026-12-01's seventh session; fp8-fused-tma: the family's form; fp8-fused-tma-stem:
+the same with the stem's bias, ReLU, max pool and quantize in one kernel,
+``rewrite_fused(fuse_stem=True)``); ``--model-variants``,
 ``--model-only`` (no per-layer tables). Each is
 ``torch.compile``-d (default mode, batch static) and CUDA-graph replayed: ms per batch,
 ratios to fp16, top-1 agreement with fp16. Needs timm.
@@ -812,7 +812,7 @@ def ptxas_report(arch: int = 90) -> int:
 #: launches as the per-layer measurements launch it).
 MODEL_VARIANTS = ("fp16", "fp8-triton", "fp8-pointwise", "fp8-im2col", "fp16-nhwc",
                   "fp8-fused", "fp8-fused-pointwise", "fp8-fused-tuned", "fp8-fused-allf16",
-                  "fp8-fused-tma", "fp8-fused-tma3x3", "fp8-fused-tma-nostem")
+                  "fp8-fused-tma", "fp8-fused-tma3x3", "fp8-fused-tma-stem")
 
 
 def run_model(args, budget: Budget, results: dict, tiles: dict | None = None) -> dict:
@@ -887,14 +887,14 @@ def run_model(args, budget: Budget, results: dict, tiles: dict | None = None) ->
 
                 module = EngineModule(rewrite_fused(model, fp8, drop_unread_f16=False),
                                       torch.float16, False, True)
-            elif variant == "fp8-fused-tma-nostem":   # the family's form, stem unfused
+            elif variant == "fp8-fused-tma-stem":   # the family's form, stem fused
                 from bundler.targets.torch_aoti.fused import rewrite_fused
                 from bundler.targets.torch_aoti.kernels.fp8_conv_tma import (
                     MEASURED_TMA_TILES_BY_BATCH)
 
                 module = EngineModule(rewrite_fused(
                     model, fp8, tma=True, tma_batch_tiles=MEASURED_TMA_TILES_BY_BATCH,
-                    fuse_stem=False), torch.float16, False, True)
+                    fuse_stem=True), torch.float16, False, True)
             elif variant in ("fp8-fused-tma", "fp8-fused-tma3x3"):   # the TMA forms
                 form = {"fp8-fused-tma": "triton-fused-tma-small",
                         "fp8-fused-tma3x3": "triton-fused-tma-3x3"}[variant]

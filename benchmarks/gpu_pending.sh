@@ -241,12 +241,15 @@
 #       1094.9 us at 32, where the probe's per-layer times promised ~60 us less. The
 #       timing now profiles each package by kernel at 32 too (--profile): where the box
 #       kernels' time goes in the package, against the probe's
-#   benchmarks/gpu_pending.sh r50-stem OUT_DIR   # ~8 min: issue 18, timm_resnet50's fp16 and
-#       fp8 as the family builds them (into /tmp/pending/r50-small; fp8 with the stem's bias,
-#       ReLU, max pool and quantize in one kernel since the forty-eighth session), the stem's
-#       GPU test (AOTInductor) beside the builds, fp8 verified, the two timed with the peer
-#       at 1, 8 and 32 and profiled by kernel at 32; then the module with the stem fused and
-#       unfused, compiled side by side at 32 (fp8_conv_bench.py fp8-fused-tma-nostem)
+#   benchmarks/gpu_pending.sh r50-stem OUT_DIR   # ~6 min, no bundles: issue 18, the fused
+#       stem of timm_resnet50 (rewrite_fused(fuse_stem=True), off in bundle builds): its GPU
+#       test, stem_layout_probe.py (the stem alone as a package, plain and strict export: its
+#       convolution's layout) and the whole module compiled with it and without. Forty-eighth
+#       session, H100 (h100-2026-12-07-d): the module 1.066 against 1.128 ms at batch 32,
+#       the stem alone as a package NHWC and 0.030 ms for the fused kernel against 0.067 for
+#       Inductor's two; but the family's fp8 bundle built with it ran the stem's convolution
+#       on NCHW data (cuDNN's conversions 0.118 ms and a copy 0.033), 1.182x fp16 at 32.
+#       Next: why the whole model's package picks NCHW there
 #   benchmarks/gpu_pending.sh pdl OUT_DIR   # ~1 min, no bundles: issue 18, a chain of small
 #       dependent Triton kernels in one CUDA graph with and without programmatic dependent
 #       launch (pdl_probe.py): the gap per launch that the fp8 batch-1 graphs show
@@ -553,25 +556,14 @@ r50-tma3x3)   # issue 18: timm_resnet50 fp8 with its stride-1 3x3 layers on 4-D 
     "$bundles"/r50-small/timm_resnet50-fp8-*-torch-aoti.bundle "${boxed[@]}" \
     --batch-sizes "${R50_BATCHES:-1,3,8,32}" --timeline --profile --profile-sizes 32 --rows 16
   ;;
-r50-stem)   # issue 18: timm_resnet50 with its stem fused (bias, ReLU, max pool, e4m3: one kernel)
-  mkdir -p "$bundles/r50-small"
-  FAMILY=timm_resnet50 bash -c '. benchmarks/gpu_common.sh; make_parallel "$0" \
-    "fp16:--precision fp16" "fp8:--precision fp8"' "$bundles/r50-small" >"$out/r50-small-make.log" 2>&1 &
-  made=$!
-  # the stem through AOTInductor on the GPU while the two builds compile on the CPU
+r50-stem)   # issue 18: timm_resnet50's fused stem (bias, ReLU, max pool, e4m3: one kernel), no bundles
   step stem-gputest "${TEST_LIMIT:-200}" python3 -m pytest -q -p no:cacheprovider -rs -m gpu \
     tests/test_fp8_conv_fused.py -k stem
-  wait "$made"; echo "== r50-small-make: exit $?"; tail -4 "$out/r50-small-make.log"
-  cp "$bundles"/r50-small/make-*.log "$out/" 2>/dev/null
-  step r50-stem-verify 60 python3 -m bundler.cli verify --numerics \
-    "$bundles"/r50-small/timm_resnet50-fp8-*-torch-aoti.bundle
-  step r50-stem-time "${TIME_LIMIT:-150}" python3 benchmarks/aoti_static_vs_peer.py \
-    "$bundles"/r50-small/timm_resnet50-fp16-*-torch-aoti.bundle \
-    "$bundles"/r50-small/timm_resnet50-fp8-*-torch-aoti.bundle \
-    --batch-sizes "${R50_BATCHES:-1,8,32}" --timeline --profile --profile-sizes 32 --rows 16
+  step stem-layout "${LAYOUT_LIMIT:-200}" python3 benchmarks/stem_layout_probe.py
+  step stem-layout-strict "${LAYOUT_LIMIT:-200}" python3 benchmarks/stem_layout_probe.py --strict
   # the module with the stem fused and unfused, compiled side by side (torch.compile)
   step r50-stem-model "${MODEL_LIMIT:-150}" python3 benchmarks/fp8_conv_bench.py --model-only \
-    --model-variants fp16,fp8-fused-tma,fp8-fused-tma-nostem --batch 32 --budget-s 140 \
+    --model-variants fp16,fp8-fused-tma,fp8-fused-tma-stem --batch 32 --budget-s 140 \
     --model-reserve-s 20
   ;;
 r50-tiles-b1)   # `r50-tiles-small` at batch 1 (the batch-1 table was picked one call a replay)

@@ -16,7 +16,10 @@ launches, with its time. Variants:
   ReLU, max pool, then the quantize);
 * ``fused``: ``StemConv`` then ``StemPool``;
 * ``fused-nhwc-out``: the same with ``StemConv``'s output made channels_last explicitly;
-* ``fused-force-layout``: ``fused`` compiled with Inductor's ``force_layout_optimization``.
+* ``fused-force-layout``: ``fused`` compiled with Inductor's ``force_layout_optimization``;
+* ``model`` and ``model-unfused``: the whole fused fp8 timm_resnet50 (random weights, the
+  family's TMA form) with the stem fused and not, a dynamic-batch graph only (no static
+  ones), its stem's kernels printed (the whole model's were where the layout went wrong).
 
     python3 benchmarks/stem_layout_probe.py [--variants unfused,fused,...] [--batch 32]
 """
@@ -34,11 +37,32 @@ from torch import nn
 if str(Path(__file__).resolve().parents[1]) not in sys.path:   # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-VARIANTS = ("unfused", "fused", "fused-nhwc-out", "fused-force-layout")
+VARIANTS = ("unfused", "fused", "fused-nhwc-out", "fused-force-layout", "model",
+            "model-unfused")
+
+
+def model_module(fuse_stem: bool) -> nn.Module:
+    """The whole fused fp8 timm_resnet50 engine module (module docstring)."""
+    import numpy as np
+
+    from bundler.families import load_family
+    from bundler.targets.torch_aoti.fused import rewrite_fused
+    from bundler.targets.torch_aoti.kernels.fp8_conv_tma import MEASURED_TMA_TILES_BY_BATCH
+    from bundler.targets.torch_aoti.nhwc_modules import EngineModule
+    from bundler.torch_model import build_torch_model
+
+    model = build_torch_model(load_family("timm_resnet50"), seed=0)
+    fp8 = {n: (0.02, np.full(m.out_channels, 1e-3, np.float32))
+           for n, m in model.named_modules() if isinstance(m, nn.Conv2d) and n != "conv1"}
+    body = rewrite_fused(model, fp8, tma=True, tma_batch_tiles=MEASURED_TMA_TILES_BY_BATCH,
+                         fuse_stem=fuse_stem)
+    return EngineModule(body, torch.float16, False, True).cuda().eval()
 
 
 def stem_module(variant: str) -> nn.Module:
     """The stem-only engine module of ``variant`` (module docstring)."""
+    if variant.startswith("model"):
+        return model_module(variant == "model")
     from bundler.targets.torch_aoti.fp8_layers import quantize
     from bundler.targets.torch_aoti.fused import StemConv, StemPool, scale_tensor
     from bundler.targets.torch_aoti.nhwc_modules import EngineModule
@@ -101,11 +125,18 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--batch", type=positive_int, default=32)
+    p.add_argument("--strict", action="store_true",
+                   help="export with Dynamo (strict=True), as a build does for a model with "
+                        "TMA layers (fused.uses_tma: the family's fp8 form)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("stem_layout_probe.py needs a CUDA GPU; none is visible", file=sys.stderr)
         return 2
+    from bundler.targets.torch_aoti import build
     from bundler.targets.torch_aoti.build import DEFAULT_COMPILE_OPTIONS, compile_package
+
+    if args.strict:      # this process only: every variant exported as a TMA model is
+        build.export_strict = lambda *modules: True
 
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     for variant in args.variants.split(","):
@@ -125,8 +156,12 @@ def main() -> int:
             print(f"== {variant}: failed {type(e).__name__}: {str(e)[:300]}", flush=True)
             continue
         total = sum(t for _k, _n, t in rows)
-        print(f"== {variant}: {total:.4f} ms of kernels at batch {args.batch}", flush=True)
+        print(f"== {variant}{' (strict export)' if args.strict else ''}: {total:.4f} ms of kernels at batch {args.batch}", flush=True)
         for name, n, t in rows:
+            if variant.startswith("model") and not any(
+                    k in name for k in ("nchw", "nhwc", "Nhwc", "Nchw", "permute", "maxpool",
+                                        "max_pool", "image_first", "convolution", "relu_1")):
+                continue      # the whole model: the stem's kernels
             print(f"   {t:.4f} ms  x{n}  {name[:110]}", flush=True)
     return 0
 

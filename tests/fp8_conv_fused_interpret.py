@@ -298,7 +298,7 @@ def stem_op_case(c: int, nchw_strides: bool, out16: bool) -> dict:
 
 
 def stem_case() -> dict:
-    """timm_resnet50 (32x32) fused with its stem (``rewrite_fused``'s default): which
+    """timm_resnet50 (32x32) fused with its stem (``rewrite_fused(fuse_stem=True)``): which
     modules the stem became, what the first block reads, the e4m3 it is handed against
     the unfused stem's computation (the convolution without its bias, then the bias, ReLU,
     pool and quantize), and ``block_case`` with the stem fused (its distance from fp32,
@@ -310,7 +310,7 @@ def stem_case() -> dict:
     x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     paths = [n for n, m in model.named_modules() if isinstance(m, nn.Conv2d) and n != "conv1"]
     fp8 = calibrate(model, x, paths)
-    body = rewrite_fused(model, fp8, tiles=_resnet50_tiles(model, paths))
+    body = rewrite_fused(model, fp8, tiles=_resnet50_tiles(model, paths), fuse_stem=True)
     xh = x.half().to(memory_format=torch.channels_last)
     with torch.no_grad():
         y16, y8 = body.maxpool(body.act1(body.conv1(xh)))

@@ -327,7 +327,7 @@ def rewrite_fused(model: nn.Module, fp8: Mapping[str, tuple[float, Any]],
                   batch_tiles: Mapping[int, Mapping[tuple, Any]] | None = None,
                   drop_unread_f16: bool = True, tma: bool = False,
                   tma_batch_tiles: Mapping[int, Mapping[tuple[int, int], tuple]] | None = None,
-                  box_tma: bool = False, fuse_stem: bool = True) -> nn.Module:
+                  box_tma: bool = False, fuse_stem: bool = False) -> nn.Module:
     """A copy of ``model`` (BN-folded, eval) in fp16 channels_last with its bottlenecks
     fused (module docstring). ``fp8``: module path -> (activation scale, weight scales) of
     the FP8 convolutions, every one of which must sit in a fusable bottleneck. ``tiles``:
@@ -343,7 +343,10 @@ def rewrite_fused(model: nn.Module, fp8: Mapping[str, tuple[float, Any]],
     ``box_tma``: the 3x3 ones (and strided 1x1 ones) on the box TMA kernel outside small
     static graphs, where their maps have tiles (``FusedConv``); export the result with
     ``uses_tma`` in mind. ``fuse_stem``: a timm ResNet's plain stem (``stem_parts``) hands
-    the first block its input in e4m3 (``StemConv``, ``StemPool``).
+    the first block its input in e4m3 (``StemConv``, ``StemPool``). Off in bundle builds:
+    as a package the whole model then ran the stem's convolution on NCHW data (cuDNN's
+    layout conversions cost more than the fusion saves, h100-2026-12-07-d), though the
+    module under torch.compile, and the stem alone as a package, ran it NHWC.
 
     The e4m3 hand-over between consecutive blocks (in module order: ResNet's stages are
     sequential) assumes the next block reads this block's output; a module in between
