@@ -404,8 +404,6 @@ def rewrite_fused(model: nn.Module, fp8: Mapping[str, tuple[float, Any]],
         replaced["conv1"] = StemConv(conv)
         replaced["act1"] = nn.Identity()
         replaced["maxpool"] = StemPool(conv, stem_scale, out16=not first.reads_e4m3_only)
-    else:                    # no e4m3 handed over: the first block quantizes its input
-        first.conv1_reads_fp8 = first.down_reads_fp8 = False
     for name, new in replaced.items():
         body.set_submodule(name, new)
     for name, m in body.named_modules():          # the rest: fp16, channels_last
