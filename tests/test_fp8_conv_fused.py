@@ -99,13 +99,19 @@ def test_timm_resnet50_fused_equals_its_unfused_fp8_model(interpreted):
     assert r["top1_agree"] == 1.0
 
 
+@pytest.fixture(scope="module")
+def stem_interpreted():
+    """The stem kernel's interpreter results (tests/stem_pool_interpret.py)."""
+    return run_interpreted("stem_pool_interpret.py")
+
+
 @needs_triton
 @pytest.mark.parametrize("name", ["c40-f16", "c80-nchw", "c64"])
-def test_the_stem_op_equals_bias_relu_max_pool_and_quantize_in_torch(interpreted, name):
+def test_the_stem_op_equals_bias_relu_max_pool_and_quantize_in_torch(stem_interpreted, name):
     """kernels/stem_pool.py on odd sides (9x11 -> 5x6), one channel block and two (40, 80
     channels), an input with NCHW strides: the fp16 bits and e4m3 codes of torch's
     computation; the fp16 map only where asked."""
-    r = interpreted["stem_ops"][name]
+    r = stem_interpreted[name]
     assert r["shape"][1:3] == [5, 6] and r["e4m3_nonzero"] > 100
     assert r["e4m3_codes_differing"] == 0
     assert r["f16_out"] == name.endswith("-f16")
