@@ -41,7 +41,6 @@ def _free_port() -> int:
 def cluster(tmp_path_factory):
     folder = tmp_path_factory.mktemp("ray_bundle")
     bundle = ort_bundle(folder)
-    port = _free_port()
     # Ray's processes start with this environment. Serve kills a proxy whose readiness
     # check misses 5 s three times; on 2 cores shared with another test worker, the
     # proxy's imports alone took 18 s (CI, 2026-12-04): 30 s per check instead.
@@ -52,14 +51,31 @@ def cluster(tmp_path_factory):
         ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
                  configure_logging=False, namespace="trt-bundle-tests", _temp_dir=ray_dir)
     try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port,
-                                  "request_timeout_s": TIMEOUT_S})
+        port = _start_serve()
         with runtime_py.load(bundle) as model:
             yield {"url": f"http://127.0.0.1:{port}", "model": model, "bundle": bundle}
     finally:
         serve.shutdown()
         ray.shutdown()
         shutil.rmtree(ray_dir, ignore_errors=True)
+
+
+def _start_serve(tries: int = 3) -> int:
+    """Start Serve's proxy on a free port and return the port. The port is picked after
+    ``ray.init``: Ray's own processes bind ports of their own, and one picked before took
+    the proxy's (CI, 2026-12-07: "Failed to bind to address"). If another process takes it
+    between the pick and the bind, a new one is picked, up to ``tries`` times."""
+    for attempt in range(tries):
+        port = _free_port()
+        try:
+            serve.start(http_options={"host": "127.0.0.1", "port": port,
+                                      "request_timeout_s": TIMEOUT_S})
+            return port
+        except Exception as e:   # noqa: BLE001 - Ray wraps the bind error in its own types
+            if "Failed to bind" not in str(e) or attempt == tries - 1:
+                raise
+            serve.shutdown()
+    raise AssertionError("unreachable")
 
 
 def _request(rng, n: int, rid: str) -> tuple[dict, np.ndarray]:
