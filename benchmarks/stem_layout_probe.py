@@ -99,24 +99,14 @@ def stem_module(variant: str) -> nn.Module:
                         True).cuda().eval()
 
 
-def profile_package(path: Path, batch: int) -> list[tuple[str, int, float]]:
-    """(kernel name, launches, ms) of one call of the package at ``batch``, by time."""
-    from torch.profiler import ProfilerActivity, profile
+def profile_package(path: Path, batch: int, label: str) -> list[dict]:
+    """The kernels of one call of the package at ``batch`` (``kernel_profile.kernel_table``:
+    name, ms, calls per run), by time, without printing them."""
+    from kernel_profile import kernel_table
 
     runner = torch._inductor.aoti_load_package(str(path))
     x = torch.randn(batch, 3, 224, 224, device="cuda")
-    for _ in range(3):
-        runner(x)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        runner(x)
-        torch.cuda.synchronize()
-    rows = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            n, t = rows.get(e.name, (0, 0.0))
-            rows[e.name] = (n + 1, t + e.device_time_total / 1000)
-    return sorted(((k, n, t) for k, (n, t) in rows.items()), key=lambda r: -r[2])
+    return kernel_table(lambda: runner(x), label, rows=200, log=lambda _line: None)["top"]
 
 
 def main() -> int:
@@ -151,13 +141,14 @@ def main() -> int:
                 path, _ = compile_package(stem_module(variant), (3, 224, 224),
                                           {"min": 1, "max": 32}, "cuda", options,
                                           Path(tmp) / "stem.pt2")
-                rows = profile_package(path, args.batch)
+                rows = profile_package(path, args.batch, variant)
         except Exception as e:   # noqa: BLE001 - report and go on to the next variant
             print(f"== {variant}: failed {type(e).__name__}: {str(e)[:300]}", flush=True)
             continue
-        total = sum(t for _k, _n, t in rows)
+        total = sum(r["ms"] for r in rows)
         print(f"== {variant}{' (strict export)' if args.strict else ''}: {total:.4f} ms of kernels at batch {args.batch}", flush=True)
-        for name, n, t in rows:
+        for row in rows:
+            name, n, t = row["name"], row["calls"], row["ms"]
             if variant.startswith("model") and not any(
                     k in name for k in ("nchw", "nhwc", "Nhwc", "Nchw", "permute", "maxpool",
                                         "max_pool", "image_first", "convolution", "relu_1")):

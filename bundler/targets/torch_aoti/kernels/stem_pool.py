@@ -34,7 +34,7 @@ import triton.language as tl
 from torch.library import triton_op
 
 from bundler.fp8 import E4M3_MAX
-from bundler.targets.torch_aoti.kernels.fp8_conv import _quantize_e4m3
+from bundler.targets.torch_aoti.kernels.fp8_conv import _quantize_e4m3, _window_origins
 from bundler.targets.torch_aoti.kernels.launch import traceable
 
 __all__ = ["OP", "POOL", "pooled_hw", "relu_maxpool_e4m3"]
@@ -63,12 +63,8 @@ def _relu_maxpool_e4m3_kernel(x_ptr, bias_ptr, out_ptr, q_ptr, q_scale_ptr, P, H
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     p_ok = offs_p < P
     c_ok = offs_c < C
-    wo = offs_p % WO
-    ho = (offs_p // WO) % HO
-    img = offs_p // (WO * HO)
+    img, _ho, _wo, top, left = _window_origins(offs_p, HO, WO, 2, 2, 1, 1)   # POOL's
     rows = x_ptr + img.to(tl.int64) * stride_xn
-    top = ho * 2 - 1
-    left = wo * 2 - 1
     best = tl.full((BLOCK_P, BLOCK_C), float("-inf"), tl.float32)
     for tap in tl.static_range(9):
         ih = top + tap // 3
