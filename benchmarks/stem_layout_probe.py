@@ -22,13 +22,16 @@ launches, with its time. Variants:
   ones), its stem's kernels printed (the whole model's were where the layout went wrong).
 
     python3 benchmarks/stem_layout_probe.py [--variants unfused,fused,...] [--batch 32]
+        [--strict] [--explain] [--no-fake-cache]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -99,6 +102,118 @@ def stem_module(variant: str) -> nn.Module:
                         True).cuda().eval()
 
 
+def describe(node) -> str:
+    """An Inductor IR node's kind and, once it has one, its layout's kind and strides."""
+    try:
+        layout = node.get_layout()
+    except Exception:   # noqa: BLE001 - an unrealized node has none yet
+        return f"{type(getattr(node, 'data', node)).__name__} (no layout yet)"
+    return f"{type(layout).__name__} stride {list(layout.stride)}"
+
+
+@contextlib.contextmanager
+def explaining() -> Iterator[None]:
+    """Print, for each graph Inductor lowers, its layout-optimization decision and, for
+    each convolution, the layouts of its input and weight as the lowering finds them, the
+    exported graph's strides for them, and the layout the lowering gives its output: where
+    the fused stem's convolution in the whole model turns NCHW."""
+    from unittest import mock
+
+    from torch._inductor import lowering
+    from torch._inductor.graph import GraphLowering
+    from torch._inductor.virtualized import V
+
+    decide = GraphLowering.decide_layout_opt
+    conv = lowering.lowerings[torch.ops.aten.convolution.default]
+
+    def decide_layout_opt(gm, *, is_inference):
+        answer = decide(gm, is_inference=is_inference)
+        nodes = len(list(gm.graph.nodes))
+        convs = sum(n.target is torch.ops.aten.convolution.default for n in gm.graph.nodes)
+        print(f"   layout_opt={answer} ({nodes} nodes, {convs} aten convolutions)", flush=True)
+        return answer
+
+    def convolution(x, weight, *args, **kwargs):
+        node = V.graph.current_node
+        fx = [getattr(a, "meta", {}).get("val") for a in node.args[:2]]
+        print(f"   conv {node.name}: x {describe(x)}, weight {describe(weight)}; "
+              f"exported x {list(fx[0].stride()) if fx[0] is not None else '?'}, "
+              f"weight {list(fx[1].stride()) if fx[1] is not None else '?'}", flush=True)
+        fake_layout(x, weight, *args)
+        out = conv(x, weight, *args, **kwargs)
+        print(f"      -> out {describe(out)}", flush=True)
+        return out
+
+    with mock.patch.object(GraphLowering, "decide_layout_opt", staticmethod(decide_layout_opt)), \
+            mock.patch.dict(lowering.lowerings, {torch.ops.aten.convolution.default: convolution}):
+        yield
+
+
+def fake_layout(x, weight, bias, stride, padding, dilation, transposed, output_padding,
+                groups) -> None:
+    """What the fake convolution Inductor's ``conv_layout`` runs says of these two nodes:
+    whether their sizes have hints (without one, the fake convolution leaves its output
+    contiguous), the convolution backend it picks and its memory format, and the output's
+    strides."""
+    import inspect
+
+    from torch._inductor import ir
+    from torch._inductor.virtualized import V
+    from torch._subclasses import fake_impls
+
+    try:
+        with V.graph.fake_mode:
+            tx, tw = ir.ir_node_to_tensor(x), ir.ir_node_to_tensor(weight)
+            hints = [s.node.has_hint() if isinstance(s, torch.SymInt) else "int"
+                     for s in tx.shape]
+            print(f"      fake x {list(tx.shape)} stride {list(tx.stride())} hints {hints}; "
+                  f"weight stride {list(tw.stride())}", flush=True)
+            try:
+                backend = torch._C._select_conv_backend(
+                    tx, tw, None, list(stride), list(padding), list(dilation), transposed,
+                    list(output_padding), groups, None)
+                fmt = torch._C._conv_determine_backend_memory_format(tx, tw, backend)
+                print(f"      backend {backend}, memory format {fmt}", flush=True)
+            except Exception as e:   # noqa: BLE001 - the signature differs between versions
+                print(f"      backend: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            out = torch.ops.aten.convolution(tx, tw, None, list(stride), list(padding),
+                                             list(dilation), transposed,
+                                             list(output_padding), groups)
+            print(f"      fake out stride {list(out.stride())}", flush=True)
+    except Exception as e:   # noqa: BLE001 - a probe: say what failed and go on
+        print(f"      fake convolution: {type(e).__name__}: {str(e)[:300]}", flush=True)
+    cached_convolutions()
+    if not getattr(fake_layout, "shown", False):
+        fake_layout.shown = True
+        src = inspect.getsource(fake_impls.conv).splitlines()
+        print("      this torch's fake convolution, its hint lines:", flush=True)
+        for i, line in enumerate(src):
+            if "hint" in line or "mem_fmt = " in line:
+                print(f"        {i}: {line.strip()}", flush=True)
+
+
+def cached_convolutions() -> None:
+    """The fake-tensor dispatch cache's convolution entries of the graph being lowered: the
+    strides of each entry's output (a cached answer is given for every later call whose
+    arguments have the same metadata)."""
+    from torch._inductor.virtualized import V
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    shape_env = V.graph.fake_mode.shape_env
+    for where, cache in (("shape env", getattr(shape_env, "fake_tensor_cache", {})),
+                         ("global", FakeTensorMode.cache)):
+        for key, entry in list(cache.items()):
+            values = getattr(key, "key", ())
+            if not values or values[0] is not torch.ops.aten.convolution.default:
+                continue
+            infos = getattr(entry, "output_infos", None) or [entry]
+            strides = [getattr(getattr(i, "metadata", None), "stride", "?") for i in infos]
+            print(f"      cached ({where}): {type(entry).__name__} out strides {strides}",
+                  flush=True)
+    info = FakeTensorMode.cache_info()
+    print(f"      fake cache: {info.hits} hits, {info.misses} misses", flush=True)
+
+
 def profile_package(path: Path, batch: int, label: str) -> list[dict]:
     """The kernels of one call of the package at ``batch`` (``kernel_profile.kernel_table``:
     name, ms, calls per run), by time, without printing them."""
@@ -118,6 +233,12 @@ def main() -> int:
     p.add_argument("--strict", action="store_true",
                    help="export with Dynamo (strict=True), as a build does for a model with "
                         "TMA layers (fused.uses_tma: the family's fp8 form)")
+    p.add_argument("--no-fake-cache", action="store_true",
+                   help="compile with the fake-tensor dispatch cache off "
+                        "(torch._dynamo.config.fake_tensor_cache_enabled)")
+    p.add_argument("--explain", action="store_true",
+                   help="print Inductor's layout decisions for each variant's convolutions "
+                        "(explaining())")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("stem_layout_probe.py needs a CUDA GPU; none is visible", file=sys.stderr)
@@ -137,7 +258,10 @@ def main() -> int:
         if variant == "fused-force-layout":
             options["force_layout_optimization"] = True
         try:
-            with tempfile.TemporaryDirectory() as tmp:
+            with tempfile.TemporaryDirectory() as tmp, (
+                    explaining() if args.explain else contextlib.nullcontext()), (
+                    torch._dynamo.config.patch(fake_tensor_cache_enabled=False)
+                    if args.no_fake_cache else contextlib.nullcontext()):
                 path, _ = compile_package(stem_module(variant), (3, 224, 224),
                                           {"min": 1, "max": 32}, "cuda", options,
                                           Path(tmp) / "stem.pt2")
