@@ -250,6 +250,12 @@
 #       Inductor's two; but the family's fp8 bundle built with it ran the stem's convolution
 #       on NCHW data (cuDNN's conversions 0.118 ms and a copy 0.033), 1.182x fp16 at 32.
 #       Next: why the whole model's package picks NCHW there
+#   benchmarks/gpu_pending.sh r50-stem-bundles OUT_DIR   # ~7 min: issue 18, timm_resnet50's
+#       fp16 and fp8 bundles as the family has them (family.json torch_aoti.fp8_fuse_stem) and
+#       the fp8 one from a copy of the tree with the stem unfused, built at once, the fused
+#       one verified, the three timed with the peer at batch 1 and 32. Forty-ninth session:
+#       the stem's convolution ran NCHW in the package because of a stale fake-tensor cache
+#       entry (build.FAKE_TENSOR_CACHE, now off while a package is built)
 #   benchmarks/gpu_pending.sh pdl OUT_DIR   # ~1 min, no bundles: issue 18, a chain of small
 #       dependent Triton kernels in one CUDA graph with and without programmatic dependent
 #       launch (pdl_probe.py): the gap per launch that the fp8 batch-1 graphs show
@@ -260,7 +266,7 @@
 # and has its own timeout. Exit 3: the packages the steps need are missing
 # there (`preflight`, below; benchmarks/device_wheels.sh).
 set -u
-steps="dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-tiles-b1|r50-tma-small|r50-small|vit-gemm-b1|vit-split-k|vit-b1|b1-next|r50-module-b1|pdl|gaps|tma3x3|r50-tma3x3|r50-stem"
+steps="r50-stem-bundles|dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-tiles-b1|r50-tma-small|r50-small|vit-gemm-b1|vit-split-k|vit-b1|b1-next|r50-module-b1|pdl|gaps|tma3x3|r50-tma3x3|r50-stem"
 usage="usage: $0 $steps OUT_DIR (--help: what each step does)"
 case "${1:-}" in
     -h|--help)   # the comment block above, without its leading '# '
@@ -555,6 +561,28 @@ r50-tma3x3)   # issue 18: timm_resnet50 fp8 with its stride-1 3x3 layers on 4-D 
     "$bundles"/r50-small/timm_resnet50-fp16-*-torch-aoti.bundle \
     "$bundles"/r50-small/timm_resnet50-fp8-*-torch-aoti.bundle "${boxed[@]}" \
     --batch-sizes "${R50_BATCHES:-1,3,8,32}" --timeline --profile --profile-sizes 32 --rows 16
+  ;;
+r50-stem-bundles)   # issue 18: the fused stem in the family's bundles, against the unfused one
+  mkdir -p "$bundles/r50-stem" "$bundles/r50-nostem"
+  tree=/tmp/nostem-tree
+  rm -rf "$tree"; mkdir -p "$tree"
+  cp -r bundler runtime_py families schemas benchmarks pyproject.toml "$tree"/
+  sed -i 's/"fp8_fuse_stem": true/"fp8_fuse_stem": false/' "$tree/families/timm_resnet50/family.json"
+  grep -q '"fp8_fuse_stem": false' "$tree/families/timm_resnet50/family.json" \
+    || { echo "family.json has no fp8_fuse_stem true to turn off"; exit 1; }
+  (cd "$tree" && PYTHONPATH="/tmp/site:$tree" FAMILY=timm_resnet50 bash -c '. benchmarks/gpu_common.sh; \
+    make_parallel "$0" "fp8:--precision fp8"' "$bundles/r50-nostem") >"$out/r50-nostem-make.log" 2>&1 &
+  made=$!
+  step r50-stem-build "${BUILD_LIMIT:-330}" env FAMILY=timm_resnet50 bash -c '. benchmarks/gpu_common.sh; \
+    make_parallel "$0" "fp16:--precision fp16" "fp8:--precision fp8"' "$bundles/r50-stem"
+  wait "$made"; echo "== r50-nostem-make: exit $?"; tail -4 "$out/r50-nostem-make.log"
+  step r50-stem-verify 60 python3 -m bundler.cli verify --numerics \
+    "$bundles"/r50-stem/timm_resnet50-fp8-*-torch-aoti.bundle
+  step r50-stem-time "${TIME_LIMIT:-200}" python3 benchmarks/aoti_static_vs_peer.py \
+    "$bundles"/r50-stem/timm_resnet50-fp16-*-torch-aoti.bundle \
+    "$bundles"/r50-nostem/timm_resnet50-fp8-*-torch-aoti.bundle \
+    "$bundles"/r50-stem/timm_resnet50-fp8-*-torch-aoti.bundle \
+    --batch-sizes "${R50_BATCHES:-1,32}" --profile --profile-sizes 32 --rows 12
   ;;
 r50-stem)   # issue 18: timm_resnet50's fused stem (bias, ReLU, max pool, e4m3: one kernel), no bundles
   step stem-gputest "${TEST_LIMIT:-200}" python3 -m pytest -q -p no:cacheprovider -rs -m gpu \

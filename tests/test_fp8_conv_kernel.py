@@ -405,6 +405,54 @@ def test_the_family_picks_the_conv_kernel_and_the_environment_overrides_it(monke
         load_family("timm_resnet50", root=tmp_path)
 
 
+def test_the_family_setting_of_the_fused_stem_is_checked_and_recorded(tmp_path):
+    """family.json torch_aoti.fp8_fuse_stem: timm_resnet50 fuses its stem, the others do
+    not; a value that is not a boolean, or the setting without a fused fp8_conv form, is
+    refused at load; engine details record the stem only where the model had one fused."""
+    import json
+    import shutil
+
+    from bundler.families import FamilyError, families_root, load_family
+    from bundler.targets.torch_aoti.build import STEM_DESCRIPTION, engine_details
+
+    assert load_family("timm_resnet50").target_settings("torch-aoti").fp8_fuse_stem is True
+    assert load_family("timm_xception").target_settings("torch-aoti").fp8_fuse_stem is False
+    shutil.copytree(families_root() / "timm_resnet50", tmp_path / "timm_resnet50")
+    spec_path = tmp_path / "timm_resnet50" / "family.json"
+    spec = json.loads(spec_path.read_text())
+    spec["torch_aoti"]["fp8_fuse_stem"] = "yes"
+    spec_path.write_text(json.dumps(spec))
+    with pytest.raises(FamilyError, match=r"torch_aoti.fp8_fuse_stem: must be true or false"):
+        load_family("timm_resnet50", root=tmp_path)
+    spec["torch_aoti"].update(fp8_fuse_stem=True, fp8_conv="triton")
+    spec_path.write_text(json.dumps(spec))
+    with pytest.raises(FamilyError, match=r"fp8_fuse_stem: the stem is fused only in the "
+                                          r"fused bottleneck forms"):
+        load_family("timm_resnet50", root=tmp_path)
+
+    def details(fused_stem: bool) -> dict:
+        return engine_details({}, "fp8", {}, nhwc=False, fast_accum=False, padding={},
+                              batch_sizes=[1], seconds=None, fp8_conv="triton-fused",
+                              channels_last=True, fused_stem=fused_stem)["compile_options"]
+
+    assert details(True)["fp8_stem"] == STEM_DESCRIPTION
+    assert "fp8_stem" not in details(False)
+
+
+def test_only_a_model_with_a_fused_stem_is_recorded_as_one():
+    """``has_fused_stem``: the build records ``fp8_stem`` from the module it compiles, so a
+    family that asks for the stem but whose model has none that ``stem_parts`` takes is
+    not said to run one."""
+    from torch import nn
+
+    from bundler.targets.torch_aoti.build import has_fused_stem
+    from bundler.targets.torch_aoti.fused import StemPool
+
+    conv = nn.Conv2d(3, 8, 7, 2, 3)
+    assert has_fused_stem(nn.Sequential(nn.Identity(), StemPool(conv, 0.01, out16=False)))
+    assert not has_fused_stem(nn.Sequential(conv, nn.ReLU(), nn.MaxPool2d(3, 2, 1)))
+
+
 def test_the_family_setting_of_small_batch_pointwise_is_checked_and_recorded(tmp_path):
     """family.json torch_aoti.fp8_pointwise_small_batch: "gemm" unless named, an unknown
     name refused at load; a package built with "triton" says so in its manifest details."""

@@ -1587,6 +1587,30 @@ def test_the_build_hides_torch_s_own_pytree_deprecation_and_nothing_else(tmp_pat
     assert "a model's own deprecation" in messages
 
 
+def test_packages_are_exported_and_compiled_with_the_fake_tensor_cache_off(tmp_path):
+    """``build.FAKE_TENSOR_CACHE``: a stale cache entry laid timm_resnet50's fused stem
+    convolution out NCHW on the GPU (three cuDNN conversions, 0.14 ms at batch 32). The
+    module sees the setting while it is traced for export; torch's own setting is back as
+    it was after the build."""
+    torch = pytest.importorskip("torch")
+
+    from bundler.targets.torch_aoti.build import FAKE_TENSOR_CACHE, compile_package
+
+    seen = []
+
+    class Records(torch.nn.Module):
+        def forward(self, x):
+            seen.append(torch._dynamo.config.fake_tensor_cache_enabled)
+            return torch.relu(x)
+
+    before = torch._dynamo.config.fake_tensor_cache_enabled
+    compile_package(Records().eval(), (3, 4, 4), {"min": 1, "max": 2}, "cpu", {},
+                    tmp_path / "m.pt2")
+    assert FAKE_TENSOR_CACHE is False
+    assert seen and set(seen) == {False}
+    assert torch._dynamo.config.fake_tensor_cache_enabled == before
+
+
 def test_the_model_code_digest_follows_the_rewrite_and_its_kernels(tmp_path):
     """``compile_options.model_code`` (what `--reuse` compares) is the same for the same
     sources wherever they lie, moves with a kernel's source (a tile table) or the rewrite,

@@ -187,8 +187,8 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
                  fp8_conv: str = "im2col", hook=None, channels_last: bool = False,
                  small_batch_pointwise: str = "gemm",
                  depthwise: str = "cudnn",
-                 triton_pointwise: Mapping[tuple[int, int, str], tuple] | None = None
-                 ) -> tuple[torch.nn.Module, dict]:
+                 triton_pointwise: Mapping[tuple[int, int, str], tuple] | None = None,
+                 fuse_stem: bool = False) -> tuple[torch.nn.Module, dict]:
     """The module to export (fp32 NCHW in, fp32 out) and its fp8 padding record.
 
     ``input_shape`` and ``max_batch`` (both or neither): rowwise FP8 GEMMs then share one
@@ -209,7 +209,9 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
     the NHWC view of their input (``rewrite.rewrite_channels_last``, family.json
     ``torch_aoti.fp8_layout``; ``depthwise``: its ``CHANNELS_LAST_DEPTHWISE`` form;
     ``triton_pointwise``: the 1x1 layers its "triton-skip" form runs on the Triton GEMM,
-    family.json ``torch_aoti.fp8_triton_pointwise``).
+    family.json ``torch_aoti.fp8_triton_pointwise``). ``fuse_stem``: with a fused
+    ``fp8_conv``, a timm ResNet's stem hands the first block its e4m3 input from one kernel
+    (``fused.rewrite_fused``; family.json ``torch_aoti.fp8_fuse_stem``).
     ``small_batch_pointwise``: how the FP8 1x1 convolutions (the Linear layers of an
     "as_is" family) run in a static-batch graph of a small batch
     (``fp8_layers.SMALL_BATCH_POINTWISE``).
@@ -262,7 +264,8 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
                 MEASURED_TMA_TILES_BY_BATCH as small_tma)
         return EngineModule(rewrite_fused(torch_model, fp8 or {}, tma=fp8_conv in TMA_FP8_CONVS,
                                           tma_batch_tiles=small_tma,
-                                          box_tma=fp8_conv in TORCH_AOTI_BOX_TMA_FP8_CONVS),
+                                          box_tma=fp8_conv in TORCH_AOTI_BOX_TMA_FP8_CONVS,
+                                          fuse_stem=fuse_stem),
                             dtype, False, True), {}
     if channels_last and nhwc:
         raise UsageError("channels_last and the NHWC rewrite are two forms: ask for one")
@@ -358,7 +361,8 @@ def compile_package(module: torch.nn.Module, input_shape: tuple[int, ...], batch
     strict = export_strict(module, *(static_modules or {}).values())
     if strict:
         compile_options = {**compile_options, **TMA_COMPILE_OPTIONS}
-    with torch.no_grad(), aoti_toolchain() as toolchain, warnings.catch_warnings():
+    with torch.no_grad(), aoti_toolchain() as toolchain, warnings.catch_warnings(), \
+            torch._dynamo.config.patch(fake_tensor_cache_enabled=FAKE_TENSOR_CACHE):
         # torch 2.11 copies its own pytree specs with a deprecated isinstance check and
         # warns once per graph on every build: not the user's to act on
         warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)",
@@ -380,6 +384,18 @@ def compile_package(module: torch.nn.Module, input_shape: tuple[int, ...], batch
     check_package_libraries(Path(path))
     return Path(path), toolchain.description
 
+
+#: Whether export and AOTInductor may use the fake-tensor dispatch cache while a package
+#: is built. Off: in the whole fp8 timm_resnet50 (a dynamic batch, strict export) the cache
+#: held an NCHW answer for the stem convolution's NHWC input and weight, where the fake
+#: convolution itself says NHWC; Inductor then laid the convolution out NCHW, and cuDNN
+#: converted its input, weight and output around it and a copy made the next kernel's
+#: NHWC input (0.14 ms of 1.19 at batch 32 on an H100; with the cache off the same graph
+#: ran 1.055 ms, docs/measurements/h100-2026-12-07-e, ``stem_layout_probe.py --explain``).
+#: Every fake result is then computed from its inputs; the price is compile time: the
+#: family's fp8 ResNet compiled in 155-161 s with it off, 135-155 s in earlier calls (each
+#: with other builds running beside it).
+FAKE_TENSOR_CACHE = False
 
 #: Inductor options of a build whose model launches the TMA kernel (``fused.uses_tma``): with
 #: compile-time autotuning on, AOTInductor's generated tuning script failed to parse (torch
@@ -549,8 +565,8 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
                  small_batch_pointwise: str = "gemm",
                  small_batch_layout: str | None = None,
                  depthwise: str = "cudnn",
-                 triton_pointwise: Mapping[tuple[int, int, str], tuple] | None = None
-                 ) -> tuple[bytes, dict]:
+                 triton_pointwise: Mapping[tuple[int, int, str], tuple] | None = None,
+                 fuse_stem: bool = False) -> tuple[bytes, dict]:
     """Compile one package from a torch model; returns (package bytes, engine details).
 
     ``fp8`` maps *module paths* to (activation scale, weight scales); ``build_target``
@@ -572,7 +588,8 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
     was the faster at batch 32 and the NHWC rewrite at batch 1, where cuDNN's depthwise
     convolutions cost more than the rewrite's fused slices). ``depthwise``: the
     channels_last fp8 form's depthwise convolutions (``model.CHANNELS_LAST_DEPTHWISE``,
-    family.json ``torch_aoti.fp8_depthwise``); ``triton_pointwise``: ``engine_model``'s.
+    family.json ``torch_aoti.fp8_depthwise``); ``triton_pointwise`` and ``fuse_stem``:
+    ``engine_model``'s.
     """
     log = log or (lambda _msg: None)
     check_host(device=device, precision=precision)
@@ -594,7 +611,8 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
                                    fp8_conv=fp8_conv, hook=hook,
                                    channels_last=channels_last and not nhwc,
                                    small_batch_pointwise=small_batch_pointwise,
-                                   depthwise=depthwise, triton_pointwise=triton_pointwise)
+                                   depthwise=depthwise, triton_pointwise=triton_pointwise,
+                                   fuse_stem=fuse_stem)
     small_modules = {}
     small_form = small_batch_form(small_batch_layout, precision, static,
                                   channels_last=channels_last and not nhwc, layout=layout,
@@ -643,7 +661,7 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
                              seconds=time.monotonic() - started, cxx=cxx, layout=layout,
                              fp8_conv=fp8_conv, channels_last=channels_last and not nhwc,
                              static_batches=static, small_batch_pointwise=small_batch_pointwise,
-                             depthwise=depthwise)
+                             depthwise=depthwise, fused_stem=fuse_stem and has_fused_stem(module))
     if small_form is not None:
         details["compile_options"]["small_batch_layout"] = small_form
     if pixel_scale_bias is not None:
@@ -682,17 +700,33 @@ def model_code_digest(folder: Path | None = None) -> str:
     return "sha256:" + digest.hexdigest()
 
 
+#: ``compile_options.fp8_stem`` of a build whose ResNet stem is fused
+#: (``fused.StemConv``, ``StemPool``)
+STEM_DESCRIPTION = ("fp16 cuDNN convolution; bias, ReLU, 3x3 max pool and the first "
+                    "block's e4m3 quantize in one Triton kernel")
+
+
+def has_fused_stem(module: torch.nn.Module) -> bool:
+    """Whether ``module`` runs a fused stem (``fused.StemPool``): what a build asked of
+    ``rewrite_fused`` is recorded only where the model had such a stem."""
+    from bundler.targets.torch_aoti.fused import StemPool
+
+    return any(isinstance(m, StemPool) for m in module.modules())
+
+
 def engine_details(host: dict, precision: str, options: dict, *, nhwc: bool,
                    fast_accum: bool, padding: dict, batch_sizes: list[int],
                    seconds: float | None, fp8_gemm: str = "rowwise",
                    pad_channels: bool = False, cxx: str | None = None,
                    layout: str = "nhwc", fp8_conv: str = "im2col",
                    channels_last: bool = False, static_batches: Sequence[int] = (),
-                   small_batch_pointwise: str = "gemm", depthwise: str = "cudnn") -> dict:
+                   small_batch_pointwise: str = "gemm", depthwise: str = "cudnn",
+                   fused_stem: bool = False) -> dict:
     """The manifest's ``engine.details`` (schema ``$defs/torch_aoti_details``): the build
     host (``host_details``), what was compiled and how, the fp8 padding per layer, the
     batch sizes the package was checked at, and the sizes with a static graph of their own
-    (``static_batches``, only when there are some). No floats (manifest rule)."""
+    (``static_batches``, only when there are some); ``fused_stem``: the model's stem runs
+    fused (``has_fused_stem``). No floats (manifest rule)."""
     from bundler.quality import decimal
     from bundler.targets.torch_aoti.fp8_layers import FP8_ALIGN
 
@@ -712,6 +746,7 @@ def engine_details(host: dict, precision: str, options: dict, *, nhwc: bool,
         **({"fp8_conv": recorded_conv} if recorded_conv is not None else {}),
         **({"fp8_pointwise_small_batch": SMALL_BATCH_POINTWISE_DESCRIPTIONS[small_batch_pointwise]}
            if small_batch_pointwise != "gemm" else {}),
+        **({"fp8_stem": STEM_DESCRIPTION} if fused_stem else {}),
         **({"cxx": cxx} if cxx else {}),
         "model_code": model_code_digest(),
     }
@@ -1003,6 +1038,7 @@ def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] |
                                  small_batch_layout=settings_of(family).small_batch_layout,
                                  depthwise=depthwise_form(family, precision,
                                                           context.variant),
-                                 triton_pointwise=settings_of(family).fp8_triton_pointwise)
+                                 triton_pointwise=settings_of(family).fp8_triton_pointwise,
+                                 fuse_stem=settings_of(family).fp8_fuse_stem)
     return TargetBuild(backend=BACKEND, member=MEMBER, engine_bytes=data, details=details,
                        tag=BACKEND)

@@ -113,6 +113,9 @@ class TorchAotiSettings:
     fp8_pointwise_small_batch: str = "gemm"
     #: whether the FP8 GEMMs use fast accumulation
     fp8_fast_accum: bool = False
+    #: whether a fused ``fp8_conv`` form also fuses a timm ResNet's stem (its bias, ReLU,
+    #: max pool and the first block's quantize in one kernel: ``fused.rewrite_fused``)
+    fp8_fuse_stem: bool = False
 
     @classmethod
     def from_section(cls, section: Mapping[str, Any] | None) -> "TorchAotiSettings":
@@ -188,6 +191,13 @@ def section_problems(aoti: Any, batch: Any) -> list[str]:
         problems.append(f"torch_aoti.fp8_gemm: must be one of {list(TORCH_AOTI_FP8_GEMMS)}")
     if aoti.get("fp8_conv", "im2col") not in TORCH_AOTI_FP8_CONVS:
         problems.append(f"torch_aoti.fp8_conv: must be one of {list(TORCH_AOTI_FP8_CONVS)}")
+    fuse_stem = aoti.get("fp8_fuse_stem", False)
+    if not isinstance(fuse_stem, bool):
+        problems.append("torch_aoti.fp8_fuse_stem: must be true or false")
+    elif fuse_stem and aoti.get("fp8_conv", "im2col") not in TORCH_AOTI_FUSED_FP8_CONVS:
+        problems.append("torch_aoti.fp8_fuse_stem: the stem is fused only in the fused "
+                        f"bottleneck forms; set fp8_conv to one of "
+                        f"{list(TORCH_AOTI_FUSED_FP8_CONVS)}, or leave fp8_fuse_stem out")
     small_gemm = aoti.get("fp8_pointwise_small_batch", "gemm")
     if small_gemm not in TORCH_AOTI_SMALL_BATCH_POINTWISE:
         problems.append("torch_aoti.fp8_pointwise_small_batch: must be one of "
