@@ -242,14 +242,14 @@
 #       timing now profiles each package by kernel at 32 too (--profile): where the box
 #       kernels' time goes in the package, against the probe's
 #   benchmarks/gpu_pending.sh r50-stem OUT_DIR   # ~6 min, no bundles: issue 18, the fused
-#       stem of timm_resnet50 (rewrite_fused(fuse_stem=True), off in bundle builds): its GPU
+#       stem of timm_resnet50 (rewrite_fused(fuse_stem=True), torch_aoti.fp8_fuse_stem): its GPU
 #       test, stem_layout_probe.py (the stem alone as a package, plain and strict export: its
 #       convolution's layout) and the whole module compiled with it and without. Forty-eighth
 #       session, H100 (h100-2026-12-07-d): the module 1.066 against 1.128 ms at batch 32,
 #       the stem alone as a package NHWC and 0.030 ms for the fused kernel against 0.067 for
 #       Inductor's two; but the family's fp8 bundle built with it ran the stem's convolution
-#       on NCHW data (cuDNN's conversions 0.118 ms and a copy 0.033), 1.182x fp16 at 32.
-#       Next: why the whole model's package picks NCHW there
+#       on NCHW data (cuDNN's conversions 0.118 ms and a copy 0.033), 1.182x fp16 at 32:
+#       a stale fake-tensor cache entry, found in the forty-ninth session (r50-stem-bundles)
 #   benchmarks/gpu_pending.sh r50-stem-bundles OUT_DIR   # ~7 min: issue 18, timm_resnet50's
 #       fp16 and fp8 bundles as the family has them (family.json torch_aoti.fp8_fuse_stem) and
 #       the fp8 one from a copy of the tree with the stem unfused, built at once, the fused

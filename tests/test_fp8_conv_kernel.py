@@ -375,14 +375,27 @@ def test_the_benchmark_lists_resnet50_s_quantized_convolutions():
     assert sum(found.values()) == 52
 
 
+
+def load_edited_family(tmp_path: Path, name: str, **torch_aoti):
+    """Family ``name`` loaded from a copy under ``tmp_path`` whose family.json has these
+    ``torch_aoti`` settings (on top of the ones it has; a second call edits the copy)."""
+    import json
+    import shutil
+
+    from bundler.families import families_root, load_family
+
+    shutil.copytree(families_root() / name, tmp_path / name, dirs_exist_ok=True)
+    spec_path = tmp_path / name / "family.json"
+    spec = json.loads(spec_path.read_text())
+    spec.setdefault("torch_aoti", {}).update(torch_aoti)
+    spec_path.write_text(json.dumps(spec))
+    return load_family(name, root=tmp_path)
+
 def test_the_family_picks_the_conv_kernel_and_the_environment_overrides_it(monkeypatch,
                                                                           tmp_path):
     """family.json torch_aoti.fp8_conv is the default of the family's fp8 builds;
     $TRT_BUNDLE_FP8_CONV overrides it for one build; an unknown name is refused at load."""
-    import json
-    import shutil
-
-    from bundler.families import FamilyError, families_root, load_family
+    from bundler.families import FamilyError, load_family
     from bundler.targets.torch_aoti.build import FP8_CONV_ENV, default_fp8_conv
 
     assert load_family("timm_resnet50").target_settings("torch-aoti").fp8_conv == "triton-fused-tma-small"
@@ -396,39 +409,24 @@ def test_the_family_picks_the_conv_kernel_and_the_environment_overrides_it(monke
     with pytest.raises(UsageError, match="the family's torch_aoti.fp8_conv is 'fast'"):
         default_fp8_conv(None, "fast")
 
-    shutil.copytree(families_root() / "timm_resnet50", tmp_path / "timm_resnet50")
-    spec_path = tmp_path / "timm_resnet50" / "family.json"
-    spec = json.loads(spec_path.read_text())
-    spec["torch_aoti"]["fp8_conv"] = "cudnn"
-    spec_path.write_text(json.dumps(spec))
     with pytest.raises(FamilyError, match=r"torch_aoti.fp8_conv: must be one of"):
-        load_family("timm_resnet50", root=tmp_path)
+        load_edited_family(tmp_path, "timm_resnet50", fp8_conv="cudnn")
 
 
 def test_the_family_setting_of_the_fused_stem_is_checked_and_recorded(tmp_path):
     """family.json torch_aoti.fp8_fuse_stem: timm_resnet50 fuses its stem, the others do
     not; a value that is not a boolean, or the setting without a fused fp8_conv form, is
     refused at load; engine details record the stem only where the model had one fused."""
-    import json
-    import shutil
-
-    from bundler.families import FamilyError, families_root, load_family
+    from bundler.families import FamilyError, load_family
     from bundler.targets.torch_aoti.build import STEM_DESCRIPTION, engine_details
 
     assert load_family("timm_resnet50").target_settings("torch-aoti").fp8_fuse_stem is True
     assert load_family("timm_xception").target_settings("torch-aoti").fp8_fuse_stem is False
-    shutil.copytree(families_root() / "timm_resnet50", tmp_path / "timm_resnet50")
-    spec_path = tmp_path / "timm_resnet50" / "family.json"
-    spec = json.loads(spec_path.read_text())
-    spec["torch_aoti"]["fp8_fuse_stem"] = "yes"
-    spec_path.write_text(json.dumps(spec))
     with pytest.raises(FamilyError, match=r"torch_aoti.fp8_fuse_stem: must be true or false"):
-        load_family("timm_resnet50", root=tmp_path)
-    spec["torch_aoti"].update(fp8_fuse_stem=True, fp8_conv="triton")
-    spec_path.write_text(json.dumps(spec))
+        load_edited_family(tmp_path, "timm_resnet50", fp8_fuse_stem="yes")
     with pytest.raises(FamilyError, match=r"fp8_fuse_stem: the stem is fused only in the "
                                           r"fused bottleneck forms"):
-        load_family("timm_resnet50", root=tmp_path)
+        load_edited_family(tmp_path, "timm_resnet50", fp8_fuse_stem=True, fp8_conv="triton")
 
     def details(fused_stem: bool) -> dict:
         return engine_details({}, "fp8", {}, nhwc=False, fast_accum=False, padding={},
@@ -456,36 +454,22 @@ def test_only_a_model_with_a_fused_stem_is_recorded_as_one():
 def test_the_family_setting_of_small_batch_pointwise_is_checked_and_recorded(tmp_path):
     """family.json torch_aoti.fp8_pointwise_small_batch: "gemm" unless named, an unknown
     name refused at load; a package built with "triton" says so in its manifest details."""
-    import json
-    import shutil
-
-    from bundler.families import FamilyError, families_root, load_family
+    from bundler.families import FamilyError, load_family
     from bundler.targets.torch_aoti.build import engine_details
 
-    assert load_family("timm_resnet50").target_settings("torch-aoti").fp8_pointwise_small_batch == "gemm"
-    shutil.copytree(families_root() / "timm_xception", tmp_path / "timm_xception")
-    spec_path = tmp_path / "timm_xception" / "family.json"
-    spec = json.loads(spec_path.read_text())
-    spec.setdefault("torch_aoti", {})["fp8_pointwise_small_batch"] = "triton"
-    spec_path.write_text(json.dumps(spec))
-    assert load_family("timm_xception", root=tmp_path).target_settings("torch-aoti").fp8_pointwise_small_batch == \
-        "triton"
-    spec["torch_aoti"]["fp8_pointwise_small_batch"] = "cublas"
-    spec_path.write_text(json.dumps(spec))
+    def setting(family) -> str:
+        return family.target_settings("torch-aoti").fp8_pointwise_small_batch
+
+    assert setting(load_family("timm_resnet50")) == "gemm"
+    edited = load_edited_family(tmp_path, "timm_xception", fp8_pointwise_small_batch="triton")
+    assert setting(edited) == "triton"
     with pytest.raises(FamilyError, match=r"torch_aoti.fp8_pointwise_small_batch: must be one of"):
-        load_family("timm_xception", root=tmp_path)
+        load_edited_family(tmp_path, "timm_xception", fp8_pointwise_small_batch="cublas")
     # the split form is the Linear layers' (a tokens family's), not a convolution family's
-    spec["torch_aoti"]["fp8_pointwise_small_batch"] = "triton-split-k"
-    spec_path.write_text(json.dumps(spec))
     with pytest.raises(FamilyError, match=r"triton-split-k is the Linear layers' form"):
-        load_family("timm_xception", root=tmp_path)
-    shutil.copytree(families_root() / "timm_vit_base", tmp_path / "timm_vit_base")
-    vit_path = tmp_path / "timm_vit_base" / "family.json"
-    vit = json.loads(vit_path.read_text())
-    vit["torch_aoti"]["fp8_pointwise_small_batch"] = "triton-split-k"
-    vit_path.write_text(json.dumps(vit))
-    assert load_family("timm_vit_base", root=tmp_path).target_settings(
-        "torch-aoti").fp8_pointwise_small_batch == "triton-split-k"
+        load_edited_family(tmp_path, "timm_xception", fp8_pointwise_small_batch="triton-split-k")
+    assert setting(load_edited_family(tmp_path, "timm_vit_base",
+                                      fp8_pointwise_small_batch="triton-split-k")) == "triton-split-k"
 
     host = {"torch_version": "2", "cuda_version": "13.0", "compute_capability": "9.0",
             "device_name": "H200", "device": "cuda"}

@@ -343,10 +343,10 @@ def rewrite_fused(model: nn.Module, fp8: Mapping[str, tuple[float, Any]],
     ``box_tma``: the 3x3 ones (and strided 1x1 ones) on the box TMA kernel outside small
     static graphs, where their maps have tiles (``FusedConv``); export the result with
     ``uses_tma`` in mind. ``fuse_stem``: a timm ResNet's plain stem (``stem_parts``) hands
-    the first block its input in e4m3 (``StemConv``, ``StemPool``). Off in bundle builds:
-    as a package the whole model then ran the stem's convolution on NCHW data (cuDNN's
-    layout conversions cost more than the fusion saves, h100-2026-12-07-d), though the
-    module under torch.compile, and the stem alone as a package, ran it NHWC.
+    the first block its input in e4m3 (``StemConv``, ``StemPool``; family.json
+    ``torch_aoti.fp8_fuse_stem``). Its convolution is NHWC in a package only where the
+    package is compiled without the fake-tensor cache (``build.FAKE_TENSOR_CACHE``; with
+    it, cuDNN's layout conversions cost more than the fusion saved, h100-2026-12-07-d/-e).
 
     The e4m3 hand-over between consecutive blocks (in module order: ResNet's stages are
     sequential) assumes the next block reads this block's output; a module in between

@@ -16,9 +16,8 @@ the window (padding reads as -inf, as ``MaxPool2d``'s). Rounding and ReLU are mo
 the max of the raw values, biased and rounded once, is the same number. The e4m3 value is
 ``QuantizeLinear`` of that fp16 value (``fp8_conv._quantize_e4m3``, IEEE division).
 
-Used where ``rewrite_fused(fuse_stem=True)`` is asked for; bundle builds leave it off, as
-the whole model's package then ran the stem's convolution on NCHW data
-(docs/measurements/h100-2026-12-07-d).
+Used where ``rewrite_fused(fuse_stem=True)`` is asked for: a family that names
+``torch_aoti.fp8_fuse_stem`` (timm_resnet50; docs/measurements/h100-2026-12-07-e).
 
 Imports triton at module level: import this module only where triton may be used
 (``kernels.available``).
