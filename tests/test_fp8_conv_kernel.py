@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 from runtime_py.errors import UsageError  # noqa: E402
+from family_copies import family_with  # noqa: E402
 from triton_interpret import load_script, needs_triton, run_interpreted  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -376,21 +377,6 @@ def test_the_benchmark_lists_resnet50_s_quantized_convolutions():
 
 
 
-def load_edited_family(tmp_path: Path, name: str, **torch_aoti):
-    """Family ``name`` loaded from a copy under ``tmp_path`` whose family.json has these
-    ``torch_aoti`` settings (on top of the ones it has; a second call edits the copy)."""
-    import json
-    import shutil
-
-    from bundler.families import families_root, load_family
-
-    shutil.copytree(families_root() / name, tmp_path / name, dirs_exist_ok=True)
-    spec_path = tmp_path / name / "family.json"
-    spec = json.loads(spec_path.read_text())
-    spec.setdefault("torch_aoti", {}).update(torch_aoti)
-    spec_path.write_text(json.dumps(spec))
-    return load_family(name, root=tmp_path)
-
 def test_the_family_picks_the_conv_kernel_and_the_environment_overrides_it(monkeypatch,
                                                                           tmp_path):
     """family.json torch_aoti.fp8_conv is the default of the family's fp8 builds;
@@ -410,7 +396,7 @@ def test_the_family_picks_the_conv_kernel_and_the_environment_overrides_it(monke
         default_fp8_conv(None, "fast")
 
     with pytest.raises(FamilyError, match=r"torch_aoti.fp8_conv: must be one of"):
-        load_edited_family(tmp_path, "timm_resnet50", fp8_conv="cudnn")
+        family_with(tmp_path, "timm_resnet50", fp8_conv="cudnn")
 
 
 def test_the_family_setting_of_the_fused_stem_is_checked_and_recorded(tmp_path):
@@ -423,10 +409,10 @@ def test_the_family_setting_of_the_fused_stem_is_checked_and_recorded(tmp_path):
     assert load_family("timm_resnet50").target_settings("torch-aoti").fp8_fuse_stem is True
     assert load_family("timm_xception").target_settings("torch-aoti").fp8_fuse_stem is False
     with pytest.raises(FamilyError, match=r"torch_aoti.fp8_fuse_stem: must be true or false"):
-        load_edited_family(tmp_path, "timm_resnet50", fp8_fuse_stem="yes")
+        family_with(tmp_path, "timm_resnet50", fp8_fuse_stem="yes")
     with pytest.raises(FamilyError, match=r"fp8_fuse_stem: the stem is fused only in the "
                                           r"fused bottleneck forms"):
-        load_edited_family(tmp_path, "timm_resnet50", fp8_fuse_stem=True, fp8_conv="triton")
+        family_with(tmp_path, "timm_resnet50", fp8_fuse_stem=True, fp8_conv="triton")
 
     def details(fused_stem: bool) -> dict:
         return engine_details({}, "fp8", {}, nhwc=False, fast_accum=False, padding={},
@@ -461,14 +447,14 @@ def test_the_family_setting_of_small_batch_pointwise_is_checked_and_recorded(tmp
         return family.target_settings("torch-aoti").fp8_pointwise_small_batch
 
     assert setting(load_family("timm_resnet50")) == "gemm"
-    edited = load_edited_family(tmp_path, "timm_xception", fp8_pointwise_small_batch="triton")
+    edited = family_with(tmp_path, "timm_xception", fp8_pointwise_small_batch="triton")
     assert setting(edited) == "triton"
     with pytest.raises(FamilyError, match=r"torch_aoti.fp8_pointwise_small_batch: must be one of"):
-        load_edited_family(tmp_path, "timm_xception", fp8_pointwise_small_batch="cublas")
+        family_with(tmp_path, "timm_xception", fp8_pointwise_small_batch="cublas")
     # the split form is the Linear layers' (a tokens family's), not a convolution family's
     with pytest.raises(FamilyError, match=r"triton-split-k is the Linear layers' form"):
-        load_edited_family(tmp_path, "timm_xception", fp8_pointwise_small_batch="triton-split-k")
-    assert setting(load_edited_family(tmp_path, "timm_vit_base",
+        family_with(tmp_path, "timm_xception", fp8_pointwise_small_batch="triton-split-k")
+    assert setting(family_with(tmp_path, "timm_vit_base",
                                       fp8_pointwise_small_batch="triton-split-k")) == "triton-split-k"
 
     host = {"torch_version": "2", "cuda_version": "13.0", "compute_capability": "9.0",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
+from family_copies import family_with  # noqa: E402
 from triton_interpret import needs_triton, run_interpreted  # noqa: E402
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
@@ -339,34 +340,20 @@ def test_the_fused_model_exports_with_dynamo_and_keeps_a_dynamic_batch():
     assert len(fused) == 11 and isinstance(fused[0].meta["val"][1].shape[0], torch.SymInt)
 
 
-def _family_with(tmp_path, family: str, **aoti):
-    import json
-    import shutil
-
-    from bundler.families import families_root, load_family
-
-    shutil.copytree(families_root() / family, tmp_path / family)
-    spec_path = tmp_path / family / "family.json"
-    spec = json.loads(spec_path.read_text())
-    spec.setdefault("torch_aoti", {}).update(aoti)
-    spec_path.write_text(json.dumps(spec))
-    return load_family(family, root=tmp_path)
-
-
 def test_the_tma_form_is_a_setting_of_image_families_only(tmp_path):
     from bundler.families import FamilyError
 
-    family = _family_with(tmp_path / "a", "timm_resnet50", fp8_conv="triton-fused-tma")
+    family = family_with(tmp_path / "a", "timm_resnet50", fp8_conv="triton-fused-tma")
     assert family.target_settings("torch-aoti").fp8_conv == "triton-fused-tma"
     with pytest.raises(FamilyError, match="fp8_conv triton-fused-tma is another"):
-        _family_with(tmp_path / "b", "timm_resnet50", fp8_conv="triton-fused-tma",
+        family_with(tmp_path / "b", "timm_resnet50", fp8_conv="triton-fused-tma",
                      fp8_layout="channels_last")
     with pytest.raises(FamilyError, match="triton-fused-tma.*fused MLPs are triton-fused"):
-        _family_with(tmp_path / "c", "timm_vit_base", fp8_conv="triton-fused-tma")
-    small = _family_with(tmp_path / "d", "timm_resnet50", fp8_conv="triton-fused-tma-small")
+        family_with(tmp_path / "c", "timm_vit_base", fp8_conv="triton-fused-tma")
+    small = family_with(tmp_path / "d", "timm_resnet50", fp8_conv="triton-fused-tma-small")
     assert small.target_settings("torch-aoti").fp8_conv == "triton-fused-tma-small"
     with pytest.raises(FamilyError, match="triton-fused-tma-small.*fused MLPs are"):
-        _family_with(tmp_path / "e", "timm_vit_base", fp8_conv="triton-fused-tma-small")
+        family_with(tmp_path / "e", "timm_vit_base", fp8_conv="triton-fused-tma-small")
 
 
 def test_the_tma_form_is_recorded_and_read_back_by_its_name():
@@ -406,7 +393,7 @@ def test_the_reuse_check_expects_the_form_the_bundles_gpu_builds(tmp_path, monke
     from bundler.targets.torch_aoti.reuse import recorded_capability, reuse_checks
 
     monkeypatch.delenv(FP8_CONV_ENV, raising=False)
-    family = _family_with(tmp_path, "timm_resnet50", fp8_conv="triton-fused-tma")
+    family = family_with(tmp_path, "timm_resnet50", fp8_conv="triton-fused-tma")
     req = MakeRequest(family=family.name, precision="fp8", random_weights=True)
     fused = {"compile_options": {"fp8_conv": fp8_conv_recorded("fp8", "nhwc", "triton-fused")}}
     assert recorded_capability({"compute_capability": "8.9"}) == (8, 9)
@@ -417,6 +404,29 @@ def test_the_reuse_check_expects_the_form_the_bundles_gpu_builds(tmp_path, monke
     have, want = reuse_checks({**fused, "compute_capability": "9.0"}, family, req)[
         "fp8 convolution form"]
     assert (have, want) == ("triton-fused", "triton-fused-tma")
+
+
+def test_the_reuse_check_rebuilds_a_bundle_whose_stem_is_not_the_familys(tmp_path, monkeypatch):
+    """`--reuse` takes an fp8 timm_resnet50 bundle as this build's only when its stem is
+    fused as the family says (``compile_options.fp8_stem``); with the setting off, a bundle
+    with a fused stem is rebuilt, and the other way round."""
+    from bundler.make import MakeRequest
+    from bundler.targets.torch_aoti.build import (FP8_CONV_ENV, STEM_DESCRIPTION,
+                                                  fp8_conv_recorded)
+    from bundler.targets.torch_aoti.reuse import reuse_checks
+
+    monkeypatch.delenv(FP8_CONV_ENV, raising=False)
+    req = MakeRequest(family="timm_resnet50", precision="fp8", random_weights=True)
+    conv = fp8_conv_recorded("fp8", "nhwc", "triton-fused-tma-small")
+    plain = {"compute_capability": "9.0", "compile_options": {"fp8_conv": conv}}
+    stem = {"compute_capability": "9.0",
+            "compile_options": {"fp8_conv": conv, "fp8_stem": STEM_DESCRIPTION}}
+    on = family_with(tmp_path / "on", "timm_resnet50", fp8_fuse_stem=True)
+    off = family_with(tmp_path / "off", "timm_resnet50", fp8_fuse_stem=False)
+    assert reuse_checks(stem, on, req)["fp8 stem fused"] == (True, True)
+    assert reuse_checks(plain, on, req)["fp8 stem fused"] == (False, True)
+    assert reuse_checks(stem, off, req)["fp8 stem fused"] == (True, False)
+    assert reuse_checks(plain, off, req)["fp8 stem fused"] == (False, False)
 
 
 @needs_triton

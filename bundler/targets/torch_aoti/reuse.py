@@ -5,6 +5,7 @@ compiled package without changing the graph (``bundler.reuse`` checks the rest).
 from __future__ import annotations
 
 from bundler.targets.torch_aoti.build import (DEFAULT_COMPILE_OPTIONS, FP8_GEMM_DESCRIPTIONS,
+                                              FUSED_FP8_CONVS,
                                               SMALL_BATCH_POINTWISE_DESCRIPTIONS,
                                               build_fp8_conv, default_pad_channels,
                                               depthwise_form,
@@ -72,6 +73,11 @@ def reuse_checks(details: dict, family, req) -> dict[str, tuple[object, object]]
         have_gemm = options.get("fp8_gemm")
         checks["fp8 GEMM form"] = (gemm_names.get(have_gemm, have_gemm), gemm)
         checks["fp8 fast accumulation"] = (options.get("fp8_fast_accum"), fast)
+        # the fused stem (torch_aoti.fp8_fuse_stem, in a fused convolution form): a bundle
+        # built before the family named it, or after it stopped, is rebuilt
+        checks["fp8 stem fused"] = (options.get("fp8_stem") is not None,
+                                    settings_of(family).fp8_fuse_stem
+                                    and conv in FUSED_FP8_CONVS)
     # the model form (NHWC rewrite, channels_last, ...) the family's settings build now
     form = engine_form(family, req.precision, conv)
     checks["model form"] = (
