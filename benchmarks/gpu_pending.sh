@@ -570,7 +570,7 @@ r50-stem-bundles)   # issue 18: the fused stem in the family's bundles, against 
   sed -i 's/"fp8_fuse_stem": true/"fp8_fuse_stem": false/' "$tree/families/timm_resnet50/family.json"
   grep -q '"fp8_fuse_stem": false' "$tree/families/timm_resnet50/family.json" \
     || { echo "family.json has no fp8_fuse_stem true to turn off"; exit 1; }
-  (cd "$tree" && PYTHONPATH="/tmp/site:$tree" FAMILY=timm_resnet50 bash -c '. benchmarks/gpu_common.sh; \
+  (cd "$tree" && PYTHONPATH="$tree:$PYTHONPATH" FAMILY=timm_resnet50 bash -c '. benchmarks/gpu_common.sh; \
     make_parallel "$0" "fp8:--precision fp8"' "$bundles/r50-nostem") >"$out/r50-nostem-make.log" 2>&1 &
   made=$!
   step r50-stem-build "${BUILD_LIMIT:-330}" env FAMILY=timm_resnet50 bash -c '. benchmarks/gpu_common.sh; \
