@@ -23,6 +23,13 @@ launches, with its time. Variants:
 
     python3 benchmarks/stem_layout_probe.py [--variants unfused,fused,...] [--batch 32]
         [--strict] [--explain] [--no-fake-cache]
+
+``--explain`` (``explaining``) prints Inductor's layout decisions for each convolution. It
+found the cause (forty-ninth session, h100-2026-12-07-e): in the whole model, the
+fake-tensor cache of the graph's shape environment held an NCHW answer for the stem
+convolution's NHWC arguments, which the fake convolution itself answers NHWC. With
+``--no-fake-cache`` the package runs it NHWC; builds now compile that way
+(``build.FAKE_TENSOR_CACHE``).
 """
 
 from __future__ import annotations
