@@ -250,9 +250,13 @@
 #       Inductor's two; but the family's fp8 bundle built with it ran the stem's convolution
 #       on NCHW data (cuDNN's conversions 0.118 ms and a copy 0.033), 1.182x fp16 at 32:
 #       a stale fake-tensor cache entry, found in the forty-ninth session (r50-stem-bundles)
+#   benchmarks/gpu_pending.sh first-conv OUT_DIR   # ~1-2 min, no bundles: issue 18, the first
+#       convolution of timm_xception (FAMILY= another) in fp16 as the bundles run it, with its
+#       3 input channels padded to 4 and 8, and NCHW (first_conv_probe.py): its stem ran
+#       cuDNN's NCHW kernel after a conversion on the H200, 0.23 ms of ~4.1 at batch 32
 #   benchmarks/gpu_pending.sh r50-stem-bundles OUT_DIR   # ~7 min: issue 18, timm_resnet50's
 #       fp16 and fp8 bundles as the family has them (family.json torch_aoti.fp8_fuse_stem) and
-#       the fp8 one from a copy of the tree with the stem unfused, built at once, the fused
+#       the fp8 one from a family copy with the stem unfused, built at once, the fused
 #       one verified, the three timed with the peer at batch 1 and 32. Forty-ninth session:
 #       the stem's convolution ran NCHW in the package because of a stale fake-tensor cache
 #       entry (build.FAKE_TENSOR_CACHE, now off while a package is built)
@@ -266,7 +270,7 @@
 # and has its own timeout. Exit 3: the packages the steps need are missing
 # there (`preflight`, below; benchmarks/device_wheels.sh).
 set -u
-steps="r50-stem-bundles|dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-tiles-b1|r50-tma-small|r50-small|vit-gemm-b1|vit-split-k|vit-b1|b1-next|r50-module-b1|pdl|gaps|tma3x3|r50-tma3x3|r50-stem"
+steps="first-conv|r50-stem-bundles|dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-tiles-b1|r50-tma-small|r50-small|vit-gemm-b1|vit-split-k|vit-b1|b1-next|r50-module-b1|pdl|gaps|tma3x3|r50-tma3x3|r50-stem"
 usage="usage: $0 $steps OUT_DIR (--help: what each step does)"
 case "${1:-}" in
     -h|--help)   # the comment block above, without its leading '# '
@@ -562,16 +566,21 @@ r50-tma3x3)   # issue 18: timm_resnet50 fp8 with its stride-1 3x3 layers on 4-D 
     "$bundles"/r50-small/timm_resnet50-fp8-*-torch-aoti.bundle "${boxed[@]}" \
     --batch-sizes "${R50_BATCHES:-1,3,8,32}" --timeline --profile --profile-sizes 32 --rows 16
   ;;
+first-conv)   # issue 18: a family's first convolution, as is and padded (first_conv_probe.py)
+  step first-conv "${PROBE_LIMIT:-150}" python3 benchmarks/first_conv_probe.py \
+    --family "${FAMILY:-timm_xception}"
+  ;;
 r50-stem-bundles)   # issue 18: the fused stem in the family's bundles, against the unfused one
-  mkdir -p "$bundles/r50-stem" "$bundles/r50-nostem"
-  tree=/tmp/nostem-tree
-  rm -rf "$tree"; mkdir -p "$tree"
-  cp -r bundler runtime_py families schemas benchmarks pyproject.toml "$tree"/
-  sed -i 's/"fp8_fuse_stem": true/"fp8_fuse_stem": false/' "$tree/families/timm_resnet50/family.json"
-  grep -q '"fp8_fuse_stem": false' "$tree/families/timm_resnet50/family.json" \
-    || { echo "family.json has no fp8_fuse_stem true to turn off"; exit 1; }
-  (cd "$tree" && PYTHONPATH="$tree:$PYTHONPATH" FAMILY=timm_resnet50 bash -c '. benchmarks/gpu_common.sh; \
-    make_parallel "$0" "fp8:--precision fp8"' "$bundles/r50-nostem") >"$out/r50-nostem-make.log" 2>&1 &
+  # (fp8_fuse_stem false in a family copy, as vit-split-k edits its own)
+  mkdir -p "$bundles/r50-stem" "$bundles/r50-nostem/families"
+  rm -rf "$bundles/r50-nostem/families/timm_resnet50"
+  cp -r families/timm_resnet50 "$bundles/r50-nostem/families/"
+  python3 -c "import json, sys; p = sys.argv[1]; f = json.load(open(p)); \
+f['torch_aoti']['fp8_fuse_stem'] = False; json.dump(f, open(p, 'w'), indent=2)" \
+    "$bundles/r50-nostem/families/timm_resnet50/family.json"
+  FAMILY=timm_resnet50 TRT_BUNDLE_FAMILIES_PATH="$bundles/r50-nostem/families" bash -c \
+    '. benchmarks/gpu_common.sh; make_parallel "$0" "fp8:--precision fp8"' "$bundles/r50-nostem" \
+    >"$out/r50-nostem-make.log" 2>&1 &
   made=$!
   step r50-stem-build "${BUILD_LIMIT:-330}" env FAMILY=timm_resnet50 bash -c '. benchmarks/gpu_common.sh; \
     make_parallel "$0" "fp16:--precision fp16" "fp8:--precision fp8"' "$bundles/r50-stem"

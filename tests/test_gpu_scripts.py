@@ -197,6 +197,14 @@ def _run_step(tmp_path: Path, card: str, what: str = "first",
     return done, calls.read_text().splitlines() if calls.exists() else []
 
 
+def _family_copy_builds(calls: list[str], copy: Path, family: str, setting: str) -> list[str]:
+    """A step's build from a family copy: one `python3 -c` edit of SETTING in
+    COPY/families/FAMILY/family.json; returns the builds that read COPY/families."""
+    edits = [c for c in calls if c.startswith("python3 -c") and setting in c]
+    assert len(edits) == 1 and edits[0].endswith(f"{copy}/families/{family}/family.json"), calls
+    return [c for c in calls if c.startswith("bundle make") and f"families={copy}/families" in c]
+
+
 def _check_split_k(root: Path, calls: list[str], count: int) -> None:
     """`vit-split-k`'s calls: COUNT builds (the split form from an edited family copy), the
     split bundle verified, COUNT bundles timed at batches 1 and 2."""
@@ -205,9 +213,8 @@ def _check_split_k(root: Path, calls: list[str], count: int) -> None:
     assert len(builds) == count, builds
     assert (f"{pending}/vit-split --precision fp8 families={pending}/vit-split/families"
             in [c.split(" --out ")[1] for c in builds]), builds
-    edits = [c for c in calls if c.startswith("python3 -c") and "triton-split-k" in c]
-    assert len(edits) == 1 and edits[0].endswith(
-        f"{pending}/vit-split/families/timm_vit_base/family.json"), calls
+    assert len(_family_copy_builds(calls, pending / "vit-split", "timm_vit_base",
+                                   "triton-split-k")) == 1, calls
     verified = [c for c in calls if "verify --numerics" in c]
     assert len(verified) == 1 and "/vit-split/timm_vit_base-fp8-" in verified[0], calls
     timed = [c for c in calls if "aoti_static_vs_peer.py" in c]
@@ -265,6 +272,26 @@ def test_r50_tma3x3_builds_and_times_the_3x3_tma_form_beside_the_family(tmp_path
     assert len(verified) == 1 and "/r50-tma3x3/timm_resnet50-fp8-" in verified[0], calls
     timed = [c for c in calls if "aoti_static_vs_peer.py" in c]
     assert len(timed) == 1 and "--timeline" in timed[0] and "--profile " in timed[0], calls
+
+
+@needs_bash
+def test_r50_stem_bundles_times_the_fused_stem_against_a_family_copy_without_it(tmp_path):
+    """`r50-stem-bundles`: timm_resnet50's fp16 and fp8 as the family has them (the stem
+    fused), and fp8 from a family copy whose fp8_fuse_stem is false, built at once; the
+    family's fp8 verified; the three timed with the peer and profiled at batch 32."""
+    done, calls = _run_step(tmp_path, "NVIDIA H200", "r50-stem-bundles",
+                            built=["r50-nostem", "r50-stem"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    pending = tmp_path / "pending"
+    builds = sorted(c for c in calls if c.startswith("bundle make timm_resnet50"))
+    assert len(builds) == 3, calls
+    copies = _family_copy_builds(calls, pending / "r50-nostem", "timm_resnet50", "fp8_fuse_stem")
+    assert len(copies) == 1 and "--precision fp8" in copies[0], builds
+    verified = [c for c in calls if "verify --numerics" in c]
+    assert len(verified) == 1 and "/r50-stem/timm_resnet50-fp8-" in verified[0], calls
+    timed = [c for c in calls if "aoti_static_vs_peer.py" in c]
+    assert len(timed) == 1 and "/r50-nostem/timm_resnet50-fp8-" in timed[0], calls
+    assert "--profile " in timed[0], calls
 
 
 @needs_bash
