@@ -333,6 +333,19 @@ step() {   # step NAME TIMEOUT_S COMMAND...
   sleep 0.2   # the log's last lines, through the filter
   echo "== $name: exit $rc"
 }
+# family_copy_make DIR FAMILY EDIT LOG: the family's folder copied into DIR/families, the
+# Python statement EDIT run on its family.json's torch_aoti section (`a`), and the copy's fp8
+# bundle built into DIR in the background (found first through TRT_BUNDLE_FAMILIES_PATH;
+# `$!` is the build, its log LOG): a form that differs from the family's by one setting
+family_copy_make() {
+  local dir=$1 family=$2 edit=$3 log=$4
+  mkdir -p "$dir/families"
+  rm -rf "${dir:?}/families/$family"; cp -r "families/$family" "$dir/families/"
+  python3 -c "import json, sys; p = sys.argv[1]; f = json.load(open(p)); a = f['torch_aoti']; \
+$edit; json.dump(f, open(p, 'w'), indent=2)" "$dir/families/$family/family.json"
+  FAMILY=$family TRT_BUNDLE_FAMILIES_PATH="$dir/families" bash -c '. benchmarks/gpu_common.sh; \
+    make_parallel "$0" "fp8:--precision fp8"' "$dir" >"$log" 2>&1 &
+}
 build_pair() {   # build_pair TIMEOUT_S: the family's uint8 fp16 and fp8 bundles into $bundles
   step build "$1" env INPUTS=uint8 bash -c '. benchmarks/gpu_common.sh; make_parallel "$0" \
     "fp16-uint8:--precision fp16 --input uint8" "fp8-uint8:--precision fp8 --input uint8"' \
@@ -572,15 +585,9 @@ first-conv)   # issue 18: a family's first convolution, as is and padded (first_
   ;;
 r50-stem-bundles)   # issue 18: the fused stem in the family's bundles, against the unfused one
   # (fp8_fuse_stem false in a family copy, as vit-split-k edits its own)
-  mkdir -p "$bundles/r50-stem" "$bundles/r50-nostem/families"
-  rm -rf "$bundles/r50-nostem/families/timm_resnet50"
-  cp -r families/timm_resnet50 "$bundles/r50-nostem/families/"
-  python3 -c "import json, sys; p = sys.argv[1]; f = json.load(open(p)); \
-f['torch_aoti']['fp8_fuse_stem'] = False; json.dump(f, open(p, 'w'), indent=2)" \
-    "$bundles/r50-nostem/families/timm_resnet50/family.json"
-  FAMILY=timm_resnet50 TRT_BUNDLE_FAMILIES_PATH="$bundles/r50-nostem/families" bash -c \
-    '. benchmarks/gpu_common.sh; make_parallel "$0" "fp8:--precision fp8"' "$bundles/r50-nostem" \
-    >"$out/r50-nostem-make.log" 2>&1 &
+  mkdir -p "$bundles/r50-stem"
+  family_copy_make "$bundles/r50-nostem" timm_resnet50 "a['fp8_fuse_stem'] = False" \
+    "$out/r50-nostem-make.log"
   made=$!
   step r50-stem-build "${BUILD_LIMIT:-330}" env FAMILY=timm_resnet50 bash -c '. benchmarks/gpu_common.sh; \
     make_parallel "$0" "fp16:--precision fp16" "fp8:--precision fp8"' "$bundles/r50-stem"
@@ -652,13 +659,9 @@ r50-small)   # issue 18: timm_resnet50 fp8 with graphs for static batch 2 and 4 
   # against the form before (static batch 1 only: the family folder copied with that one
   # setting changed, found first through TRT_BUNDLE_FAMILIES_PATH) and fp16, one process
   before=$bundles/r50-before
-  mkdir -p "$bundles/r50-small" "$before/families"
-  rm -rf "$before/families/timm_resnet50"; cp -r families/timm_resnet50 "$before/families/"
-  python3 -c "import json, sys; p = sys.argv[1]; f = json.load(open(p)); \
-f['torch_aoti']['static_batches'] = [1]; json.dump(f, open(p, 'w'), indent=2)" \
-    "$before/families/timm_resnet50/family.json"
-  FAMILY=timm_resnet50 TRT_BUNDLE_FAMILIES_PATH="$before/families" bash -c '. benchmarks/gpu_common.sh; \
-    make_parallel "$0" "fp8:--precision fp8"' "$before" >"$out/r50-before-make.log" 2>&1 &
+  mkdir -p "$bundles/r50-small"
+  family_copy_make "$before" timm_resnet50 "a['static_batches'] = [1]" \
+    "$out/r50-before-make.log"
   made=$!
   step r50-small-build "${BUILD_LIMIT:-330}" env FAMILY=timm_resnet50 bash -c '. benchmarks/gpu_common.sh; \
     make_parallel "$0" "fp16:--precision fp16" "fp8:--precision fp8"' "$bundles/r50-small"
@@ -682,15 +685,9 @@ vit-gemm-b1)   # issue 18: ViT-B's Linear shapes at batch 1 and 2, fp16 against 
 vit-split-k)   # issue 18: timm_vit_base fp8 with proj and fc2 split in two in its batch-1
   # and batch-2 graphs (fp8_pointwise_small_batch triton-split-k, a family copy) against
   # the family's fp8 and fp16, timed with the peer and the replay timeline at 1 and 2
-  mkdir -p "$bundles/vit" "$bundles/vit-split/families"
-  rm -rf "$bundles/vit-split/families/timm_vit_base"
-  cp -r families/timm_vit_base "$bundles/vit-split/families/"
-  python3 -c "import json, sys; p = sys.argv[1]; f = json.load(open(p)); \
-f['torch_aoti']['fp8_pointwise_small_batch'] = 'triton-split-k'; json.dump(f, open(p, 'w'), indent=2)" \
-    "$bundles/vit-split/families/timm_vit_base/family.json"
-  FAMILY=timm_vit_base TRT_BUNDLE_FAMILIES_PATH="$bundles/vit-split/families" bash -c \
-    '. benchmarks/gpu_common.sh; make_parallel "$0" "fp8:--precision fp8"' "$bundles/vit-split" \
-    >"$out/vit-split-make.log" 2>&1 &
+  mkdir -p "$bundles/vit"
+  family_copy_make "$bundles/vit-split" timm_vit_base \
+    "a['fp8_pointwise_small_batch'] = 'triton-split-k'" "$out/vit-split-make.log"
   made=$!
   base=("$bundles"/vit/timm_vit_base-fp16-*-torch-aoti.bundle
         "$bundles"/vit/timm_vit_base-fp8-*-torch-aoti.bundle)
@@ -720,18 +717,13 @@ vit-b1)   # issue 18: timm_vit_base fp8 as the family has it (Triton graphs for 
   # with the setting changed, found first through TRT_BUNDLE_FAMILIES_PATH)
   mkdir -p "$bundles/vit"
   made=()
-  for form in before b1; do
-    dir=$bundles/vit-$form
-    mkdir -p "$dir/families"
-    rm -rf "$dir/families/timm_vit_base"; cp -r families/timm_vit_base "$dir/families/"
-    python3 -c "import json, sys; p, form = sys.argv[1:]; f = json.load(open(p)); a = f['torch_aoti']; \
-a.update(static_batches={'fp8': [1]}) if form == 'b1' else \
-[a.pop(k, None) for k in ('static_batches', 'fp8_pointwise_small_batch')]; \
-json.dump(f, open(p, 'w'), indent=2)" "$dir/families/timm_vit_base/family.json" "$form"
-    FAMILY=timm_vit_base TRT_BUNDLE_FAMILIES_PATH="$dir/families" bash -c '. benchmarks/gpu_common.sh; \
-      make_parallel "$0" "fp8:--precision fp8"' "$dir" >"$out/vit-$form-make.log" 2>&1 &
-    made+=("$!")
-  done
+  family_copy_make "$bundles/vit-before" timm_vit_base \
+    "[a.pop(k, None) for k in ('static_batches', 'fp8_pointwise_small_batch')]" \
+    "$out/vit-before-make.log"
+  made+=("$!")
+  family_copy_make "$bundles/vit-b1" timm_vit_base "a.update(static_batches={'fp8': [1]})" \
+    "$out/vit-b1-make.log"
+  made+=("$!")
   build_vit "${BUILD_LIMIT:-400}"
   for pid in "${made[@]}"; do wait "$pid"; echo "== vit make: exit $?"; done
   tail -3 "$out"/vit-before-make.log "$out"/vit-b1-make.log

@@ -42,7 +42,6 @@ def stem_op_case(c: int, nchw_strides: bool, out16: bool) -> dict:
     return out
 
 
-
 def main() -> None:
     exact_e4m3_conversion()
     json.dump({f"c{c}{'-nchw' if nchw else ''}{'-f16' if out16 else ''}":
