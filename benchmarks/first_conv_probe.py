@@ -19,9 +19,19 @@ batch (``kernel_profile.kernel_table``):
 * ``as-is``: cast, channels_last, the convolution (the bundle's form);
 * ``pad4`` / ``pad8``: the same with zero channels appended before the convolution (Inductor
   fuses the pad into the cast) and the weight padded with zeros to match;
-* ``nchw``: cast and the convolution on contiguous (NCHW) memory.
+* ``nchw``: cast and the convolution on contiguous (NCHW) memory;
+* ``w-oihw``: as-is with the weight left in contiguous (OIHW) memory, as the fp8 bundle's
+  NHWC rewrite keeps its stem (``ConvNHWC``; the channels_last form converts every weight).
 
-    python3 benchmarks/first_conv_probe.py [--family timm_xception] [--batch-sizes 1,32]
+``--pixels``: each variant behind the bundles' uint8 head (NHWC pixels -> float, NCHW view,
+``x * scale + bias``) with a bias and a ReLU after the convolution, as the engines run their
+BN-folded stem. Why: on the H100 (h100-2026-12-07-f) the probe's as-is form ran an NHWC
+kernel (0.054 ms at batch 32) while the fp16 bundle and the peer ran the NCHW
+``precomputed_convolve_sgemm`` (0.154 ms) after ``nhwcToNchw`` (0.094 ms), and the fp8 bundle
+(weight in OIHW memory) the NHWC kernel; the pixel head and the weight's memory are what
+the bundles' forms add.
+
+    python3 benchmarks/first_conv_probe.py [--family timm_xception] [--batch-sizes 1,32] [--pixels]
     python3 benchmarks/first_conv_probe.py --list     # the convolution's shape, no GPU
 """
 
@@ -34,7 +44,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-VARIANTS = ("as-is", "pad4", "pad8", "nchw")
+VARIANTS = ("as-is", "pad4", "pad8", "nchw", "w-oihw")
 
 
 def first_conv(family_name: str):
@@ -53,8 +63,9 @@ def first_conv(family_name: str):
     raise SystemExit(f"{family_name}: its model has no Conv2d")
 
 
-def variant_module(conv, variant: str, device: str = "cuda"):
-    """fp32 NCHW image in, the convolution's fp16 output (the engine's first steps)."""
+def variant_module(conv, variant: str, device: str = "cuda", pixels: bool = False):
+    """fp32 NCHW image in (``pixels``: uint8 NHWC pixels), the convolution's fp16 output
+    (``pixels``: with a bias and a ReLU): the engine's first steps."""
     import torch
     from torch import nn
 
@@ -65,23 +76,40 @@ def variant_module(conv, variant: str, device: str = "cuda"):
                                                      channels - conv.in_channels,
                                                      *weight.shape[2:])], dim=1)
     memory = torch.contiguous_format if variant == "nchw" else torch.channels_last
+    weight_memory = torch.contiguous_format if variant == "w-oihw" else memory
     bias = conv.bias.detach().half() if conv.bias is not None else None
+    if pixels and bias is None:     # a folded stem has one
+        bias = torch.linspace(-0.5, 0.5, conv.out_channels, dtype=torch.half)
 
     class First(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.register_buffer("weight", weight.contiguous(memory_format=memory))
+            self.register_buffer("weight", weight.contiguous(memory_format=weight_memory))
             self.register_buffer("bias", bias)
 
         def forward(self, x):
+            if pixels:      # build.pixel_head's steps, a [-1, 1] normalization
+                x = x.permute(0, 3, 1, 2).float() * (2 / 255) - 1
             x = x.half()
             if channels > x.shape[1]:
                 x = nn.functional.pad(x, (0, 0, 0, 0, 0, channels - x.shape[1]))
             x = x.contiguous(memory_format=memory)
-            return nn.functional.conv2d(x, self.weight, self.bias, conv.stride, conv.padding,
-                                        conv.dilation, conv.groups)
+            y = nn.functional.conv2d(x, self.weight, self.bias, conv.stride, conv.padding,
+                                     conv.dilation, conv.groups)
+            return torch.relu(y) if pixels else y
 
     return First().to(device).eval()
+
+
+def probe_inputs(shape, batch_sizes, pixels: bool, device: str = "cuda"):
+    """batch -> input: float32 NCHW images, or (``pixels``) uint8 NHWC pixels."""
+    import torch
+
+    if not pixels:
+        return {n: torch.randn(n, *shape, device=device) for n in batch_sizes}
+    c, h, w = shape
+    return {n: torch.randint(0, 256, (n, h, w, c), dtype=torch.uint8, device=device)
+            for n in batch_sizes}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--family", default="timm_xception")
     p.add_argument("--batch-sizes", type=positive_ints, default=[1, 32])
     p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--pixels", action="store_true",
+                   help="uint8 NHWC pixels in, through the bundles' pixel head; bias and ReLU after")
     p.add_argument("--list", action="store_true",
                    help="print the first convolution's shape and stop (no GPU)")
     args = p.parse_args(argv)
@@ -109,13 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     from kernel_profile import kernel_table
 
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
-    inputs = {n: torch.randn(n, *shape, device="cuda") for n in args.batch_sizes}
+    inputs = probe_inputs(shape, args.batch_sizes, args.pixels)
     with torch.no_grad():     # what every variant must compute: the as-is form, eager
-        as_is = variant_module(conv, "as-is")
+        as_is = variant_module(conv, "as-is", pixels=args.pixels)
         reference = {n: as_is(x).float() for n, x in inputs.items()}
     rows = []
     for variant in VARIANTS:
-        compiled = torch.compile(variant_module(conv, variant), dynamic=False)
+        compiled = torch.compile(variant_module(conv, variant, pixels=args.pixels), dynamic=False)
         for n, x in inputs.items():
             with torch.no_grad():
                 ms, out = graph_time(lambda: compiled(x), args.iters)

@@ -253,7 +253,10 @@
 #   benchmarks/gpu_pending.sh first-conv OUT_DIR   # ~1-2 min, no bundles: issue 18, the first
 #       convolution of timm_xception (FAMILY= another) in fp16 as the bundles run it, with its
 #       3 input channels padded to 4 and 8, and NCHW (first_conv_probe.py): its stem ran
-#       cuDNN's NCHW kernel after a conversion on the H200, 0.23 ms of ~4.1 at batch 32
+#       cuDNN's NCHW kernel after a conversion on the H200, 0.23 ms of ~4.1 at batch 32. Then
+#       the same behind the bundles' uint8 pixel head with bias and ReLU (--pixels), and each
+#       with the weight in OIHW memory (w-oihw): on the H100 the probe's plain form ran NHWC,
+#       the fp16 bundle NCHW, the fp8 bundle (OIHW weight) NHWC (h100-2026-12-07-f)
 #   benchmarks/gpu_pending.sh r50-stem-bundles OUT_DIR   # ~7 min: issue 18, timm_resnet50's
 #       fp16 and fp8 bundles as the family has them (family.json torch_aoti.fp8_fuse_stem) and
 #       the fp8 one from a family copy with the stem unfused, built at once, the fused
@@ -582,6 +585,8 @@ r50-tma3x3)   # issue 18: timm_resnet50 fp8 with its stride-1 3x3 layers on 4-D 
 first-conv)   # issue 18: a family's first convolution, as is and padded (first_conv_probe.py)
   step first-conv "${PROBE_LIMIT:-150}" python3 benchmarks/first_conv_probe.py \
     --family "${FAMILY:-timm_xception}"
+  step first-conv-pixels "${PROBE_LIMIT:-150}" python3 benchmarks/first_conv_probe.py \
+    --family "${FAMILY:-timm_xception}" --pixels
   ;;
 r50-stem-bundles)   # issue 18: the fused stem in the family's bundles, against the unfused one
   # (fp8_fuse_stem false in a family copy, as vit-split-k edits its own)

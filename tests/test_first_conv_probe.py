@@ -28,7 +28,7 @@ def test_padded_and_nchw_variants_compute_the_bundles_convolution():
     x = torch.randn(2, 3, 17, 19)
     with torch.no_grad():
         base = probe.variant_module(conv, "as-is", device="cpu")(x).float()
-        for variant in ("pad4", "pad8", "nchw"):
+        for variant in ("pad4", "pad8", "nchw", "w-oihw"):
             module = probe.variant_module(conv, variant, device="cpu")
             if variant.startswith("pad"):
                 assert module.weight.shape[1] == int(variant[3:])
@@ -36,3 +36,23 @@ def test_padded_and_nchw_variants_compute_the_bundles_convolution():
             got = module(x).float()
             assert got.shape == base.shape
             assert (got - base).abs().max() <= 2e-3 * base.abs().max(), variant
+
+
+def test_the_pixel_head_variants_compute_the_same_and_keep_their_weight_memory():
+    """--pixels: uint8 NHWC in, every variant the as-is form's output (bias and ReLU
+    after); w-oihw keeps its weight in OIHW memory, as-is in channels_last memory."""
+    probe = load_benchmark("first_conv_probe")
+    conv = torch.nn.Conv2d(3, 8, 3, 2, 1, bias=False)
+    (x,) = probe.probe_inputs((3, 17, 19), [2], pixels=True, device="cpu").values()
+    assert x.dtype == torch.uint8 and x.shape == (2, 17, 19, 3)
+    with torch.no_grad():
+        as_is = probe.variant_module(conv, "as-is", device="cpu", pixels=True)
+        base = as_is(x).float()
+        assert base.min() == 0 and base.max() > 0      # the ReLU
+        assert as_is.weight.is_contiguous(memory_format=torch.channels_last)
+        assert not as_is.weight.is_contiguous()
+        for variant in probe.VARIANTS[1:]:
+            module = probe.variant_module(conv, variant, device="cpu", pixels=True)
+            got = module(x).float()
+            assert (got - base).abs().max() <= 2e-3 * base.abs().max(), variant
+        assert probe.variant_module(conv, "w-oihw", device="cpu").weight.is_contiguous()
