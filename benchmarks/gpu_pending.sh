@@ -257,6 +257,13 @@
 #       the same behind the bundles' uint8 pixel head with bias and ReLU (--pixels), and each
 #       with the weight in OIHW memory (w-oihw): on the H100 the probe's plain form ran NHWC,
 #       the fp16 bundle NCHW, the fp8 bundle (OIHW weight) NHWC (h100-2026-12-07-f)
+#   benchmarks/gpu_pending.sh stem-oihw OUT_DIR   # ~6 min: issue 18, timm_xception's (uint8)
+#       and timm_resnet50's fp16 bundles as the families have them and from family copies
+#       with torch_aoti.fp16_stem_oihw, four builds at once, each family's two timed with the
+#       peer and profiled at batch 32. Fiftieth session (h100-2026-12-07-f): xception's fp16
+#       bundle and the peer ran the 3-channel stem as cuDNN's NCHW sgemm after a conversion
+#       (0.25 ms at 32), the fp8 bundle (stem weight OIHW) an NHWC kernel (0.05 ms); if the
+#       copy's fp16 runs it NHWC too and ResNet's is no slower, the families name the setting
 #   benchmarks/gpu_pending.sh r50-stem-bundles OUT_DIR   # ~7 min: issue 18, timm_resnet50's
 #       fp16 and fp8 bundles as the family has them (family.json torch_aoti.fp8_fuse_stem) and
 #       the fp8 one from a family copy with the stem unfused, built at once, the fused
@@ -273,7 +280,7 @@
 # and has its own timeout. Exit 3: the packages the steps need are missing
 # there (`preflight`, below; benchmarks/device_wheels.sh).
 set -u
-steps="first-conv|r50-stem-bundles|dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-tiles-b1|r50-tma-small|r50-small|vit-gemm-b1|vit-split-k|vit-b1|b1-next|r50-module-b1|pdl|gaps|tma3x3|r50-tma3x3|r50-stem"
+steps="stem-oihw|first-conv|r50-stem-bundles|dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-tiles-b1|r50-tma-small|r50-small|vit-gemm-b1|vit-split-k|vit-b1|b1-next|r50-module-b1|pdl|gaps|tma3x3|r50-tma3x3|r50-stem"
 usage="usage: $0 $steps OUT_DIR (--help: what each step does)"
 case "${1:-}" in
     -h|--help)   # the comment block above, without its leading '# '
@@ -340,14 +347,17 @@ step() {   # step NAME TIMEOUT_S COMMAND...
 # Python statement EDIT run on its family.json's torch_aoti section (`a`), and the copy's fp8
 # bundle built into DIR in the background (found first through TRT_BUNDLE_FAMILIES_PATH;
 # `$!` is the build, its log LOG): a form that differs from the family's by one setting
-family_copy_make() {
+family_copy_make() {   # DIR FAMILY EDIT LOG [ITEM...]: make_parallel's items, fp8 unless given
   local dir=$1 family=$2 edit=$3 log=$4
+  shift 4
+  local items=("$@")
+  [ ${#items[@]} -gt 0 ] || items=("fp8:--precision fp8")
   mkdir -p "$dir/families"
   rm -rf "${dir:?}/families/$family"; cp -r "families/$family" "$dir/families/"
   python3 -c "import json, sys; p = sys.argv[1]; f = json.load(open(p)); a = f['torch_aoti']; \
 $edit; json.dump(f, open(p, 'w'), indent=2)" "$dir/families/$family/family.json"
   FAMILY=$family TRT_BUNDLE_FAMILIES_PATH="$dir/families" bash -c '. benchmarks/gpu_common.sh; \
-    make_parallel "$0" "fp8:--precision fp8"' "$dir" >"$log" 2>&1 &
+    make_parallel "$0" "$@"' "$dir" "${items[@]}" >"$log" 2>&1 &
 }
 build_pair() {   # build_pair TIMEOUT_S: the family's uint8 fp16 and fp8 bundles into $bundles
   step build "$1" env INPUTS=uint8 bash -c '. benchmarks/gpu_common.sh; make_parallel "$0" \
@@ -604,6 +614,33 @@ r50-stem-bundles)   # issue 18: the fused stem in the family's bundles, against 
     "$bundles"/r50-nostem/timm_resnet50-fp8-*-torch-aoti.bundle \
     "$bundles"/r50-stem/timm_resnet50-fp8-*-torch-aoti.bundle \
     --batch-sizes "${R50_BATCHES:-1,32}" --profile --profile-sizes 32 --rows 12
+  ;;
+stem-oihw)   # issue 18: the fp16 bundles with the stem's weight in OIHW memory, against the families'
+  # (fp16_stem_oihw true in family copies); STEM_FAMILIES="xception" or "r50" for one
+  families=" ${STEM_FAMILIES:-xception r50} "
+  made=()
+  for fam in xception r50; do
+    [[ $families == *" $fam "* ]] || continue
+    name=timm_$fam; item="fp16:--precision fp16"
+    if [ "$fam" = r50 ]; then name=timm_resnet50; fi
+    if [ "$fam" = xception ]; then item="fp16-uint8:--precision fp16 --input uint8"; fi
+    mkdir -p "$bundles/stem-$fam"
+    FAMILY=$name bash -c '. benchmarks/gpu_common.sh; make_parallel "$0" "$1"' \
+      "$bundles/stem-$fam" "$item" >"$out/stem-$fam-make.log" 2>&1 &
+    made+=("$!")
+    family_copy_make "$bundles/oihw-$fam" "$name" "a['fp16_stem_oihw'] = True" \
+      "$out/oihw-$fam-make.log" "$item"
+    made+=("$!")
+  done
+  for pid in "${made[@]}"; do wait "$pid"; echo "== a build: exit $?"; done
+  tail -n 3 "$out"/stem-*-make.log "$out"/oihw-*-make.log
+  for fam in xception r50; do
+    [[ $families == *" $fam "* ]] || continue
+    step "stem-oihw-$fam" "${TIME_LIMIT:-150}" python3 benchmarks/aoti_static_vs_peer.py \
+      "$bundles"/stem-$fam/timm_*-fp16-*torch-aoti.bundle \
+      "$bundles"/oihw-$fam/timm_*-fp16-*torch-aoti.bundle \
+      --batch-sizes 1,32 --profile --profile-sizes 32 --rows 8
+  done
   ;;
 r50-stem)   # issue 18: timm_resnet50's fused stem (bias, ReLU, max pool, e4m3: one kernel), no bundles
   step stem-gputest "${TEST_LIMIT:-200}" python3 -m pytest -q -p no:cacheprovider -rs -m gpu \
