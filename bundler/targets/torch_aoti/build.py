@@ -730,15 +730,13 @@ def oihw_stem_paths(module: torch.nn.Module) -> list[str]:
     weight is in OIHW memory (``rewrite.image_convs_oihw``): what is recorded is what the
     compiled module has. The NHWC rewrite's stem (``ConvNHWC``) keeps OIHW memory by its
     own rule and is not counted."""
-    from bundler.targets.torch_aoti.model import IMAGE_CHANNELS
+    from bundler.targets.torch_aoti.model import reads_image
     from bundler.targets.torch_aoti.nhwc_modules import EngineModule
 
     torch = import_torch()
     engines = [m for m in module.modules() if isinstance(m, EngineModule) and m.channels_last]
     return [path for engine in engines for path, m in engine.body.named_modules()
-            if isinstance(m, torch.nn.Conv2d) and m.groups == 1
-            and m.in_channels < IMAGE_CHANNELS and m.weight.dim() == 4
-            and not m.weight.is_contiguous(memory_format=torch.channels_last)]
+            if reads_image(m) and not m.weight.is_contiguous(memory_format=torch.channels_last)]
 
 
 def engine_details(host: dict, precision: str, options: dict, *, nhwc: bool,

@@ -453,6 +453,11 @@ def rewrite_channels_last(model: torch.nn.Module, dtype: torch.dtype, *,
 IMAGE_CHANNELS = 8
 
 
+def reads_image(m: nn.Module) -> bool:
+    """Whether ``m`` is a dense convolution that reads the image (``IMAGE_CHANNELS``)."""
+    return isinstance(m, nn.Conv2d) and m.groups == 1 and m.in_channels < IMAGE_CHANNELS
+
+
 def image_convs_oihw(body: nn.Module) -> list[str]:
     """Put the weight of every dense convolution that reads the image (fewer than
     ``IMAGE_CHANNELS`` input channels) back in contiguous (OIHW) memory, in place; the
@@ -464,7 +469,7 @@ def image_convs_oihw(body: nn.Module) -> list[str]:
     0.05 ms (docs/measurements/h100-2026-12-07-f)."""
     changed = []
     for path, m in body.named_modules():
-        if isinstance(m, nn.Conv2d) and m.groups == 1 and m.in_channels < IMAGE_CHANNELS:
+        if reads_image(m):
             m.weight.data = m.weight.data.contiguous()
             changed.append(path)
     return changed
