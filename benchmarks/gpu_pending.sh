@@ -343,11 +343,12 @@ step() {   # step NAME TIMEOUT_S COMMAND...
   sleep 0.2   # the log's last lines, through the filter
   echo "== $name: exit $rc"
 }
-# family_copy_make DIR FAMILY EDIT LOG: the family's folder copied into DIR/families, the
-# Python statement EDIT run on its family.json's torch_aoti section (`a`), and the copy's fp8
-# bundle built into DIR in the background (found first through TRT_BUNDLE_FAMILIES_PATH;
-# `$!` is the build, its log LOG): a form that differs from the family's by one setting
-family_copy_make() {   # DIR FAMILY EDIT LOG [ITEM...]: make_parallel's items, fp8 unless given
+# family_copy_make DIR FAMILY EDIT LOG [ITEM...]: the family's folder copied into
+# DIR/families, the Python statement EDIT run on its family.json's torch_aoti section (`a`),
+# and the copy's bundles (make_parallel's ITEMs; fp8 when none are given) built into DIR in
+# the background (found first through TRT_BUNDLE_FAMILIES_PATH; `$!` is the build, its log
+# LOG): a form that differs from the family's by one setting
+family_copy_make() {
   local dir=$1 family=$2 edit=$3 log=$4
   shift 4
   local items=("$@")
@@ -621,9 +622,10 @@ stem-oihw)   # issue 18: the fp16 bundles with the stem's weight in OIHW memory,
   made=()
   for fam in xception r50; do
     [[ $families == *" $fam "* ]] || continue
-    name=timm_$fam; item="fp16:--precision fp16"
-    if [ "$fam" = r50 ]; then name=timm_resnet50; fi
-    if [ "$fam" = xception ]; then item="fp16-uint8:--precision fp16 --input uint8"; fi
+    case $fam in
+      xception) name=timm_xception; item="fp16-uint8:--precision fp16 --input uint8" ;;
+      r50) name=timm_resnet50; item="fp16:--precision fp16" ;;
+    esac
     mkdir -p "$bundles/stem-$fam"
     FAMILY=$name bash -c '. benchmarks/gpu_common.sh; make_parallel "$0" "$1"' \
       "$bundles/stem-$fam" "$item" >"$out/stem-$fam-make.log" 2>&1 &
