@@ -38,7 +38,6 @@ import sys
 import threading
 import time
 
-import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 

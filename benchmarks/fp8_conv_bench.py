@@ -203,7 +203,7 @@ class Layer:
     def im2col_module(self):
         import torch
 
-        tam, cls = self.tam, (self.tam.Fp8Pointwise if self.k == 1 else self.tam.Fp8ConvNHWC)
+        cls = self.tam.Fp8Pointwise if self.k == 1 else self.tam.Fp8ConvNHWC
         return cls(self.conv, self.act_scale, self.weight_scales, torch.float16,
                    ones=self.ones).cuda()
 

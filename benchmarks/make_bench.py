@@ -23,7 +23,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 
 
 def calibration_ratio(images: int, rounds: int, batch: int) -> None:
