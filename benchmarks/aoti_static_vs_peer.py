@@ -28,6 +28,15 @@ sits idle between them and after which kinds of kernel. Why: the fp8 graphs repl
 longer than their plain runs' kernel time, the fp16 bundles 11-35 us
 (docs/measurements/h200-2026-12-06-k), and a plain run cannot say where that goes.
 
+``--cudnn-benchmark``: ``torch.backends.cudnn.benchmark`` on for the whole process (the
+bundles' engines and the peer): cuDNN times its algorithms at each convolution's first call
+(before the graphs are captured) instead of taking its heuristic's first pick. Why:
+timm_xception's fp16 bundle and the peer run the 3-channel stem as an NCHW sgemm after a
+layout conversion (0.25 ms at batch 32, H100) where the same convolution alone picks an
+NHWC implicit GEMM (0.05 ms; `first_conv_probe.py`), and weights in OIHW memory did not
+change the pick (docs/measurements/h100-2026-12-07-g). A setting is global to a process,
+so the comparison is two runs, each against its own peer.
+
 Without a GPU the bundles run on their CPU engine and the peer is the fp32 eager model,
 timed per ``infer`` call (boundary ``engine``): the script runs, its ratios say little.
 """
@@ -132,6 +141,8 @@ def main() -> int:
                         help="also the device timeline of each engine's and the peer's CUDA "
                              "graph replays: idle time between kernels, by transition (GPU)")
     parser.add_argument("--rows", type=int, default=15, help="top kernels per profile")
+    parser.add_argument("--cudnn-benchmark", action="store_true",
+                        help="torch.backends.cudnn.benchmark on for the bundles and the peer")
     args = parser.parse_args()
 
     import numpy as np
@@ -147,6 +158,11 @@ def main() -> int:
         parser.error(f"--profile-sizes {profiled} names sizes that are not timed "
                      f"(--batch-sizes {sizes})")
     timing = {**CPU_TIMING, "iterations": args.iterations, "device_warmup": args.warmup}
+    if args.cudnn_benchmark:
+        import torch
+
+        torch.backends.cudnn.benchmark = True
+        print("cudnn.benchmark: on (bundles and peer)", flush=True)
     rows, outputs, labels, manifest = [], {}, [], None
     # a bundle a failed build did not write is left out, the rest timed (forty-fifth
     # session: one failed build of three left the two others untimed)
