@@ -257,20 +257,15 @@
 #       the same behind the bundles' uint8 pixel head with bias and ReLU (--pixels), and each
 #       with the weight in OIHW memory (w-oihw): on the H100 the probe's plain form ran NHWC,
 #       the fp16 bundle NCHW, the fp8 bundle (OIHW weight) NHWC (h100-2026-12-07-f)
-#   benchmarks/gpu_pending.sh stem-oihw OUT_DIR   # ~6 min: issue 18, timm_xception's (uint8)
-#       and timm_resnet50's fp16 bundles as the families have them and from family copies
-#       with torch_aoti.fp16_stem_oihw, four builds at once, each family's two timed with the
-#       peer and profiled at batch 32. Fiftieth session (h100-2026-12-07-f): xception's fp16
-#       bundle and the peer ran the 3-channel stem as cuDNN's NCHW sgemm after a conversion
-#       (0.25 ms at 32), the fp8 bundle (stem weight OIHW) an NHWC kernel (0.05 ms); if the
-#       copy's fp16 runs it NHWC too and ResNet's is no slower, the families name the setting
 #   benchmarks/gpu_pending.sh cudnn-bench OUT_DIR   # ~5 min: issue 18, timm_xception's (uint8)
-#       and timm_resnet50's fp16 bundles (as `stem-oihw` builds them, reused on a warm
+#       and timm_resnet50's fp16 bundles as the families have them (reused on a warm
 #       machine), each timed with the peer with cudnn.benchmark off and on (two processes,
 #       aoti_static_vs_peer.py --cudnn-benchmark; the on run profiled at 32).
-#       CUDNN_FAMILIES="xception" or "r50" for one. Fifty-first session (h100-2026-12-07-g):
-#       the stem's weight in OIHW memory left xception's stem on the NCHW sgemm and cost
-#       both families at batch 1; does cuDNN's own timing pick the NHWC kernel?
+#       CUDNN_FAMILIES="xception" or "r50" for one. xception's fp16 bundle and the peer run
+#       the 3-channel stem as cuDNN's NCHW sgemm after a conversion (0.25 ms at 32, H100),
+#       the fp8 bundle an NHWC kernel (0.05 ms); the stem's weight in OIHW memory did not
+#       change the pick and cost both families at batch 1 (fifty-first session,
+#       h100-2026-12-07-g; the setting that did it is gone). Does cuDNN's own timing?
 #   benchmarks/gpu_pending.sh r50-stem-bundles OUT_DIR   # ~7 min: issue 18, timm_resnet50's
 #       fp16 and fp8 bundles as the family has them (family.json torch_aoti.fp8_fuse_stem) and
 #       the fp8 one from a family copy with the stem unfused, built at once, the fused
@@ -287,7 +282,7 @@
 # and has its own timeout. Exit 3: the packages the steps need are missing
 # there (`preflight`, below; benchmarks/device_wheels.sh).
 set -u
-steps="cudnn-bench|stem-oihw|first-conv|r50-stem-bundles|dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-tiles-b1|r50-tma-small|r50-small|vit-gemm-b1|vit-split-k|vit-b1|b1-next|r50-module-b1|pdl|gaps|tma3x3|r50-tma3x3|r50-stem"
+steps="cudnn-bench|first-conv|r50-stem-bundles|dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-tiles-b1|r50-tma-small|r50-small|vit-gemm-b1|vit-split-k|vit-b1|b1-next|r50-module-b1|pdl|gaps|tma3x3|r50-tma3x3|r50-stem"
 usage="usage: $0 $steps OUT_DIR (--help: what each step does)"
 case "${1:-}" in
     -h|--help)   # the comment block above, without its leading '# '
@@ -623,34 +618,6 @@ r50-stem-bundles)   # issue 18: the fused stem in the family's bundles, against 
     "$bundles"/r50-stem/timm_resnet50-fp8-*-torch-aoti.bundle \
     --batch-sizes "${R50_BATCHES:-1,32}" --profile --profile-sizes 32 --rows 12
   ;;
-stem-oihw)   # issue 18: the fp16 bundles with the stem's weight in OIHW memory, against the families'
-  # (fp16_stem_oihw true in family copies); STEM_FAMILIES="xception" or "r50" for one
-  families=" ${STEM_FAMILIES:-xception r50} "
-  made=()
-  for fam in xception r50; do
-    [[ $families == *" $fam "* ]] || continue
-    case $fam in
-      xception) name=timm_xception; item="fp16-uint8:--precision fp16 --input uint8" ;;
-      r50) name=timm_resnet50; item="fp16:--precision fp16" ;;
-    esac
-    mkdir -p "$bundles/stem-$fam"
-    FAMILY=$name bash -c '. benchmarks/gpu_common.sh; make_parallel "$0" "$1"' \
-      "$bundles/stem-$fam" "$item" >"$out/stem-$fam-make.log" 2>&1 &
-    made+=("$!")
-    family_copy_make "$bundles/oihw-$fam" "$name" "a['fp16_stem_oihw'] = True" \
-      "$out/oihw-$fam-make.log" "$item"
-    made+=("$!")
-  done
-  for pid in "${made[@]}"; do wait "$pid"; echo "== a build: exit $?"; done
-  tail -n 3 "$out"/stem-*-make.log "$out"/oihw-*-make.log
-  for fam in xception r50; do
-    [[ $families == *" $fam "* ]] || continue
-    step "stem-oihw-$fam" "${TIME_LIMIT:-150}" python3 benchmarks/aoti_static_vs_peer.py \
-      "$bundles"/stem-$fam/timm_*-fp16-*torch-aoti.bundle \
-      "$bundles"/oihw-$fam/timm_*-fp16-*torch-aoti.bundle \
-      --batch-sizes 1,32 --profile --profile-sizes 32 --rows 8
-  done
-  ;;
 cudnn-bench)   # issue 18: cudnn.benchmark off and on, the fp16 bundles against the peer
   families=" ${CUDNN_FAMILIES:-xception r50} "
   made=()
@@ -660,9 +627,9 @@ cudnn-bench)   # issue 18: cudnn.benchmark off and on, the fp16 bundles against 
       xception) name=timm_xception; item="fp16-uint8:--precision fp16 --input uint8" ;;
       r50) name=timm_resnet50; item="fp16:--precision fp16" ;;
     esac
-    mkdir -p "$bundles/stem-$fam"
+    mkdir -p "$bundles/fp16-$fam"
     FAMILY=$name bash -c '. benchmarks/gpu_common.sh; make_parallel "$0" "$1"' \
-      "$bundles/stem-$fam" "$item" >"$out/cudnn-$fam-make.log" 2>&1 &
+      "$bundles/fp16-$fam" "$item" >"$out/cudnn-$fam-make.log" 2>&1 &
     made+=("$!")
   done
   for pid in "${made[@]}"; do wait "$pid"; echo "== a build: exit $?"; done
@@ -670,9 +637,9 @@ cudnn-bench)   # issue 18: cudnn.benchmark off and on, the fp16 bundles against 
   for fam in xception r50; do
     [[ $families == *" $fam "* ]] || continue
     step "cudnn-off-$fam" "${TIME_LIMIT:-120}" python3 benchmarks/aoti_static_vs_peer.py \
-      "$bundles"/stem-$fam/timm_*-fp16-*torch-aoti.bundle --batch-sizes 1,32
+      "$bundles"/fp16-$fam/timm_*-fp16-*torch-aoti.bundle --batch-sizes 1,32
     step "cudnn-on-$fam" "${TIME_LIMIT:-120}" python3 benchmarks/aoti_static_vs_peer.py \
-      "$bundles"/stem-$fam/timm_*-fp16-*torch-aoti.bundle --batch-sizes 1,32 \
+      "$bundles"/fp16-$fam/timm_*-fp16-*torch-aoti.bundle --batch-sizes 1,32 \
       --cudnn-benchmark --profile --profile-sizes 32 --rows 8
   done
   ;;

@@ -185,8 +185,7 @@ def _run_step(tmp_path: Path, card: str, what: str = "first",
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
            "BUNDLE": str(bin_dir / "fake-bundle"), "PENDING_DIR": str(tmp_path / "pending"),
            "PREFLIGHT": "0"}     # its python3 is the logger (the preflight's own test above)
-    for name in ("WORKERS", "PROCS", "REPEATS", "GRAPH_SIZES", "GAPS_FAMILIES", "STEM_FAMILIES",
-                 "CUDNN_FAMILIES"):
+    for name in ("WORKERS", "PROCS", "REPEATS", "GRAPH_SIZES", "GAPS_FAMILIES", "CUDNN_FAMILIES"):
         env.pop(name, None)
     env.update(extra_env or {})
     done = subprocess.run(["timeout", "60", "bash", str(bench / "gpu_pending.sh"), what,
@@ -297,40 +296,13 @@ def test_r50_stem_bundles_times_the_fused_stem_against_a_family_copy_without_it(
 
 
 @needs_bash
-def test_stem_oihw_times_each_familys_fp16_against_a_copy_with_the_setting(tmp_path):
-    """`stem-oihw`: timm_xception's uint8 fp16 and timm_resnet50's fp16 as the families
-    have them and from family copies with fp16_stem_oihw, four builds at once; each
-    family's two timed with the peer and profiled. STEM_FAMILIES=xception: that one only."""
-    done, calls = _run_step(tmp_path / "both", "NVIDIA H100 80GB HBM3", "stem-oihw",
-                            built=["oihw-r50", "oihw-xception", "stem-r50", "stem-xception"])
-    assert done.returncode == 0, done.stdout + done.stderr
-    pending = tmp_path / "both" / "pending"
-    builds = [c for c in calls if c.startswith("bundle make")]
-    assert len(builds) == 4 and all("--precision fp16" in c for c in builds), builds
-    for fam, name in (("xception", "timm_xception"), ("r50", "timm_resnet50")):
-        copies = _family_copy_builds(calls, pending / f"oihw-{fam}", name, "fp16_stem_oihw")
-        assert len(copies) == 1 and f"--out {pending}/oihw-{fam} " in copies[0], copies
-        assert ("--input uint8" in copies[0]) == (fam == "xception"), copies
-    timed = [c for c in calls if "aoti_static_vs_peer.py" in c]
-    assert len(timed) == 2 and all("--profile " in c for c in timed), calls
-    assert "/stem-xception/" in timed[0] and "/oihw-xception/" in timed[0], timed
-    assert "/stem-r50/" in timed[1] and "/oihw-r50/" in timed[1], timed
-    done, calls = _run_step(tmp_path / "one", "NVIDIA H200", "stem-oihw",
-                            built=["oihw-xception", "stem-xception"],
-                            extra_env={"STEM_FAMILIES": "xception"})
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert len([c for c in calls if c.startswith("bundle make timm_xception")]) == 2, calls
-    assert len([c for c in calls if "aoti_static_vs_peer.py" in c]) == 1, calls
-
-
-@needs_bash
 def test_cudnn_bench_times_each_familys_fp16_with_cudnn_benchmark_off_then_on(tmp_path):
     """`cudnn-bench`: timm_xception's uint8 fp16 and timm_resnet50's fp16 built as the
-    families have them (into stem-oihw's folders), each timed alone with the peer twice,
+    families have them, each timed alone with the peer twice,
     without and then with --cudnn-benchmark (a process-wide setting: two processes), the
     second profiled. CUDNN_FAMILIES=r50: that one only."""
     done, calls = _run_step(tmp_path / "both", "NVIDIA H100 80GB HBM3", "cudnn-bench",
-                            built=["stem-r50", "stem-xception"])
+                            built=["fp16-r50", "fp16-xception"])
     assert done.returncode == 0, done.stdout + done.stderr
     builds = [c for c in calls if c.startswith("bundle make")]
     assert len(builds) == 2 and all("--precision fp16" in c for c in builds), builds
@@ -338,11 +310,11 @@ def test_cudnn_bench_times_each_familys_fp16_with_cudnn_benchmark_off_then_on(tm
     timed = [c for c in calls if "aoti_static_vs_peer.py" in c]
     assert len(timed) == 4, calls
     for run, fam in zip((timed[0:2], timed[2:4]), ("xception", "r50")):
-        assert all(f"/stem-{fam}/" in c and c.count(".bundle") == 1 for c in run), run
+        assert all(f"/fp16-{fam}/" in c and c.count(".bundle") == 1 for c in run), run
         assert "--cudnn-benchmark" not in run[0] and "--profile" not in run[0], run
         assert "--cudnn-benchmark" in run[1] and "--profile " in run[1], run
     done, calls = _run_step(tmp_path / "one", "NVIDIA H200", "cudnn-bench",
-                            built=["stem-r50"], extra_env={"CUDNN_FAMILIES": "r50"})
+                            built=["fp16-r50"], extra_env={"CUDNN_FAMILIES": "r50"})
     assert done.returncode == 0, done.stdout + done.stderr
     assert [c for c in calls if c.startswith("bundle make")][0].startswith(
         "bundle make timm_resnet50"), calls

@@ -208,65 +208,6 @@ def test_resnet_fp16_engine_is_the_model_in_channels_last_memory(resnet):
         assert torch.allclose(module(x), resnet(x), rtol=1e-4, atol=1e-3)
 
 
-def test_the_stem_weight_setting_keeps_the_image_convolution_oihw_and_the_result(resnet):
-    """family.json torch_aoti.fp16_stem_oihw: the channels_last model keeps conv1's weight
-    (3 input channels) in OIHW memory and every other weight channels_last; the output is
-    the same; the build records it from the module (``oihw_stem_paths``), which finds none
-    in the plain channels_last form."""
-    from bundler.targets.torch_aoti import engine_model
-    from bundler.targets.torch_aoti.build import oihw_stem_paths
-
-    plain, _ = engine_model(resnet, "fp32", nhwc=False, channels_last=True)
-    module, _ = engine_model(resnet, "fp32", nhwc=False, channels_last=True, stem_oihw=True)
-    assert module.body.conv1.weight.is_contiguous()
-    assert not module.body.conv1.weight.is_contiguous(memory_format=torch.channels_last)
-    assert module.body.layer1[0].conv2.weight.is_contiguous(memory_format=torch.channels_last)
-    assert resnet.conv1.weight.is_contiguous()       # the family's model is not touched
-    assert oihw_stem_paths(module) == ["conv1"] and oihw_stem_paths(plain) == []
-    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(4))
-    with torch.no_grad():
-        torch.testing.assert_close(module(x), plain(x), rtol=1e-4, atol=1e-4)
-
-
-def test_the_stem_weight_setting_is_checked_recorded_and_reused_by(tmp_path):
-    """fp16_stem_oihw is a boolean of the channels_last fp16 form: refused otherwise at
-    load; ``compile_options.fp16_stem`` is written only for a module that has it, and
-    ``--reuse`` rebuilds an fp16 bundle whose stem weights are not what the family says."""
-    from bundler.families import FamilyError
-    from bundler.make import MakeRequest
-    from bundler.targets.torch_aoti.build import OIHW_STEM_DESCRIPTION, engine_details
-    from bundler.targets.torch_aoti.reuse import reuse_checks
-    from family_copies import family_with
-
-    for name in ("timm_xception", "timm_resnet50", "timm_vit_base"):
-        assert load_family(name).target_settings("torch-aoti").fp16_stem_oihw is False
-    with pytest.raises(FamilyError, match=r"torch_aoti.fp16_stem_oihw: must be true or false"):
-        family_with(tmp_path / "a", "timm_xception", fp16_stem_oihw=1)
-    with pytest.raises(FamilyError, match=r"fp16_stem_oihw: a form of the channels_last fp16 "
-                                          r"model.*set fp16_layout channels_last"):
-        family_with(tmp_path / "b", "timm_xception", fp16_stem_oihw=True, fp16_layout="nhwc")
-
-    def options(oihw: bool) -> dict:
-        return engine_details({}, "fp16", {}, nhwc=False, fast_accum=False, padding={},
-                              batch_sizes=[1], seconds=None, channels_last=True,
-                              oihw_stem=oihw)["compile_options"]
-
-    assert options(True)["fp16_stem"] == OIHW_STEM_DESCRIPTION
-    assert "fp16_stem" not in options(False)
-    on = family_with(tmp_path / "on", "timm_xception", fp16_stem_oihw=True)
-    off = load_family("timm_xception")
-    req = MakeRequest(family="timm_xception", precision="fp16", random_weights=True)
-    with_stem = {"compile_options": options(True)}
-    without = {"compile_options": options(False)}
-    key = "fp16 stem weights OIHW"
-    assert reuse_checks(with_stem, on, req)[key] == (True, True)
-    assert reuse_checks(without, on, req)[key] == (False, True)
-    assert reuse_checks(with_stem, off, req)[key] == (True, False)
-    assert reuse_checks(without, off, req)[key] == (False, False)
-    fp8 = MakeRequest(family="timm_xception", precision="fp8", random_weights=True)
-    assert key not in reuse_checks(without, on, fp8)
-
-
 def test_resnet_fp8_pointwise_variant_keeps_the_3x3_convolutions_fp16(resnet):
     from bundler.families import load_family
     from bundler.targets.torch_aoti import engine_model

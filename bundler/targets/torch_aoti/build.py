@@ -188,8 +188,7 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
                  small_batch_pointwise: str = "gemm",
                  depthwise: str = "cudnn",
                  triton_pointwise: Mapping[tuple[int, int, str], tuple] | None = None,
-                 fuse_stem: bool = False, stem_oihw: bool = False
-                 ) -> tuple[torch.nn.Module, dict]:
+                 fuse_stem: bool = False) -> tuple[torch.nn.Module, dict]:
     """The module to export (fp32 NCHW in, fp32 out) and its fp8 padding record.
 
     ``input_shape`` and ``max_batch`` (both or neither): rowwise FP8 GEMMs then share one
@@ -212,9 +211,7 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
     ``triton_pointwise``: the 1x1 layers its "triton-skip" form runs on the Triton GEMM,
     family.json ``torch_aoti.fp8_triton_pointwise``). ``fuse_stem``: with a fused
     ``fp8_conv``, a timm ResNet's stem hands the first block its e4m3 input from one kernel
-    (``fused.rewrite_fused``; family.json ``torch_aoti.fp8_fuse_stem``). ``stem_oihw``:
-    the channels_last model (fp16) keeps the weights of its image-reading convolutions in
-    OIHW memory (``rewrite.image_convs_oihw``; family.json ``torch_aoti.fp16_stem_oihw``).
+    (``fused.rewrite_fused``; family.json ``torch_aoti.fp8_fuse_stem``).
     ``small_batch_pointwise``: how the FP8 1x1 convolutions (the Linear layers of an
     "as_is" family) run in a static-batch graph of a small batch
     (``fp8_layers.SMALL_BATCH_POINTWISE``).
@@ -300,8 +297,6 @@ def engine_model(torch_model: torch.nn.Module, precision: str,
         body = copy.deepcopy(torch_model).to(dtype).eval()
         if channels_last:
             body = body.to(memory_format=torch.channels_last)
-            if stem_oihw:
-                rewrite.image_convs_oihw(body)
         return EngineModule(body, dtype, False, channels_last), padding
     modules = dict(torch_model.named_modules())
     pointwise, depthwise = {}, {}
@@ -571,7 +566,7 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
                  small_batch_layout: str | None = None,
                  depthwise: str = "cudnn",
                  triton_pointwise: Mapping[tuple[int, int, str], tuple] | None = None,
-                 fuse_stem: bool = False, stem_oihw: bool = False) -> tuple[bytes, dict]:
+                 fuse_stem: bool = False) -> tuple[bytes, dict]:
     """Compile one package from a torch model; returns (package bytes, engine details).
 
     ``fp8`` maps *module paths* to (activation scale, weight scales); ``build_target``
@@ -593,8 +588,8 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
     was the faster at batch 32 and the NHWC rewrite at batch 1, where cuDNN's depthwise
     convolutions cost more than the rewrite's fused slices). ``depthwise``: the
     channels_last fp8 form's depthwise convolutions (``model.CHANNELS_LAST_DEPTHWISE``,
-    family.json ``torch_aoti.fp8_depthwise``); ``triton_pointwise``, ``fuse_stem`` and
-    ``stem_oihw``: ``engine_model``'s.
+    family.json ``torch_aoti.fp8_depthwise``); ``triton_pointwise`` and ``fuse_stem``:
+    ``engine_model``'s.
     """
     log = log or (lambda _msg: None)
     check_host(device=device, precision=precision)
@@ -617,7 +612,7 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
                                    channels_last=channels_last and not nhwc,
                                    small_batch_pointwise=small_batch_pointwise,
                                    depthwise=depthwise, triton_pointwise=triton_pointwise,
-                                   fuse_stem=fuse_stem, stem_oihw=stem_oihw)
+                                   fuse_stem=fuse_stem)
     small_modules = {}
     small_form = small_batch_form(small_batch_layout, precision, static,
                                   channels_last=channels_last and not nhwc, layout=layout,
@@ -666,8 +661,7 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
                              seconds=time.monotonic() - started, cxx=cxx, layout=layout,
                              fp8_conv=fp8_conv, channels_last=channels_last and not nhwc,
                              static_batches=static, small_batch_pointwise=small_batch_pointwise,
-                             depthwise=depthwise, fused_stem=fuse_stem and has_fused_stem(module),
-                             oihw_stem=bool(oihw_stem_paths(module)))
+                             depthwise=depthwise, fused_stem=fuse_stem and has_fused_stem(module))
     if small_form is not None:
         details["compile_options"]["small_batch_layout"] = small_form
     if pixel_scale_bias is not None:
@@ -720,25 +714,6 @@ def has_fused_stem(module: torch.nn.Module) -> bool:
     return any(isinstance(m, StemPool) for m in module.modules())
 
 
-#: ``compile_options.fp16_stem`` of a build whose channels_last model keeps its
-#: image-reading convolutions' weights in OIHW memory (``oihw_stem_paths``)
-OIHW_STEM_DESCRIPTION = "image-reading convolutions with their weight in OIHW memory"
-
-
-def oihw_stem_paths(module: torch.nn.Module) -> list[str]:
-    """The image-reading convolutions of a channels_last model (``EngineModule``) whose
-    weight is in OIHW memory (``rewrite.image_convs_oihw``): what is recorded is what the
-    compiled module has. The NHWC rewrite's stem (``ConvNHWC``) keeps OIHW memory by its
-    own rule and is not counted."""
-    from bundler.targets.torch_aoti.model import reads_image
-    from bundler.targets.torch_aoti.nhwc_modules import EngineModule
-
-    torch = import_torch()
-    engines = [m for m in module.modules() if isinstance(m, EngineModule) and m.channels_last]
-    return [path for engine in engines for path, m in engine.body.named_modules()
-            if reads_image(m) and not m.weight.is_contiguous(memory_format=torch.channels_last)]
-
-
 def engine_details(host: dict, precision: str, options: dict, *, nhwc: bool,
                    fast_accum: bool, padding: dict, batch_sizes: list[int],
                    seconds: float | None, fp8_gemm: str = "rowwise",
@@ -746,13 +721,12 @@ def engine_details(host: dict, precision: str, options: dict, *, nhwc: bool,
                    layout: str = "nhwc", fp8_conv: str = "im2col",
                    channels_last: bool = False, static_batches: Sequence[int] = (),
                    small_batch_pointwise: str = "gemm", depthwise: str = "cudnn",
-                   fused_stem: bool = False, oihw_stem: bool = False) -> dict:
+                   fused_stem: bool = False) -> dict:
     """The manifest's ``engine.details`` (schema ``$defs/torch_aoti_details``): the build
     host (``host_details``), what was compiled and how, the fp8 padding per layer, the
     batch sizes the package was checked at, and the sizes with a static graph of their own
     (``static_batches``, only when there are some); ``fused_stem``: the model's stem runs
-    fused (``has_fused_stem``); ``oihw_stem``: its image-reading convolutions keep OIHW
-    weights (``oihw_stem_paths``). No floats (manifest rule)."""
+    fused (``has_fused_stem``). No floats (manifest rule)."""
     from bundler.quality import decimal
     from bundler.targets.torch_aoti.fp8_layers import FP8_ALIGN
 
@@ -773,7 +747,6 @@ def engine_details(host: dict, precision: str, options: dict, *, nhwc: bool,
         **({"fp8_pointwise_small_batch": SMALL_BATCH_POINTWISE_DESCRIPTIONS[small_batch_pointwise]}
            if small_batch_pointwise != "gemm" else {}),
         **({"fp8_stem": STEM_DESCRIPTION} if fused_stem else {}),
-        **({"fp16_stem": OIHW_STEM_DESCRIPTION} if oihw_stem else {}),
         **({"cxx": cxx} if cxx else {}),
         "model_code": model_code_digest(),
     }
@@ -1066,7 +1039,6 @@ def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] |
                                  depthwise=depthwise_form(family, precision,
                                                           context.variant),
                                  triton_pointwise=settings_of(family).fp8_triton_pointwise,
-                                 fuse_stem=settings_of(family).fp8_fuse_stem,
-                                 stem_oihw=settings_of(family).fp16_stem_oihw)
+                                 fuse_stem=settings_of(family).fp8_fuse_stem)
     return TargetBuild(backend=BACKEND, member=MEMBER, engine_bytes=data, details=details,
                        tag=BACKEND)

@@ -449,29 +449,6 @@ def rewrite_channels_last(model: torch.nn.Module, dtype: torch.dtype, *,
     return body.to(memory_format=torch.channels_last).eval().requires_grad_(False)
 
 
-#: Convolutions reading fewer input channels than this read the image (the stem).
-IMAGE_CHANNELS = 8
-
-
-def reads_image(m: nn.Module) -> bool:
-    """Whether ``m`` is a dense convolution that reads the image (``IMAGE_CHANNELS``)."""
-    return isinstance(m, nn.Conv2d) and m.groups == 1 and m.in_channels < IMAGE_CHANNELS
-
-
-def image_convs_oihw(body: nn.Module) -> None:
-    """Put the weight of every dense convolution that reads the image (fewer than
-    ``IMAGE_CHANNELS`` input channels) back in contiguous (OIHW) memory, in place
-    (``build.oihw_stem_paths`` finds them in the module a build compiles). Why: with the weight in channels_last memory, cuDNN ran timm_xception's
-    3x3 stride-2 stem (3 -> 32 channels) as its NCHW ``precomputed_convolve_sgemm``
-    after an ``nhwcToNchw`` conversion of the input, 0.25 ms at batch 32 on the H100, in the
-    fp16 bundle and in the torch.compile peer alike; the fp8 bundle's NHWC rewrite, whose
-    stem weight stays OIHW (``ConvNHWC``), ran the same convolution as an NHWC implicit GEMM,
-    0.05 ms (docs/measurements/h100-2026-12-07-f)."""
-    for m in body.modules():
-        if reads_image(m):
-            m.weight.data = m.weight.data.contiguous()
-
-
 def _relus_into_depthwise(body: nn.Module, replaced: dict[str, nn.Module]) -> None:
     """In each ``nn.Sequential`` of ``body`` (timm's Xception blocks: ReLU, separable
     convolution, ReLU, ...): a ReLU right before a separable convolution whose depthwise

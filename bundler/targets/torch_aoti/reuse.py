@@ -80,12 +80,6 @@ def reuse_checks(details: dict, family, req) -> dict[str, tuple[object, object]]
                                     and conv in FUSED_FP8_CONVS)
     # the model form (NHWC rewrite, channels_last, ...) the family's settings build now
     form = engine_form(family, req.precision, conv)
-    # the fp16 channels_last model's stem weights (torch_aoti.fp16_stem_oihw): a bundle
-    # built before the family named it, or after it stopped, is rebuilt
-    if req.precision == "fp16":
-        checks["fp16 stem weights OIHW"] = (options.get("fp16_stem") is not None,
-                                            settings_of(family).fp16_stem_oihw
-                                            and form == "channels_last")
     checks["model form"] = (
         options.get("layout"),
         layout_description(req.precision, nhwc=form == "nhwc",

@@ -116,9 +116,6 @@ class TorchAotiSettings:
     #: whether a fused ``fp8_conv`` form also fuses a timm ResNet's stem (its bias, ReLU,
     #: max pool and the first block's quantize in one kernel: ``fused.rewrite_fused``)
     fp8_fuse_stem: bool = False
-    #: whether the fp16 channels_last form keeps the weights of the convolutions that read
-    #: the image in OIHW memory (``model.image_convs_oihw``)
-    fp16_stem_oihw: bool = False
 
     @classmethod
     def from_section(cls, section: Mapping[str, Any] | None) -> "TorchAotiSettings":
@@ -201,13 +198,6 @@ def section_problems(aoti: Any, batch: Any) -> list[str]:
         problems.append("torch_aoti.fp8_fuse_stem: the stem is fused only in the fused "
                         f"bottleneck forms; set fp8_conv to one of "
                         f"{list(TORCH_AOTI_FUSED_FP8_CONVS)}, or leave fp8_fuse_stem out")
-    stem_oihw = aoti.get("fp16_stem_oihw", False)
-    if not isinstance(stem_oihw, bool):
-        problems.append("torch_aoti.fp16_stem_oihw: must be true or false")
-    elif stem_oihw and aoti.get("fp16_layout", "nhwc") != "channels_last":
-        problems.append("torch_aoti.fp16_stem_oihw: a form of the channels_last fp16 model "
-                        "(the NHWC rewrite keeps the stem's weight OIHW already); set "
-                        "fp16_layout channels_last, or leave fp16_stem_oihw out")
     small_gemm = aoti.get("fp8_pointwise_small_batch", "gemm")
     if small_gemm not in TORCH_AOTI_SMALL_BATCH_POINTWISE:
         problems.append("torch_aoti.fp8_pointwise_small_batch: must be one of "
