@@ -266,6 +266,11 @@
 #       the fp8 bundle an NHWC kernel (0.05 ms); the stem's weight in OIHW memory did not
 #       change the pick and cost both families at batch 1 (fifty-first session,
 #       h100-2026-12-07-g; the setting that did it is gone). Does cuDNN's own timing?
+#   benchmarks/gpu_pending.sh cudnn-family OUT_DIR   # ~8 min: issue 18, timm_xception's uint8
+#       fp16 and fp8 bundles as the family has them and from a family copy with
+#       torch_aoti.cudnn_benchmark (the runtime times cuDNN's algorithms in each graph's
+#       warm-up), four builds at once; each pair timed with the peer in its own process
+#       (PyTorch caches one cuDNN plan per convolution for the process, timed or not)
 #   benchmarks/gpu_pending.sh r50-stem-bundles OUT_DIR   # ~7 min: issue 18, timm_resnet50's
 #       fp16 and fp8 bundles as the family has them (family.json torch_aoti.fp8_fuse_stem) and
 #       the fp8 one from a family copy with the stem unfused, built at once, the fused
@@ -282,7 +287,7 @@
 # and has its own timeout. Exit 3: the packages the steps need are missing
 # there (`preflight`, below; benchmarks/device_wheels.sh).
 set -u
-steps="cudnn-bench|first-conv|r50-stem-bundles|dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-tiles-b1|r50-tma-small|r50-small|vit-gemm-b1|vit-split-k|vit-b1|b1-next|r50-module-b1|pdl|gaps|tma3x3|r50-tma3x3|r50-stem"
+steps="cudnn-family|cudnn-bench|first-conv|r50-stem-bundles|dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-tiles-b1|r50-tma-small|r50-small|vit-gemm-b1|vit-split-k|vit-b1|b1-next|r50-module-b1|pdl|gaps|tma3x3|r50-tma3x3|r50-stem"
 usage="usage: $0 $steps OUT_DIR (--help: what each step does)"
 case "${1:-}" in
     -h|--help)   # the comment block above, without its leading '# '
@@ -617,6 +622,24 @@ r50-stem-bundles)   # issue 18: the fused stem in the family's bundles, against 
     "$bundles"/r50-nostem/timm_resnet50-fp8-*-torch-aoti.bundle \
     "$bundles"/r50-stem/timm_resnet50-fp8-*-torch-aoti.bundle \
     --batch-sizes "${R50_BATCHES:-1,32}" --profile --profile-sizes 32 --rows 12
+  ;;
+cudnn-family)   # issue 18: xception's pair with cuDNN's algorithms timed by the runtime, against the family's
+  mkdir -p "$bundles/xception-family"
+  FAMILY=timm_xception bash -c '. benchmarks/gpu_common.sh; make_parallel "$0" "$@"' \
+    "$bundles/xception-family" "fp16-uint8:--precision fp16 --input uint8" \
+    "fp8-uint8:--precision fp8 --input uint8" >"$out/family-make.log" 2>&1 &
+  made=("$!")
+  family_copy_make "$bundles/xception-timed" timm_xception "a['cudnn_benchmark'] = True" \
+    "$out/timed-make.log" "fp16-uint8:--precision fp16 --input uint8" \
+    "fp8-uint8:--precision fp8 --input uint8"
+  made+=("$!")
+  for pid in "${made[@]}"; do wait "$pid"; echo "== a build: exit $?"; done
+  tail -n 3 "$out"/family-make.log "$out"/timed-make.log
+  for form in family timed; do
+    step "cudnn-$form" "${TIME_LIMIT:-150}" python3 benchmarks/aoti_static_vs_peer.py \
+      "$bundles"/xception-$form/timm_xception-fp16-uint8-*torch-aoti.bundle \
+      "$bundles"/xception-$form/timm_xception-fp8-uint8-*torch-aoti.bundle --batch-sizes 1,32
+  done
   ;;
 cudnn-bench)   # issue 18: cudnn.benchmark off and on, the fp16 bundles against the peer
   families=" ${CUDNN_FAMILIES:-xception r50} "

@@ -296,6 +296,27 @@ def test_r50_stem_bundles_times_the_fused_stem_against_a_family_copy_without_it(
 
 
 @needs_bash
+def test_cudnn_family_times_xceptions_pair_with_and_without_timed_cudnn_in_two_processes(
+        tmp_path):
+    """`cudnn-family`: timm_xception's uint8 fp16 and fp8 as the family has them and from a
+    family copy with cudnn_benchmark, four builds at once; each pair timed with the peer in
+    a process of its own (one process would share cuDNN's plan cache)."""
+    done, calls = _run_step(tmp_path, "NVIDIA H100 80GB HBM3", "cudnn-family",
+                            built=["xception-family", "xception-timed"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    pending = tmp_path / "pending"
+    builds = [c for c in calls if c.startswith("bundle make timm_xception")]
+    assert len(builds) == 4 and all("--input uint8" in c for c in builds), builds
+    copies = _family_copy_builds(calls, pending / "xception-timed", "timm_xception",
+                                 "cudnn_benchmark")
+    assert sorted("--precision fp8" in c for c in copies) == [False, True], copies
+    timed = [c for c in calls if "aoti_static_vs_peer.py" in c]
+    assert len(timed) == 2, calls
+    for run, form in zip(timed, ("family", "timed")):
+        assert run.count(f"/xception-{form}/") == 2 and "fp16" in run and "fp8" in run, run
+
+
+@needs_bash
 def test_cudnn_bench_times_each_familys_fp16_with_cudnn_benchmark_off_then_on(tmp_path):
     """`cudnn-bench`: timm_xception's uint8 fp16 and timm_resnet50's fp16 built as the
     families have them, each timed alone with the peer twice,

@@ -806,6 +806,35 @@ def gpu_fp16_tiny():
     return build_engine(_tiny_model(), "fp16", (3, 16, 16), {"min": 1, "max": 8}, smoke=False)
 
 
+def test_timed_cudnn_algorithms_sets_the_flag_inside_and_puts_it_back():
+    """``timed_cudnn_algorithms``: cudnn.benchmark on inside when asked, as it was after
+    (also after an error, and when it was on before); untouched when not asked. The runner
+    reads whether to from its manifest (``compile_options.cudnn_benchmark`` true only)."""
+    from runtime_py.engines.torch_aoti import TorchAotiRunner, timed_cudnn_algorithms
+
+    cudnn = torch.backends.cudnn
+    before = cudnn.benchmark
+    try:
+        for start in (False, True):
+            cudnn.benchmark = start
+            with timed_cudnn_algorithms(torch, True):
+                assert cudnn.benchmark is True
+            assert cudnn.benchmark is start
+            with pytest.raises(RuntimeError, match="boom"):
+                with timed_cudnn_algorithms(torch, True):
+                    raise RuntimeError("boom")
+            assert cudnn.benchmark is start
+            with timed_cudnn_algorithms(torch, False):
+                assert cudnn.benchmark is start
+    finally:
+        cudnn.benchmark = before
+    for options, want in (({"cudnn_benchmark": True}, True), ({}, False),
+                          ({"cudnn_benchmark": "yes"}, False), (None, False)):
+        details = {} if options is None else {"compile_options": options}
+        bundle = _MemoryBundle("fp16", details, b"", (3, 16, 16), 10, 8)
+        assert TorchAotiRunner(bundle).cudnn_benchmark is want, options
+
+
 def test_cuda_graph_sizes_are_checked_and_map_each_batch_to_a_graph():
     """``cuda_graph_sizes``: checked when the runner is made (before any GPU is touched),
     sizes above the bundle's max dropped; a batch runs on the next listed size's graph,
@@ -1204,6 +1233,41 @@ def test_gpu_prepare_captures_every_size_into_one_pool_and_outputs_agree(gpu_fp1
         pending = [prepared.infer_async({"input": x[:n]}) for n in (8, 3)]
         assert np.array_equal(pending[0].result()["logits"], reference[8])
         assert np.array_equal(pending[1].result()["logits"], reference[3])
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_a_bundle_that_says_so_times_cudnn_in_each_graphs_warm_up_only(gpu_fp16_tiny):
+    """compile_options.cudnn_benchmark: each size's warm-up runs with cudnn.benchmark on,
+    its capture and replays with the process's flag as it was; the outputs match a runner
+    without it (cuDNN may pick other algorithms: fp16 rounding, not equality)."""
+    from runtime_py.engines.torch_aoti import TorchAotiRunner
+
+    package, details = gpu_fp16_tiny
+    timed_details = {**details, "compile_options": {**details["compile_options"],
+                                                    "cudnn_benchmark": True}}
+    x = np.random.default_rng(9).normal(size=(4, 3, 16, 16)).astype(np.float32)
+    plain = TorchAotiRunner(_MemoryBundle("fp16", details, package, (3, 16, 16), 10, 8))
+    timed = TorchAotiRunner(_MemoryBundle("fp16", timed_details, package, (3, 16, 16), 10, 8))
+    assert timed.cudnn_benchmark and not plain.cudnn_benchmark
+    before = torch.backends.cudnn.benchmark
+    with plain, timed:
+        seen: list[bool] = []
+        run_model = timed._run_model
+
+        def recording(batch):
+            seen.append(torch.backends.cudnn.benchmark)
+            return run_model(batch)
+
+        timed._run_model = recording     # this runner's own method, on this instance
+        for n in (4, 1):
+            want = plain.infer({"input": x[:n]})["logits"]
+            got = timed.infer({"input": x[:n]})["logits"]
+            np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
+        assert sorted(timed._graphs) == [1, 4] and timed.graph_failures == {}
+        # per size: the warm-up with the flag on, the capture with it as it was
+        assert seen == [True, before, True, before]
+        assert torch.backends.cudnn.benchmark is before
 
 
 @pytest.mark.gpu

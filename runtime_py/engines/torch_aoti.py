@@ -59,6 +59,11 @@ Design:
   kernels, which must not be captured). The package is loaded with
   ``run_single_threaded=True``, which AOTInductor provides for graph capture. A batch
   size whose capture fails runs plainly afterwards, recorded in ``graph_failures``.
+  Where the manifest says so (``engine.details.compile_options.cudnn_benchmark``,
+  family.json ``torch_aoti.cudnn_benchmark``), that warm-up runs with
+  ``torch.backends.cudnn.benchmark`` on (``timed_cudnn_algorithms``): cuDNN times its
+  algorithms for each convolution and the graph captures the fastest; the flag is put
+  back after the warm-up, and sizes that run without a graph keep cuDNN's heuristic.
 * Static-batch graphs (manifest ``engine.details.static_batches``, family.json
   ``torch_aoti.static_batches``): the package holds, next to the dynamic-batch graph (its
   default model, ``DYNAMIC_MODEL``), one graph compiled for each listed batch size
@@ -72,6 +77,7 @@ Design:
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 import os
@@ -85,7 +91,7 @@ import threading
 import time
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -119,6 +125,29 @@ def check_event_sync(mode: str) -> None:
         raise UsageError(f"event_sync must be one of {', '.join(EVENT_SYNC_MODES)}, "
                          f"got {mode!r}")
 
+
+
+@contextlib.contextmanager
+def timed_cudnn_algorithms(torch, on: bool) -> Iterator[None]:
+    """``torch.backends.cudnn.benchmark`` on inside (when ``on``), as it was after. Why: in
+    timm_xception's fp16 graphs cuDNN's heuristic ran the 3-channel stem as an NCHW sgemm
+    after a layout conversion; with its algorithms timed the fp16 bundle ran 4-5% faster
+    at batch 32 on an H100, where timm_resnet50's ran 4% slower
+    (docs/measurements/h100-2026-12-07-g), so it is a family's choice. The flag is
+    process-wide: the runner sets it only for a graph's warm-up, under its lock. PyTorch
+    keeps one plan per convolution (shape, strides, alignment) for timed and untimed
+    calls alike: the capture after the warm-up reuses the timed plan, and a convolution
+    already run untimed in the thread (another bundle's, the same shape) keeps its
+    heuristic plan."""
+    if not on:
+        yield
+        return
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = before
 
 class _Slot:
     """The buffers and events of one batch in flight (see the module docstring)."""
@@ -334,6 +363,10 @@ class TorchAotiRunner(Runner):
         if load_check is None:
             load_check = os.environ.get("TRT_BUNDLE_AOTI_LOAD_CHECK", "1") != "0"
         self.load_check = bool(load_check)
+        #: the graphs' warm-ups time cuDNN's algorithms (``timed_cudnn_algorithms``)
+        details = bundle.manifest["engine"].get("details") or {}
+        self.cudnn_benchmark = (details.get("compile_options") or {}).get(
+            "cudnn_benchmark") is True
         self.graph_failures: dict[int, str] = {}
         #: how a plain (not pinned) batch reaches the device: "pageable" (the CUDA
         #: driver's own staged copy of the caller's memory; blocks the caller until the
@@ -1008,8 +1041,9 @@ class TorchAotiRunner(Runner):
         torch = self._torch
         try:
             t0 = time.perf_counter()
-            self._run_model(x)                        # warm-up: allocations, kernel loads
-            self._stream.synchronize()
+            with timed_cudnn_algorithms(torch, self.cudnn_benchmark):
+                self._run_model(x)                    # warm-up: allocations, kernel loads
+                self._stream.synchronize()
             t1 = time.perf_counter()
             graph = torch.cuda.CUDAGraph()
             if self._graph_pool is None:

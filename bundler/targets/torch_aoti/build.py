@@ -566,7 +566,8 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
                  small_batch_layout: str | None = None,
                  depthwise: str = "cudnn",
                  triton_pointwise: Mapping[tuple[int, int, str], tuple] | None = None,
-                 fuse_stem: bool = False) -> tuple[bytes, dict]:
+                 fuse_stem: bool = False, cudnn_benchmark: bool = False
+                 ) -> tuple[bytes, dict]:
     """Compile one package from a torch model; returns (package bytes, engine details).
 
     ``fp8`` maps *module paths* to (activation scale, weight scales); ``build_target``
@@ -589,7 +590,7 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
     convolutions cost more than the rewrite's fused slices). ``depthwise``: the
     channels_last fp8 form's depthwise convolutions (``model.CHANNELS_LAST_DEPTHWISE``,
     family.json ``torch_aoti.fp8_depthwise``); ``triton_pointwise`` and ``fuse_stem``:
-    ``engine_model``'s.
+    ``engine_model``'s; ``cudnn_benchmark``: recorded for the runtime (``engine_details``).
     """
     log = log or (lambda _msg: None)
     check_host(device=device, precision=precision)
@@ -661,7 +662,8 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
                              seconds=time.monotonic() - started, cxx=cxx, layout=layout,
                              fp8_conv=fp8_conv, channels_last=channels_last and not nhwc,
                              static_batches=static, small_batch_pointwise=small_batch_pointwise,
-                             depthwise=depthwise, fused_stem=fuse_stem and has_fused_stem(module))
+                             depthwise=depthwise, fused_stem=fuse_stem and has_fused_stem(module),
+                             cudnn_benchmark=cudnn_benchmark)
     if small_form is not None:
         details["compile_options"]["small_batch_layout"] = small_form
     if pixel_scale_bias is not None:
@@ -721,12 +723,14 @@ def engine_details(host: dict, precision: str, options: dict, *, nhwc: bool,
                    layout: str = "nhwc", fp8_conv: str = "im2col",
                    channels_last: bool = False, static_batches: Sequence[int] = (),
                    small_batch_pointwise: str = "gemm", depthwise: str = "cudnn",
-                   fused_stem: bool = False) -> dict:
+                   fused_stem: bool = False, cudnn_benchmark: bool = False) -> dict:
     """The manifest's ``engine.details`` (schema ``$defs/torch_aoti_details``): the build
     host (``host_details``), what was compiled and how, the fp8 padding per layer, the
     batch sizes the package was checked at, and the sizes with a static graph of their own
     (``static_batches``, only when there are some); ``fused_stem``: the model's stem runs
-    fused (``has_fused_stem``). No floats (manifest rule)."""
+    fused (``has_fused_stem``); ``cudnn_benchmark``: the runtime times cuDNN's algorithms
+    in each CUDA graph's warm-up (family.json ``torch_aoti.cudnn_benchmark``; the runner
+    reads ``compile_options.cudnn_benchmark``). No floats (manifest rule)."""
     from bundler.quality import decimal
     from bundler.targets.torch_aoti.fp8_layers import FP8_ALIGN
 
@@ -747,6 +751,7 @@ def engine_details(host: dict, precision: str, options: dict, *, nhwc: bool,
         **({"fp8_pointwise_small_batch": SMALL_BATCH_POINTWISE_DESCRIPTIONS[small_batch_pointwise]}
            if small_batch_pointwise != "gemm" else {}),
         **({"fp8_stem": STEM_DESCRIPTION} if fused_stem else {}),
+        **({"cudnn_benchmark": True} if cudnn_benchmark else {}),
         **({"cxx": cxx} if cxx else {}),
         "model_code": model_code_digest(),
     }
@@ -1039,6 +1044,7 @@ def build_target(onnx_bytes: bytes, *, batch: dict, log: Callable[[str], None] |
                                  depthwise=depthwise_form(family, precision,
                                                           context.variant),
                                  triton_pointwise=settings_of(family).fp8_triton_pointwise,
-                                 fuse_stem=settings_of(family).fp8_fuse_stem)
+                                 fuse_stem=settings_of(family).fp8_fuse_stem,
+                                 cudnn_benchmark=settings_of(family).cudnn_benchmark)
     return TargetBuild(backend=BACKEND, member=MEMBER, engine_bytes=data, details=details,
                        tag=BACKEND)

@@ -78,6 +78,10 @@ def reuse_checks(details: dict, family, req) -> dict[str, tuple[object, object]]
         checks["fp8 stem fused"] = (options.get("fp8_stem") is not None,
                                     settings_of(family).fp8_fuse_stem
                                     and conv in FUSED_FP8_CONVS)
+    # cuDNN's algorithms timed in the graphs' warm-ups (torch_aoti.cudnn_benchmark): read
+    # by the runtime from the bundle, so a bundle that says otherwise is rebuilt
+    checks["cuDNN algorithms timed"] = (options.get("cudnn_benchmark") is True,
+                                        settings_of(family).cudnn_benchmark)
     # the model form (NHWC rewrite, channels_last, ...) the family's settings build now
     form = engine_form(family, req.precision, conv)
     checks["model form"] = (

@@ -116,6 +116,9 @@ class TorchAotiSettings:
     #: whether a fused ``fp8_conv`` form also fuses a timm ResNet's stem (its bias, ReLU,
     #: max pool and the first block's quantize in one kernel: ``fused.rewrite_fused``)
     fp8_fuse_stem: bool = False
+    #: whether the runtime times cuDNN's algorithms in each CUDA graph's warm-up
+    #: (``runtime_py.engines.torch_aoti.timed_cudnn_algorithms``), every precision
+    cudnn_benchmark: bool = False
 
     @classmethod
     def from_section(cls, section: Mapping[str, Any] | None) -> "TorchAotiSettings":
@@ -198,6 +201,8 @@ def section_problems(aoti: Any, batch: Any) -> list[str]:
         problems.append("torch_aoti.fp8_fuse_stem: the stem is fused only in the fused "
                         f"bottleneck forms; set fp8_conv to one of "
                         f"{list(TORCH_AOTI_FUSED_FP8_CONVS)}, or leave fp8_fuse_stem out")
+    if not isinstance(aoti.get("cudnn_benchmark", False), bool):
+        problems.append("torch_aoti.cudnn_benchmark: must be true or false")
     small_gemm = aoti.get("fp8_pointwise_small_batch", "gemm")
     if small_gemm not in TORCH_AOTI_SMALL_BATCH_POINTWISE:
         problems.append("torch_aoti.fp8_pointwise_small_batch: must be one of "
