@@ -265,7 +265,8 @@
 #       the 3-channel stem as cuDNN's NCHW sgemm after a conversion (0.25 ms at 32, H100),
 #       the fp8 bundle an NHWC kernel (0.05 ms); the stem's weight in OIHW memory did not
 #       change the pick and cost both families at batch 1 (fifty-first session,
-#       h100-2026-12-07-g; the setting that did it is gone). Does cuDNN's own timing?
+#       h100-2026-12-07-g; the setting that did it is gone). Timed, cuDNN dropped the
+#       conversion: xception's fp16 4-5% faster at batch 32, ResNet's 4% slower (same run)
 #   benchmarks/gpu_pending.sh cudnn-family OUT_DIR   # ~8 min: issue 18, timm_xception's uint8
 #       fp16 and fp8 bundles as the family has them and from a family copy with
 #       torch_aoti.cudnn_benchmark (the runtime times cuDNN's algorithms in each graph's

@@ -814,9 +814,10 @@ def test_timed_cudnn_algorithms_sets_the_flag_inside_and_puts_it_back():
 
     cudnn = torch.backends.cudnn
     before = cudnn.benchmark
-    try:
-        for start in (False, True):
-            cudnn.benchmark = start
+    for start in (False, True):
+        # torch's own context manager sets the starting state and puts every flag back
+        with cudnn.flags(enabled=cudnn.enabled, benchmark=start,
+                         deterministic=cudnn.deterministic, allow_tf32=cudnn.allow_tf32):
             with timed_cudnn_algorithms(torch, True):
                 assert cudnn.benchmark is True
             assert cudnn.benchmark is start
@@ -826,8 +827,7 @@ def test_timed_cudnn_algorithms_sets_the_flag_inside_and_puts_it_back():
             assert cudnn.benchmark is start
             with timed_cudnn_algorithms(torch, False):
                 assert cudnn.benchmark is start
-    finally:
-        cudnn.benchmark = before
+    assert cudnn.benchmark is before
     for options, want in (({"cudnn_benchmark": True}, True), ({}, False),
                           ({"cudnn_benchmark": "yes"}, False), (None, False)):
         details = {} if options is None else {"compile_options": options}
