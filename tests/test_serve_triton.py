@@ -586,6 +586,36 @@ def test_both_grpc_servers_refuse_a_taken_port_with_one_message(kind):
     assert "--grpc-port (0 picks a free one)" in str(e.value)
 
 
+@pytest.mark.parametrize("choice, passed", [("bundle", None), ("on", True), ("off", False)])
+def test_serve_hands_its_cudnn_benchmark_choice_to_every_load(tmp_path, monkeypatch,
+                                                             choice, passed):
+    """`bundle serve --cudnn-benchmark`: "bundle" (default) leaves the runner option out,
+    so each torch-aoti runner reads its manifest; on / off pass True / False to every
+    bundle's load. The load here stops the command (nothing is served)."""
+    from click.testing import CliRunner
+
+    import runtime_py
+    from bundler.cli import cli
+    from runtime_py.errors import BundleError
+
+    seen: list[dict] = []
+
+    def load(path, **options):
+        seen.append(options)
+        raise BundleError("stop here")
+
+    monkeypatch.setattr(runtime_py, "load", load)
+    path = tmp_path / "a.bundle"
+    path.write_bytes(b"")
+    args = ["serve", str(path)] + ([] if choice == "bundle" else ["--cudnn-benchmark", choice])
+    done = CliRunner().invoke(cli, args)
+    assert "stop here" in done.output and len(seen) == 1, done.output
+    assert seen[0].get("cudnn_benchmark", None) is passed
+    assert ("cudnn_benchmark" in seen[0]) == (choice != "bundle")
+    wrong = CliRunner().invoke(cli, ["serve", str(path), "--cudnn-benchmark", "yes"])
+    assert wrong.exit_code == 2 and "'yes' is not one of 'bundle', 'on', 'off'" in wrong.output
+
+
 def test_an_unknown_early_dispatch_rule_is_a_usage_error(tiny_bundle):
     r = subprocess.run([*BUNDLE_CLI, "serve", str(tiny_bundle), "--early-dispatch", "soon"],
                        capture_output=True, text=True, timeout=120)

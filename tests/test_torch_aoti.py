@@ -833,6 +833,9 @@ def test_timed_cudnn_algorithms_sets_the_flag_inside_and_puts_it_back():
         details = {} if options is None else {"compile_options": options}
         bundle = _MemoryBundle("fp16", details, b"", (3, 16, 16), 10, 8)
         assert TorchAotiRunner(bundle).cudnn_benchmark is want, options
+        # `bundle serve --cudnn-benchmark on|off`: the option over the record
+        assert TorchAotiRunner(bundle, cudnn_benchmark=True).cudnn_benchmark is True
+        assert TorchAotiRunner(bundle, cudnn_benchmark=False).cudnn_benchmark is False
 
 
 def test_cuda_graph_sizes_are_checked_and_map_each_batch_to_a_graph():

@@ -347,13 +347,16 @@ class TorchAotiRunner(Runner):
     (bool, default True unless TRT_BUNDLE_AOTI_LOAD_CHECK=0: ``PackageLoadCheck``),
     event_sync ("block", default, or "spin": how a batch's result is waited for, see the
     module docstring), cuda_graph_sizes (None, default: a graph per batch size; or the
-    sizes that get one, a batch padded up to the next: ``runtime_py.graph_sizes``)."""
+    sizes that get one, a batch padded up to the next: ``runtime_py.graph_sizes``),
+    cudnn_benchmark (None, default: as the bundle records it; True or False: whether each
+    graph's warm-up times cuDNN's algorithms, ``timed_cudnn_algorithms``)."""
 
     backend = "torch-aoti"
 
     def __init__(self, bundle, device: int = 0, cuda_graphs: bool = True,
                  load_check: bool | None = None, event_sync: str = "block",
-                 cuda_graph_sizes=None, **options: object) -> None:
+                 cuda_graph_sizes=None, cudnn_benchmark: bool | None = None,
+                 **options: object) -> None:
         super().__init__(bundle, device=device, cuda_graphs=cuda_graphs, **options)
         check_event_sync(event_sync)
         self.event_sync = event_sync
@@ -363,10 +366,12 @@ class TorchAotiRunner(Runner):
         if load_check is None:
             load_check = os.environ.get("TRT_BUNDLE_AOTI_LOAD_CHECK", "1") != "0"
         self.load_check = bool(load_check)
-        #: the graphs' warm-ups time cuDNN's algorithms (``timed_cudnn_algorithms``)
+        #: the graphs' warm-ups time cuDNN's algorithms (``timed_cudnn_algorithms``): as
+        #: the bundle records it, unless ``cudnn_benchmark`` says (`bundle serve
+        #: --cudnn-benchmark on|off`: which pick is faster depends on the card too)
         details = bundle.manifest["engine"].get("details") or {}
-        self.cudnn_benchmark = (details.get("compile_options") or {}).get(
-            "cudnn_benchmark") is True
+        recorded = (details.get("compile_options") or {}).get("cudnn_benchmark") is True
+        self.cudnn_benchmark = recorded if cudnn_benchmark is None else bool(cudnn_benchmark)
         self.graph_failures: dict[int, str] = {}
         #: how a plain (not pinned) batch reaches the device: "pageable" (the CUDA
         #: driver's own staged copy of the caller's memory; blocks the caller until the
