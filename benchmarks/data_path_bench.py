@@ -38,7 +38,6 @@ import sys
 import threading
 import time
 
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from runtime_py.batcher import Batcher  # noqa: E402

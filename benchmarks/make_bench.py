@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 
-
 def calibration_ratio(images: int, rounds: int, batch: int) -> None:
     import onnxruntime as ort
 

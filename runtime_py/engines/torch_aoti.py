@@ -126,7 +126,6 @@ def check_event_sync(mode: str) -> None:
                          f"got {mode!r}")
 
 
-
 @contextlib.contextmanager
 def timed_cudnn_algorithms(torch, on: bool) -> Iterator[None]:
     """``torch.backends.cudnn.benchmark`` on inside (when ``on``), as it was after. Why: in
