@@ -271,7 +271,8 @@
 #       fp16 and fp8 bundles as the family has them and from a family copy with
 #       torch_aoti.cudnn_benchmark (the runtime times cuDNN's algorithms in each graph's
 #       warm-up), four builds at once; each pair timed with the peer in its own process
-#       (PyTorch caches one cuDNN plan per convolution for the process, timed or not)
+#       (PyTorch caches one cuDNN plan per convolution for the process, timed or not);
+#       CUDNN_PRECISIONS=fp16: the fp16 pair alone (~5 min)
 #   benchmarks/gpu_pending.sh r50-stem-bundles OUT_DIR   # ~7 min: issue 18, timm_resnet50's
 #       fp16 and fp8 bundles as the family has them (family.json torch_aoti.fp8_fuse_stem) and
 #       the fp8 one from a family copy with the stem unfused, built at once, the fused
@@ -625,21 +626,25 @@ r50-stem-bundles)   # issue 18: the fused stem in the family's bundles, against 
     --batch-sizes "${R50_BATCHES:-1,32}" --profile --profile-sizes 32 --rows 12
   ;;
 cudnn-family)   # issue 18: xception's pair with cuDNN's algorithms timed by the runtime, against the family's
+  # CUDNN_PRECISIONS (default "fp16 fp8"): "fp16" alone fits a call with less device time left
+  items=() timed=()
+  for p in ${CUDNN_PRECISIONS:-fp16 fp8}; do items+=("$p-uint8:--precision $p --input uint8"); done
   mkdir -p "$bundles/xception-family"
   FAMILY=timm_xception bash -c '. benchmarks/gpu_common.sh; make_parallel "$0" "$@"' \
-    "$bundles/xception-family" "fp16-uint8:--precision fp16 --input uint8" \
-    "fp8-uint8:--precision fp8 --input uint8" >"$out/family-make.log" 2>&1 &
+    "$bundles/xception-family" "${items[@]}" >"$out/family-make.log" 2>&1 &
   made=("$!")
   family_copy_make "$bundles/xception-timed" timm_xception "a['cudnn_benchmark'] = True" \
-    "$out/timed-make.log" "fp16-uint8:--precision fp16 --input uint8" \
-    "fp8-uint8:--precision fp8 --input uint8"
+    "$out/timed-make.log" "${items[@]}"
   made+=("$!")
   for pid in "${made[@]}"; do wait "$pid"; echo "== a build: exit $?"; done
   tail -n 3 "$out"/family-make.log "$out"/timed-make.log
   for form in family timed; do
+    timed=()
+    for p in ${CUDNN_PRECISIONS:-fp16 fp8}; do
+      timed+=("$bundles"/xception-$form/timm_xception-$p-uint8-*torch-aoti.bundle)
+    done
     step "cudnn-$form" "${TIME_LIMIT:-150}" python3 benchmarks/aoti_static_vs_peer.py \
-      "$bundles"/xception-$form/timm_xception-fp16-uint8-*torch-aoti.bundle \
-      "$bundles"/xception-$form/timm_xception-fp8-uint8-*torch-aoti.bundle --batch-sizes 1,32
+      "${timed[@]}" --batch-sizes 1,32
   done
   ;;
 cudnn-bench)   # issue 18: cudnn.benchmark off and on, the fp16 bundles against the peer
