@@ -627,7 +627,7 @@ r50-stem-bundles)   # issue 18: the fused stem in the family's bundles, against 
   ;;
 cudnn-family)   # issue 18: xception's pair with cuDNN's algorithms timed by the runtime, against the family's
   # CUDNN_PRECISIONS (default "fp16 fp8"): "fp16" alone fits a call with less device time left
-  items=() timed=()
+  items=()
   for p in ${CUDNN_PRECISIONS:-fp16 fp8}; do items+=("$p-uint8:--precision $p --input uint8"); done
   mkdir -p "$bundles/xception-family"
   FAMILY=timm_xception bash -c '. benchmarks/gpu_common.sh; make_parallel "$0" "$@"' \
@@ -639,12 +639,12 @@ cudnn-family)   # issue 18: xception's pair with cuDNN's algorithms timed by the
   for pid in "${made[@]}"; do wait "$pid"; echo "== a build: exit $?"; done
   tail -n 3 "$out"/family-make.log "$out"/timed-make.log
   for form in family timed; do
-    timed=()
+    files=()   # this form's bundles, in CUDNN_PRECISIONS' order
     for p in ${CUDNN_PRECISIONS:-fp16 fp8}; do
-      timed+=("$bundles"/xception-$form/timm_xception-$p-uint8-*torch-aoti.bundle)
+      files+=("$bundles"/xception-$form/timm_xception-$p-uint8-*torch-aoti.bundle)
     done
     step "cudnn-$form" "${TIME_LIMIT:-150}" python3 benchmarks/aoti_static_vs_peer.py \
-      "${timed[@]}" --batch-sizes 1,32
+      "${files[@]}" --batch-sizes 1,32
   done
   ;;
 cudnn-bench)   # issue 18: cudnn.benchmark off and on, the fp16 bundles against the peer
