@@ -602,16 +602,19 @@ def serve(bundle_paths, host, port, max_batch, max_delay_ms, max_wait_ms, early_
         from runtime_py.signing.trust import load_trust
 
         trust = load_trust(trusted_dirs)
+    # the torch-aoti runner's options, only those given (other engines' loads stay as
+    # they were); --max-batch among the graph sizes: the largest batches get a graph
+    runner_options: dict[str, object] = {}
+    if cuda_graph_sizes is not None:
+        runner_options["cuda_graph_sizes"] = [*cuda_graph_sizes,
+                                              *([max_batch] if max_batch else [])]
+    if CUDNN_BENCHMARK_CHOICES[cudnn_benchmark] is not None:
+        runner_options["cudnn_benchmark"] = CUDNN_BENCHMARK_CHOICES[cudnn_benchmark]
     models = []
     try:
         for path in bundle_paths:
-            # (--max-batch among them: the largest batches then have a graph of their own)
-            sized = {} if cuda_graph_sizes is None else {
-                "cuda_graph_sizes": [*cuda_graph_sizes, *([max_batch] if max_batch else [])]}
-            timed = CUDNN_BENCHMARK_CHOICES[cudnn_benchmark]
             model = runtime_py.load(path, backend=backend, intra_op_threads=threads,
-                                    trusted_keys=trust, **sized,
-                                    **({} if timed is None else {"cudnn_benchmark": timed}))
+                                    trusted_keys=trust, **runner_options)
             models.append(model)
             click.echo(f"loaded {model.name} ({model.backend}, {model.id[:16]}) from {path}",
                        err=True)

@@ -148,6 +148,7 @@ def timed_cudnn_algorithms(torch, on: bool) -> Iterator[None]:
     finally:
         torch.backends.cudnn.benchmark = before
 
+
 class _Slot:
     """The buffers and events of one batch in flight (see the module docstring)."""
 
