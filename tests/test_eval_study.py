@@ -199,17 +199,20 @@ def test_reuse_needs_the_static_batch_graphs_the_family_lists(xception_bundles, 
     with open_bundle(xception_bundles["fp32"]) as bundle:
         body = {k: v for k, v in bundle.manifest.items() if k not in ("format", "members")}
         members = {name: bundle.read_member(name) for name in bundle.member_names}
+    family = load_family("timm_xception")
+    # as the family's settings build it now (its torch_aoti.cudnn_benchmark included)
+    timed = family.target_settings("torch-aoti").cudnn_benchmark
     details = {"torch_version": str(torch.__version__), "cuda_version": None,
                "compute_capability": None, "device_name": "cpu", "device": "cpu",
                "compile_options": {"layout": "nchw", "model_code": model_code_digest(),
-                                   "inductor": dict(DEFAULT_COMPILE_OPTIONS)}}
+                                   "inductor": dict(DEFAULT_COMPILE_OPTIONS),
+                                   **({"cudnn_benchmark": True} if timed else {})}}
     body["engine"] = {"backend": "torch-aoti", "member": "engine.pt2", "details": details}
     path, _ = write_bundle(tmp_path / "x.bundle", body, {**members, "engine.pt2": b"pt2"})
     # a package of another model form (here the NHWC rewrite) is rebuilt, not reused
     other = json.loads(json.dumps(body))
     other["engine"]["details"]["compile_options"]["layout"] = "nhwc"
     other_path, _ = write_bundle(tmp_path / "y.bundle", other, {**members, "engine.pt2": b"pt2"})
-    family = load_family("timm_xception")
     req = MakeRequest(family=family.name, precision="fp32", random_weights=True,
                       calib_count=16, reference_count=4, target_options={"device": "cpu"})
     source = expected_source(family, req)
@@ -476,7 +479,8 @@ def test_reuse_needs_the_fp8_convolution_form_the_family_names(xception_bundles,
 
     # as the shipped family builds it: the channels_last form (its depthwise layers the
     # Triton kernel's, some 1x1 layers and skip adds on its GEMM), with batch-1 (the NHWC
-    # rewrite, its 1x1 GEMMs dequantized) and batch-32 graphs
+    # rewrite, its 1x1 GEMMs dequantized) and batch-32 graphs, cuDNN's algorithms timed in
+    # their warm-ups
     details = {"torch_version": "2.11.0+cu130", "cuda_version": "13.0",
                "compute_capability": "9.0", "device_name": "NVIDIA H200", "device": "cuda",
                "compile_options": {"inductor": dict(DEFAULT_COMPILE_OPTIONS),
@@ -490,7 +494,8 @@ def test_reuse_needs_the_fp8_convolution_form_the_family_names(xception_bundles,
                                    "fp8_pointwise_small_batch":
                                        SMALL_BATCH_POINTWISE_DESCRIPTIONS["dequantized"],
                                    "fp8_gemm": FP8_GEMM_DESCRIPTIONS["rowwise-fp16"],
-                                   "fp8_fast_accum": False},
+                                   "fp8_fast_accum": False,
+                                   "cudnn_benchmark": True},
                "static_batches": [1, 32]}
     h200 = HostInfo(gpus=(GpuInfo("NVIDIA H200", (9, 0)),), torch_version="2.11.0",
                     torch_cuda_version="13.0")   # where the bundle runs
