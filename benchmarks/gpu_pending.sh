@@ -267,12 +267,13 @@
 #       change the pick and cost both families at batch 1 (fifty-first session,
 #       h100-2026-12-07-g; the setting that did it is gone). Timed, cuDNN dropped the
 #       conversion: xception's fp16 4-5% faster at batch 32, ResNet's 4% slower (same run)
-#   benchmarks/gpu_pending.sh cudnn-family OUT_DIR   # ~8 min: issue 18, timm_xception's uint8
-#       fp16 and fp8 bundles as the family has them and from a family copy with
-#       torch_aoti.cudnn_benchmark (the runtime times cuDNN's algorithms in each graph's
-#       warm-up), four builds at once; each pair timed with the peer in its own process
-#       (PyTorch caches one cuDNN plan per convolution for the process, timed or not);
-#       CUDNN_PRECISIONS=fp16: the fp16 pair alone (~5 min)
+#   benchmarks/gpu_pending.sh cudnn-family OUT_DIR   # ~8 min: issue 18, a family's uint8
+#       fp16 and fp8 bundles from two family copies, torch_aoti.cudnn_benchmark false and
+#       true (the runtime times cuDNN's algorithms in each graph's warm-up), four builds at
+#       once; each pair timed with the peer in its own process (PyTorch caches one cuDNN
+#       plan per convolution for the process, timed or not). CUDNN_FAMILY: the family
+#       (timm_xception; it names the setting since h100-2026-12-07-h); CUDNN_PRECISIONS=fp16:
+#       the fp16 pair alone (~5 min)
 #   benchmarks/gpu_pending.sh r50-stem-bundles OUT_DIR   # ~7 min: issue 18, timm_resnet50's
 #       fp16 and fp8 bundles as the family has them (family.json torch_aoti.fp8_fuse_stem) and
 #       the fp8 one from a family copy with the stem unfused, built at once, the fused
@@ -625,23 +626,26 @@ r50-stem-bundles)   # issue 18: the fused stem in the family's bundles, against 
     "$bundles"/r50-stem/timm_resnet50-fp8-*-torch-aoti.bundle \
     --batch-sizes "${R50_BATCHES:-1,32}" --profile --profile-sizes 32 --rows 12
   ;;
-cudnn-family)   # issue 18: xception's pair with cuDNN's algorithms timed by the runtime, against the family's
-  # CUDNN_PRECISIONS (default "fp16 fp8"): "fp16" alone fits a call with less device time left
+cudnn-family)   # issue 18: a family's pair with and without cuDNN's algorithms timed by the runtime
+  # CUDNN_FAMILY (default timm_xception, which names the setting since the fifty-third
+  # session); CUDNN_PRECISIONS (default "fp16 fp8"): "fp16" alone fits a call with less
+  # device time left
+  family=${CUDNN_FAMILY:-timm_xception}
   items=()
   for p in ${CUDNN_PRECISIONS:-fp16 fp8}; do items+=("$p-uint8:--precision $p --input uint8"); done
-  mkdir -p "$bundles/xception-family"
-  FAMILY=timm_xception bash -c '. benchmarks/gpu_common.sh; make_parallel "$0" "$@"' \
-    "$bundles/xception-family" "${items[@]}" >"$out/family-make.log" 2>&1 &
-  made=("$!")
-  family_copy_make "$bundles/xception-timed" timm_xception "a['cudnn_benchmark'] = True" \
-    "$out/timed-make.log" "${items[@]}"
-  made+=("$!")
+  made=()
+  for form in plain timed; do   # two copies that differ in torch_aoti.cudnn_benchmark alone
+    value=False; [ "$form" = timed ] && value=True
+    family_copy_make "$bundles/$family-$form" "$family" "a['cudnn_benchmark'] = $value" \
+      "$out/$form-make.log" "${items[@]}"
+    made+=("$!")
+  done
   for pid in "${made[@]}"; do wait "$pid"; echo "== a build: exit $?"; done
-  tail -n 3 "$out"/family-make.log "$out"/timed-make.log
-  for form in family timed; do
+  tail -n 3 "$out"/plain-make.log "$out"/timed-make.log
+  for form in plain timed; do
     files=()   # this form's bundles, in CUDNN_PRECISIONS' order
     for p in ${CUDNN_PRECISIONS:-fp16 fp8}; do
-      files+=("$bundles"/xception-$form/timm_xception-$p-uint8-*torch-aoti.bundle)
+      files+=("$bundles/$family-$form/$family-$p-uint8-"*torch-aoti.bundle)
     done
     step "cudnn-$form" "${TIME_LIMIT:-150}" python3 benchmarks/aoti_static_vs_peer.py \
       "${files[@]}" --batch-sizes 1,32

@@ -185,7 +185,8 @@ def _run_step(tmp_path: Path, card: str, what: str = "first",
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
            "BUNDLE": str(bin_dir / "fake-bundle"), "PENDING_DIR": str(tmp_path / "pending"),
            "PREFLIGHT": "0"}     # its python3 is the logger (the preflight's own test above)
-    for name in ("WORKERS", "PROCS", "REPEATS", "GRAPH_SIZES", "GAPS_FAMILIES", "CUDNN_FAMILIES"):
+    for name in ("WORKERS", "PROCS", "REPEATS", "GRAPH_SIZES", "GAPS_FAMILIES", "CUDNN_FAMILIES",
+                 "CUDNN_FAMILY", "CUDNN_PRECISIONS"):
         env.pop(name, None)
     env.update(extra_env or {})
     done = subprocess.run(["timeout", "60", "bash", str(bench / "gpu_pending.sh"), what,
@@ -296,24 +297,29 @@ def test_r50_stem_bundles_times_the_fused_stem_against_a_family_copy_without_it(
 
 
 @needs_bash
-def test_cudnn_family_times_xceptions_pair_with_and_without_timed_cudnn_in_two_processes(
+def test_cudnn_family_times_a_familys_pair_with_and_without_timed_cudnn_in_two_processes(
         tmp_path):
-    """`cudnn-family`: timm_xception's uint8 fp16 and fp8 as the family has them and from a
-    family copy with cudnn_benchmark, four builds at once; each pair timed with the peer in
-    a process of its own (one process would share cuDNN's plan cache)."""
-    done, calls = _run_step(tmp_path, "NVIDIA H100 80GB HBM3", "cudnn-family",
-                            built=["xception-family", "xception-timed"])
-    assert done.returncode == 0, done.stdout + done.stderr
-    pending = tmp_path / "pending"
-    builds = [c for c in calls if c.startswith("bundle make timm_xception")]
-    assert len(builds) == 4 and all("--input uint8" in c for c in builds), builds
-    copies = _family_copy_builds(calls, pending / "xception-timed", "timm_xception",
-                                 "cudnn_benchmark")
-    assert sorted("--precision fp8" in c for c in copies) == [False, True], copies
-    timed = [c for c in calls if "aoti_static_vs_peer.py" in c]
-    assert len(timed) == 2, calls
-    for run, form in zip(timed, ("family", "timed")):
-        assert run.count(f"/xception-{form}/") == 2 and "fp16" in run and "fp8" in run, run
+    """`cudnn-family`: a family's uint8 fp16 and fp8 from two family copies, cudnn_benchmark
+    false and true (the family's own setting is neither baseline), four builds at once;
+    each pair timed with the peer in a process of its own (one process would share cuDNN's
+    plan cache). CUDNN_FAMILY picks the family."""
+    for family, env in (("timm_xception", {}),
+                        ("timm_resnet50", {"CUDNN_FAMILY": "timm_resnet50"})):
+        done, calls = _run_step(tmp_path / family, "NVIDIA H100 80GB HBM3", "cudnn-family",
+                                built=[f"{family}-plain", f"{family}-timed"], extra_env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        pending = tmp_path / family / "pending"
+        builds = [c for c in calls if c.startswith(f"bundle make {family} ")]
+        assert len(builds) == 4 and all("--input uint8" in c for c in builds), builds
+        for form, value in (("plain", "False"), ("timed", "True")):
+            copies = _family_copy_builds(calls, pending / f"{family}-{form}", family,
+                                         f"a['cudnn_benchmark'] = {value};")
+            assert sorted("--precision fp8" in c for c in copies) == [False, True], copies
+        timed = [c for c in calls if "aoti_static_vs_peer.py" in c]
+        assert len(timed) == 2, calls
+        for run, form in zip(timed, ("plain", "timed")):
+            assert run.count(f"/{family}-{form}/{family}-") == 2, run
+            assert "-fp16-" in run and "-fp8-" in run, run
 
 
 @needs_bash
