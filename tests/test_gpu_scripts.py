@@ -320,6 +320,15 @@ def test_cudnn_family_times_a_familys_pair_with_and_without_timed_cudnn_in_two_p
         for run, form in zip(timed, ("plain", "timed")):
             assert run.count(f"/{family}-{form}/{family}-") == 2, run
             assert "-fp16-" in run and "-fp8-" in run, run
+    # CUDNN_PRECISIONS=fp16: the fp16 pair alone, two builds, one bundle per timing run
+    done, calls = _run_step(tmp_path / "fp16", "NVIDIA H200", "cudnn-family",
+                            built=["timm_xception-plain", "timm_xception-timed"],
+                            extra_env={"CUDNN_PRECISIONS": "fp16"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    builds = [c for c in calls if c.startswith("bundle make timm_xception ")]
+    assert len(builds) == 2 and all("--precision fp16" in c for c in builds), builds
+    timed = [c for c in calls if "aoti_static_vs_peer.py" in c]
+    assert [c.count(".bundle") for c in timed] == [1, 1] and all("-fp16-" in c for c in timed)
 
 
 @needs_bash
