@@ -630,9 +630,9 @@ cudnn-family)   # issue 18: a family's pair with and without cuDNN's algorithms 
   # CUDNN_FAMILY (default timm_xception, which names the setting since the fifty-third
   # session); CUDNN_PRECISIONS (default "fp16 fp8"): "fp16" alone fits a call with less
   # device time left
-  family=${CUDNN_FAMILY:-timm_xception}
+  family=${CUDNN_FAMILY:-timm_xception} precisions=${CUDNN_PRECISIONS:-fp16 fp8}
   items=()
-  for p in ${CUDNN_PRECISIONS:-fp16 fp8}; do items+=("$p-uint8:--precision $p --input uint8"); done
+  for p in $precisions; do items+=("$p-uint8:--precision $p --input uint8"); done
   made=()
   for form in plain timed; do   # two copies that differ in torch_aoti.cudnn_benchmark alone
     value=False; [ "$form" = timed ] && value=True
@@ -644,7 +644,7 @@ cudnn-family)   # issue 18: a family's pair with and without cuDNN's algorithms 
   tail -n 3 "$out"/plain-make.log "$out"/timed-make.log
   for form in plain timed; do
     files=()   # this form's bundles, in CUDNN_PRECISIONS' order
-    for p in ${CUDNN_PRECISIONS:-fp16 fp8}; do
+    for p in $precisions; do
       files+=("$bundles/$family-$form/$family-$p-uint8-"*torch-aoti.bundle)
     done
     step "cudnn-$form" "${TIME_LIMIT:-150}" python3 benchmarks/aoti_static_vs_peer.py \
