@@ -280,6 +280,16 @@
 #       one verified, the three timed with the peer at batch 1 and 32. Forty-ninth session:
 #       the stem's convolution ran NCHW in the package because of a stale fake-tensor cache
 #       entry (build.FAKE_TENSOR_CACHE, now off while a package is built)
+#   benchmarks/gpu_pending.sh study OUT_DIR   # ~6-7 min for the builds (two calls: a second
+#       on the same warm machine reuses them): issue 18's table on one card, every family's
+#       fp16 and fp8 bundles as the families have them (timm_xception with uint8 input, into
+#       PENDING_DIR as `build` does; timm_resnet50 into r50-stem/; timm_vit_base into vit/),
+#       six builds at once, then each family's pair timed with the peer in a process of its
+#       own (batches 1 and 32; ViT also 2). STUDY_FAMILIES="xception r50" narrows it
+#   benchmarks/gpu_pending.sh prepare-cudnn OUT_DIR   # `build`, then what the fp16 bundle's
+#       timed cuDNN (timm_xception's torch_aoti.cudnn_benchmark) costs its preparation for
+#       serving: prepare_bench.py with the bundle's setting and with cudnn_benchmark=off,
+#       graph sizes 1,2,4,8,16,24 (~2 min) and every size (~3 min), each in its own process
 #   benchmarks/gpu_pending.sh pdl OUT_DIR   # ~1 min, no bundles: issue 18, a chain of small
 #       dependent Triton kernels in one CUDA graph with and without programmatic dependent
 #       launch (pdl_probe.py): the gap per launch that the fp8 batch-1 graphs show
@@ -290,7 +300,7 @@
 # and has its own timeout. Exit 3: the packages the steps need are missing
 # there (`preflight`, below; benchmarks/device_wheels.sh).
 set -u
-steps="cudnn-family|cudnn-bench|first-conv|r50-stem-bundles|dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-tiles-b1|r50-tma-small|r50-small|vit-gemm-b1|vit-split-k|vit-b1|b1-next|r50-module-b1|pdl|gaps|tma3x3|r50-tma3x3|r50-stem"
+steps="study|prepare-cudnn|cudnn-family|cudnn-bench|first-conv|r50-stem-bundles|dw|dw-gather|skip|cudnn-fp8|fp16-peer|fastacc|vit-patch|vit-peer|build|prebuild|overhead|serve|stage|prepare|load|gputest|tma|tma-small|resnet-tma|pair|first|next|families|xception-time|r50-tiles-small|r50-tiles-b1|r50-tma-small|r50-small|vit-gemm-b1|vit-split-k|vit-b1|b1-next|r50-module-b1|pdl|gaps|tma3x3|r50-tma3x3|r50-stem"
 usage="usage: $0 $steps OUT_DIR (--help: what each step does)"
 case "${1:-}" in
     -h|--help)   # the comment block above, without its leading '# '
@@ -625,6 +635,52 @@ r50-stem-bundles)   # issue 18: the fused stem in the family's bundles, against 
     "$bundles"/r50-nostem/timm_resnet50-fp8-*-torch-aoti.bundle \
     "$bundles"/r50-stem/timm_resnet50-fp8-*-torch-aoti.bundle \
     --batch-sizes "${R50_BATCHES:-1,32}" --profile --profile-sizes 32 --rows 12
+  ;;
+study)   # issue 18's table: every family's fp16 and fp8 as the families have them, then each
+  # pair with the peer (STUDY_FAMILIES narrows it; a second call reuses the builds)
+  families=" ${STUDY_FAMILIES:-xception r50 vit} "
+  mkdir -p "$bundles/r50-stem" "$bundles/vit"
+  # (one step, so that its limit ends all six builds: make_parallel per family, at once)
+  step study-build "${BUILD_LIMIT:-540}" bash -c '. benchmarks/gpu_common.sh
+    families=$1 bundles=$2 pids=()
+    if [[ $families == *" xception "* ]]; then
+      FAMILY=timm_xception make_parallel "$bundles" \
+        "fp16-uint8:--precision fp16 --input uint8" "fp8-uint8:--precision fp8 --input uint8" &
+      pids+=("$!")
+    fi
+    for fam in r50:timm_resnet50:r50-stem vit:timm_vit_base:vit; do
+      IFS=: read -r short name dir <<< "$fam"
+      [[ $families == *" $short "* ]] || continue
+      FAMILY=$name make_parallel "$bundles/$dir" "fp16:--precision fp16" "fp8:--precision fp8" &
+      pids+=("$!")
+    done
+    failed=0
+    for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+    exit "$failed"' study "$families" "$bundles"
+  if [[ $families == *" xception "* ]]; then
+    step study-xception "${TIME_LIMIT:-150}" python3 benchmarks/aoti_static_vs_peer.py \
+      "$bundles"/timm_xception-fp16-uint8-1.0.0-torch-aoti.bundle \
+      "$bundles"/timm_xception-fp8-uint8-1.0.0-torch-aoti.bundle --batch-sizes 1,32
+  fi
+  if [[ $families == *" r50 "* ]]; then
+    step study-r50 "${TIME_LIMIT:-150}" python3 benchmarks/aoti_static_vs_peer.py \
+      "$bundles"/r50-stem/timm_resnet50-fp16-*-torch-aoti.bundle \
+      "$bundles"/r50-stem/timm_resnet50-fp8-*-torch-aoti.bundle --batch-sizes 1,32
+  fi
+  if [[ $families == *" vit "* ]]; then
+    step study-vit "${TIME_LIMIT:-150}" python3 benchmarks/aoti_static_vs_peer.py \
+      "$bundles"/vit/timm_vit_base-fp16-*-torch-aoti.bundle \
+      "$bundles"/vit/timm_vit_base-fp8-*-torch-aoti.bundle --batch-sizes 1,2,32
+  fi
+  ;;
+prepare-cudnn)   # `build`, then the fp16 bundle's preparation with its timed cuDNN and without
+  bash "$here/gpu_pending.sh" build "$out" || exit 1
+  sizes=graph_sizes=1+2+4+8+16+24
+  step prepare-cudnn "${PREPARE_LIMIT:-420}" python3 benchmarks/prepare_bench.py \
+    --bundle "$bundles/timm_xception-fp16-uint8-1.0.0-torch-aoti.bundle" --timeout 150 \
+    --replay-batches 1,32 --variant "timed-sizes:$sizes" \
+    --variant "untimed-sizes:cudnn_benchmark=off,$sizes" \
+    --variant "timed" --variant "untimed:cudnn_benchmark=off"
   ;;
 cudnn-family)   # issue 18: a family's pair with and without cuDNN's algorithms timed by the runtime
   # CUDNN_FAMILY (default timm_xception, which names the setting since the fifty-third

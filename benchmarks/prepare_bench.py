@@ -4,7 +4,8 @@ each setting does to the engine's speed.
     python benchmarks/prepare_bench.py --bundle FP16.bundle \
         --variant default --variant v7:TORCH_CUDNN_V8_API_DISABLED=1 \
         --variant heurB:TORCH_CUDNN_USE_HEURISTIC_MODE_B=1 \
-        --variant buckets:graph_sizes=1+2+4+8+16+24
+        --variant buckets:graph_sizes=1+2+4+8+16+24 \
+        --variant untimed:cudnn_benchmark=off,graph_sizes=1+2+4+8+16+24
 
 `Model.prepare` (what `bundle serve`'s batcher calls before it serves) runs the engine once
 at every batch size 1..max and captures its CUDA graph. For the torch-aoti fp16 bundle of
@@ -14,9 +15,11 @@ cuDNN, which plans each new shape on first use; torch reads its cuDNN settings f
 environment. So each variant (NAME, or NAME:KEY=VALUE[,KEY=VALUE..]; "default" sets
 nothing; the key graph_sizes, lowercase, is not an environment variable but the runner's
 ``cuda_graph_sizes``, its sizes joined by "+": fewer graphs, batches padded up to the next,
-``runtime_py.graph_sizes``) runs in a process of its own, one after the other: load the bundle, prepare
-sizes 1..--max-batch (the bundle's max by default), then time the graph replay at batch 1
-and at the max (`runner.device_timings`, medians). A setting that starts faster but runs
+``runtime_py.graph_sizes``; nor is cudnn_benchmark=bundle|on|off, the runner's
+``cudnn_benchmark`` as `bundle serve --cudnn-benchmark` takes it: whether each graph's
+warm-up times cuDNN's algorithms) runs in a process of its own, one after the other: load
+the bundle, prepare sizes 1..--max-batch (the bundle's max by default), then time the graph
+replay at batch 1 and at the max (`runner.device_timings`, medians). A setting that starts faster but runs
 slower is no gain: the table shows both, each replay against the first variant's. Under a
 variant's line, where the runner records them (torch-aoti's ``load_seconds``), the load's
 phases: the thirty-first session's H100 spent 36 s loading the fp16 bundle and 54 s
@@ -47,6 +50,19 @@ from bench_args import positive_int, positive_ints  # noqa: E402
 
 #: The variant key that is the runner's ``cuda_graph_sizes``, not an environment variable.
 GRAPH_SIZES = "graph_sizes"
+#: The variant key that is the runner's ``cudnn_benchmark`` (its values: `bundle serve
+#: --cudnn-benchmark`'s), not an environment variable.
+CUDNN_BENCHMARK = "cudnn_benchmark"
+#: The variant keys that are runner options; every other key is an environment variable.
+RUNNER_KEYS = (GRAPH_SIZES, CUDNN_BENCHMARK)
+
+
+def cudnn_benchmark_choices() -> dict:
+    """`bundle serve --cudnn-benchmark`'s choices (bundle / on / off -> the runner's
+    ``cudnn_benchmark``), from the CLI that serves with them."""
+    from bundler.cli import CUDNN_BENCHMARK_CHOICES
+
+    return CUDNN_BENCHMARK_CHOICES
 
 
 def variant(text: str) -> tuple[str, dict[str, str]]:
@@ -59,6 +75,10 @@ def variant(text: str) -> tuple[str, dict[str, str]]:
         if not eq or not key:
             raise argparse.ArgumentTypeError(f"expected KEY=VALUE in {text!r}, got {item!r}")
         env[key] = value
+    if CUDNN_BENCHMARK in env and env[CUDNN_BENCHMARK] not in cudnn_benchmark_choices():
+        raise argparse.ArgumentTypeError(
+            f"{CUDNN_BENCHMARK} takes {' / '.join(cudnn_benchmark_choices())}, "
+            f"got {env[CUDNN_BENCHMARK]!r} in {text!r}")
     if not name.strip():
         raise argparse.ArgumentTypeError(f"a variant needs a name: {text!r}")
     return name.strip(), env
@@ -74,16 +94,18 @@ def capture_totals(seconds: dict[int, tuple[float, float]]) -> dict:
 
 
 def measure_here(bundle: str, backend: str, max_batch: int | None, iterations: int,
-                 graph_sizes: str | None = None, replay_batches: list[int] | None = None
-                 ) -> dict:
+                 graph_sizes: str | None = None, replay_batches: list[int] | None = None,
+                 cudnn_benchmark: str = "bundle") -> dict:
     """One variant, in this process: load, prepare, time the replays (at 1 and the max
     unless ``replay_batches`` says which; sizes above the max are dropped)."""
     import runtime_py
     from runtime_py.bench import device_timings
 
     t0 = time.perf_counter()
-    sized = {} if not graph_sizes else {"cuda_graph_sizes": graph_sizes.replace("+", ",")}
-    model = runtime_py.load(bundle, backend=backend, **sized)
+    options = {} if not graph_sizes else {"cuda_graph_sizes": graph_sizes.replace("+", ",")}
+    if cudnn_benchmark_choices()[cudnn_benchmark] is not None:
+        options["cudnn_benchmark"] = cudnn_benchmark_choices()[cudnn_benchmark]
+    model = runtime_py.load(bundle, backend=backend, **options)
     try:
         load_s = time.perf_counter() - t0
         phases = dict(getattr(model.runner, "load_seconds", {}) or {})
@@ -100,6 +122,8 @@ def measure_here(bundle: str, backend: str, max_batch: int | None, iterations: i
             if timed and timed.get("graph_replay"):
                 replay_ms[str(n)] = statistics.median(timed["graph_replay"]) * 1e3
         return {"backend": model.backend, "load_s": load_s, "load_phases": phases,
+                # (what the runner did: the bundle's record unless the variant said)
+                "cudnn_timed": getattr(model.runner, "cudnn_benchmark", None),
                 "prepare_s": prepare_s, "sizes": top, **capture_totals(seconds), "replay_ms": replay_ms}
     finally:
         model.close()
@@ -107,13 +131,15 @@ def measure_here(bundle: str, backend: str, max_batch: int | None, iterations: i
 
 def run_variant(args, name: str, settings: dict[str, str]) -> dict:
     """One variant in a child process with its environment; its JSON line back."""
-    env = {k: v for k, v in settings.items() if k != GRAPH_SIZES}
+    env = {k: v for k, v in settings.items() if k not in RUNNER_KEYS}
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--bundle", args.bundle,
            "--backend", args.backend, "--iterations", str(args.iterations)]
     if args.max_batch:
         cmd += ["--max-batch", str(args.max_batch)]
     if settings.get(GRAPH_SIZES):
         cmd += ["--graph-sizes", settings[GRAPH_SIZES]]
+    if settings.get(CUDNN_BENCHMARK):
+        cmd += ["--cudnn-benchmark", settings[CUDNN_BENCHMARK]]
     if args.replay_batches:
         cmd += ["--replay-batches", ",".join(map(str, args.replay_batches))]
     try:
@@ -148,11 +174,12 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--graph-sizes", help=argparse.SUPPRESS)     # (the child's)
+    ap.add_argument("--cudnn-benchmark", default="bundle", help=argparse.SUPPRESS)  # (the child's)
     args = ap.parse_args(argv)
     if args.child:
         print(json.dumps(measure_here(args.bundle, args.backend, args.max_batch,
                                       args.iterations, args.graph_sizes,
-                                      args.replay_batches)), flush=True)
+                                      args.replay_batches, args.cudnn_benchmark)), flush=True)
         return []
     variants = args.variant or [("default", {})]
     if len({name for name, _ in variants}) != len(variants):
@@ -179,9 +206,11 @@ def line_of(got: dict, first: dict) -> str:
         replays.append(f"b{n} {ms:.3f} ms{ratio}")
     slowest = (f"; slowest batch {got['slowest']}: {got['slowest_s']:.2f} s"
                if got["slowest"] else "")
+    timed = got.get("cudnn_timed")     # (None: a runner without the option)
+    cudnn = "" if timed is None else ", cuDNN timed" if timed else ", cuDNN untimed"
     return (f"{got['variant']:<12} load {got['load_s']:5.1f} s  prepare {got['prepare_s']:6.1f} s"
             f" ({got['graphs']} graphs: first runs {got['warmup_s']:.1f} s, captures "
-            f"{got['capture_s']:.1f} s{slowest})  replay {', '.join(replays) or 'n/a'}"
+            f"{got['capture_s']:.1f} s{slowest}{cudnn})  replay {', '.join(replays) or 'n/a'}"
             f"{load_phases_line(got)}")
 
 

@@ -186,7 +186,7 @@ def _run_step(tmp_path: Path, card: str, what: str = "first",
            "BUNDLE": str(bin_dir / "fake-bundle"), "PENDING_DIR": str(tmp_path / "pending"),
            "PREFLIGHT": "0"}     # its python3 is the logger (the preflight's own test above)
     for name in ("WORKERS", "PROCS", "REPEATS", "GRAPH_SIZES", "GAPS_FAMILIES", "CUDNN_FAMILIES",
-                 "CUDNN_FAMILY", "CUDNN_PRECISIONS"):
+                 "CUDNN_FAMILY", "CUDNN_PRECISIONS", "STUDY_FAMILIES"):
         env.pop(name, None)
     env.update(extra_env or {})
     done = subprocess.run(["timeout", "60", "bash", str(bench / "gpu_pending.sh"), what,
@@ -329,6 +329,69 @@ def test_cudnn_family_times_a_familys_pair_with_and_without_timed_cudnn_in_two_p
     assert len(builds) == 2 and all("--precision fp16" in c for c in builds), builds
     timed = [c for c in calls if "aoti_static_vs_peer.py" in c]
     assert [c.count(".bundle") for c in timed] == [1, 1] and all("-fp16-" in c for c in timed)
+
+
+@needs_bash
+def test_study_builds_every_familys_pair_at_once_then_times_each_pair_alone(tmp_path):
+    """`study`: issue 18's table on one card. timm_xception's uint8 pair, timm_resnet50's
+    and timm_vit_base's pairs, six builds in one step (its limit ends them all), into the
+    folders the other steps reuse; then one timing process per family. STUDY_FAMILIES
+    narrows both."""
+    xception_logs = ["make-timm_xception-fp16-uint8.log", "make-timm_xception-fp8-uint8.log"]
+    done, calls = _run_step(tmp_path / "all", "NVIDIA H200", "study",
+                            built=xception_logs + ["r50-stem", "vit"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    pending = tmp_path / "all" / "pending"
+    builds = [c for c in calls if c.startswith("bundle make")]
+    where = sorted((c.split()[2], c.split(" --out ")[1].split()[0],
+                    c.split("--precision ")[1].split()[0]) for c in builds)
+    assert where == sorted([("timm_xception", str(pending), "fp16"),
+                            ("timm_xception", str(pending), "fp8"),
+                            ("timm_resnet50", f"{pending}/r50-stem", "fp16"),
+                            ("timm_resnet50", f"{pending}/r50-stem", "fp8"),
+                            ("timm_vit_base", f"{pending}/vit", "fp16"),
+                            ("timm_vit_base", f"{pending}/vit", "fp8")]), builds
+    assert sum("--input uint8" in c for c in builds) == 2, builds
+    assert "== study-build: exit 0" in done.stdout
+    timed = [c for c in calls if "aoti_static_vs_peer.py" in c]
+    assert len(timed) == 3, calls
+    for run, family, sizes in zip(timed, ("timm_xception", "timm_resnet50", "timm_vit_base"),
+                                  ("1,32", "1,32", "1,2,32")):
+        bundles = [w for w in run.split() if w.endswith(".bundle")]
+        assert [b.split("/")[-1].split("-")[:2] for b in bundles] == [
+            [family, "fp16"], [family, "fp8"]], run
+        assert run.endswith(f"--batch-sizes {sizes}"), run
+    done, calls = _run_step(tmp_path / "r50", "NVIDIA H100 80GB HBM3", "study",
+                            built=["r50-stem", "vit"], extra_env={"STUDY_FAMILIES": "r50"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert {c.split()[2] for c in calls if c.startswith("bundle make")} == {"timm_resnet50"}
+    assert [c.count("timm_resnet50-") for c in calls if "aoti_static_vs_peer.py" in c] == [2]
+
+
+@needs_bash
+def test_study_fails_its_build_step_when_a_build_fails(tmp_path):
+    """One failed build of the six fails the build step (its exit code said), and the
+    timing steps still run on whatever was built."""
+    done, calls = _run_step(tmp_path, "NVIDIA H200", "study",
+                            built=["r50-stem", "vit"],
+                            extra_env={"STUDY_FAMILIES": "vit", "BUNDLE": "false"})
+    assert "== study-build: exit 1" in done.stdout, done.stdout + done.stderr
+    assert len([c for c in calls if "aoti_static_vs_peer.py" in c]) == 1, calls
+
+
+@needs_bash
+def test_prepare_cudnn_times_the_fp16_preparation_with_and_without_timed_cudnn(tmp_path):
+    """`prepare-cudnn`: the build, then the fp16 bundle prepared with the bundle's timed
+    cuDNN and with cudnn_benchmark=off, with graph sizes and with every size."""
+    done, calls = _run_step(tmp_path, "NVIDIA H100 80GB HBM3", "prepare-cudnn")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len([c for c in calls if c.startswith("bundle make")]) == 2, calls
+    run = calls[-1]
+    assert "prepare_bench.py" in run and "fp16-uint8" in run, calls
+    sizes = "graph_sizes=1+2+4+8+16+24"
+    assert [v.strip() for v in run.split("--variant ")[1:]] == [
+        f"timed-sizes:{sizes}", f"untimed-sizes:cudnn_benchmark=off,{sizes}", "timed",
+        "untimed:cudnn_benchmark=off"], run
 
 
 @needs_bash

@@ -21,7 +21,8 @@ def test_variants_parse_into_a_name_and_an_environment(prepare_bench):
     assert prepare_bench.variant("v7:TORCH_CUDNN_V8_API_DISABLED=1,X=") == (
         "v7", {"TORCH_CUDNN_V8_API_DISABLED": "1", "X": ""})
     assert prepare_bench.variant("b:graph_sizes=1+2+4") == ("b", {"graph_sizes": "1+2+4"})
-    for bad in ("v7:NOVALUE", ":A=1", "x:=1"):
+    assert prepare_bench.variant("u:cudnn_benchmark=off") == ("u", {"cudnn_benchmark": "off"})
+    for bad in ("v7:NOVALUE", ":A=1", "x:=1", "u:cudnn_benchmark=yes"):
         with pytest.raises(argparse.ArgumentTypeError):
             prepare_bench.variant(bad)
 
@@ -33,13 +34,15 @@ def test_each_variant_runs_in_its_own_process_with_its_environment(prepare_bench
     results = prepare_bench.main([
         "--bundle", str(xception_bundles["fp32"]), "--max-batch", "2", "--iterations", "3",
         "--replay-batches", "1,2,99",      # (reaches each child: it would refuse the flag)
-        "--variant", "plain", "--variant", "broken:PYTHONHOME=/nonexistent", "--variant", "threads:OMP_NUM_THREADS=1,graph_sizes=1"])
+        "--variant", "plain", "--variant", "broken:PYTHONHOME=/nonexistent",
+        "--variant", "threads:OMP_NUM_THREADS=1,graph_sizes=1,cudnn_benchmark=off"])
     plain, broken, threads = results
     assert plain["backend"] == "onnxruntime" and plain["graphs"] == 0
     assert plain["sizes"] == 2 and plain["replay_ms"] == {} and plain["load_s"] > 0
-    # (the runner's cuda_graph_sizes reaches the load; onnxruntime ignores it)
-    assert threads["env"] == {"OMP_NUM_THREADS": "1", "graph_sizes": "1"}
-    assert "error" not in threads
+    # (the runner's cuda_graph_sizes and cudnn_benchmark reach the load, as the child's
+    # flags; onnxruntime ignores both and has no cuDNN timing to report)
+    assert threads["env"] == {"OMP_NUM_THREADS": "1", "graph_sizes": "1", "cudnn_benchmark": "off"}
+    assert "error" not in threads and threads["cudnn_timed"] is None
     out = capsys.readouterr().out
     assert out.count("\n") == 3 and "plain " in out and "replay n/a" in out
     assert broken["error"].startswith("exit ") and "broken       failed: exit" in out
@@ -93,3 +96,7 @@ def test_a_runners_load_phases_get_a_line_and_the_rest_of_the_load_is_named(prep
     assert second == ("             load: torch import 2.0 s, graphs 6.5 s, "
                       "bundle and the rest 1.5 s")
     assert "\n" not in prepare_bench.line_of({**got, "load_phases": {}}, got)
+    # a torch-aoti runner says whether its warm-ups timed cuDNN's algorithms
+    assert "captures 0.0 s, cuDNN untimed)" in prepare_bench.line_of(
+        {**got, "cudnn_timed": False}, got)
+    assert "cuDNN timed)" in prepare_bench.line_of({**got, "cudnn_timed": True}, got)
