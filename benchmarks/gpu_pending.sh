@@ -286,10 +286,12 @@
 #       PENDING_DIR as `build` does; timm_resnet50 into r50-stem/; timm_vit_base into vit/),
 #       six builds at once, then each family's pair timed with the peer in a process of its
 #       own (batches 1 and 32; ViT also 2). STUDY_FAMILIES="xception r50" narrows it
-#   benchmarks/gpu_pending.sh prepare-cudnn OUT_DIR   # `build`, then what the fp16 bundle's
-#       timed cuDNN (timm_xception's torch_aoti.cudnn_benchmark) costs its preparation for
-#       serving: prepare_bench.py with the bundle's setting and with cudnn_benchmark=off,
-#       graph sizes 1,2,4,8,16,24 (~2 min) and every size (~3 min), each in its own process
+#   benchmarks/gpu_pending.sh prepare-cudnn OUT_DIR   # `build`, then the fp16 bundle
+#       prepared for serving (prepare_bench.py, graph sizes 1,2,4,8,16,24,32, each replay
+#       timed) with cuDNN's algorithms timed as the bundle records it (timm_xception: the
+#       graph of 32 only), in no graph and in every graph, each in its own process (~2 min
+#       after the build). Fifty-fourth session, H100 (h100-2026-12-07-i): timed in every
+#       graph, the sizes below 32 ran 2-9% slower and the preparation took twice as long
 #   benchmarks/gpu_pending.sh pdl OUT_DIR   # ~1 min, no bundles: issue 18, a chain of small
 #       dependent Triton kernels in one CUDA graph with and without programmatic dependent
 #       launch (pdl_probe.py): the gap per launch that the fp8 batch-1 graphs show
@@ -673,14 +675,13 @@ study)   # issue 18's table: every family's fp16 and fp8 as the families have th
       "$bundles"/vit/timm_vit_base-fp8-*-torch-aoti.bundle --batch-sizes 1,2,32
   fi
   ;;
-prepare-cudnn)   # `build`, then the fp16 bundle's preparation with its timed cuDNN and without
+prepare-cudnn)   # `build`, then the fp16 bundle prepared with cuDNN timed as it records, none, every size
   bash "$here/gpu_pending.sh" build "$out" || exit 1
-  sizes=graph_sizes=1+2+4+8+16+24
-  step prepare-cudnn "${PREPARE_LIMIT:-420}" python3 benchmarks/prepare_bench.py \
-    --bundle "$bundles/timm_xception-fp16-uint8-1.0.0-torch-aoti.bundle" --timeout 150 \
-    --replay-batches 1,32 --variant "timed-sizes:$sizes" \
-    --variant "untimed-sizes:cudnn_benchmark=off,$sizes" \
-    --variant "timed" --variant "untimed:cudnn_benchmark=off"
+  sizes=graph_sizes=1+2+4+8+16+24+32
+  step prepare-cudnn "${PREPARE_LIMIT:-300}" python3 benchmarks/prepare_bench.py \
+    --bundle "$bundles/timm_xception-fp16-uint8-1.0.0-torch-aoti.bundle" --timeout 90 \
+    --replay-batches 1,2,4,8,16,24,32 --variant "bundle:$sizes" \
+    --variant "untimed:cudnn_benchmark=off,$sizes" --variant "every-size:cudnn_benchmark=on,$sizes"
   ;;
 cudnn-family)   # issue 18: a family's pair with and without cuDNN's algorithms timed by the runtime
   # CUDNN_FAMILY (default timm_xception, which names the setting since the fifty-third

@@ -19,14 +19,15 @@ nothing; the key graph_sizes, lowercase, is not an environment variable but the 
 ``cudnn_benchmark`` as `bundle serve --cudnn-benchmark` takes it: whether each graph's
 warm-up times cuDNN's algorithms) runs in a process of its own, one after the other: load
 the bundle, prepare sizes 1..--max-batch (the bundle's max by default), then time the graph
-replay at batch 1 and at the max (`runner.device_timings`, medians). A setting that starts faster but runs
-slower is no gain: the table shows both, each replay against the first variant's. Under a
-variant's line, where the runner records them (torch-aoti's ``load_seconds``), the load's
-phases: the thirty-first session's H100 spent 36 s loading the fp16 bundle and 54 s
-preparing it, 10.7 s with the graph sizes above (h100-2026-12-05-e). 27 s of that load were
-torch's CPU ISA survey after loading, which the runner no longer runs (thirty-third session,
-h100-2026-12-06-b; runtime_py/engines/aoti_load.py); the load now takes 5 s there
-(thirty-fourth session, h100-2026-12-06-c), so the start is the preparation.
+replay at batch 1 and at the max (`runner.device_timings`, medians). A setting that starts
+faster but runs slower is no gain: the table shows both, each replay against the first
+variant's. Under a variant's line, where the runner records them (torch-aoti's
+``load_seconds``), the load's phases: the thirty-first session's H100 spent 36 s loading
+the fp16 bundle and 54 s preparing it, 10.7 s with the graph sizes above
+(h100-2026-12-05-e). 27 s of that load were torch's CPU ISA survey after loading, which the
+runner no longer runs (thirty-third session, h100-2026-12-06-b;
+runtime_py/engines/aoti_load.py); the load now takes 5 s there (thirty-fourth session,
+h100-2026-12-06-c), so the start is the preparation.
 
 A script, not a test: numbers depend on the host. On a host without a GPU engine the
 preparation is empty and there are no replay figures (the plumbing still runs).
@@ -122,11 +123,20 @@ def measure_here(bundle: str, backend: str, max_batch: int | None, iterations: i
             if timed and timed.get("graph_replay"):
                 replay_ms[str(n)] = statistics.median(timed["graph_replay"]) * 1e3
         return {"backend": model.backend, "load_s": load_s, "load_phases": phases,
-                # (what the runner did: the bundle's record unless the variant said)
-                "cudnn_timed": getattr(model.runner, "cudnn_benchmark", None),
+                "cudnn_timed": cudnn_timed(model.runner),
                 "prepare_s": prepare_s, "sizes": top, **capture_totals(seconds), "replay_ms": replay_ms}
     finally:
         model.close()
+
+
+def cudnn_timed(runner) -> bool | list[int] | None:
+    """Which graphs' warm-ups timed cuDNN's algorithms (the bundle's record unless the
+    variant said): True (every size), False, the batch sizes, or None (a runner without
+    the option)."""
+    if not hasattr(runner, "cudnn_benchmark"):
+        return None
+    sizes = getattr(runner, "cudnn_timed_sizes", None)
+    return sorted(sizes) if runner.cudnn_benchmark and sizes is not None else runner.cudnn_benchmark
 
 
 def run_variant(args, name: str, settings: dict[str, str]) -> dict:
@@ -207,7 +217,9 @@ def line_of(got: dict, first: dict) -> str:
     slowest = (f"; slowest batch {got['slowest']}: {got['slowest_s']:.2f} s"
                if got["slowest"] else "")
     timed = got.get("cudnn_timed")     # (None: a runner without the option)
-    cudnn = "" if timed is None else ", cuDNN timed" if timed else ", cuDNN untimed"
+    cudnn = ("" if timed is None else ", cuDNN untimed" if timed is False
+             else ", cuDNN timed" if timed is True
+             else f", cuDNN timed at {'+'.join(map(str, timed))}")
     return (f"{got['variant']:<12} load {got['load_s']:5.1f} s  prepare {got['prepare_s']:6.1f} s"
             f" ({got['graphs']} graphs: first runs {got['warmup_s']:.1f} s, captures "
             f"{got['capture_s']:.1f} s{slowest}{cudnn})  replay {', '.join(replays) or 'n/a'}"

@@ -193,6 +193,7 @@ def test_reuse_needs_the_static_batch_graphs_the_family_lists(xception_bundles, 
     from bundler.make import MakeRequest
     from bundler.reuse import expected_source, reuse_mismatch
     from bundler.targets.torch_aoti.build import DEFAULT_COMPILE_OPTIONS, model_code_digest
+    from bundler.targets.torch_aoti.settings import cudnn_benchmark_record
     from bundler.writer import write_bundle
     from runtime_py.format import open_bundle
 
@@ -206,7 +207,8 @@ def test_reuse_needs_the_static_batch_graphs_the_family_lists(xception_bundles, 
                "compute_capability": None, "device_name": "cpu", "device": "cpu",
                "compile_options": {"layout": "nchw", "model_code": model_code_digest(),
                                    "inductor": dict(DEFAULT_COMPILE_OPTIONS),
-                                   **({"cudnn_benchmark": True} if timed else {})}}
+                                   **({"cudnn_benchmark": cudnn_benchmark_record(timed)}
+                                      if timed else {})}}
     body["engine"] = {"backend": "torch-aoti", "member": "engine.pt2", "details": details}
     path, _ = write_bundle(tmp_path / "x.bundle", body, {**members, "engine.pt2": b"pt2"})
     # a package of another model form (here the NHWC rewrite) is rebuilt, not reused
@@ -480,7 +482,7 @@ def test_reuse_needs_the_fp8_convolution_form_the_family_names(xception_bundles,
     # as the shipped family builds it: the channels_last form (its depthwise layers the
     # Triton kernel's, some 1x1 layers and skip adds on its GEMM), with batch-1 (the NHWC
     # rewrite, its 1x1 GEMMs dequantized) and batch-32 graphs, cuDNN's algorithms timed in
-    # their warm-ups
+    # the batch-32 graph's warm-up
     details = {"torch_version": "2.11.0+cu130", "cuda_version": "13.0",
                "compute_capability": "9.0", "device_name": "NVIDIA H200", "device": "cuda",
                "compile_options": {"inductor": dict(DEFAULT_COMPILE_OPTIONS),
@@ -495,7 +497,7 @@ def test_reuse_needs_the_fp8_convolution_form_the_family_names(xception_bundles,
                                        SMALL_BATCH_POINTWISE_DESCRIPTIONS["dequantized"],
                                    "fp8_gemm": FP8_GEMM_DESCRIPTIONS["rowwise-fp16"],
                                    "fp8_fast_accum": False,
-                                   "cudnn_benchmark": True},
+                                   "cudnn_benchmark": [32]},
                "static_batches": [1, 32]}
     h200 = HostInfo(gpus=(GpuInfo("NVIDIA H200", (9, 0)),), torch_version="2.11.0",
                     torch_cuda_version="13.0")   # where the bundle runs

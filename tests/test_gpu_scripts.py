@@ -381,17 +381,18 @@ def test_study_fails_its_build_step_when_a_build_fails(tmp_path):
 
 @needs_bash
 def test_prepare_cudnn_times_the_fp16_preparation_with_and_without_timed_cudnn(tmp_path):
-    """`prepare-cudnn`: the build, then the fp16 bundle prepared with the bundle's timed
-    cuDNN and with cudnn_benchmark=off, with graph sizes and with every size."""
+    """`prepare-cudnn`: the build, then the fp16 bundle prepared with cuDNN timed as it
+    records, in no graph and in every graph, each replay size timed."""
     done, calls = _run_step(tmp_path, "NVIDIA H100 80GB HBM3", "prepare-cudnn")
     assert done.returncode == 0, done.stdout + done.stderr
     assert len([c for c in calls if c.startswith("bundle make")]) == 2, calls
     run = calls[-1]
     assert "prepare_bench.py" in run and "fp16-uint8" in run, calls
-    sizes = "graph_sizes=1+2+4+8+16+24"
+    sizes = "graph_sizes=1+2+4+8+16+24+32"
     assert [v.strip() for v in run.split("--variant ")[1:]] == [
-        f"timed-sizes:{sizes}", f"untimed-sizes:cudnn_benchmark=off,{sizes}", "timed",
-        "untimed:cudnn_benchmark=off"], run
+        f"bundle:{sizes}", f"untimed:cudnn_benchmark=off,{sizes}",
+        f"every-size:cudnn_benchmark=on,{sizes}"], run
+    assert "--replay-batches 1,2,4,8,16,24,32 " in run, run
 
 
 @needs_bash

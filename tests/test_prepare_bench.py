@@ -100,3 +100,5 @@ def test_a_runners_load_phases_get_a_line_and_the_rest_of_the_load_is_named(prep
     assert "captures 0.0 s, cuDNN untimed)" in prepare_bench.line_of(
         {**got, "cudnn_timed": False}, got)
     assert "cuDNN timed)" in prepare_bench.line_of({**got, "cudnn_timed": True}, got)
+    assert "cuDNN timed at 16+32)" in prepare_bench.line_of({**got, "cudnn_timed": [16, 32]},
+                                                            got)

@@ -809,7 +809,8 @@ def gpu_fp16_tiny():
 def test_timed_cudnn_algorithms_sets_the_flag_inside_and_puts_it_back():
     """``timed_cudnn_algorithms``: cudnn.benchmark on inside when asked, as it was after
     (also after an error, and when it was on before); untouched when not asked. The runner
-    reads whether to from its manifest (``compile_options.cudnn_benchmark`` true only)."""
+    reads whether to from its manifest (``compile_options.cudnn_benchmark``: true, or the
+    batch sizes whose graphs do)."""
     from runtime_py.engines.torch_aoti import TorchAotiRunner, timed_cudnn_algorithms
 
     cudnn = torch.backends.cudnn
@@ -828,14 +829,34 @@ def test_timed_cudnn_algorithms_sets_the_flag_inside_and_puts_it_back():
             with timed_cudnn_algorithms(torch, False):
                 assert cudnn.benchmark is start
     assert cudnn.benchmark is before
-    for options, want in (({"cudnn_benchmark": True}, True), ({}, False),
-                          ({"cudnn_benchmark": "yes"}, False), (None, False)):
+    # the record: true (every size), a list of batch sizes (those), anything else: none
+    for options, want, sizes in (
+            ({"cudnn_benchmark": True}, True, range(1, 9)), ({}, False, ()),
+            ({"cudnn_benchmark": [4, 8]}, True, (4, 8)), ({"cudnn_benchmark": "yes"}, False, ()),
+            ({"cudnn_benchmark": [0]}, False, ()), ({"cudnn_benchmark": []}, False, ()),
+            (None, False, ())):
         details = {} if options is None else {"compile_options": options}
         bundle = _MemoryBundle("fp16", details, b"", (3, 16, 16), 10, 8)
-        assert TorchAotiRunner(bundle).cudnn_benchmark is want, options
-        # `bundle serve --cudnn-benchmark on|off`: the option over the record
-        assert TorchAotiRunner(bundle, cudnn_benchmark=True).cudnn_benchmark is True
-        assert TorchAotiRunner(bundle, cudnn_benchmark=False).cudnn_benchmark is False
+        runner = TorchAotiRunner(bundle)
+        assert runner.cudnn_benchmark is want, options
+        assert [n for n in range(1, 9) if runner.times_cudnn(n)] == list(sizes), options
+        # `bundle serve --cudnn-benchmark on|off`: the option over the record, every size
+        on, off = (TorchAotiRunner(bundle, cudnn_benchmark=v) for v in (True, False))
+        assert on.cudnn_benchmark is True and all(on.times_cudnn(n) for n in range(1, 9))
+        assert off.cudnn_benchmark is False and not any(off.times_cudnn(n) for n in range(1, 9))
+
+
+def test_cudnn_timed_sizes_reads_every_form_of_the_record_and_refuses_the_rest():
+    """One rule for the manifest's record and family.json's setting (bundler's check
+    calls it): true -> every size (None), false / absent -> none, batch sizes -> those."""
+    from runtime_py.engines.torch_aoti import cudnn_timed_sizes
+
+    assert cudnn_timed_sizes(True) is None
+    assert cudnn_timed_sizes(False) == cudnn_timed_sizes(None) == frozenset()
+    assert cudnn_timed_sizes([32, 1]) == frozenset({1, 32})
+    for bad in ([], [0], [-1], [2, 2], [1.0], [True], "32", 1, {"32": True}):
+        with pytest.raises(ValueError, match="expected true, false or a list of batch sizes"):
+            cudnn_timed_sizes(bad)
 
 
 def test_cuda_graph_sizes_are_checked_and_map_each_batch_to_a_graph():
@@ -1247,29 +1268,38 @@ def test_gpu_a_bundle_that_says_so_times_cudnn_in_each_graphs_warm_up_only(gpu_f
     from runtime_py.engines.torch_aoti import TorchAotiRunner
 
     package, details = gpu_fp16_tiny
-    timed_details = {**details, "compile_options": {**details["compile_options"],
-                                                    "cudnn_benchmark": True}}
+
+    def runner(record):
+        options = {**details["compile_options"], **({} if record is None else
+                                                    {"cudnn_benchmark": record})}
+        return TorchAotiRunner(_MemoryBundle("fp16", {**details, "compile_options": options},
+                                             package, (3, 16, 16), 10, 8))
+
     x = np.random.default_rng(9).normal(size=(4, 3, 16, 16)).astype(np.float32)
-    plain = TorchAotiRunner(_MemoryBundle("fp16", details, package, (3, 16, 16), 10, 8))
-    timed = TorchAotiRunner(_MemoryBundle("fp16", timed_details, package, (3, 16, 16), 10, 8))
-    assert timed.cudnn_benchmark and not plain.cudnn_benchmark
+    plain, timed, at4 = runner(None), runner(True), runner([4])
+    assert timed.cudnn_benchmark and at4.cudnn_benchmark and not plain.cudnn_benchmark
     before = torch.backends.cudnn.benchmark
-    with plain, timed:
-        seen: list[bool] = []
-        run_model = timed._run_model
+    with plain, timed, at4:
+        seen: dict[str, list[bool]] = {}
+        for name, r in (("timed", timed), ("at4", at4)):
+            run_model, flags = r._run_model, seen.setdefault(name, [])
 
-        def recording(batch):
-            seen.append(torch.backends.cudnn.benchmark)
-            return run_model(batch)
+            def recording(batch, run_model=run_model, flags=flags):
+                flags.append(torch.backends.cudnn.benchmark)
+                return run_model(batch)
 
-        timed._run_model = recording     # this runner's own method, on this instance
+            r._run_model = recording     # this runner's own method, on this instance
         for n in (4, 1):
             want = plain.infer({"input": x[:n]})["logits"]
-            got = timed.infer({"input": x[:n]})["logits"]
-            np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
-        assert sorted(timed._graphs) == [1, 4] and timed.graph_failures == {}
-        # per size: the warm-up with the flag on, the capture with it as it was
-        assert seen == [True, before, True, before]
+            for r in (timed, at4):
+                got = r.infer({"input": x[:n]})["logits"]
+                np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
+        for r in (timed, at4):
+            assert sorted(r._graphs) == [1, 4] and r.graph_failures == {}
+        # per size: the warm-up with the flag on, the capture with it as it was; a record
+        # of batch sizes times the warm-ups of those sizes only
+        assert seen["timed"] == [True, before, True, before]
+        assert seen["at4"] == [True, before, before, before]
         assert torch.backends.cudnn.benchmark is before
 
 

@@ -209,37 +209,47 @@ def test_resnet_fp16_engine_is_the_model_in_channels_last_memory(resnet):
 
 
 def test_the_cudnn_timing_setting_is_checked_recorded_and_reused_by(tmp_path):
-    """family.json torch_aoti.cudnn_benchmark: a boolean (refused otherwise at load, off
-    by default); ``compile_options.cudnn_benchmark`` is written only when on (the runner
-    reads it), and ``--reuse`` rebuilds a bundle of any precision whose record differs
-    from the family's setting."""
+    """family.json torch_aoti.cudnn_benchmark: true, false (the default), or the batch sizes
+    whose graphs time cuDNN (timm_xception: 32 only; its smaller graphs ran slower timed);
+    anything else is refused at load. ``compile_options.cudnn_benchmark`` is written only
+    when on, the sizes ascending (the runner reads it), and ``--reuse`` rebuilds a bundle
+    of any precision whose record differs from the family's setting."""
     from bundler.families import FamilyError
     from bundler.make import MakeRequest
     from bundler.targets.torch_aoti.build import engine_details
     from bundler.targets.torch_aoti.reuse import reuse_checks
     from family_copies import family_with
 
-    with pytest.raises(FamilyError, match=r"torch_aoti.cudnn_benchmark: must be true or false"):
-        family_with(tmp_path / "a", "timm_resnet50", cudnn_benchmark="on")
+    for n, bad in enumerate(("on", [], [0], [32, 32], [1.5], [True], None)):
+        with pytest.raises(FamilyError, match=r"torch_aoti.cudnn_benchmark: must be true, "
+                                              r"false, or a list of the batch sizes"):
+            family_with(tmp_path / f"bad{n}", "timm_resnet50", cudnn_benchmark=bad)
 
-    def options(on: bool) -> dict:
+    def options(on) -> dict:
         return engine_details({}, "fp16", {}, nhwc=False, fast_accum=False, padding={},
                               batch_sizes=[1], seconds=None, channels_last=True,
                               cudnn_benchmark=on)["compile_options"]
 
     assert options(True)["cudnn_benchmark"] is True
     assert "cudnn_benchmark" not in options(False)
+    assert options((16, 32))["cudnn_benchmark"] == [16, 32]
     on = family_with(tmp_path / "on", "timm_resnet50", cudnn_benchmark=True)
     off = family_with(tmp_path / "off", "timm_resnet50", cudnn_benchmark=False)
+    sized = family_with(tmp_path / "sized", "timm_resnet50", cudnn_benchmark=[32, 8])
     assert on.target_settings("torch-aoti").cudnn_benchmark is True
+    assert sized.target_settings("torch-aoti").cudnn_benchmark == (8, 32)
     key = "cuDNN algorithms timed"
     for precision in ("fp32", "fp16", "fp8"):
         req = MakeRequest(family="timm_resnet50", precision=precision, random_weights=True)
         timed, plain = {"compile_options": options(True)}, {"compile_options": options(False)}
+        at = {"compile_options": options((8, 32))}
         assert reuse_checks(timed, on, req)[key] == (True, True)
         assert reuse_checks(plain, on, req)[key] == (False, True)
         assert reuse_checks(timed, off, req)[key] == (True, False)
         assert reuse_checks(plain, off, req)[key] == (False, False)
+        assert reuse_checks(at, sized, req)[key] == ([8, 32], [8, 32])
+        assert reuse_checks(timed, sized, req)[key] == (True, [8, 32])
+        assert reuse_checks(at, on, req)[key] == ([8, 32], True)
 
 
 def test_resnet_fp8_pointwise_variant_keeps_the_3x3_convolutions_fp16(resnet):

@@ -60,10 +60,11 @@ Design:
   ``run_single_threaded=True``, which AOTInductor provides for graph capture. A batch
   size whose capture fails runs plainly afterwards, recorded in ``graph_failures``.
   Where the manifest says so (``engine.details.compile_options.cudnn_benchmark``,
-  family.json ``torch_aoti.cudnn_benchmark``), that warm-up runs with
-  ``torch.backends.cudnn.benchmark`` on (``timed_cudnn_algorithms``): cuDNN times its
-  algorithms for each convolution and the graph captures the fastest; the flag is put
-  back after the warm-up, and sizes that run without a graph keep cuDNN's heuristic.
+  family.json ``torch_aoti.cudnn_benchmark``: true, or the batch sizes whose graphs do,
+  ``cudnn_timed_sizes``), that warm-up runs with ``torch.backends.cudnn.benchmark`` on
+  (``timed_cudnn_algorithms``): cuDNN times its algorithms for each convolution and the
+  graph captures the fastest; the flag is put back after the warm-up, and other sizes
+  and sizes that run without a graph keep cuDNN's heuristic.
 * Static-batch graphs (manifest ``engine.details.static_batches``, family.json
   ``torch_aoti.static_batches``): the package holds, next to the dynamic-batch graph (its
   default model, ``DYNAMIC_MODEL``), one graph compiled for each listed batch size
@@ -124,6 +125,24 @@ def check_event_sync(mode: str) -> None:
     if mode not in EVENT_SYNC_MODES:
         raise UsageError(f"event_sync must be one of {', '.join(EVENT_SYNC_MODES)}, "
                          f"got {mode!r}")
+
+
+def cudnn_timed_sizes(record: object) -> frozenset[int] | None:
+    """Which graphs' warm-ups time cuDNN's algorithms, from its record (manifest
+    ``compile_options.cudnn_benchmark``, family.json ``torch_aoti.cudnn_benchmark``): None
+    for every size (true), none (false or absent), or the batch sizes listed (positive
+    integers, each once). Why sizes: on an H100 timm_xception's fp16 graph of batch 32
+    ran 4-5% faster with cuDNN's algorithms timed, its graphs of 1 to 16 2-9% slower
+    (docs/measurements/h100-2026-12-07-i). ValueError for anything else."""
+    if record is True:
+        return None
+    if record is False or record is None:
+        return frozenset()
+    if (isinstance(record, list) and record
+            and all(type(n) is int and n > 0 for n in record)
+            and len(set(record)) == len(record)):
+        return frozenset(record)
+    raise ValueError(f"expected true, false or a list of batch sizes, got {record!r}")
 
 
 @contextlib.contextmanager
@@ -348,8 +367,9 @@ class TorchAotiRunner(Runner):
     event_sync ("block", default, or "spin": how a batch's result is waited for, see the
     module docstring), cuda_graph_sizes (None, default: a graph per batch size; or the
     sizes that get one, a batch padded up to the next: ``runtime_py.graph_sizes``),
-    cudnn_benchmark (None, default: as the bundle records it; True or False: whether each
-    graph's warm-up times cuDNN's algorithms, ``timed_cudnn_algorithms``)."""
+    cudnn_benchmark (None, default: as the bundle records it, ``cudnn_timed_sizes``; True
+    or False: whether every graph's warm-up times cuDNN's algorithms or none,
+    ``timed_cudnn_algorithms``)."""
 
     backend = "torch-aoti"
 
@@ -370,8 +390,17 @@ class TorchAotiRunner(Runner):
         #: the bundle records it, unless ``cudnn_benchmark`` says (`bundle serve
         #: --cudnn-benchmark on|off`: which pick is faster depends on the card too)
         details = bundle.manifest["engine"].get("details") or {}
-        recorded = (details.get("compile_options") or {}).get("cudnn_benchmark") is True
-        self.cudnn_benchmark = recorded if cudnn_benchmark is None else bool(cudnn_benchmark)
+        if cudnn_benchmark is None:
+            try:
+                #: the batch sizes whose graphs time them (None: every size)
+                self.cudnn_timed_sizes = cudnn_timed_sizes(
+                    (details.get("compile_options") or {}).get("cudnn_benchmark"))
+            except ValueError:      # a record this runtime does not know: not timed
+                self.cudnn_timed_sizes = frozenset()
+        else:
+            self.cudnn_timed_sizes = None if cudnn_benchmark else frozenset()
+        #: whether any graph's warm-up times them
+        self.cudnn_benchmark = self.cudnn_timed_sizes != frozenset()
         self.graph_failures: dict[int, str] = {}
         #: how a plain (not pinned) batch reaches the device: "pageable" (the CUDA
         #: driver's own staged copy of the caller's memory; blocks the caller until the
@@ -1030,6 +1059,10 @@ class TorchAotiRunner(Runner):
                     progress(done, len(todo))
             self._stream.synchronize()
 
+    def times_cudnn(self, n: int) -> bool:
+        """Whether the warm-up of the graph of batch size ``n`` times cuDNN's algorithms."""
+        return self.cudnn_timed_sizes is None or n in self.cudnn_timed_sizes
+
     def _capture(self, n: int, x):
         """Capture batch size ``n`` on the runner's stream; None (and the reason recorded)
         when capture fails.
@@ -1046,7 +1079,7 @@ class TorchAotiRunner(Runner):
         torch = self._torch
         try:
             t0 = time.perf_counter()
-            with timed_cudnn_algorithms(torch, self.cudnn_benchmark):
+            with timed_cudnn_algorithms(torch, self.times_cudnn(n)):
                 self._run_model(x)                    # warm-up: allocations, kernel loads
                 self._stream.synchronize()
             t1 = time.perf_counter()

@@ -50,6 +50,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Callable
 
 from bundler.targets.torch_aoti.settings import (TORCH_AOTI_FUSED_FP8_CONVS as FUSED_FP8_CONVS,
+                                                 cudnn_benchmark_record,
                                                  TORCH_AOTI_TMA_FP8_CONVS as TMA_FP8_CONVS,
                                                  TORCH_AOTI_BOX_TMA_FP8_CONVS,
                                                  TORCH_AOTI_SMALL_TMA_FP8_CONVS,
@@ -566,7 +567,8 @@ def build_engine(torch_model: torch.nn.Module, precision: str, input_shape: tupl
                  small_batch_layout: str | None = None,
                  depthwise: str = "cudnn",
                  triton_pointwise: Mapping[tuple[int, int, str], tuple] | None = None,
-                 fuse_stem: bool = False, cudnn_benchmark: bool = False
+                 fuse_stem: bool = False,
+                 cudnn_benchmark: bool | tuple[int, ...] = False
                  ) -> tuple[bytes, dict]:
     """Compile one package from a torch model; returns (package bytes, engine details).
 
@@ -723,14 +725,16 @@ def engine_details(host: dict, precision: str, options: dict, *, nhwc: bool,
                    layout: str = "nhwc", fp8_conv: str = "im2col",
                    channels_last: bool = False, static_batches: Sequence[int] = (),
                    small_batch_pointwise: str = "gemm", depthwise: str = "cudnn",
-                   fused_stem: bool = False, cudnn_benchmark: bool = False) -> dict:
+                   fused_stem: bool = False,
+                   cudnn_benchmark: bool | tuple[int, ...] = False) -> dict:
     """The manifest's ``engine.details`` (schema ``$defs/torch_aoti_details``): the build
     host (``host_details``), what was compiled and how, the fp8 padding per layer, the
     batch sizes the package was checked at, and the sizes with a static graph of their own
     (``static_batches``, only when there are some); ``fused_stem``: the model's stem runs
     fused (``has_fused_stem``); ``cudnn_benchmark``: the runtime times cuDNN's algorithms
-    in each CUDA graph's warm-up (family.json ``torch_aoti.cudnn_benchmark``; the runner
-    reads ``compile_options.cudnn_benchmark``). No floats (manifest rule)."""
+    in each CUDA graph's warm-up, or in those of the batch sizes given (family.json
+    ``torch_aoti.cudnn_benchmark``; the runner reads ``compile_options.cudnn_benchmark``).
+    No floats (manifest rule)."""
     from bundler.quality import decimal
     from bundler.targets.torch_aoti.fp8_layers import FP8_ALIGN
 
@@ -751,7 +755,8 @@ def engine_details(host: dict, precision: str, options: dict, *, nhwc: bool,
         **({"fp8_pointwise_small_batch": SMALL_BATCH_POINTWISE_DESCRIPTIONS[small_batch_pointwise]}
            if small_batch_pointwise != "gemm" else {}),
         **({"fp8_stem": STEM_DESCRIPTION} if fused_stem else {}),
-        **({"cudnn_benchmark": True} if cudnn_benchmark else {}),
+        **({"cudnn_benchmark": cudnn_benchmark_record(cudnn_benchmark)}
+           if cudnn_benchmark else {}),
         **({"cxx": cxx} if cxx else {}),
         "model_code": model_code_digest(),
     }

@@ -14,7 +14,7 @@ from bundler.targets.torch_aoti.build import (DEFAULT_COMPILE_OPTIONS, FP8_GEMM_
                                               fp8_gemm_options, layout_description,
                                               model_code_digest,
                                               small_batch_form)
-from bundler.targets.torch_aoti.settings import settings_of
+from bundler.targets.torch_aoti.settings import cudnn_benchmark_record, settings_of
 
 
 def recorded_capability(details: dict) -> tuple[int, int] | None:
@@ -80,8 +80,9 @@ def reuse_checks(details: dict, family, req) -> dict[str, tuple[object, object]]
                                     and conv in FUSED_FP8_CONVS)
     # cuDNN's algorithms timed in the graphs' warm-ups (torch_aoti.cudnn_benchmark): read
     # by the runtime from the bundle, so a bundle that says otherwise is rebuilt
-    checks["cuDNN algorithms timed"] = (options.get("cudnn_benchmark") is True,
-                                        settings_of(family).cudnn_benchmark)
+    timed = settings_of(family).cudnn_benchmark
+    checks["cuDNN algorithms timed"] = (options.get("cudnn_benchmark", False),
+                                        cudnn_benchmark_record(timed) if timed else False)
     # the model form (NHWC rewrite, channels_last, ...) the family's settings build now
     form = engine_form(family, req.precision, conv)
     checks["model form"] = (

@@ -116,9 +116,10 @@ class TorchAotiSettings:
     #: whether a fused ``fp8_conv`` form also fuses a timm ResNet's stem (its bias, ReLU,
     #: max pool and the first block's quantize in one kernel: ``fused.rewrite_fused``)
     fp8_fuse_stem: bool = False
-    #: whether the runtime times cuDNN's algorithms in each CUDA graph's warm-up
-    #: (``runtime_py.engines.torch_aoti.timed_cudnn_algorithms``), every precision
-    cudnn_benchmark: bool = False
+    #: whether the runtime times cuDNN's algorithms in a CUDA graph's warm-up
+    #: (``runtime_py.engines.torch_aoti.timed_cudnn_algorithms``), every precision: true
+    #: (every graph size), false, or the batch sizes whose graphs it times (ascending)
+    cudnn_benchmark: bool | tuple[int, ...] = False
 
     @classmethod
     def from_section(cls, section: Mapping[str, Any] | None) -> "TorchAotiSettings":
@@ -131,7 +132,10 @@ class TorchAotiSettings:
         sizes = s.pop("static_batches", ())
         sizes = (MappingProxyType({k: tuple(v) for k, v in sizes.items()})
                  if isinstance(sizes, Mapping) else tuple(sizes))
-        return cls(fp8_triton_pointwise=MappingProxyType(table), static_batches=sizes, **s)
+        timed = s.pop("cudnn_benchmark", False)
+        timed = timed if isinstance(timed, bool) else tuple(sorted(timed))
+        return cls(fp8_triton_pointwise=MappingProxyType(table), static_batches=sizes,
+                   cudnn_benchmark=timed, **s)
 
     def image_layout(self, precision: str) -> str:
         """The layout form of the engine of ``precision`` for an image family: "nhwc" or
@@ -161,6 +165,24 @@ from_section = TorchAotiSettings.from_section
 def settings_of(family: Any) -> TorchAotiSettings:
     """``family``'s torch_aoti settings (``Family.target_settings``)."""
     return family.target_settings("torch-aoti")
+
+
+def cudnn_benchmark_valid(value: Any) -> bool:
+    """Whether ``torch_aoti.cudnn_benchmark`` is a form the runtime reads (true, false, or
+    batch sizes: ``runtime_py.engines.torch_aoti.cudnn_timed_sizes``, the one rule)."""
+    from runtime_py.engines.torch_aoti import cudnn_timed_sizes
+
+    try:
+        cudnn_timed_sizes(value)
+    except ValueError:
+        return False
+    return value is not None
+
+
+def cudnn_benchmark_record(value: bool | tuple[int, ...]) -> bool | list[int]:
+    """The setting as the manifest records it (``compile_options.cudnn_benchmark``, when
+    not false): true, or the batch sizes ascending."""
+    return value if isinstance(value, bool) else sorted(value)
 
 
 def section_problems(aoti: Any, batch: Any) -> list[str]:
@@ -201,8 +223,9 @@ def section_problems(aoti: Any, batch: Any) -> list[str]:
         problems.append("torch_aoti.fp8_fuse_stem: the stem is fused only in the fused "
                         f"bottleneck forms; set fp8_conv to one of "
                         f"{list(TORCH_AOTI_FUSED_FP8_CONVS)}, or leave fp8_fuse_stem out")
-    if not isinstance(aoti.get("cudnn_benchmark", False), bool):
-        problems.append("torch_aoti.cudnn_benchmark: must be true or false")
+    if not cudnn_benchmark_valid(aoti.get("cudnn_benchmark", False)):
+        problems.append("torch_aoti.cudnn_benchmark: must be true, false, or a list of the "
+                        "batch sizes (positive integers, each once) whose graphs time it")
     small_gemm = aoti.get("fp8_pointwise_small_batch", "gemm")
     if small_gemm not in TORCH_AOTI_SMALL_BATCH_POINTWISE:
         problems.append("torch_aoti.fp8_pointwise_small_batch: must be one of "
