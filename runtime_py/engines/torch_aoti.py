@@ -132,7 +132,7 @@ def cudnn_timed_sizes(record: object) -> frozenset[int] | None:
     ``compile_options.cudnn_benchmark``, family.json ``torch_aoti.cudnn_benchmark``): None
     for every size (true), none (false or absent), or the batch sizes listed (positive
     integers, each once). Why sizes: on an H100 timm_xception's fp16 graph of batch 32
-    ran 4-5% faster with cuDNN's algorithms timed, its graphs of 1 to 16 2-9% slower
+    ran 4-5% faster with cuDNN's algorithms timed, its graphs of 1 to 24 0.4-9% slower
     (docs/measurements/h100-2026-12-07-i). ValueError for anything else."""
     if record is True:
         return None

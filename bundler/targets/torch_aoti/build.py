@@ -50,12 +50,12 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Callable
 
 from bundler.targets.torch_aoti.settings import (TORCH_AOTI_FUSED_FP8_CONVS as FUSED_FP8_CONVS,
-                                                 cudnn_benchmark_record,
                                                  TORCH_AOTI_TMA_FP8_CONVS as TMA_FP8_CONVS,
                                                  TORCH_AOTI_BOX_TMA_FP8_CONVS,
                                                  TORCH_AOTI_SMALL_TMA_FP8_CONVS,
                                                  TORCH_AOTI_SMALL_BATCH_LAYOUTS,
-                                                 TORCH_AOTI_TRITON_DEPTHWISE, settings_of)
+                                                 TORCH_AOTI_TRITON_DEPTHWISE,
+                                                 cudnn_benchmark_record, settings_of)
 from bundler.targets import TargetBuild
 from runtime_py.errors import BundleError, EngineUnavailableError, UsageError
 
