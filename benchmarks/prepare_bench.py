@@ -131,12 +131,10 @@ def measure_here(bundle: str, backend: str, max_batch: int | None, iterations: i
 
 def cudnn_timed(runner) -> bool | list[int] | None:
     """Which graphs' warm-ups timed cuDNN's algorithms (the bundle's record unless the
-    variant said): True (every size), False, the batch sizes, or None (a runner without
+    variant said; the torch-aoti runner's ``cudnn_timing``), or None (a runner without
     the option)."""
-    if not hasattr(runner, "cudnn_benchmark"):
-        return None
-    sizes = getattr(runner, "cudnn_timed_sizes", None)
-    return sorted(sizes) if runner.cudnn_benchmark and sizes is not None else runner.cudnn_benchmark
+    timing = getattr(runner, "cudnn_timing", None)
+    return None if timing is None else timing()
 
 
 def run_variant(args, name: str, settings: dict[str, str]) -> dict:

@@ -840,6 +840,9 @@ def test_timed_cudnn_algorithms_sets_the_flag_inside_and_puts_it_back():
         runner = TorchAotiRunner(bundle)
         assert runner.cudnn_benchmark is want, options
         assert [n for n in range(1, 9) if runner.times_cudnn(n)] == list(sizes), options
+        # (in the manifest's form, as prepare_bench.py reports it)
+        assert runner.cudnn_timing() == ({"cudnn_benchmark": True} == options
+                                         or list(sizes) or False), options
         # `bundle serve --cudnn-benchmark on|off`: the option over the record, every size
         on, off = (TorchAotiRunner(bundle, cudnn_benchmark=v) for v in (True, False))
         assert on.cudnn_benchmark is True and all(on.times_cudnn(n) for n in range(1, 9))

@@ -390,17 +390,16 @@ class TorchAotiRunner(Runner):
         #: the bundle records it, unless ``cudnn_benchmark`` says (`bundle serve
         #: --cudnn-benchmark on|off`: which pick is faster depends on the card too)
         details = bundle.manifest["engine"].get("details") or {}
+        # (the batch sizes whose graphs time them, None: every size)
+        self._cudnn_sizes: frozenset[int] | None
         if cudnn_benchmark is None:
             try:
-                #: the batch sizes whose graphs time them (None: every size)
-                self.cudnn_timed_sizes = cudnn_timed_sizes(
+                self._cudnn_sizes = cudnn_timed_sizes(
                     (details.get("compile_options") or {}).get("cudnn_benchmark"))
             except ValueError:      # a record this runtime does not know: not timed
-                self.cudnn_timed_sizes = frozenset()
+                self._cudnn_sizes = frozenset()
         else:
-            self.cudnn_timed_sizes = None if cudnn_benchmark else frozenset()
-        #: whether any graph's warm-up times them
-        self.cudnn_benchmark = self.cudnn_timed_sizes != frozenset()
+            self._cudnn_sizes = None if cudnn_benchmark else frozenset()
         self.graph_failures: dict[int, str] = {}
         #: how a plain (not pinned) batch reaches the device: "pageable" (the CUDA
         #: driver's own staged copy of the caller's memory; blocks the caller until the
@@ -1059,9 +1058,20 @@ class TorchAotiRunner(Runner):
                     progress(done, len(todo))
             self._stream.synchronize()
 
+    @property
+    def cudnn_benchmark(self) -> bool:
+        """Whether any graph's warm-up times cuDNN's algorithms."""
+        return self._cudnn_sizes != frozenset()
+
+    def cudnn_timing(self) -> bool | list[int]:
+        """Which graphs' warm-ups time cuDNN's algorithms, in the manifest's form: True
+        (every size), False, or the batch sizes ascending."""
+        sizes = self._cudnn_sizes
+        return True if sizes is None else sorted(sizes) or False
+
     def times_cudnn(self, n: int) -> bool:
         """Whether the warm-up of the graph of batch size ``n`` times cuDNN's algorithms."""
-        return self.cudnn_timed_sizes is None or n in self.cudnn_timed_sizes
+        return self._cudnn_sizes is None or n in self._cudnn_sizes
 
     def _capture(self, n: int, x):
         """Capture batch size ``n`` on the runner's stream; None (and the reason recorded)
