@@ -721,6 +721,19 @@ class PtxasResources(NamedTuple):
     wide_loads: int       #: 16-byte global loads (ld.global.v4 of 32-bit words, ...)
 
 
+def triton_ptxas(arch: int) -> Path:
+    """The ptxas Triton itself assembles sm_``arch`` code with. Triton 3.9 (torch 2.15)
+    writes PTX 9.x for sm_90 and assembles it with its CUDA 13 ``ptxas-blackwell``; the
+    CUDA 12.9 ``bin/ptxas`` beside it refuses that PTX ("Unsupported .version 9.4")."""
+    import triton
+
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+    except ImportError:       # a Triton without the per-arch choice: its one ptxas
+        return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    return Path(get_ptxas(arch).path)
+
+
 def ptxas_resources(kernel, signature: dict, constexprs: dict, attrs: dict, options: dict,
                     arch: int, tmp: Path) -> PtxasResources:
     """``kernel`` compiled for sm_``arch`` by Triton (no GPU needed) and assembled by its
@@ -732,7 +745,7 @@ def ptxas_resources(kernel, signature: dict, constexprs: dict, attrs: dict, opti
     import triton
     from triton.backends.compiler import GPUTarget
 
-    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    ptxas = triton_ptxas(arch)
     compiled = triton.compile(
         triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs,
                                   attrs=attrs),
@@ -740,8 +753,11 @@ def ptxas_resources(kernel, signature: dict, constexprs: dict, attrs: dict, opti
     ptx = tmp / "k.ptx"
     text = compiled.asm["ptx"]
     ptx.write_text(text)
-    out = subprocess.run([str(ptxas), f"-arch=sm_{arch}a", "-v", str(ptx),
-                          "-o", str(tmp / "k.cubin")], capture_output=True, text=True).stderr
+    run = subprocess.run([str(ptxas), f"-arch=sm_{arch}a", "-v", str(ptx),
+                          "-o", str(tmp / "k.cubin")], capture_output=True, text=True)
+    if run.returncode != 0:
+        raise RuntimeError(f"{ptxas} failed (exit {run.returncode}): {run.stderr.strip()[:400]}")
+    out = run.stderr
     loads = re.findall(r"ld\.global(?:\.\w+)*?(\.v[248])?\.[bfsu](\d+)\s", text)
     wide = sum(1 for vec, bits in loads if int(vec[2:] if vec else 1) * int(bits) >= 128)
     return PtxasResources(re.search(r"Used (\d+) registers", out).group(1),
