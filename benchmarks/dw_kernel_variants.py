@@ -97,8 +97,9 @@ def _dw_variant_kernel(
     if BH > 0:
         TH: tl.constexpr = (HO + BH - 1) // BH
         TW: tl.constexpr = (WO + BW - 1) // BW
-        img = pid_p // (TH * TW)
         i = tl.arange(0, BLOCK_P)
+        # a block, as in the other branch: Triton 3.9 refuses x_rows[:, None] on a scalar
+        img = tl.broadcast_to(pid_p // (TH * TW), (BLOCK_P,))
         ho = ((pid_p // TW) % TH) * BH + i // BW
         wo = (pid_p % TW) * BW + i % BW
         p_ok = (img < P // (HO * WO)) & (ho < HO) & (wo < WO)
@@ -267,7 +268,8 @@ def _dw_gather_step(r, acc_b, acc_c, x_cols, in_ok, w_ptr, q_ptr, bias, q_scale,
                     BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr, DOT: tl.constexpr):
     """``_dw_rows_step`` with the input row loaded once and its taps gathered from it."""
     ih = oh0 - 1 + r
-    row_ok = in_ok & (ih >= 0) & (ih < H)
+    ih_w = tl.broadcast_to(ih, (BLOCK_W,))      # compared as a block: see _dw_rows_step
+    row_ok = in_ok & (ih_w >= 0) & (ih_w < H)
     x = tl.load(x_cols[:, None] + tl.multiple_of(ih * stride_xh, ALIGN) + offs_c[None, :],
                 mask=row_ok[:, None] & c_ok[None, :], other=0.0)
     part_c = tl.zeros((BLOCK_W, BLOCK_C), dtype=tl.float32)
@@ -282,7 +284,7 @@ def _dw_gather_step(r, acc_b, acc_c, x_cols, in_ok, w_ptr, q_ptr, bias, q_scale,
         a = tl.where(tap_ok[:, None], tl.maximum(a, 0.0), 0.0)
         acc_b, acc_c, part_c = _add_tap_column(a, acc_b, acc_c, part_c, w_ptr, kw, C, offs_c,
                                                c_ok, 3, ALIGN)
-    oh = oh0 + r - 2
+    oh = tl.broadcast_to(oh0 + r - 2, (BLOCK_W,))
     q = _e4m3_out(acc_b, bias, q_scale, q_inv, False, QMAX)
     p = (img.to(tl.int64) * H + oh) * W + wo
     tl.store(q_ptr + p[:, None] * CPAD + offs_c[None, :], q,

@@ -251,7 +251,11 @@ def _dw_rows_step(r, acc_b, acc_c, x_cols, w_ptr, q_ptr, bias, q_scale, q_inv, w
     and added to the three output rows it feeds; output row oh0 + r - 2, then whole,
     written. ``acc_b``, ``acc_c``: rows oh0 + r - 2 and oh0 + r - 1 so far; returns them
     for the next step."""
-    ih = oh0 - PH + r
+    # the row indices as blocks before any comparison: Triton 3.9's interpreter gives a
+    # scalar comparison broadcast into a block its operands' int32 data, which tl.load
+    # refuses as a mask. Compiled, nothing changes: the PTX of every DW_ROW_CONFIGS tile,
+    # fp16 and bf16, looped and unrolled, was the same before and after (Triton 3.8, sm_90)
+    ih = tl.broadcast_to(oh0 - PH + r, (BLOCK_W,))
     row_ok = w_ok & (ih >= 0) & (ih < H)
     part_c = tl.zeros((BLOCK_W, BLOCK_C), dtype=tl.float32)   # row oh0 + r's tap row 0
     for kw in tl.static_range(KW):
@@ -263,7 +267,7 @@ def _dw_rows_step(r, acc_b, acc_c, x_cols, w_ptr, q_ptr, bias, q_scale, q_inv, w
         acc_b, acc_c, part_c = _add_tap_column(a, acc_b, acc_c, part_c, w_ptr, kw, C, offs_c,
                                                c_ok, KW, ALIGN)
     # output row oh0 + r - 2 has its three tap rows: written
-    oh = oh0 + r - 2
+    oh = tl.broadcast_to(oh0 + r - 2, (BLOCK_W,))
     q = _e4m3_out(acc_b, bias, q_scale, q_inv, RELU, QMAX)
     row_out = (r >= 2) & (oh < HO)
     p = (out_rows + oh) * WO + wo
