@@ -75,6 +75,38 @@ def interpreter_broken() -> str | None:
             f"under NumPy {numpy.__version__} ({last[:160]}); Triton 3.8 (torch 2.14) can")
 
 
+#: bf16 arithmetic on loaded values: a ReLU (maximum with 0) and a comparison.
+BF16_KERNEL = """
+import torch, triton, triton.language as tl
+@triton.jit
+def relu(x_ptr, out_ptr):
+    offs = tl.arange(0, 4)
+    a = tl.load(x_ptr + offs)
+    tl.store(out_ptr + offs, tl.where(a > 0, tl.maximum(a, 0.0), 0.0))
+x = torch.tensor([-2.0, -0.5, 0.5, 2.0], dtype=torch.bfloat16)
+out = torch.empty_like(x)
+relu[(1,)](x, out)
+assert out.tolist() == [0.0, 0.0, 0.5, 2.0], out.tolist()
+"""
+
+
+@functools.cache
+def interpreter_bf16_broken() -> str | None:
+    """Why the interpreter cannot compute on bf16 values here, or None. Triton 3.9's (torch
+    2.15) compares and takes the maximum of bf16 values as their 16-bit patterns (a numpy
+    uint16), so every negative value passes a ReLU; Triton 3.8 (torch 2.14) does not. The
+    compiled kernels are not concerned: only a variant that computes in bf16 is."""
+    proc = subprocess.run([sys.executable, "-c", BF16_KERNEL], capture_output=True, text=True,
+                          env=interpreter_env(), timeout=300, cwd=ROOT)
+    if proc.returncode == 0:
+        return None
+    import triton
+
+    last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    return (f"Triton {triton.__version__}'s interpreter computes bf16 maximum and comparisons "
+            f"on the values' bit patterns ({last[:160]}); Triton 3.8 (torch 2.14) does not")
+
+
 def run_interpreted(script: str, *args: str, folder: str = "tests") -> dict:
     """The JSON that ``<folder>/<script> ARGS`` prints under the interpreter (fails the test
     with the child's stderr if it exits non-zero, skips it if the interpreter itself cannot
