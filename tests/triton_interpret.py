@@ -56,6 +56,16 @@ assert out.item() == 3, out
 """
 
 
+def probe_failure(source: str) -> str | None:
+    """The last line a probe script (``source``) wrote to stderr under the interpreter when
+    it failed, or None when it ran through."""
+    proc = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True,
+                          env=interpreter_env(), timeout=300, cwd=ROOT)
+    if proc.returncode == 0:
+        return None
+    return (proc.stderr.strip().splitlines() or ["no output"])[-1]
+
+
 @functools.cache
 def interpreter_broken() -> str | None:
     """Why Triton's interpreter itself cannot run the kernels here, or None. Triton 3.6 (with
@@ -63,14 +73,12 @@ def interpreter_broken() -> str | None:
     2.4 refuses ("only 0-dimensional arrays can be converted to Python scalars"); Triton 3.8
     (with torch 2.14) does not. Asked only after a script failed, so that a failure of our
     kernels is never taken for it."""
-    proc = subprocess.run([sys.executable, "-c", LOOP_KERNEL], capture_output=True, text=True,
-                          env=interpreter_env(), timeout=300, cwd=ROOT)
-    if proc.returncode == 0:
+    last = probe_failure(LOOP_KERNEL)
+    if last is None:
         return None
     import numpy
     import triton
 
-    last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
     return (f"Triton {triton.__version__}'s interpreter cannot run a loop with a runtime bound "
             f"under NumPy {numpy.__version__} ({last[:160]}); Triton 3.8 (torch 2.14) can")
 
@@ -96,13 +104,11 @@ def interpreter_bf16_broken() -> str | None:
     2.15) compares and takes the maximum of bf16 values as their 16-bit patterns (a numpy
     uint16), so every negative value passes a ReLU; Triton 3.8 (torch 2.14) does not. The
     compiled kernels are not concerned: only a variant that computes in bf16 is."""
-    proc = subprocess.run([sys.executable, "-c", BF16_KERNEL], capture_output=True, text=True,
-                          env=interpreter_env(), timeout=300, cwd=ROOT)
-    if proc.returncode == 0:
+    last = probe_failure(BF16_KERNEL)
+    if last is None:
         return None
     import triton
 
-    last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
     if not last.startswith("AssertionError"):     # it did not run at all: say what it said
         return f"Triton {triton.__version__}'s interpreter cannot run a bf16 kernel: {last[:200]}"
     return (f"Triton {triton.__version__}'s interpreter computes bf16 maximum and comparisons "
