@@ -145,6 +145,13 @@ def cudnn_timed_sizes(record: object) -> frozenset[int] | None:
     raise ValueError(f"expected true, false or a list of batch sizes, got {record!r}")
 
 
+def cudnn_record(sizes: frozenset[int] | None) -> bool | list[int]:
+    """``cudnn_timed_sizes`` turned back into the record: true for every size (None), false
+    for none, else the batch sizes ascending. The one writer of the record's form: the
+    build's manifest, the reuse check and the runner's ``cudnn_timing`` all call it."""
+    return True if sizes is None else sorted(sizes) or False
+
+
 @contextlib.contextmanager
 def timed_cudnn_algorithms(torch, on: bool) -> Iterator[None]:
     """``torch.backends.cudnn.benchmark`` on inside (when ``on``), as it was after. Why: in
@@ -1066,8 +1073,7 @@ class TorchAotiRunner(Runner):
     def cudnn_timing(self) -> bool | list[int]:
         """Which graphs' warm-ups time cuDNN's algorithms, in the manifest's form: True
         (every size), False, or the batch sizes ascending."""
-        sizes = self._cudnn_sizes
-        return True if sizes is None else sorted(sizes) or False
+        return cudnn_record(self._cudnn_sizes)
 
     def times_cudnn(self, n: int) -> bool:
         """Whether the warm-up of the graph of batch size ``n`` times cuDNN's algorithms."""

@@ -181,8 +181,11 @@ def cudnn_benchmark_valid(value: Any) -> bool:
 
 def cudnn_benchmark_record(value: bool | tuple[int, ...]) -> bool | list[int]:
     """The setting as the manifest records it (``compile_options.cudnn_benchmark``, when
-    not false): true, or the batch sizes ascending."""
-    return value if isinstance(value, bool) else sorted(value)
+    not false): true, or the batch sizes ascending (``runtime_py.engines.torch_aoti``'s
+    ``cudnn_record``, whose form the runner reads back)."""
+    from runtime_py.engines.torch_aoti import cudnn_record, cudnn_timed_sizes
+
+    return cudnn_record(cudnn_timed_sizes(value if isinstance(value, bool) else list(value)))
 
 
 def section_problems(aoti: Any, batch: Any) -> list[str]:
